@@ -1,0 +1,181 @@
+"""The `dashgen` command line: list, show, plan and verify schedules (kernels come later in emit)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .ir import Schedule, ScheduleFormatError
+from .problem import Mask, Problem
+from .schedules import BUILDERS, UnsupportedProblem, build_schedule, list_schedules
+
+DEFAULT_WORKERS = 132  # SMs of an H100 SXM / H200; pass --workers for anything else
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def _problem_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("problem")
+    g.add_argument("--batch", type=int, default=1)
+    g.add_argument("--heads", type=int, default=1, help="query heads (default 1)")
+    g.add_argument("--heads-kv", type=int, default=None, help="KV heads for GQA/MQA (default: --heads)")
+    g.add_argument("--seqlen", type=int, default=4096, help="seqlen_q and seqlen_k (default 4096)")
+    g.add_argument("--seqlen-q", type=int, default=None, help="overrides --seqlen for queries")
+    g.add_argument("--seqlen-k", type=int, default=None, help="overrides --seqlen for keys")
+    g.add_argument("--hdim", type=int, default=128, help="head_dim (default 128)")
+    g.add_argument("--mask", default="full", help="full, causal or window:LEFT,RIGHT (default full)")
+    g.add_argument("--block-m", type=int, default=128)
+    g.add_argument("--block-n", type=int, default=128)
+    g.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                   help=f"persistent workers, one per SM (default {DEFAULT_WORKERS})")
+
+
+def _problem(args: argparse.Namespace) -> Problem:
+    try:
+        return Problem(batch=args.batch, heads_q=args.heads, heads_kv=args.heads_kv,
+                       seqlen_q=args.seqlen_q or args.seqlen, seqlen_k=args.seqlen_k or args.seqlen,
+                       head_dim=args.hdim, mask=Mask.parse(args.mask),
+                       block_m=args.block_m, block_n=args.block_n)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _build(name: str, problem: Problem, workers: int) -> Schedule:
+    try:
+        return build_schedule(name, problem, workers)
+    except ValueError as exc:  # UnsupportedProblem, unknown name, bad worker count
+        raise CliError(str(exc)) from None
+
+
+def cmd_schedules(args: argparse.Namespace) -> None:
+    width = max(len(n) for n in BUILDERS)
+    for name, builder in BUILDERS.items():
+        dep = " [order depends on the worker count]" if builder.depends_on_workers else ""
+        print(f"{name:<{width}}  {builder.summary}{dep}")
+
+
+def cmd_show(args: argparse.Namespace) -> None:
+    from .show import format_schedule
+
+    schedule = _build(args.schedule, _problem(args), args.workers)
+    print(format_schedule(schedule))
+    if args.json:
+        Path(args.json).write_text(schedule.to_json())
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    from .simulate import Cost, simulate
+    from .verify import verify
+
+    problem = _problem(args)
+    names = list_schedules() if args.schedule == "all" else [args.schedule]
+    try:
+        cost = (Cost.masked(args.c, args.r, args.signal_latency) if args.masked_cost
+                else Cost(c=args.c, r=args.r, signal_latency=args.signal_latency))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    print(f"plan: {problem.describe()}; {args.workers} workers; "
+          f"cost c={args.c:g} r={args.r:g} signal_latency={args.signal_latency:g}"
+          + (" (c scaled by the kept fraction of each tile)" if args.masked_cost else ""))
+    print(f"{'schedule':<16} {'makespan':>10} {'lower bound':>12} {'efficiency':>11} {'conflicts':>10}")
+    results = []
+    for name in names:
+        try:
+            schedule = build_schedule(name, problem, args.workers)
+        except UnsupportedProblem as exc:
+            print(f"{name:<16} skipped: {exc.reason}")
+            continue
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        report = verify(schedule)
+        result = simulate(schedule, cost)
+        results.append((name, result))
+        print(f"{name:<16} {result.makespan:>10.2f} {result.lower_bound:>12.2f} "
+              f"{result.efficiency:>10.1%} {report.num_conflicts:>10}")
+    if args.text:
+        from .gantt import text_gantt
+
+        for name, result in results:
+            print(f"\n{name}:\n{text_gantt(result)}")
+    if args.png and results:
+        from .gantt import draw_gantt
+
+        try:
+            draw_gantt(results, args.png, title=f"dashgen plan: {problem.describe()}; "
+                                                 f"{args.workers} workers")
+        except RuntimeError as exc:
+            raise CliError(str(exc)) from None
+        print(f"wrote {args.png}")
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    from .verify import VerificationError, verify
+
+    try:
+        schedule = Schedule.from_json(Path(args.file).read_text())
+    except OSError as exc:
+        raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+    except ScheduleFormatError as exc:
+        raise CliError(f"{args.file}: {exc}") from None
+    try:
+        report = verify(schedule)
+    except VerificationError as exc:
+        print(f"{args.file}: INVALID\n{exc}")
+        raise SystemExit(1) from None
+    print(f"{args.file}: OK: schedule {schedule.name!r}, {report.num_tasks} tasks on "
+          f"{report.num_workers} workers, {report.num_conflicts} order conflicts (Lemma 1)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dashgen", description="Deterministic attention backward schedules for Hopper.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("schedules", help="list the schedule builders",
+                       description="List the schedule builders, one line each.")
+    p.set_defaults(func=cmd_schedules)
+
+    p = sub.add_parser("show", help="print a schedule's worker programs and dQ order",
+                       description="Build a schedule and print each worker's program and the "
+                                   "order in which every dQ tile is summed.")
+    p.add_argument("--schedule", required=True, choices=list_schedules())
+    p.add_argument("--json", metavar="FILE", help="also write the schedule as an editable JSON file")
+    _problem_options(p)
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("plan", help="simulate schedules and compare makespans",
+                       description="Simulate schedules on a problem: makespan against the lower "
+                                   "bound (total work / workers), with an optional Gantt chart.")
+    p.add_argument("--schedule", default="all", choices=list_schedules() + ["all"])
+    p.add_argument("--png", metavar="FILE", help="write a Gantt chart (needs matplotlib)")
+    p.add_argument("--text", action="store_true", help="print a text Gantt chart per schedule")
+    p.add_argument("--c", type=float, default=1.0, help="compute cost of one task (default 1)")
+    p.add_argument("--r", type=float, default=0.2, help="cost of one dQ reduction (default 0.2)")
+    p.add_argument("--signal-latency", type=float, default=0.05,
+                   help="delay of a counter release seen by another worker (default 0.05)")
+    p.add_argument("--masked-cost", action="store_true",
+                   help="scale c by the fraction of each tile the mask keeps")
+    _problem_options(p)
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("verify", help="verify a schedule JSON file",
+                       description="Check a schedule file against coverage, contiguity, total "
+                                   "order and liveness; report order conflicts.")
+    p.add_argument("file", metavar="FILE.json")
+    p.set_defaults(func=cmd_verify)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except CliError as exc:
+        print(f"dashgen {args.command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""descending: the DASH heuristic of reversed Q-tile iteration."""
+from __future__ import annotations
+
+from ..problem import Problem
+from .base import Segment, Unit
+
+
+def descending_units(problem: Problem, num_workers: int) -> list[Unit]:
+    """Like fa3, but each KV tile visits its Q tiles from the last down to its first.
+
+    Under a causal mask every KV tile starts on the last Q tile: the workers serialize once
+    there and then never wait again. Ranks stay ascending by KV tile.
+
+    >>> from dashgen.cli import main
+    >>> main(["show", "--schedule", "descending", "--seqlen", "512", "--mask", "causal", "--workers", "4"])
+    descending: batch 1, heads 1, seqlen 512, head_dim 128, causal mask, blocks 128x128; 4 workers
+    worker 0 | n0: m3 m2 m1 m0
+    worker 1 | n1: m3 m2 m1
+    worker 2 | n2: m3 m2
+    worker 3 | n3: m3
+    dQ reduction order (KV tiles, first to last):
+      m0: n0
+      m1: n0 n1
+      m2: n0 n1 n2
+      m3: n0 n1 n2 n3
+    """
+    return [[Segment(b, h, n, tuple(reversed(problem.m_blocks_of(n))))]
+            for b, h, n in problem.kv_tiles()]

@@ -1,0 +1,27 @@
+"""fa3: FlashAttention-3's original deterministic order (the baseline every schedule is measured against)."""
+from __future__ import annotations
+
+from ..problem import Problem
+from .base import Segment, Unit
+
+
+def fa3_units(problem: Problem, num_workers: int) -> list[Unit]:
+    """KV tiles launched head by head, n ascending; each visits its Q tiles ascending.
+
+    Ranks follow the launch order, so the dQ adds of a Q tile land in ascending KV order. Under a
+    full mask every worker wants dQ 0 first: they serialize once and stay staggered by r.
+
+    >>> from dashgen.cli import main
+    >>> main(["show", "--schedule", "fa3", "--seqlen", "512", "--workers", "4"])
+    fa3: batch 1, heads 1, seqlen 512, head_dim 128, full mask, blocks 128x128; 4 workers
+    worker 0 | n0: m0 m1 m2 m3
+    worker 1 | n1: m0 m1 m2 m3
+    worker 2 | n2: m0 m1 m2 m3
+    worker 3 | n3: m0 m1 m2 m3
+    dQ reduction order (KV tiles, first to last):
+      m0: n0 n1 n2 n3
+      m1: n0 n1 n2 n3
+      m2: n0 n1 n2 n3
+      m3: n0 n1 n2 n3
+    """
+    return [[Segment(b, h, n, tuple(problem.m_blocks_of(n)))] for b, h, n in problem.kv_tiles()]
