@@ -1,0 +1,130 @@
+"""Kernel configurations: the typed values templates are rendered from, their parameter blocks
+as the host lays them out, and the shared-memory sizes the templates assert against.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+from .render import KernelConfig, KernelSource, render
+
+CUDA_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}
+SUPPORTED_HEAD_DIMS = (64, 128)
+BLOCK_M = 64  # one 16-row strip per warp, 4 warps
+BLOCK_N = 64
+
+
+def _check(dtype: str, head_dim: int) -> None:
+    if dtype not in CUDA_TYPES:
+        raise ValueError(f"dtype must be one of {sorted(CUDA_TYPES)}, got {dtype!r}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim!r}")
+
+
+@dataclass(frozen=True)
+class FwdConfig(KernelConfig):
+    prefix = "dashgen_attn_fwd"
+    dtype: str
+    head_dim: int
+    causal: bool
+    block_m: int = BLOCK_M
+    block_n: int = BLOCK_N
+
+    def __post_init__(self) -> None:
+        _check(self.dtype, self.head_dim)
+
+    @property
+    def cuda_type(self) -> str:
+        return CUDA_TYPES[self.dtype]
+
+    @property
+    def smem_bytes(self) -> int:
+        ld = self.head_dim + 8
+        return (self.block_m + 2 * self.block_n) * ld * 2
+
+    @property
+    def params_bytes(self) -> int:
+        return ctypes.sizeof(FwdParams)
+
+
+@dataclass(frozen=True)
+class BwdConfig(KernelConfig):
+    prefix = "dashgen_attn_bwd"
+    dtype: str
+    head_dim: int
+    causal: bool
+    deterministic: bool = True
+    gqa: bool = False
+    trace: bool = False
+    block_m: int = BLOCK_M
+    block_n: int = BLOCK_N
+
+    def __post_init__(self) -> None:
+        _check(self.dtype, self.head_dim)
+
+    @property
+    def cuda_type(self) -> str:
+        return CUDA_TYPES[self.dtype]
+
+    @property
+    def smem_bytes(self) -> int:
+        d, bm, bn = self.head_dim, self.block_m, self.block_n
+        fp32 = (bm * d + 2 * bn * d + 2 * bm) * 4
+        tiles = (2 * bm + 2 * bn) * (d + 8) * 2
+        scores = 2 * bm * (bn + 8) * 2
+        return fp32 + tiles + scores
+
+    @property
+    def params_bytes(self) -> int:
+        return ctypes.sizeof(BwdParams)
+
+
+def render_fwd(cfg: FwdConfig) -> KernelSource:
+    return render("attn_fwd.cu.j2", cfg)
+
+
+def render_bwd(cfg: BwdConfig) -> KernelSource:
+    return render("attn_bwd.cu.j2", cfg)
+
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int32
+_F = ctypes.c_float
+
+
+class FwdParams(ctypes.Structure):
+    """Mirror of dashgen::FwdParams (templates/include/dashgen/attn/params.cuh)."""
+
+    _fields_ = [("q", _P), ("k", _P), ("v", _P), ("o", _P), ("lse", _P),
+                ("batch", _I), ("heads_q", _I), ("heads_kv", _I), ("seqlen_q", _I),
+                ("seqlen_k", _I), ("q_row_stride", _I), ("k_row_stride", _I),
+                ("o_row_stride", _I), ("softmax_scale", _F)]
+
+
+class BwdParams(ctypes.Structure):
+    """Mirror of dashgen::BwdParams."""
+
+    _fields_ = [(name, _P) for name in (
+        "q", "k", "v", "dout", "lse", "dpsum", "dq_accum", "dk", "dv", "dk_accum", "dv_accum",
+        "dq_counters", "dkv_counters", "tasks", "worker_offsets", "trace")] + [
+        (name, _I) for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
+                                "q_row_stride", "k_row_stride", "num_m_blocks", "num_n_blocks")] + [
+        ("softmax_scale", _F)]
+
+
+class PrepParams(ctypes.Structure):
+    """Mirror of dashgen::PrepParams."""
+
+    _fields_ = [("o", _P), ("dout", _P), ("dpsum", _P), ("dq_accum", _P),
+                ("batch", _I), ("heads", _I), ("seqlen", _I), ("row_stride", _I),
+                ("padded_rows", _I)]
+
+
+class ConvertParams(ctypes.Structure):
+    """Mirror of dashgen::ConvertParams."""
+
+    _fields_ = [("src", _P), ("dst", _P), ("batch", _I), ("heads", _I), ("seqlen", _I),
+                ("row_stride", _I), ("padded_rows", _I)]
+
+
+PREP_ROWS_PER_BLOCK = 16  # AttnPreprocess / AttnConvert::kRowsPerBlock

@@ -1,0 +1,300 @@
+"""The public torch op: ``dashgen.attention`` with a bitwise reproducible backward on Hopper.
+
+Registers ``dashgen::attention_fwd`` and ``dashgen::attention_bwd`` with torch.library (fake
+kernels for torch.compile, autograd via register_autograd). Every input is checked before any
+kernel launches; errors name the argument.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from .problem import Mask, Problem
+from .schedules import get_builder, unsupported_reason
+
+SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
+REQUIRED_CAPABILITY = (9, 0)  # the kernels use wgmma/TMA/setmaxnreg, compiled for sm_90a only
+
+# Tests point this at "cpu" to run the whole op against a stand-in runtime.
+_DEVICE_TYPE = "cuda"
+
+# schedule="auto": (mask, caller pinned num_workers) -> candidates, the first that serves wins.
+# Without num_workers only orders that ignore the worker count qualify, so the bits cannot
+# depend on which Hopper part runs them.
+AUTO_SCHEDULES: dict[tuple[str, bool], tuple[str, ...]] = {
+    ("full", False): ("fa3",),
+    ("causal", False): ("spt",),
+    ("full", True): ("shift", "fa3"),
+    ("causal", True): ("symmetric_shift", "spt"),
+}
+
+
+class Options(NamedTuple):
+    """The resolved arguments the custom ops receive (a NamedTuple so torch.compile folds it)."""
+
+    causal: bool
+    softmax_scale: float
+    deterministic: bool
+    schedule: str
+    num_workers: int
+
+
+def _runtime():
+    # Imported on first use so that `import dashgen.op` needs neither a GPU nor the driver.
+    from . import runtime
+    return runtime
+
+
+@torch.compiler.assume_constant_result
+def _supported_head_dims() -> tuple[int, ...]:
+    return tuple(_runtime().supported_head_dims())
+
+
+@torch.compiler.assume_constant_result
+def _device_facts(index: int) -> tuple[int, int, int, str]:
+    """(major, minor, SM count, name) of a CUDA device; constant for torch.compile's tracing."""
+    props = torch.cuda.get_device_properties(index)
+    return props.major, props.minor, props.multi_processor_count, props.name
+
+
+# -- validation --------------------------------------------------------------------------------
+
+def _check_tensors(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), "
+                             f"got shape {tuple(t.shape)}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; dashgen supports torch.bfloat16 and torch.float16")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; "
+                            f"q, k and v must share one dtype")
+    dims = ("batch", "seqlen", "heads", "head_dim")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        for dim in range(3):  # a zero head_dim is caught by the supported-head_dim check
+            if t.shape[dim] == 0:
+                raise ValueError(f"{name} has {dims[dim]} 0 (shape {tuple(t.shape)}); "
+                                 f"every dimension must be positive")
+    for name, t in (("k", k), ("v", v)):
+        if t.shape[0] != q.shape[0]:
+            raise ValueError(f"{name} has batch {t.shape[0]} but q has batch {q.shape[0]}")
+        if t.shape[3] != q.shape[3]:
+            raise ValueError(f"{name} has head_dim {t.shape[3]} but q has head_dim {q.shape[3]}")
+    if v.shape != k.shape:
+        raise ValueError(f"v has shape {tuple(v.shape)} but k has shape {tuple(k.shape)}; "
+                         f"k and v must have the same shape")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"k has {k.shape[2]} heads, which does not divide q's {q.shape[2]} heads "
+                         f"(heads_q must be a multiple of heads_kv for GQA/MQA)")
+    supported = _supported_head_dims()
+    if q.shape[3] not in supported:
+        raise ValueError(f"q has head_dim {q.shape[3]}; supported head_dims: {supported}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        # Other strides are fixed with .contiguous(); a strided last dim would mean a silent
+        # full copy of the tensor, so the caller has to decide.
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (head_dim), "
+                             f"got strides {tuple(t.stride())}")
+
+
+def _check_options(causal, softmax_scale, deterministic, schedule, num_workers) -> None:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"softmax_scale must be a float or None, got {softmax_scale!r}")
+        if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+            raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale!r}")
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool or None, got {deterministic!r}")
+    if not isinstance(schedule, str):
+        raise TypeError(f"schedule must be a str, got {schedule!r}")
+    if schedule != "auto":
+        try:
+            get_builder(schedule)
+        except ValueError as exc:
+            raise ValueError(f"schedule: {exc} (or 'auto')") from None
+    if num_workers is not None:
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int):
+            raise TypeError(f"num_workers must be an int or None, got {num_workers!r}")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be positive, got {num_workers}")
+
+
+def _check_device(q, k, v) -> int:
+    """The SM count of q's device, after checking all three are on one sm_90 CUDA device."""
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; "
+                             f"q, k and v must be on one device")
+    if q.device.type != _DEVICE_TYPE:
+        raise ValueError(f"q, k and v are on {q.device}; dashgen needs CUDA tensors")
+    major, minor, sm_count, name = _device_facts(q.device.index)
+    if (major, minor) != REQUIRED_CAPABILITY:
+        raise RuntimeError(f"q is on {q.device} ({name}, compute capability {major}.{minor}); "
+                           f"dashgen's kernels need compute capability 9.0 (H100/H200)")
+    return sm_count
+
+
+def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
+                     sm_count: int) -> tuple[str, int]:
+    """(schedule name, worker count) for the kernels; raises ValueError naming the argument.
+
+    Pure (no device access), so every branch is testable on a CPU.
+    """
+    if num_workers is not None and num_workers > sm_count:
+        raise ValueError(f"num_workers={num_workers} exceeds this GPU's {sm_count} SMs: persistent "
+                         f"workers that cannot all be resident at once would deadlock on the "
+                         f"dQ order")
+    if schedule == "auto":
+        candidates = AUTO_SCHEDULES[(problem.mask.kind, num_workers is not None)]
+        schedule = next(s for s in candidates if unsupported_reason(s, problem) is None)
+    elif get_builder(schedule).depends_on_workers and num_workers is None:
+        raise ValueError(f"schedule={schedule!r} orders the dQ sums by the worker count, so the "
+                         f"worker count decides the bits: pass num_workers explicitly (dashgen "
+                         f"never reads it from the device silently)")
+    reason = unsupported_reason(schedule, problem)
+    if reason is not None:
+        raise ValueError(f"schedule={schedule!r} cannot serve this problem: {reason}")
+    return schedule, sm_count if num_workers is None else num_workers
+
+
+@torch.compiler.assume_constant_result
+def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+          causal: bool, schedule: str, num_workers: int | None,
+          sm_count: int) -> tuple[str, int, str]:
+    """(schedule, num_workers, error message or ""): torch.compile runs this once while tracing
+    and keeps the answer. It returns its error instead of raising, because an exception thrown
+    here would reach the user as an internal torch.compile error instead of a ValueError."""
+    cfg = _runtime().KernelConfig.for_problem(head_dim)
+    problem = Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
+                      seqlen_k=seqlen_k, head_dim=head_dim,
+                      mask=Mask.causal() if causal else Mask.full(),
+                      block_m=cfg.block_m, block_n=cfg.block_n)
+    try:
+        return (*resolve_schedule(problem, schedule, num_workers, sm_count), "")
+    except ValueError as exc:
+        return "", 0, str(exc)
+
+
+def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=True,
+                 schedule="auto", num_workers=None) -> Options:
+    """Validate the arguments of :func:`attention` and resolve its defaults.
+
+    Checks run in this order, so a CPU machine reaches every error path: argument types, ranks
+    and dtypes; shapes (zero sizes, batch, head_dim, k vs v, heads_q a multiple of heads_kv,
+    supported head_dim) and last-dim strides (meta tensors reach all of these); the options;
+    one device for q, k and v (CPU vs meta tensors); CUDA (CPU tensors); compute capability 9.0
+    and num_workers against the SM count (fake CUDA tensors from FakeTensorMode, with the device
+    query stubbed); finally whether the schedule serves the problem.
+    """
+    _check_tensors(q, k, v)
+    _check_options(causal, softmax_scale, deterministic, schedule, num_workers)
+    sm_count = _check_device(q, k, v)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    name, workers, error = _plan(batch, heads_q, k.shape[2], seqlen_q, k.shape[1], head_dim,
+                                 causal, schedule, num_workers, sm_count)
+    if error:
+        raise ValueError(error)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+    return Options(causal, scale, deterministic, name, workers)
+
+
+# -- the custom ops ----------------------------------------------------------------------------
+# The backward's options ride along the forward op: register_autograd only sees the forward's
+# inputs, and the backward needs them to reproduce the same bits.
+
+@torch.library.custom_op("dashgen::attention_fwd", mutates_args=())
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                  softmax_scale: float, deterministic: bool, schedule: str,
+                  num_workers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """o (like q) and lse (float32, batch x heads_q x seqlen_q); lse is not differentiable."""
+    o, lse = _runtime().forward(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal,
+                                softmax_scale=softmax_scale)
+    return o, lse
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers):
+    batch, seqlen_q, heads_q, _ = q.shape
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return o, q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("dashgen::attention_bwd", mutates_args=())
+def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  o: torch.Tensor, lse: torch.Tensor, causal: bool, softmax_scale: float,
+                  deterministic: bool, schedule: str,
+                  num_workers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv: bitwise reproducible for fixed (problem, schedule, num_workers) when
+    deterministic."""
+    dq, dk, dv = _runtime().backward(
+        do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), lse,
+        causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
+        schedule=schedule, num_workers=num_workers)
+    return dq, dk, dv
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(do, q, k, v, o, lse, causal, softmax_scale, deterministic, schedule,
+                        num_workers):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, *options = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.options = tuple(options)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    # The gradient of a reduction such as o.sum() arrives expanded (stride 0): the op copies.
+    dq, dk, dv = torch.ops.dashgen.attention_bwd(grad_o, q, k, v, o, lse, *ctx.options)
+    return (dq, dk, dv) + (None,) * len(ctx.options)
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# -- the public function -----------------------------------------------------------------------
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              softmax_scale: float | None = None, deterministic: bool | None = True,
+              schedule: str = "auto", num_workers: int | None = None) -> torch.Tensor:
+    """Scaled dot-product attention whose backward is bitwise reproducible on Hopper.
+
+    q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), bf16
+    or fp16 CUDA tensors on an sm_90 GPU, heads_q a multiple of heads_kv (GQA/MQA). causal masks
+    bottom-right aligned: query row i sees key j iff j <= i + seqlen_k - seqlen_q (a row that sees
+    no key gets o = 0). softmax_scale defaults to 1/sqrt(head_dim). Returns o, shaped like q.
+
+    deterministic: True makes dq/dk/dv a function of (problem, schedule, num_workers) only;
+    False uses atomic adds (faster, not reproducible); None follows
+    torch.are_deterministic_algorithms_enabled().
+
+    schedule: a name from dashgen.list_schedules() or "auto". "auto" without num_workers picks
+    an order that does not depend on the worker count ("fa3" for a full mask, "spt" for causal),
+    so the bits are the same on every GPU running the same kernels, whatever its SM count.
+    The DASH schedules ("shift", "symmetric_shift") order the sums by the worker count, which
+    then fixes the bits too: they need an explicit num_workers, and "auto" with num_workers
+    prefers them. A schedule that cannot serve the problem raises ValueError, never falls back.
+
+    num_workers: persistent CTAs; None means the device's SM count (only for schedules whose
+    order ignores it); more than the SM count raises ValueError (they could not all be resident,
+    and waiting on the dQ order would deadlock).
+    """
+    opts = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                        deterministic=deterministic, schedule=schedule, num_workers=num_workers)
+    o, _ = torch.ops.dashgen.attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), *opts)
+    return o

@@ -1,0 +1,100 @@
+"""The PTX probe kernels: one small template per wrapper family, with its launch geometry.
+
+scripts/gpu_probes.py launches each on an H200 against a host reference; tests/test_compile.py
+compiles each on the CPU. The table is data, so both read the same geometry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .render import KernelConfig, KernelSource, render
+
+SW128_ALIGN = 1024  # slack for aligning a 128B-swizzled tile inside dynamic shared memory
+
+
+@dataclass(frozen=True)
+class TmaProbeConfig(KernelConfig):
+    prefix = "probe_mbarrier_tma"
+    rank: int = 2
+    box_rows: int = 64
+    box_cols: int = 64
+    threads: int = 128
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.box_rows * self.box_cols * 2
+
+
+@dataclass(frozen=True)
+class BulkReduceProbeConfig(KernelConfig):
+    prefix = "probe_bulk_reduce"
+    tile_floats: int = 4096
+    chunks: int = 4
+    threads: int = 128
+
+
+@dataclass(frozen=True)
+class WgmmaProbeConfig(KernelConfig):
+    prefix = "probe_wgmma"
+    k_steps: int = 1
+
+
+@dataclass(frozen=True)
+class SetmaxnregProbeConfig(KernelConfig):
+    prefix = "probe_setmaxnreg"
+    producer_registers: int = 24
+    consumer_registers: int = 240
+    consumer_words: int = 64
+    mix_rounds: int = 4
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probe: which template, with which config, launched how."""
+
+    name: str
+    template: str
+    config: Any
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_bytes: int  # dynamic shared memory per CTA
+
+    @property
+    def kernel_name(self) -> str:
+        return self.config.kernel_name
+
+
+def _probes() -> dict[str, Probe]:
+    tma2 = TmaProbeConfig(rank=2)
+    tma4 = TmaProbeConfig(rank=4)
+    reduce = BulkReduceProbeConfig()
+    setmaxnreg = SetmaxnregProbeConfig()
+    table = [
+        # rank 2: a [4*64, 2*64] bf16 matrix, one CTA per 64x64 tile.
+        Probe("mbarrier_tma_2d", "probes/probe_mbarrier_tma.cu.j2", tma2,
+              grid=(4, 2, 1), block=(tma2.threads, 1, 1), smem_bytes=tma2.tile_bytes + SW128_ALIGN),
+        # rank 4: a [batch 2, heads 3, seqlen 2*64, head_dim 64] bf16 tensor.
+        Probe("mbarrier_tma_4d", "probes/probe_mbarrier_tma.cu.j2", tma4,
+              grid=(2, 3, 2), block=(tma4.threads, 1, 1), smem_bytes=tma4.tile_bytes + SW128_ALIGN),
+        Probe("bulk_reduce", "probes/probe_bulk_reduce.cu.j2", reduce,
+              grid=(8, 1, 1), block=(reduce.threads, 1, 1), smem_bytes=reduce.tile_floats * 4 + 128),
+        Probe("wgmma_k16", "probes/probe_wgmma.cu.j2", WgmmaProbeConfig(k_steps=1),
+              grid=(1, 1, 1), block=(128, 1, 1), smem_bytes=2 * 64 * 128 + SW128_ALIGN),
+        Probe("wgmma_k64", "probes/probe_wgmma.cu.j2", WgmmaProbeConfig(k_steps=4),
+              grid=(1, 1, 1), block=(128, 1, 1), smem_bytes=2 * 64 * 128 + SW128_ALIGN),
+        Probe("setmaxnreg", "probes/probe_setmaxnreg.cu.j2", setmaxnreg,
+              grid=(2, 1, 1), block=(384, 1, 1), smem_bytes=0),
+    ]
+    return {p.name: p for p in table}
+
+
+PROBES: dict[str, Probe] = _probes()
+
+
+def render_probe(name: str) -> KernelSource:
+    try:
+        probe = PROBES[name]
+    except KeyError:
+        raise KeyError(f"unknown probe {name!r}; known: {', '.join(PROBES)}") from None
+    return render(probe.template, probe.config)

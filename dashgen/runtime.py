@@ -1,0 +1,164 @@
+"""The kernels' Python driver: builds, verifies and lowers schedules, compiles and loads kernels
+(cached), and launches forward and backward on PyTorch's current stream.
+
+Only this module and the torch op touch torch and the driver. Every cache here is keyed by what
+fixes the result (problem, schedule, worker count, kernel config), never by a device property.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from functools import lru_cache
+
+import torch
+
+from . import launch
+from .cache import get_or_compile
+from .kernels import (BLOCK_M, BLOCK_N, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdConfig,
+                      BwdParams, ConvertParams, FwdConfig, FwdParams, PrepParams, render_bwd,
+                      render_fwd)
+from .lower import lower
+from .problem import Mask, Problem
+from .schedules import build_schedule
+from .verify import verify
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def supported_head_dims() -> tuple[int, ...]:
+    return SUPPORTED_HEAD_DIMS
+
+
+class KernelConfig:
+    """Tile sizes the kernels use, which the schedule must be built with."""
+
+    block_m = BLOCK_M
+    block_n = BLOCK_N
+
+    @classmethod
+    def for_problem(cls, head_dim: int) -> "KernelConfig":
+        return cls()
+
+
+@lru_cache(maxsize=None)
+def _load(source_name: str, cfg, device: int) -> dict[str, launch.Kernel]:
+    source = render_bwd(cfg) if isinstance(cfg, BwdConfig) else render_fwd(cfg)
+    cubin, hit = get_or_compile(source)
+    if not hit:
+        main = cubin.resources.get(source.name)
+        regs = f", {main.registers} registers, {main.spill_bytes} spill bytes" if main else ""
+        print(f"dashgen: compiled {source.name} in {cubin.compile_seconds:.2f} s{regs}",
+              file=sys.stderr)
+    kernels = {}
+    for suffix in ("", "_preprocess", "_convert") if isinstance(cfg, BwdConfig) else ("",):
+        kernel = launch.load_kernel(cubin.data, source.name + suffix)
+        if suffix == "":
+            kernel.set_max_dynamic_shared_bytes(cfg.smem_bytes)
+        kernels[suffix] = kernel
+    return kernels
+
+
+def _kernels(cfg, device: torch.device) -> dict[str, launch.Kernel]:
+    launch.ensure_context(device.index or 0)
+    return _load(cfg.kernel_name, cfg, device.index or 0)
+
+
+def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Problem:
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    return Problem(batch=batch, heads_q=heads_q, heads_kv=k.shape[2], seqlen_q=seqlen_q,
+                   seqlen_k=k.shape[1], head_dim=head_dim,
+                   mask=Mask.causal() if causal else Mask.full(),
+                   block_m=BLOCK_M, block_n=BLOCK_N)
+
+
+@lru_cache(maxsize=64)
+def _plan_tensors(problem: Problem, schedule: str, num_workers: int, device: torch.device):
+    plan = lower(_verified(problem, schedule, num_workers))
+    tasks = torch.tensor(plan.tasks, dtype=torch.int32).to(device)
+    offsets = torch.tensor(plan.worker_offsets, dtype=torch.int32).to(device)
+    return plan, tasks, offsets
+
+
+@lru_cache(maxsize=64)
+def _verified(problem: Problem, schedule: str, num_workers: int):
+    s = build_schedule(schedule, problem, num_workers)
+    verify(s)  # a schedule that could deadlock the kernel never reaches it
+    return s
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def forward(q, k, v, *, causal: bool, softmax_scale: float):
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    cfg = FwdConfig(_DTYPES[q.dtype], head_dim, bool(causal))
+    kernel = _kernels(cfg, q.device)[""]
+    o = torch.empty_like(q)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    params = FwdParams(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                       batch, heads_q, k.shape[2], seqlen_q, k.shape[1],
+                       q.stride(1), k.stride(1), o.stride(1), float(softmax_scale))
+    grid = (-(-seqlen_q // BLOCK_M), heads_q, batch)
+    launch.launch(kernel, grid, 128, cfg.smem_bytes, _stream(q.device), [params])
+    return o, lse
+
+
+def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
+             schedule: str, num_workers: int, trace: bool = False):
+    problem = problem_of(q, k, causal)
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    plan, tasks, offsets = _plan_tensors(problem, schedule, num_workers, q.device)
+    cfg = BwdConfig(_DTYPES[q.dtype], head_dim, bool(causal), deterministic=bool(deterministic),
+                    gqa=problem.gqa, trace=bool(trace))
+    kernels = _kernels(cfg, q.device)
+    stream = _stream(q.device)
+    dev = q.device
+    m_blocks, n_blocks = problem.num_m_blocks, problem.num_n_blocks
+
+    dpsum = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=dev)
+    dq_accum = torch.empty((batch, heads_q, m_blocks * BLOCK_M, head_dim), dtype=torch.float32,
+                           device=dev)
+    dq_counters = torch.zeros((batch, heads_q, m_blocks), dtype=torch.int32, device=dev)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if problem.gqa:
+        dk_accum = torch.zeros((batch, heads_kv, n_blocks * BLOCK_N, head_dim),
+                               dtype=torch.float32, device=dev)
+        dv_accum = torch.zeros_like(dk_accum)
+        dkv_counters = torch.zeros((batch, heads_kv, n_blocks), dtype=torch.int32, device=dev)
+    trace_buf = (torch.full((plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
+                 if trace else None)
+
+    prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum.data_ptr(), dq_accum.data_ptr(),
+                      batch, heads_q, seqlen_q, q.stride(1), m_blocks * BLOCK_M)
+    launch.launch(kernels["_preprocess"], (-(-m_blocks * BLOCK_M // PREP_ROWS_PER_BLOCK), heads_q,
+                                           batch), 128, 0, stream, [prep])
+    params = BwdParams(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(), dpsum.data_ptr(),
+        dq_accum.data_ptr(),
+        0 if problem.gqa else dk.data_ptr(), 0 if problem.gqa else dv.data_ptr(),
+        dk_accum.data_ptr() if problem.gqa else 0, dv_accum.data_ptr() if problem.gqa else 0,
+        dq_counters.data_ptr(), dkv_counters.data_ptr() if problem.gqa else 0,
+        tasks.data_ptr(), offsets.data_ptr(), trace_buf.data_ptr() if trace else 0,
+        batch, heads_q, heads_kv, seqlen_q, seqlen_k, q.stride(1), k.stride(1),
+        m_blocks, n_blocks, float(softmax_scale))
+    launch.launch(kernels[""], num_workers, 128, cfg.smem_bytes, stream, [params])
+
+    def convert(src, dst, heads, seqlen, padded):
+        p = ConvertParams(src.data_ptr(), dst.data_ptr(), batch, heads, seqlen, dst.stride(1), padded)
+        launch.launch(kernels["_convert"], (-(-seqlen // PREP_ROWS_PER_BLOCK), heads, batch), 128, 0,
+                      stream, [p])
+
+    convert(dq_accum, dq, heads_q, seqlen_q, m_blocks * BLOCK_M)
+    if problem.gqa:
+        convert(dk_accum, dk, heads_kv, seqlen_k, n_blocks * BLOCK_N)
+        convert(dv_accum, dv, heads_kv, seqlen_k, n_blocks * BLOCK_N)
+    # Keep the schedule tables alive until the kernels that read them have run.
+    if tasks.device.type == "cuda":
+        tasks.record_stream(torch.cuda.current_stream(dev))
+    if trace:
+        return dq, dk, dv, trace_buf
+    return dq, dk, dv

@@ -1,0 +1,161 @@
+"""Run every PTX probe on a Hopper GPU and compare with a host reference.
+
+Usage (on the H200): PYTHONPATH=. python3 scripts/gpu_probes.py [probe ...]
+Prints one line per probe (name, max abs err, PASS/FAIL); exits 1 if any fails, 2 on a hang.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+from dashgen.cache import get_or_compile
+from dashgen.launch import encode_tensor_map, launch, load_kernel
+from dashgen.probes import PROBES, Probe, render_probe
+
+HANG_SECONDS = 20.0
+U32 = 0xFFFFFFFF
+
+
+def run_kernel(probe: Probe, args: list) -> dict:
+    """Compile (cached), load, launch on torch's current stream, wait with a hang watchdog."""
+    cubin, hit = get_or_compile(render_probe(probe.name))
+    kernel = load_kernel(cubin.data, probe.kernel_name)
+    kernel.set_max_dynamic_shared_bytes(probe.smem_bytes)
+    stream = torch.cuda.current_stream()
+    launch(kernel, probe.grid, probe.block, probe.smem_bytes, stream.cuda_stream, args)
+    done = torch.cuda.Event()
+    done.record(stream)
+    deadline = time.monotonic() + HANG_SECONDS
+    while not done.query():
+        if time.monotonic() > deadline:
+            print(f"{probe.name:18s} HANG (> {HANG_SECONDS:.0f} s): kernel never finished", flush=True)
+            os._exit(2)
+        time.sleep(0.001)
+    torch.cuda.synchronize()
+    usage = cubin.resources[probe.kernel_name]
+    return {"regs": usage.registers, "compile_s": cubin.compile_seconds, "cache_hit": hit}
+
+
+def check_tma(probe: Probe) -> tuple[float, bool, str]:
+    cfg = probe.config
+    gx, gy, gz = probe.grid
+    if cfg.rank == 2:
+        shape = (gx * cfg.box_rows, gy * cfg.box_cols)
+        box = (cfg.box_rows, cfg.box_cols)
+    else:
+        shape = (gz, gy, gx * cfg.box_rows, cfg.box_cols)
+        box = (1, 1, cfg.box_rows, cfg.box_cols)
+    src = torch.randn(shape, device="cuda").to(torch.bfloat16)
+    out = torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+    tmap = encode_tensor_map(src.data_ptr(), src.dtype, src.shape, src.stride(), box, swizzle=128)
+    info = run_kernel(probe, [tmap, out.data_ptr()])
+    err = (out.double() - src.double()).abs().nan_to_num(float("inf")).max().item()
+    exact = torch.equal(out.view(torch.int16), src.view(torch.int16))
+    return err, exact, f"shape={list(shape)} bitwise={exact} regs={info['regs']}"
+
+
+def check_bulk_reduce(probe: Probe) -> tuple[float, bool, str]:
+    cfg = probe.config
+    n = probe.grid[0]
+    # Mixed magnitudes, so that a different summation order gives different fp32 bits.
+    scale = 10.0 ** torch.randint(-3, 4, (n, 1), device="cuda", dtype=torch.float32)
+    inputs = torch.randn(n, cfg.tile_floats, device="cuda") * scale
+    ranks = torch.randperm(n, device="cuda").to(torch.int32)
+    start = torch.randn(cfg.tile_floats, device="cuda")
+    out = start.clone()
+    counters = torch.zeros(2, device="cuda", dtype=torch.int32)
+    tickets = torch.full((n,), -1, device="cuda", dtype=torch.int32)
+    info = run_kernel(probe, [inputs.data_ptr(), ranks.data_ptr(), out.data_ptr(),
+                              counters.data_ptr(), tickets.data_ptr()])
+    ref = start.clone()
+    for rank in range(n):  # the same fp32 additions, in rank order
+        ref = ref + inputs[(ranks == rank).nonzero().item()]
+    other = start.clone()
+    for cta in range(n):
+        other = other + inputs[cta]
+    exact = torch.equal(out.view(torch.int32), ref.view(torch.int32))
+    counters_ok = counters.tolist() == [n, n]
+    tickets_ok = sorted(tickets.tolist()) == list(range(n))
+    sensitive = int((other.view(torch.int32) != ref.view(torch.int32)).sum().item())
+    err = (out.double() - ref.double()).abs().nan_to_num(float("inf")).max().item()
+    ok = exact and counters_ok and tickets_ok
+    return err, ok, (f"bitwise={exact} counters={counters.tolist()} tickets_ok={tickets_ok} "
+                     f"order-sensitive elements={sensitive}/{cfg.tile_floats} regs={info['regs']}")
+
+
+def check_wgmma(probe: Probe) -> tuple[float, bool, str]:
+    k = 16 * probe.config.k_steps
+    a = torch.randn(64, k, device="cuda").to(torch.bfloat16)
+    b = torch.randn(64, k, device="cuda").to(torch.bfloat16)
+    d = torch.full((64, 64), float("nan"), device="cuda", dtype=torch.float32)
+    info = run_kernel(probe, [a.data_ptr(), b.data_ptr(), d.data_ptr()])
+    ref = a.double() @ b.double().T
+    # bf16 x bf16 products are exact in fp32; the K-term fp32 sum errs by at most ~K ulps of the
+    # sum of magnitudes.
+    tol = k * 2.0 ** -22 * (a.double().abs() @ b.double().abs().T).max().item()
+    err = (d.double() - ref).abs().nan_to_num(float("inf")).max().item()
+    return err, err <= tol, f"K={k} tol={tol:.2e} regs={info['regs']}"
+
+
+def _consumer_digest(tid: int, words: int, rounds: int) -> int:
+    w = [(tid * (j + 1) + j) & U32 for j in range(words)]
+    for r in range(rounds):
+        for j in range(words):
+            w[j] = (w[j] * 1664525 + w[(j + 1) % words] + r) & U32
+    digest = 0
+    for value in w:
+        digest = ((digest ^ value) * 16777619) & U32
+    return digest
+
+
+def check_setmaxnreg(probe: Probe) -> tuple[float, bool, str]:
+    cfg = probe.config
+    threads = probe.block[0]
+    blocks = probe.grid[0]
+    out = torch.full((blocks * threads,), 0x5EADBEEF, device="cuda", dtype=torch.int32)
+    info = run_kernel(probe, [out.data_ptr()])
+    expected = [(t * 3 + 1) if t < 128 else _consumer_digest(t, cfg.consumer_words, cfg.mix_rounds)
+                for t in range(threads)] * blocks
+    got = [v & U32 for v in out.tolist()]
+    wrong = sum(g != e for g, e in zip(got, expected))
+    return float(wrong), wrong == 0, f"wrong threads={wrong}/{len(got)} regs={info['regs']}"
+
+
+CHECKS = {
+    "mbarrier_tma_2d": check_tma,
+    "mbarrier_tma_4d": check_tma,
+    "bulk_reduce": check_bulk_reduce,
+    "wgmma_k16": check_wgmma,
+    "wgmma_k64": check_wgmma,
+    "setmaxnreg": check_setmaxnreg,
+}
+
+
+def main(names: list[str]) -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device", file=sys.stderr)
+        return 1
+    major, minor = torch.cuda.get_device_capability()
+    print(f"device: {torch.cuda.get_device_name()} (sm_{major}{minor}), torch {torch.__version__}")
+    torch.manual_seed(0)
+    torch.zeros(1, device="cuda")  # make torch's primary context current before the driver calls
+    failures = 0
+    for name in names or list(PROBES):
+        probe = PROBES[name]
+        try:
+            err, ok, detail = CHECKS[name](probe)
+        except Exception as exc:  # one broken probe must not hide the others' results
+            traceback.print_exc()
+            err, ok, detail = float("nan"), False, f"{type(exc).__name__}: {exc}"
+        failures += not ok
+        print(f"{name:18s} max_abs_err={err:.3e} {'PASS' if ok else 'FAIL'}  {detail}", flush=True)
+    print(f"{len(names or PROBES) - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,45 @@
+// dashgen/attn/element.cuh: the 16-bit input types (bf16, fp16) behind one interface, so the
+// kernels are written once and instantiated per dtype.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include "dashgen/types.cuh"
+#include "dashgen/ptx/mma.cuh"
+
+namespace dashgen {
+
+// INFINITY from math.h is not available under NVRTC without the host headers.
+#define DASHGEN_INF __int_as_float(0x7f800000)
+
+constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
+
+template <class T>
+struct Element;
+
+template <>
+struct Element<__nv_bfloat16> {
+  __device__ static __forceinline__ u16 bits(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
+  __device__ static __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+  __device__ static __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ static __forceinline__ u32 pack(float lo, float hi) {
+    return static_cast<u32>(bits(from_float(lo))) | (static_cast<u32>(bits(from_float(hi))) << 16);
+  }
+  __device__ static __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+    mma_m16n8k16_bf16(d, a, b);
+  }
+};
+
+template <>
+struct Element<__half> {
+  __device__ static __forceinline__ u16 bits(__half x) { return __half_as_ushort(x); }
+  __device__ static __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+  __device__ static __forceinline__ float to_float(__half x) { return __half2float(x); }
+  __device__ static __forceinline__ u32 pack(float lo, float hi) {
+    return static_cast<u32>(bits(from_float(lo))) | (static_cast<u32>(bits(from_float(hi))) << 16);
+  }
+  __device__ static __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+    mma_m16n8k16_f16(d, a, b);
+  }
+};
+
+}  // namespace dashgen

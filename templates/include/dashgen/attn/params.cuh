@@ -1,0 +1,66 @@
+// dashgen/attn/params.cuh: kernel parameter blocks, passed by value. The host mirrors each one
+// field for field (dashgen/kernels.py); keep the order pointers first, then 32-bit fields.
+#pragma once
+#include "dashgen/types.cuh"
+
+namespace dashgen {
+
+// Tensors are (batch, seqlen, heads, head_dim) with head_dim contiguous; strides in elements.
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // (batch, heads_q, seqlen_q)
+  i32 batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+  i32 q_row_stride, k_row_stride, o_row_stride;  // elements between consecutive sequence rows
+  float softmax_scale;
+};
+
+// One schedule task in the table the lowering writes: what the schedule IR says, packed.
+struct TaskEntry {
+  i32 batch_head;  // batch << 16 | head (query head)
+  i32 n_m;         // n_block << 16 | m_block
+  i32 dq_rank;
+  i32 dkv_rank;    // -1 without GQA
+};
+
+struct BwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* dout;
+  const float* lse;      // (batch, heads_q, seqlen_q), from the forward
+  const float* dpsum;    // (batch, heads_q, seqlen_q): rowsum(dO * O), from the preprocess
+  float* dq_accum;       // (batch, heads_q, num_m_blocks * block_m, head_dim), zeroed
+  void* dk;              // (batch, seqlen_k, heads_kv, head_dim) when not GQA
+  void* dv;
+  float* dk_accum;       // (batch, heads_kv, num_n_blocks * block_n, head_dim) under GQA, zeroed
+  float* dv_accum;
+  u32* dq_counters;      // (batch, heads_q, num_m_blocks), zeroed
+  u32* dkv_counters;     // (batch, heads_kv, num_n_blocks), zeroed, GQA only
+  const TaskEntry* tasks;
+  const i32* worker_offsets;  // worker w runs tasks[worker_offsets[w] .. worker_offsets[w + 1])
+  i32* trace;            // (total tasks, 6) when tracing, else null
+  i32 batch, heads_q, heads_kv, seqlen_q, seqlen_k;
+  i32 q_row_stride, k_row_stride;  // q/dout/dq share one layout, k/v/dk/dv another
+  i32 num_m_blocks, num_n_blocks;
+  float softmax_scale;
+};
+
+// Preprocess: D = rowsum(dO * O) and zero the fp32 dQ accumulator. Postprocess: fp32 -> 16 bit.
+struct PrepParams {
+  const void* o;
+  const void* dout;
+  float* dpsum;
+  float* dq_accum;
+  i32 batch, heads, seqlen, row_stride, padded_rows;
+};
+
+struct ConvertParams {
+  const float* src;  // (batch, heads, padded_rows, head_dim)
+  void* dst;         // (batch, seqlen, heads, head_dim), rows < seqlen only
+  i32 batch, heads, seqlen, row_stride, padded_rows;
+};
+
+}  // namespace dashgen

@@ -1,0 +1,58 @@
+// dashgen/attn/prepost.cuh: the small kernels around the backward. Preprocess: D = rowsum(dO * O)
+// in fp32 and a zeroed dQ accumulator. Convert: an fp32 accumulator back to the 16-bit layout of
+// the inputs (dQ always, dK/dV under GQA).
+#pragma once
+#include "dashgen/attn/element.cuh"
+#include "dashgen/attn/params.cuh"
+
+namespace dashgen {
+
+// One warp per row of one head: blockIdx = (row block, head, batch), 4 warps, 4 rows each.
+template <class T, int kHeadDim>
+struct AttnPreprocess {
+  static constexpr int kThreads = 128;
+  static constexpr int kRowsPerBlock = 16;
+
+  __device__ static void run(const PrepParams& p) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int h = blockIdx.y, b = blockIdx.z;
+    const T* o = static_cast<const T*>(p.o);
+    const T* dout = static_cast<const T*>(p.dout);
+    for (int r = warp; r < kRowsPerBlock; r += kThreads / 32) {
+      const int row = blockIdx.x * kRowsPerBlock + r;
+      if (row >= p.padded_rows) break;
+      float* acc_row = p.dq_accum + ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row) * kHeadDim;
+      for (int c = lane; c < kHeadDim; c += 32) acc_row[c] = 0.f;
+      if (row >= p.seqlen) continue;
+      const i64 base = (static_cast<i64>(b) * p.seqlen + row) * p.row_stride + static_cast<i64>(h) * kHeadDim;
+      float sum = 0.f;
+      for (int c = lane; c < kHeadDim; c += 32) {
+        sum += Element<T>::to_float(o[base + c]) * Element<T>::to_float(dout[base + c]);
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      if (lane == 0) p.dpsum[(static_cast<i64>(b) * p.heads + h) * p.seqlen + row] = sum;
+    }
+  }
+};
+
+template <class T, int kHeadDim>
+struct AttnConvert {
+  static constexpr int kThreads = 128;
+  static constexpr int kRowsPerBlock = 16;
+
+  __device__ static void run(const ConvertParams& p) {
+    const int h = blockIdx.y, b = blockIdx.z;
+    T* dst = static_cast<T*>(p.dst);
+    constexpr int kPairs = kHeadDim / 2;
+    for (int i = threadIdx.x; i < kRowsPerBlock * kPairs; i += kThreads) {
+      const int row = blockIdx.x * kRowsPerBlock + i / kPairs, c = (i % kPairs) * 2;
+      if (row >= p.seqlen) continue;
+      const float* src = p.src + ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row) * kHeadDim + c;
+      *reinterpret_cast<u32*>(dst + (static_cast<i64>(b) * p.seqlen + row) * p.row_stride +
+                              static_cast<i64>(h) * kHeadDim + c) = Element<T>::pack(src[0], src[1]);
+    }
+  }
+};
+
+}  // namespace dashgen
