@@ -97,8 +97,8 @@ struct AttnBwd {
         float s[kBlockN / 8][4], dp[kBlockN / 8][4];
         zero_acc(s);
         zero_acc(dp);
-        warp_strip_mma<T, kBlockN, kHeadDim>(s, SmemView<T>{s_q, kLdT, 1}, SmemView<T>{s_k, 1, kLdT}, r0, lane);
-        warp_strip_mma<T, kBlockN, kHeadDim>(dp, SmemView<T>{s_do, kLdT, 1}, SmemView<T>{s_v, 1, kLdT}, r0, lane);
+        warp_strip_mma<T, kBlockN, kHeadDim>(s, row_major(s_q, kLdT), col_major(s_k, kLdT), r0, lane);
+        warp_strip_mma<T, kBlockN, kHeadDim>(dp, row_major(s_do, kLdT), col_major(s_v, kLdT), r0, lane);
         const float scale_log2 = p.softmax_scale * kLog2e;
         const int causal_offset = p.seqlen_k - p.seqlen_q;
         const int g = lane >> 2, t = lane & 3;
@@ -122,13 +122,13 @@ struct AttnBwd {
         // Warp w owns KV rows 16w..16w+15 of dK/dV and Q rows 16w..16w+15 of dQ.
         float acc[kHeadDim / 8][4];
         zero_acc(acc);
-        warp_strip_mma<T, kHeadDim, kBlockM>(acc, SmemView<T>{s_p, 1, kLdP}, SmemView<T>{s_do, kLdT, 1}, r0, lane);
+        warp_strip_mma<T, kHeadDim, kBlockM>(acc, col_major(s_p, kLdP), row_major(s_do, kLdT), r0, lane);
         for_each_acc(acc, lane, [&](int r, int c, float x) { s_dv[(r0 + r) * kHeadDim + c] += x; });
         zero_acc(acc);
-        warp_strip_mma<T, kHeadDim, kBlockM>(acc, SmemView<T>{s_ds, 1, kLdP}, SmemView<T>{s_q, kLdT, 1}, r0, lane);
+        warp_strip_mma<T, kHeadDim, kBlockM>(acc, col_major(s_ds, kLdP), row_major(s_q, kLdT), r0, lane);
         for_each_acc(acc, lane, [&](int r, int c, float x) { s_dk[(r0 + r) * kHeadDim + c] += x; });
         zero_acc(acc);
-        warp_strip_mma<T, kHeadDim, kBlockN>(acc, SmemView<T>{s_ds, kLdP, 1}, SmemView<T>{s_k, kLdT, 1}, r0, lane);
+        warp_strip_mma<T, kHeadDim, kBlockN>(acc, row_major(s_ds, kLdP), row_major(s_k, kLdT), r0, lane);
         for_each_acc(acc, lane, [&](int r, int c, float x) { s_dq[(r0 + r) * kHeadDim + c] = x; });
       }
       // The bulk reduce reads s_dq (and s_dk/s_dv below) through the async proxy.

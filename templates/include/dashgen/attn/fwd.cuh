@@ -54,7 +54,7 @@ struct AttnFwd {
 
       float s[kBlockN / 8][4];
       zero_acc(s);
-      warp_strip_mma<T, kBlockN, kHeadDim>(s, SmemView<T>{s_q, kLdT, 1}, SmemView<T>{s_k, 1, kLdT}, r0, lane);
+      warp_strip_mma<T, kBlockN, kHeadDim>(s, row_major(s_q, kLdT), col_major(s_k, kLdT), r0, lane);
       float tile_max[2] = {-DASHGEN_INF, -DASHGEN_INF};
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
@@ -102,12 +102,12 @@ struct AttnFwd {
         a[1] = Element<T>::pack(s[2 * kk][2], s[2 * kk][3]);
         a[2] = Element<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
         a[3] = Element<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        const SmemView<T> vv{s_v, kLdT, 1};
+        const auto vv = row_major(s_v, kLdT);
 #pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) {
-          u32 bf[2];
-          load_b(bf, vv, 16 * kk, 8 * j, lane);
-          Element<T>::mma(o[j], a, bf);
+        for (int j = 0; j < kHeadDim / 8; j += 2) {
+          u32 bf[4];
+          load_b2(bf, vv, 16 * kk, 8 * j, lane);
+          mma_pair<T>(o[j], o[j + 1], a, bf);
         }
       }
     }

@@ -1,0 +1,64 @@
+"""Quick timing of dashgen's forward and backward on the ANCHORS.md shapes (a subset), for
+comparing kernel versions inside one device call. The full protocol lives in scripts/bench.py.
+
+PYTHONPATH=. python3 scripts/time_kernels.py [--seqlens 1024 4096] [--hdims 64 128]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from dashgen import runtime
+
+
+def median_ms(fn, warmup=3, repeats=10):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--schedules", nargs="+", default=["fa3"])
+    args = parser.parse_args()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"{'config':<32} {'schedule':<16} {'fwd TF/s':>9} {'bwd det':>9} {'bwd nondet':>10}")
+    for d in args.hdims:
+        for causal in (False, True):
+            for s in args.seqlens:
+                heads, batch = 2048 // d, 16384 // s
+                q, k, v, do = (torch.randn(batch, s, heads, d, device="cuda", dtype=torch.bfloat16)
+                               for _ in range(4))
+                scale = 1 / math.sqrt(d)
+                flops = 4 * batch * heads * s * s * d / (2 if causal else 1)
+                o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
+                fwd = median_ms(lambda: runtime.forward(q, k, v, causal=causal, softmax_scale=scale))
+                for name in args.schedules:
+                    if name == "shift" and causal or name == "symmetric_shift" and not causal:
+                        continue
+                    res = []
+                    for det in (True, False):
+                        res.append(median_ms(lambda: runtime.backward(
+                            do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
+                            deterministic=det, schedule=name, num_workers=sms)))
+                    tag = f"d{d} {'causal' if causal else 'full'} s{s} b{batch} h{heads}"
+                    print(f"{tag:<32} {name:<16} {flops / fwd / 1e9:>9.1f} "
+                          f"{2.5 * flops / res[0] / 1e9:>9.1f} {2.5 * flops / res[1] / 1e9:>10.1f}",
+                          flush=True)
+
+
+if __name__ == "__main__":
+    main()
