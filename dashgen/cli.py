@@ -1,4 +1,4 @@
-"""The `dashgen` command line: list, show, plan and verify schedules (kernels come later in emit)."""
+"""The `dashgen` command line: list, show, plan and verify schedules; emit their kernels."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +16,9 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
-def _problem_options(parser: argparse.ArgumentParser) -> None:
+def _problem_options(parser: argparse.ArgumentParser, helps: dict[str, str] | None = None) -> None:
+    """Add the shared problem options; `helps` replaces the help text of an option, by dest."""
+    helps = helps or {}
     g = parser.add_argument_group("problem")
     g.add_argument("--batch", type=int, default=1)
     g.add_argument("--heads", type=int, default=1, help="query heads (default 1)")
@@ -25,9 +27,10 @@ def _problem_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seqlen-q", type=int, default=None, help="overrides --seqlen for queries")
     g.add_argument("--seqlen-k", type=int, default=None, help="overrides --seqlen for keys")
     g.add_argument("--hdim", type=int, default=128, help="head_dim (default 128)")
-    g.add_argument("--mask", default="full", help="full, causal or window:LEFT,RIGHT (default full)")
-    g.add_argument("--block-m", type=int, default=128)
-    g.add_argument("--block-n", type=int, default=128)
+    g.add_argument("--mask", default="full",
+                   help=helps.get("mask", "full, causal or window:LEFT,RIGHT (default full)"))
+    g.add_argument("--block-m", type=int, default=128, help=helps.get("block_m"))
+    g.add_argument("--block-n", type=int, default=128, help=helps.get("block_n"))
     g.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
                    help=f"persistent workers, one per SM (default {DEFAULT_WORKERS})")
 
@@ -128,7 +131,71 @@ def cmd_verify(args: argparse.Namespace) -> None:
           f"{report.num_workers} workers, {report.num_conflicts} order conflicts (Lemma 1)")
 
 
+def _emit_problem(args: argparse.Namespace) -> Problem:
+    """The problem of `dashgen emit`: the schedule's own mask by default, the kernels' tiles."""
+    from .emit import default_mask
+    from .kernels import BLOCK_M, BLOCK_N
+
+    for flag, value, need in (("--block-m", args.block_m, BLOCK_M),
+                              ("--block-n", args.block_n, BLOCK_N)):
+        if value != need:
+            raise CliError(f"{flag} must be {need}: the kernels use {BLOCK_M}x{BLOCK_N} tiles "
+                           f"(dashgen.kernels.BLOCK_M/BLOCK_N), got {value}")
+    if args.mask is None:
+        args.mask = default_mask(args.schedule)
+    if args.gqa:
+        if args.heads_kv is None:
+            args.heads_kv = 1  # --gqa alone: every query head shares one KV head (MQA)
+        if args.heads_kv >= args.heads:
+            raise CliError(f"--gqa needs fewer KV heads than query heads, got --heads {args.heads} "
+                           f"and --heads-kv {args.heads_kv} (try --heads 4 --heads-kv 1)")
+    return _problem(args)
+
+
+def cmd_emit(args: argparse.Namespace) -> None:
+    from .compile import CompileError
+    from .emit import GOLDEN_DIR, check_kernel_problem, emit, report_lines, write_golden
+    from .verify import VerificationError
+
+    if args.golden:
+        directory = Path(args.out) if args.out else GOLDEN_DIR
+        written, removed = write_golden(directory)
+        print(f"wrote {len(written)} golden files to {directory}"
+              + (f"; removed stale {', '.join(removed)}" if removed else ""))
+        return
+    if args.schedule is None:
+        raise CliError("--schedule is required (or --golden to rewrite generated/)")
+    problem = _emit_problem(args)
+    try:
+        check_kernel_problem(problem)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    schedule = _build(args.schedule, problem, args.workers)
+    out = Path(args.out or "dashgen-out")
+    mode = "non-deterministic" if args.nondeterministic else "deterministic"
+    print(f"emit {schedule.name}: {problem.describe()}; {args.workers} workers; "
+          f"{args.dtype}, {mode}{', GQA' if problem.gqa else ''}")
+    try:
+        emission = emit(schedule, out, dtype=args.dtype, deterministic=not args.nondeterministic)
+    except VerificationError as exc:
+        print(f"dashgen emit: schedule failed verification:\n{exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except CompileError as exc:
+        print(f"dashgen emit: error: {exc}\n(the source is in {out}/{exc.source}.cu)",
+              file=sys.stderr)
+        raise SystemExit(1) from None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    print(f"wrote {emission.tasks_path} ({emission.plan.num_tasks} tasks)")
+    for kernel in emission.kernels:
+        print(f"wrote {kernel.source_path} and {kernel.cubin_path}")
+    for line in report_lines(emission.kernels):
+        print(line)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .kernels import BLOCK_M, BLOCK_N
+
     parser = argparse.ArgumentParser(
         prog="dashgen", description="Deterministic attention backward schedules for Hopper.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -165,6 +232,35 @@ def build_parser() -> argparse.ArgumentParser:
                                    "order and liveness; report order conflicts.")
     p.add_argument("file", metavar="FILE.json")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("emit", help="write a schedule's kernel sources, task table and cubins",
+                       description="Build and verify a schedule, then write the forward and "
+                                   "backward kernel sources (<kernel>.cu), the task table the "
+                                   "backward kernel walks (<schedule>_<problem>.tasks.json) and "
+                                   "the cubins (compiled for sm_90a with NVRTC, through the "
+                                   "cache; no GPU needed), and print ptxas's figures per kernel "
+                                   "function. The kernel sources do not depend on the schedule.")
+    p.add_argument("--schedule", choices=list_schedules(), help="the schedule to emit")
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16",
+                   help="element type of q, k, v (default bf16)")
+    p.add_argument("--out", metavar="DIR",
+                   help="output folder (default ./dashgen-out; with --golden: generated/)")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="the backward without ordered dQ adds (to measure what order costs)")
+    p.add_argument("--gqa", action="store_true",
+                   help="GQA/MQA: dK/dV summed over the query heads of a KV head in dkv_rank "
+                        "order; needs --heads > --heads-kv (default --heads-kv 1). A problem "
+                        "with fewer KV heads gets the GQA kernel anyway")
+    p.add_argument("--golden", action="store_true",
+                   help="rewrite the golden renders in generated/ (the other options are ignored)")
+    _problem_options(p, helps={
+        "mask": "full or causal (default: the mask the schedule serves: causal for "
+                "symmetric_shift, full otherwise)",
+        "block_m": f"must be {BLOCK_M}, the kernels' tile (default {BLOCK_M})",
+        "block_n": f"must be {BLOCK_N}, the kernels' tile (default {BLOCK_N})",
+    })
+    # The kernels have one tile size, and the schedule's own mask beats the shared "full".
+    p.set_defaults(func=cmd_emit, mask=None, block_m=BLOCK_M, block_n=BLOCK_N)
     return parser
 
 
