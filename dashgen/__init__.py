@@ -9,8 +9,19 @@ from .schedules import UnsupportedProblem, build_schedule, list_schedules
 from .simulate import Cost, SimResult, SimulationDeadlock, simulate
 from .verify import VerificationError, VerificationReport, Violation, verify
 
+
+
+def __getattr__(name: str):
+    # The torch op loads torch (and on first call the driver) only when asked for, so that
+    # `import dashgen` stays light for the schedule tools.
+    if name == "attention":
+        from .op import attention
+        return attention
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "Cost", "Mask", "Problem", "Schedule", "ScheduleFormatError", "SimResult",
+    "Cost", "Mask", "attention", "Problem", "Schedule", "ScheduleFormatError", "SimResult",
     "SimulationDeadlock", "Task", "UnsupportedProblem", "VerificationError",
     "VerificationReport", "Violation", "build_schedule", "list_schedules", "simulate", "verify",
 ]

@@ -79,6 +79,46 @@ class BwdConfig(KernelConfig):
         return ctypes.sizeof(BwdParams)
 
 
+@dataclass(frozen=True)
+class Sm90BwdConfig(KernelConfig):
+    """The Hopper-native backward (TMA, wgmma, warp specialization): bf16, head_dim 128, no GQA."""
+
+    prefix = "dashgen_attn_bwd_sm90"
+    dtype: str
+    head_dim: int
+    causal: bool
+    deterministic: bool = True
+    trace: bool = False
+    block_m: int = 64
+    block_n: int = 128
+
+    def __post_init__(self) -> None:
+        _check(self.dtype, self.head_dim)
+
+    @staticmethod
+    def serves(dtype: str, head_dim: int, gqa: bool) -> bool:
+        return dtype == "bf16" and head_dim == 128 and not gqa
+
+    @property
+    def cuda_type(self) -> str:
+        return CUDA_TYPES[self.dtype]
+
+    @property
+    def smem_bytes(self) -> int:
+        d, bm, bn, stages = self.head_dim, self.block_m, self.block_n, 2
+        tiles = 2 * bn * d * 2 + 2 * stages * bm * d * 2 + bm * bn * 2 + stages * bm * d * 4
+        barriers = (2 + 4 * stages) * 8
+        return tiles + barriers + 1024  # + slack to align the dynamic base to 1024 bytes
+
+    @property
+    def params_bytes(self) -> int:
+        return ctypes.sizeof(BwdParams)
+
+
+def render_bwd_sm90(cfg: Sm90BwdConfig) -> KernelSource:
+    return render("attn_bwd_sm90.cu.j2", cfg)
+
+
 def render_fwd(cfg: FwdConfig) -> KernelSource:
     return render("attn_fwd.cu.j2", cfg)
 

@@ -6,6 +6,7 @@ kernel launches; errors name the argument.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -168,11 +169,19 @@ def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
 @torch.compiler.assume_constant_result
 def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
           causal: bool, schedule: str, num_workers: int | None,
-          sm_count: int) -> tuple[str, int, str]:
+          sm_count: int, dtype: str = "bf16") -> tuple[str, int, str]:
     """(schedule, num_workers, error message or ""): torch.compile runs this once while tracing
     and keeps the answer. It returns its error instead of raising, because an exception thrown
     here would reach the user as an internal torch.compile error instead of a ValueError."""
-    cfg = _runtime().KernelConfig.for_problem(head_dim)
+    return _plan_cached(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
+                        schedule, num_workers, sm_count, dtype)
+
+
+@functools.lru_cache(maxsize=256)  # eager calls repeat the same shapes; keep them cheap
+def _plan_cached(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, schedule,
+                 num_workers, sm_count, dtype) -> tuple[str, int, str]:
+    # The tile sizes, and so the tiles a schedule covers, are those of the kernel that will run.
+    cfg = _runtime().KernelConfig.for_problem(head_dim, dtype, heads_q != heads_kv)
     problem = Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
                       seqlen_k=seqlen_k, head_dim=head_dim,
                       mask=Mask.causal() if causal else Mask.full(),
@@ -199,7 +208,8 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Tru
     sm_count = _check_device(q, k, v)
     batch, seqlen_q, heads_q, head_dim = q.shape
     name, workers, error = _plan(batch, heads_q, k.shape[2], seqlen_q, k.shape[1], head_dim,
-                                 causal, schedule, num_workers, sm_count)
+                                 causal, schedule, num_workers, sm_count,
+                                 "bf16" if q.dtype == torch.bfloat16 else "fp16")
     if error:
         raise ValueError(error)
     if deterministic is None:

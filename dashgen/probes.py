@@ -41,6 +41,35 @@ class WgmmaProbeConfig(KernelConfig):
 
 
 @dataclass(frozen=True)
+class WgmmaSsProbeConfig(KernelConfig):
+    """D(64 x n) = A(64 x 64) * B(64 x n), SS form, K = 64; trans_a / trans_b pick MN-major."""
+
+    prefix = "probe_wgmma_ss"
+    n: int = 64
+    trans_a: int = 0
+    trans_b: int = 0
+    pad_bytes: int = 32768  # zero tail: a wrong LBO / SBO candidate stays inside the allocation
+
+    @property
+    def smem_bytes(self) -> int:
+        return 64 * 128 + self.n * 128 + self.pad_bytes + SW128_ALIGN
+
+
+@dataclass(frozen=True)
+class WgmmaRsProbeConfig(KernelConfig):
+    """P = X * Y^T (SS, 64 x 64, K = 64), then O(64 x n) = bf16(P) * Z, RS form (A in registers)."""
+
+    prefix = "probe_wgmma_rs"
+    n: int = 64
+    trans_b: int = 0
+    pad_bytes: int = 32768
+
+    @property
+    def smem_bytes(self) -> int:
+        return 2 * 64 * 128 + self.n * 128 + self.pad_bytes + SW128_ALIGN
+
+
+@dataclass(frozen=True)
 class SetmaxnregProbeConfig(KernelConfig):
     prefix = "probe_setmaxnreg"
     producer_registers: int = 24
@@ -86,6 +115,28 @@ def _probes() -> dict[str, Probe]:
         Probe("setmaxnreg", "probes/probe_setmaxnreg.cu.j2", setmaxnreg,
               grid=(2, 1, 1), block=(384, 1, 1), smem_bytes=0),
     ]
+    # SS form, K = 64: K-major N = 32 / 128, and MN-major (transposed) A and / or B.
+    for name, n, trans_a, trans_b in [
+        ("wgmma_ss_n32", 32, 0, 0),
+        ("wgmma_ss_n128", 128, 0, 0),
+        ("wgmma_ss_n64_tb", 64, 0, 1),
+        ("wgmma_ss_n128_tb", 128, 0, 1),
+        ("wgmma_ss_n64_ta", 64, 1, 0),
+        ("wgmma_ss_n128_tatb", 128, 1, 1),
+    ]:
+        cfg = WgmmaSsProbeConfig(n=n, trans_a=trans_a, trans_b=trans_b)
+        table.append(Probe(name, "probes/probe_wgmma_ss.cu.j2", cfg,
+                           grid=(1, 1, 1), block=(128, 1, 1), smem_bytes=cfg.smem_bytes))
+    # RS form fed from a previous accumulator, B K-major or MN-major.
+    for name, n, trans_b in [
+        ("wgmma_rs_n64", 64, 0),
+        ("wgmma_rs_n128", 128, 0),
+        ("wgmma_rs_n64_tb", 64, 1),
+        ("wgmma_rs_n128_tb", 128, 1),
+    ]:
+        cfg = WgmmaRsProbeConfig(n=n, trans_b=trans_b)
+        table.append(Probe(name, "probes/probe_wgmma_rs.cu.j2", cfg,
+                           grid=(1, 1, 1), block=(128, 1, 1), smem_bytes=cfg.smem_bytes))
     return {p.name: p for p in table}
 
 

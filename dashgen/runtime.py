@@ -15,14 +15,16 @@ import torch
 from . import launch
 from .cache import get_or_compile
 from .kernels import (BLOCK_M, BLOCK_N, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdConfig,
-                      BwdParams, ConvertParams, FwdConfig, FwdParams, PrepParams, render_bwd,
-                      render_fwd)
+                      BwdParams, ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig,
+                      render_bwd, render_bwd_sm90, render_fwd)
 from .lower import lower
 from .problem import Mask, Problem
 from .schedules import build_schedule
 from .verify import verify
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+# Whether kernel="auto" picks the Hopper-native backward where it serves the problem.
+SM90_DEFAULT = False
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -30,19 +32,23 @@ def supported_head_dims() -> tuple[int, ...]:
 
 
 class KernelConfig:
-    """Tile sizes the kernels use, which the schedule must be built with."""
+    """Tile sizes of the backward kernel that serves a problem; schedules are built with them."""
 
-    block_m = BLOCK_M
-    block_n = BLOCK_N
+    def __init__(self, block_m: int, block_n: int):
+        self.block_m = block_m
+        self.block_n = block_n
 
     @classmethod
-    def for_problem(cls, head_dim: int) -> "KernelConfig":
-        return cls()
+    def for_problem(cls, head_dim: int, dtype: str = "bf16", gqa: bool = False) -> "KernelConfig":
+        if SM90_DEFAULT and Sm90BwdConfig.serves(dtype, head_dim, gqa):
+            return cls(Sm90BwdConfig.block_m, Sm90BwdConfig.block_n)
+        return cls(BLOCK_M, BLOCK_N)
 
 
 @lru_cache(maxsize=None)
 def _load(source_name: str, cfg, device: int) -> dict[str, launch.Kernel]:
-    source = render_bwd(cfg) if isinstance(cfg, BwdConfig) else render_fwd(cfg)
+    render = {BwdConfig: render_bwd, Sm90BwdConfig: render_bwd_sm90, FwdConfig: render_fwd}
+    source = render[type(cfg)](cfg)
     cubin, hit = get_or_compile(source)
     if not hit:
         main = cubin.resources.get(source.name)
@@ -50,7 +56,7 @@ def _load(source_name: str, cfg, device: int) -> dict[str, launch.Kernel]:
         print(f"dashgen: compiled {source.name} in {cubin.compile_seconds:.2f} s{regs}",
               file=sys.stderr)
     kernels = {}
-    for suffix in ("", "_preprocess", "_convert") if isinstance(cfg, BwdConfig) else ("",):
+    for suffix in ("",) if isinstance(cfg, FwdConfig) else ("", "_preprocess", "_convert"):
         kernel = launch.load_kernel(cubin.data, source.name + suffix)
         if suffix == "":
             kernel.set_max_dynamic_shared_bytes(cfg.smem_bytes)
@@ -63,12 +69,29 @@ def _kernels(cfg, device: torch.device) -> dict[str, launch.Kernel]:
     return _load(cfg.kernel_name, cfg, device.index or 0)
 
 
-def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool) -> Problem:
+def backward_kernel(q: torch.Tensor, k: torch.Tensor, kernel: str = "auto") -> str:
+    """'sm90' (TMA + wgmma, warp-specialized) where it serves the problem, else 'mma'."""
+    serves = Sm90BwdConfig.serves(_DTYPES[q.dtype], q.shape[3], q.shape[2] != k.shape[2])
+    if kernel == "auto":
+        return "sm90" if serves and SM90_DEFAULT else "mma"
+    if kernel == "sm90" and not serves:
+        raise ValueError("kernel='sm90' serves bf16, head_dim 128 without GQA only")
+    if kernel not in ("sm90", "mma"):
+        raise ValueError(f"kernel must be 'auto', 'sm90' or 'mma', got {kernel!r}")
+    return kernel
+
+
+def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, kernel: str = "auto") -> Problem:
+    """The schedule problem the backward kernel runs: its tile sizes come from the kernel."""
     batch, seqlen_q, heads_q, head_dim = q.shape
+    if backward_kernel(q, k, kernel) == "sm90":
+        blocks = KernelConfig(Sm90BwdConfig.block_m, Sm90BwdConfig.block_n)
+    else:
+        blocks = KernelConfig(BLOCK_M, BLOCK_N)
     return Problem(batch=batch, heads_q=heads_q, heads_kv=k.shape[2], seqlen_q=seqlen_q,
                    seqlen_k=k.shape[1], head_dim=head_dim,
                    mask=Mask.causal() if causal else Mask.full(),
-                   block_m=BLOCK_M, block_n=BLOCK_N)
+                   block_m=blocks.block_m, block_n=blocks.block_n)
 
 
 @lru_cache(maxsize=64)
@@ -84,6 +107,13 @@ def _verified(problem: Problem, schedule: str, num_workers: int):
     s = build_schedule(schedule, problem, num_workers)
     verify(s)  # a schedule that could deadlock the kernel never reaches it
     return s
+
+
+def _tensor_map(t: torch.Tensor, rows: int):
+    """TMA descriptor of a (batch, seqlen, heads, head_dim) tensor in boxes of `rows` rows x 64
+    columns (one 128-byte swizzle row); rows past seqlen read as zeros."""
+    return launch.encode_tensor_map(t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()),
+                                    (1, rows, 1, 64), swizzle=128)
 
 
 def _stream(device: torch.device) -> int:
@@ -105,27 +135,33 @@ def forward(q, k, v, *, causal: bool, softmax_scale: float):
 
 
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
-             schedule: str, num_workers: int, trace: bool = False):
-    problem = problem_of(q, k, causal)
+             schedule: str, num_workers: int, trace: bool = False, kernel: str = "auto"):
+    kernel = backward_kernel(q, k, kernel)
+    problem = problem_of(q, k, causal, kernel)
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     plan, tasks, offsets = _plan_tensors(problem, schedule, num_workers, q.device)
-    cfg = BwdConfig(_DTYPES[q.dtype], head_dim, bool(causal), deterministic=bool(deterministic),
-                    gqa=problem.gqa, trace=bool(trace))
+    if kernel == "sm90":
+        cfg = Sm90BwdConfig(_DTYPES[q.dtype], head_dim, bool(causal),
+                            deterministic=bool(deterministic), trace=bool(trace))
+    else:
+        cfg = BwdConfig(_DTYPES[q.dtype], head_dim, bool(causal),
+                        deterministic=bool(deterministic), gqa=problem.gqa, trace=bool(trace))
+    block_m, block_n = cfg.block_m, cfg.block_n
     kernels = _kernels(cfg, q.device)
     stream = _stream(q.device)
     dev = q.device
     m_blocks, n_blocks = problem.num_m_blocks, problem.num_n_blocks
 
     dpsum = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=dev)
-    dq_accum = torch.empty((batch, heads_q, m_blocks * BLOCK_M, head_dim), dtype=torch.float32,
+    dq_accum = torch.empty((batch, heads_q, m_blocks * block_m, head_dim), dtype=torch.float32,
                            device=dev)
     dq_counters = torch.zeros((batch, heads_q, m_blocks), dtype=torch.int32, device=dev)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if problem.gqa:
-        dk_accum = torch.zeros((batch, heads_kv, n_blocks * BLOCK_N, head_dim),
+        dk_accum = torch.zeros((batch, heads_kv, n_blocks * block_n, head_dim),
                                dtype=torch.float32, device=dev)
         dv_accum = torch.zeros_like(dk_accum)
         dkv_counters = torch.zeros((batch, heads_kv, n_blocks), dtype=torch.int32, device=dev)
@@ -133,8 +169,8 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
                  if trace else None)
 
     prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum.data_ptr(), dq_accum.data_ptr(),
-                      batch, heads_q, seqlen_q, q.stride(1), m_blocks * BLOCK_M)
-    launch.launch(kernels["_preprocess"], (-(-m_blocks * BLOCK_M // PREP_ROWS_PER_BLOCK), heads_q,
+                      batch, heads_q, seqlen_q, q.stride(1), m_blocks * block_m)
+    launch.launch(kernels["_preprocess"], (-(-m_blocks * block_m // PREP_ROWS_PER_BLOCK), heads_q,
                                            batch), 128, 0, stream, [prep])
     params = BwdParams(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(), dpsum.data_ptr(),
@@ -145,17 +181,22 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
         tasks.data_ptr(), offsets.data_ptr(), trace_buf.data_ptr() if trace else 0,
         batch, heads_q, heads_kv, seqlen_q, seqlen_k, q.stride(1), k.stride(1),
         m_blocks, n_blocks, float(softmax_scale))
-    launch.launch(kernels[""], num_workers, 128, cfg.smem_bytes, stream, [params])
+    if kernel == "sm90":
+        maps = [_tensor_map(t, rows) for t, rows in ((q, block_m), (k, block_n), (v, block_n),
+                                                      (do, block_m))]
+        launch.launch(kernels[""], num_workers, 384, cfg.smem_bytes, stream, maps + [params])
+    else:
+        launch.launch(kernels[""], num_workers, 128, cfg.smem_bytes, stream, [params])
 
     def convert(src, dst, heads, seqlen, padded):
         p = ConvertParams(src.data_ptr(), dst.data_ptr(), batch, heads, seqlen, dst.stride(1), padded)
         launch.launch(kernels["_convert"], (-(-seqlen // PREP_ROWS_PER_BLOCK), heads, batch), 128, 0,
                       stream, [p])
 
-    convert(dq_accum, dq, heads_q, seqlen_q, m_blocks * BLOCK_M)
+    convert(dq_accum, dq, heads_q, seqlen_q, m_blocks * block_m)
     if problem.gqa:
-        convert(dk_accum, dk, heads_kv, seqlen_k, n_blocks * BLOCK_N)
-        convert(dv_accum, dv, heads_kv, seqlen_k, n_blocks * BLOCK_N)
+        convert(dk_accum, dk, heads_kv, seqlen_k, n_blocks * block_n)
+        convert(dv_accum, dv, heads_kv, seqlen_k, n_blocks * block_n)
     # Keep the schedule tables alive until the kernels that read them have run.
     if tasks.device.type == "cuda":
         tasks.record_stream(torch.cuda.current_stream(dev))

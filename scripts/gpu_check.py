@@ -47,7 +47,7 @@ def within(x, own, ref):
     return bool((x.double() - ref).norm() <= 2 * (own.double() - ref).norm() + floor)
 
 
-def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repeats):
+def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repeats, kernel):
     dev = "cuda"
     torch.manual_seed(hash((batch, sq, sk, hq, hkv, d, causal, schedule, workers)) % 2**31)
     q = torch.randn(batch, sq, hq, d, device=dev, dtype=dtype)
@@ -58,7 +58,7 @@ def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repe
     o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
     dq, dk, dv, trace = runtime.backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
                                          deterministic=True, schedule=schedule,
-                                         num_workers=workers, trace=True)
+                                         num_workers=workers, trace=True, kernel=kernel)
     torch.cuda.synchronize()
     ref = reference(q.double(), k.double(), v.double(), do.double(), causal, scale)
     own = reference(q, k, v, do, causal, scale)
@@ -68,7 +68,7 @@ def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repe
         within(x, y, r) for x, y, r in zip((o, dq, dk, dv), own, ref))
 
     # Trace = IR: every worker ran its tasks in order and each add saw exactly dq_rank before it.
-    s = build_schedule(schedule, runtime.problem_of(q, k, causal), workers)
+    s = build_schedule(schedule, runtime.problem_of(q, k, causal, kernel), workers)
     expect = [[t.batch, t.head, t.n_block, t.m_block, t.dq_rank, t.dq_rank]
               for tasks in s.workers for t in tasks]
     trace_ok = trace.cpu().tolist() == expect
@@ -76,18 +76,32 @@ def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repe
     bitwise = True
     for _ in range(repeats):
         again = runtime.backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                                 deterministic=True, schedule=schedule, num_workers=workers)
+                                 deterministic=True, schedule=schedule, num_workers=workers,
+                                 kernel=kernel)
         bitwise &= all(torch.equal(a, b) for a, b in zip(again, (dq, dk, dv)))
     nd = runtime.backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                          deterministic=False, schedule=schedule, num_workers=workers)
+                          deterministic=False, schedule=schedule, num_workers=workers,
+                          kernel=kernel)
     nd_ok = all(within(x, y, r) for x, y, r in zip(nd, own[1:], ref[1:]))
-    return dict(case=f"b{batch} sq{sq} sk{sk} h{hq}/{hkv} d{d} {'causal' if causal else 'full'} "
+    return dict(kernel=runtime.backward_kernel(q, k, kernel), case=f"b{batch} sq{sq} sk{sk} h{hq}/{hkv} d{d} {'causal' if causal else 'full'} "
                      f"{str(dtype)[6:]} {schedule} W{workers}",
                 errs=errs, torch_errs=torch_errs, ok=ok, trace_ok=trace_ok, bitwise=bitwise,
                 nondet_ok=nd_ok)
 
 
-def cases(quick):
+def cases(quick, kernel):
+    if kernel == "sm90":  # what the Hopper kernel serves: bf16, head_dim 128, no GQA
+        return [(1, 128, 128, 1, 1, 128, False, torch.bfloat16, "fa3", 1),
+                (1, 200, 200, 2, 2, 128, True, torch.bfloat16, "spt", 3),
+                (2, 1000, 1000, 4, 4, 128, False, torch.bfloat16, "shift", 132),
+                (2, 777, 777, 4, 4, 128, True, torch.bfloat16, "symmetric_shift", 132),
+                (1, 100, 300, 8, 8, 128, True, torch.bfloat16, "descending", 5),
+                (1, 300, 100, 16, 16, 128, True, torch.bfloat16, "fa3", 132),
+                (2, 1024, 1024, 8, 8, 128, True, torch.bfloat16, "fa3", 132)]
+    return _cases(quick)
+
+
+def _cases(quick):
     base = [
         (1, 128, 128, 1, 1, 64, False, torch.bfloat16, "fa3", 2),
         (1, 128, 128, 1, 1, 128, True, torch.bfloat16, "spt", 2),
@@ -113,18 +127,19 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"])
     args = parser.parse_args()
     rows = []
-    for case in cases(args.quick):
+    for case in cases(args.quick, args.kernel):
         t0 = time.time()
         try:
-            row = check_case(*case, repeats=args.repeats)
+            row = check_case(*case, repeats=args.repeats, kernel=args.kernel)
         except Exception as exc:  # keep going: one broken case must not hide the others
             row = dict(case=str(case), error=f"{type(exc).__name__}: {exc}")
         row["seconds"] = round(time.time() - t0, 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    with open(os.path.join(args.out, "gpu_check.json"), "w") as f:
+    with open(os.path.join(args.out, f"gpu_check_{args.kernel}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\n{'case':<58} {'o/dq/dk/dv rel err (torch dtype err)':<60} ok trace bits nondet")
     failed = 0

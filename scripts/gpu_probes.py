@@ -5,6 +5,7 @@ Prints one line per probe (name, max abs err, PASS/FAIL); exits 1 if any fails, 
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
@@ -101,6 +102,89 @@ def check_wgmma(probe: Probe) -> tuple[float, bool, str]:
     return err, err <= tol, f"K={k} tol={tol:.2e} regs={info['regs']}"
 
 
+# (LBO, SBO) byte offsets tried for MN-major 128B-swizzled operands of K = 64 rows, dense 64-wide
+# MN blocks of 64 * 128 bytes. (0, 0) selects the header's wgmma_desc_mn_major_sw128 (committed
+# convention: LBO = MN-block stride, SBO = 1024).
+MN_BLOCK_BYTES = 64 * 128
+MN_MAJOR_CANDIDATES = [(MN_BLOCK_BYTES, 1024), (1024, MN_BLOCK_BYTES), (16, 1024)]
+
+
+def _sum_tol(k: int, a_abs: torch.Tensor, b_abs: torch.Tensor) -> float:
+    """bf16 x bf16 products are exact in fp32; a K-term fp32 sum errs by at most ~K ulps of the
+    sum of magnitudes."""
+    return k * 2.0 ** -22 * (a_abs @ b_abs).max().item()
+
+
+def _max_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return (got.double() - ref).abs().nan_to_num(float("inf")).max().item()
+
+
+def _with_candidates(mn_major: bool, once) -> tuple[float, bool, str]:
+    """once(lbo, sbo) -> (err, ok, detail). Runs the committed descriptor (0, 0) and, for
+    MN-major operands, every (LBO, SBO) candidate; passes when the committed one matches (and so
+    at least one candidate does). Prints every candidate's error."""
+    err, committed_ok, detail = once(0, 0)
+    if not mn_major:
+        return err, committed_ok, detail
+    tried = [(lbo, sbo, *once(lbo, sbo)[:2]) for lbo, sbo in MN_MAJOR_CANDIDATES]
+    matches = [f"(LBO={lbo},SBO={sbo})" for lbo, sbo, _, ok in tried if ok]
+    errors = " ".join(f"({lbo},{sbo}):{c_err:.1e}" for lbo, sbo, c_err, _ in tried)
+    return err, committed_ok and bool(matches), (
+        f"{detail} committed(LBO={MN_BLOCK_BYTES},SBO=1024):{'ok' if committed_ok else 'BAD'} "
+        f"matching: {' '.join(matches) or 'none'} [errs {errors}]")
+
+
+def check_wgmma_ss(probe: Probe) -> tuple[float, bool, str]:
+    cfg = probe.config
+    k, n = 64, cfg.n
+    a = torch.randn(64, k, device="cuda").to(torch.bfloat16)   # M x K
+    b = torch.randn(k, n, device="cuda").to(torch.bfloat16)    # K x N
+    ref = a.double() @ b.double()
+    tol = _sum_tol(k, a.double().abs(), b.double().abs())
+
+    def once(lbo: int, sbo: int) -> tuple[float, bool, str]:
+        d = torch.full((64, n), float("nan"), device="cuda", dtype=torch.float32)
+        info = run_kernel(probe, [a.data_ptr(), b.data_ptr(), d.data_ptr(),
+                                  ctypes.c_uint32(lbo), ctypes.c_uint32(sbo)])
+        err = _max_err(d, ref)
+        return err, err <= tol, (f"N={n} transA={cfg.trans_a} transB={cfg.trans_b} tol={tol:.2e} "
+                                 f"regs={info['regs']}")
+
+    return _with_candidates(bool(cfg.trans_a or cfg.trans_b), once)
+
+
+def check_wgmma_rs(probe: Probe) -> tuple[float, bool, str]:
+    cfg = probe.config
+    k, n = 64, cfg.n
+    x = torch.randn(64, k, device="cuda").to(torch.bfloat16)
+    y = torch.randn(64, k, device="cuda").to(torch.bfloat16)
+    z = torch.randn(k, n, device="cuda").to(torch.bfloat16)   # K x N
+    p_ref = x.double() @ y.double().T
+    p_tol = _sum_tol(k, x.double().abs(), y.double().abs().T)
+    p_host_bf16 = p_ref.to(torch.bfloat16).double()
+
+    def once(lbo: int, sbo: int) -> tuple[float, bool, str]:
+        p = torch.full((64, k), float("nan"), device="cuda", dtype=torch.float32)
+        o = torch.full((64, n), float("nan"), device="cuda", dtype=torch.float32)
+        info = run_kernel(probe, [x.data_ptr(), y.data_ptr(), z.data_ptr(), p.data_ptr(),
+                                  o.data_ptr(), ctypes.c_uint32(lbo), ctypes.c_uint32(sbo)])
+        p_err = _max_err(p, p_ref)
+        # O's reference rounds the kernel's own fp32 P to bf16 (RNE, as cvt.rn.bf16x2 does), so
+        # a P element near a rounding tie cannot flip between host and device.
+        p_bf16 = p.to(torch.bfloat16).double()
+        o_ref = p_bf16 @ z.double()
+        o_tol = _sum_tol(k, p_bf16.abs(), z.double().abs())
+        o_err = _max_err(o, o_ref)
+        flips = int((p_bf16 != p_host_bf16).sum().item())
+        o_err_host = _max_err(o, p_host_bf16 @ z.double())
+        ok = p_err <= p_tol and o_err <= o_tol
+        return o_err, ok, (f"N={n} transB={cfg.trans_b} P_err={p_err:.2e}/{p_tol:.2e} "
+                           f"O_tol={o_tol:.2e} O_err_vs_host_bf16(P)={o_err_host:.2e} "
+                           f"(P bf16 flips vs host: {flips}) regs={info['regs']}")
+
+    return _with_candidates(bool(cfg.trans_b), once)
+
+
 def _consumer_digest(tid: int, words: int, rounds: int) -> int:
     w = [(tid * (j + 1) + j) & U32 for j in range(words)]
     for r in range(rounds):
@@ -132,6 +216,8 @@ CHECKS = {
     "wgmma_k16": check_wgmma,
     "wgmma_k64": check_wgmma,
     "setmaxnreg": check_setmaxnreg,
+    **{name: check_wgmma_ss for name in PROBES if name.startswith("wgmma_ss_")},
+    **{name: check_wgmma_rs for name in PROBES if name.startswith("wgmma_rs_")},
 }
 
 

@@ -33,6 +33,7 @@ def main():
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--schedules", nargs="+", default=["fa3"])
+    parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"])
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{'config':<32} {'schedule':<16} {'fwd TF/s':>9} {'bwd det':>9} {'bwd nondet':>10}")
@@ -53,7 +54,8 @@ def main():
                     for det in (True, False):
                         res.append(median_ms(lambda: runtime.backward(
                             do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                            deterministic=det, schedule=name, num_workers=sms)))
+                            deterministic=det, schedule=name, num_workers=sms,
+                            kernel=args.kernel)))
                     tag = f"d{d} {'causal' if causal else 'full'} s{s} b{batch} h{heads}"
                     print(f"{tag:<32} {name:<16} {flops / fwd / 1e9:>9.1f} "
                           f"{2.5 * flops / res[0] / 1e9:>9.1f} {2.5 * flops / res[1] / 1e9:>10.1f}",

@@ -1,0 +1,333 @@
+// dashgen/attn/bwd_sm90.cuh: the Hopper-native persistent attention backward.
+// Warp-specialized, one CTA per SM, walking the schedule's task table like AttnBwd:
+//   warpgroup 0, warp 0: producer: TMA loads of K/V once per segment, Q/dO per task (2 stages);
+//   warpgroup 0, warp 1: dQ writer: waits for the dQ tile's counter to reach the task's dq_rank,
+//                        bulk-reduces the fp32 partial into global memory, waits until it has
+//                        landed, then releases the next rank (2 dQ buffers in flight);
+//   warpgroups 1, 2:     MMA: each owns 64 of the 128 KV rows (dK/dV in registers, wgmma).
+// S^T = K Q^T and dP^T = V dO^T come out KV-row-major, so P^T and dS^T feed dV += P^T dO and
+// dK += dS^T Q straight from registers; dQ = dS K reads dS from shared memory, each MMA
+// warpgroup computing half of head_dim. The schedule state lives in the producer and writer.
+#pragma once
+#include "dashgen/attn/element.cuh"
+#include "dashgen/attn/params.cuh"
+#include "dashgen/ptx/barrier.cuh"
+#include "dashgen/ptx/bulk.cuh"
+#include "dashgen/ptx/counter.cuh"
+#include "dashgen/ptx/mbarrier.cuh"
+#include "dashgen/ptx/regs.cuh"
+#include "dashgen/ptx/tma.cuh"
+#include "dashgen/ptx/wgmma.cuh"
+#include "dashgen/swizzle.cuh"
+
+namespace dashgen {
+
+enum class Sm90Barrier : u32 { kMma = 1 };  // named barrier of the two MMA warpgroups
+
+template <int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace>
+struct AttnBwdSm90 {
+  using T = __nv_bfloat16;
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 128;
+  static constexpr int kThreads = 384;
+  static constexpr int kMmaThreads = 256;
+  static constexpr int kStages = 2;
+  static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
+  static_assert(kHeadDim == 128, "head_dim 128: each MMA warpgroup computes 64 columns of dQ");
+
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one Q or dO tile
+  static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
+  static constexpr int kDsBytes = kBlockM * kBlockN * 2;
+  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
+  // Every tile starts 1024-byte aligned (128B swizzle atoms).
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKBytes;
+  static constexpr int kOffQ = kOffV + kKBytes;
+  static constexpr int kOffDo = kOffQ + kStages * kQBytes;
+  static constexpr int kOffDs = kOffDo + kStages * kQBytes;
+  static constexpr int kOffDq = kOffDs + kDsBytes;
+  static constexpr int kOffBar = kOffDq + kStages * kDqBytes;
+  static constexpr int kNumBars = 2 + 4 * kStages;
+  static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
+
+  struct Bars {
+    u64 kv_full, kv_empty;
+    u64 q_full[kStages], q_empty[kStages];
+    u64 dq_full[kStages], dq_empty[kStages];
+  };
+
+  struct Task {
+    int b, h, n, m, dq_rank;
+    bool seg_start, seg_end;
+  };
+
+  __device__ static Task decode(const BwdParams& p, int i, int begin, int end) {
+    const TaskEntry e = p.tasks[i];
+    Task t;
+    t.b = e.batch_head >> 16;
+    t.h = e.batch_head & 0xffff;
+    t.n = e.n_m >> 16;
+    t.m = e.n_m & 0xffff;
+    t.dq_rank = e.dq_rank;
+    t.seg_start = i == begin || p.tasks[i - 1].batch_head != e.batch_head ||
+                  (p.tasks[i - 1].n_m >> 16) != t.n;
+    t.seg_end = i + 1 == end || p.tasks[i + 1].batch_head != e.batch_head ||
+                (p.tasks[i + 1].n_m >> 16) != t.n;
+    return t;
+  }
+
+  __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k, const TensorMap* tm_v,
+                             const TensorMap* tm_do, const BwdParams& p, char* smem_raw) {
+    char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+    Bars* bars = reinterpret_cast<Bars*>(smem + kOffBar);
+    const int warpgroup = threadIdx.x / 128;
+    const int begin = p.worker_offsets[blockIdx.x], end = p.worker_offsets[blockIdx.x + 1];
+
+    if (threadIdx.x == 0) {
+      mbarrier_init(&bars->kv_full, 1);
+      mbarrier_init(&bars->kv_empty, 2);
+      for (int s = 0; s < kStages; ++s) {
+        mbarrier_init(&bars->q_full[s], 1);
+        mbarrier_init(&bars->q_empty[s], 2);
+        mbarrier_init(&bars->dq_full[s], kMmaThreads);
+        mbarrier_init(&bars->dq_empty[s], 1);
+      }
+      fence_barrier_init();
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+      setmaxnreg_dec<24>();
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      if (warp == 0 && lane == 0) produce(tm_q, tm_k, tm_v, tm_do, p, smem, bars, begin, end);
+      if (warp == 1 && lane == 0) write_dq(p, smem, bars, begin, end);
+    } else {
+      setmaxnreg_inc<240>();
+      consume(p, smem, bars, begin, end, warpgroup - 1, threadIdx.x - 128);
+    }
+  }
+
+  // ---- producer ------------------------------------------------------------------------------
+  __device__ static void produce(const TensorMap* tm_q, const TensorMap* tm_k,
+                                 const TensorMap* tm_v, const TensorMap* tm_do,
+                                 const BwdParams& p, char* smem, Bars* bars, int begin, int end) {
+    const int group = p.heads_q / p.heads_kv;
+    int segment = 0;
+    for (int i = begin; i < end; ++i) {
+      const Task t = decode(p, i, begin, end);
+      if (t.seg_start) {
+        // The previous segment's MMA warpgroups are done with K/V (first wait passes at once).
+        mbarrier_wait_parity(&bars->kv_empty, (segment & 1) ^ 1);
+        mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kKBytes);
+        for (int cb = 0; cb < kColBlocks; ++cb) {
+          tma_load_4d(smem + kOffK + cb * kBlockN * 128, tm_k, &bars->kv_full, cb * 64,
+                      t.n * kBlockN, t.h / group, t.b);
+          tma_load_4d(smem + kOffV + cb * kBlockN * 128, tm_v, &bars->kv_full, cb * 64,
+                      t.n * kBlockN, t.h / group, t.b);
+        }
+        ++segment;
+      }
+      const int s = (i - begin) % kStages, use = (i - begin) / kStages;
+      mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
+      mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes);
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
+                    cb * 64, t.m * kBlockM, t.h, t.b);
+        tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
+                    cb * 64, t.m * kBlockM, t.h, t.b);
+      }
+    }
+  }
+
+  // ---- dQ writer -----------------------------------------------------------------------------
+  __device__ static void write_dq(const BwdParams& p, char* smem, Bars* bars, int begin, int end) {
+    for (int i = begin; i < end; ++i) {
+      const Task t = decode(p, i, begin, end);
+      const int s = (i - begin) % kStages, use = (i - begin) / kStages;
+      mbarrier_wait_parity(&bars->dq_full[s], use & 1);
+      u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
+      if (kDeterministic) {
+        wait_counter_equals(counter, static_cast<u32>(t.dq_rank));
+        fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
+      }
+      float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
+                                 static_cast<i64>(t.m) * kBlockM) * kHeadDim;
+      bulk_reduce_add_f32(dst, reinterpret_cast<const float*>(smem + kOffDq + s * kDqBytes), kDqBytes);
+      bulk_commit_group();
+      // Released only once the add has landed in global memory, not when smem was read.
+      bulk_wait_group<0>();
+      if (kDeterministic || kTrace) {
+        fence_proxy_async_global();
+        __threadfence();
+        const u32 seen = atomic_fetch_add_relaxed_gpu(counter, 1u);
+        if (kTrace) {
+          i32* row = p.trace + static_cast<i64>(i) * 6;
+          row[0] = t.b; row[1] = t.h; row[2] = t.n; row[3] = t.m; row[4] = t.dq_rank;
+          row[5] = static_cast<i32>(seen);
+        }
+      }
+      mbarrier_arrive(&bars->dq_empty[s]);
+    }
+  }
+
+  // ---- MMA warpgroups ------------------------------------------------------------------------
+  // K-major operand tile of `rows` rows x kHeadDim: k16 step `k` of rows starting at `row0`.
+  __device__ static u64 desc_k_major(const char* tile, int rows, int row0, int k) {
+    const char* block = tile + (k / 4) * rows * 128 + row0 * 128;
+    return wgmma_desc_advance(wgmma_desc_k_major_sw128(block), (k % 4) * 32);
+  }
+
+  __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
+                                 int wg, int tid) {
+    const int warp = tid / 32, lane = tid % 32;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int group = p.heads_q / p.heads_kv;
+    const float scale_log2 = p.softmax_scale * kLog2e;
+    const int causal_offset = p.seqlen_k - p.seqlen_q;
+    float dk[kHeadDim / 2], dv[kHeadDim / 2];  // m64n128 accumulators: this warpgroup's 64 KV rows
+    int segment = 0;
+
+    for (int i = begin; i < end; ++i) {
+      const Task t = decode(p, i, begin, end);
+      const int s = (i - begin) % kStages, use = (i - begin) / kStages;
+      if (t.seg_start) {
+        mbarrier_wait_parity(&bars->kv_full, segment & 1);
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 2; ++j) dk[j] = dv[j] = 0.f;
+      }
+      mbarrier_wait_parity(&bars->q_full[s], use & 1);
+      const char* q_tile = smem + kOffQ + s * kQBytes;
+      const char* do_tile = smem + kOffDo + s * kQBytes;
+
+      // S^T and dP^T (64 KV rows of this warpgroup x 64 query rows), K-major operands.
+      float st[32], dpt[32];
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kHeadDim / 16; ++k) {
+        wgmma_m64n64k16_f32_bf16_ss(st, desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
+                                    desc_k_major(q_tile, kBlockM, 0, k), k > 0);
+      }
+#pragma unroll
+      for (int k = 0; k < kHeadDim / 16; ++k) {
+        wgmma_m64n64k16_f32_bf16_ss(dpt, desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
+                                    desc_k_major(do_tile, kBlockM, 0, k), k > 0);
+      }
+      wgmma_commit_group();
+
+      // Per-column (query row) softmax statistics, read while the MMAs run.
+      float lse_c[16], dpsum_c[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int col = 8 * (j / 2) + 2 * t4 + (j % 2);
+        const int row = t.m * kBlockM + col;
+        const i64 idx = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.seqlen_q + row;
+        const float lse = row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF;
+        lse_c[j] = lse == -DASHGEN_INF ? DASHGEN_INF : lse * kLog2e;
+        dpsum_c[j] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
+      }
+      wgmma_wait_group<0>();
+
+      // P^T and dS^T in registers, packed to bf16 A fragments for the RS wgmmas.
+      u32 pa[4][4], dsa[4][4];
+#pragma unroll
+      for (int i2 = 0; i2 < 32; i2 += 2) {
+        const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
+        const int key = t.n * kBlockN + 64 * wg + row;
+        float pv[2], ds[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int ii = i2 + e;
+          const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
+          const int j = 2 * (ii / 4) + (ii % 2);
+          const int qrow = t.m * kBlockM + col;
+          const bool masked = key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
+          pv[e] = masked ? 0.f : exp2f(st[ii] * scale_log2 - lse_c[j]);
+          ds[e] = pv[e] * (dpt[ii] - dpsum_c[j]) * p.softmax_scale;
+        }
+        pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
+        dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
+      }
+
+      // dS (query rows x KV columns, K-major for dQ's A operand): this warpgroup writes column
+      // block wg. Both warpgroups first pass the barrier, so the previous task's dQ reads are done.
+      named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+      char* ds_block = smem + kOffDs + wg * kBlockM * 128;
+#pragma unroll
+      for (int i2 = 0; i2 < 32; i2 += 2) {
+        const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);  // KV row within the block
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int ii = i2 + e;
+          const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);  // query row
+          const u32 word = dsa[i2 / 8][(i2 % 8) / 2];
+          const u16 half = static_cast<u16>(e == 0 ? word & 0xffffu : word >> 16);
+          *reinterpret_cast<u16*>(ds_block + sw128_byte_offset(col, row * 2)) = half;
+        }
+      }
+      fence_proxy_async_shared();
+      named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+
+      // dV += P^T dO and dK += dS^T Q: B operands MN-major (head_dim contiguous).
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const u64 b_do = wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
+                                                   kBlockM * 128);
+        wgmma_m64n128k16_f32_bf16_rs<1>(dv, pa[kk], b_do, true);
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const u64 b_q = wgmma_desc_mn_major_sw128(q_tile + kk * kSw128MnMajorKStepBytes,
+                                                  kBlockM * 128);
+        wgmma_m64n128k16_f32_bf16_rs<1>(dk, dsa[kk], b_q, true);
+      }
+      // dQ[:, 64 wg .. 64 wg + 63] = dS K[:, same columns]: A = dS K-major, B = K MN-major.
+      float dq[32];
+#pragma unroll
+      for (int k = 0; k < kBlockN / 16; ++k) {
+        const u64 a_ds = desc_k_major(smem + kOffDs, kBlockM, 0, k);
+        const u64 b_k = wgmma_desc_mn_major_sw128(
+            smem + kOffK + wg * kBlockN * 128 + k * kSw128MnMajorKStepBytes, kBlockN * 128);
+        wgmma_m64n64k16_f32_bf16_ss_trans<0, 1>(dq, a_ds, b_k, k > 0);
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
+      // Q/dO stage s is free for the producer.
+      if (tid % 128 == 0) mbarrier_arrive(&bars->q_empty[s]);
+
+      // Hand the dQ partial to the writer through buffer s.
+      mbarrier_wait_parity(&bars->dq_empty[s], (use & 1) ^ 1);
+      float* dq_buf = reinterpret_cast<float*>(smem + kOffDq + s * kDqBytes);
+#pragma unroll
+      for (int ii = 0; ii < 32; ii += 2) {
+        const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
+        const int col = 64 * wg + 8 * (ii / 4) + 2 * t4;
+        *reinterpret_cast<float2*>(dq_buf + row * kHeadDim + col) = make_float2(dq[ii], dq[ii + 1]);
+      }
+      fence_proxy_async_shared();
+      mbarrier_arrive(&bars->dq_full[s]);
+
+      if (t.seg_end) {
+        // dK (scaled through dS) and dV of this warpgroup's 64 KV rows, straight to global.
+        const int hk = t.h / group;
+        T* dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+        T* dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+#pragma unroll
+        for (int ii = 0; ii < kHeadDim / 2; ii += 2) {
+          const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
+          const int key = t.n * kBlockN + 64 * wg + row;
+          const int col = 8 * (ii / 4) + 2 * t4;
+          if (key < p.seqlen_k) {
+            const i64 off = static_cast<i64>(key) * p.k_row_stride + col;
+            *reinterpret_cast<u32*>(dk_out + off) = Element<T>::pack(dk[ii], dk[ii + 1]);
+            *reinterpret_cast<u32*>(dv_out + off) = Element<T>::pack(dv[ii], dv[ii + 1]);
+          }
+        }
+        if (tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
+        ++segment;
+      }
+    }
+  }
+};
+
+}  // namespace dashgen

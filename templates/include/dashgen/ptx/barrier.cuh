@@ -1,0 +1,14 @@
+// dashgen/ptx/barrier.cuh: named CTA barriers, for syncing a subset of warps (the MMA
+// warpgroups) without stalling the producer and writer warps. IDs come from NamedBarrier enums
+// of the kernels; 0 is __syncthreads'.
+#pragma once
+#include "dashgen/types.cuh"
+
+namespace dashgen {
+
+// All `threads` (a multiple of 32) threads of the CTA that use barrier `id` meet here.
+__device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {
+  asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace dashgen

@@ -1,0 +1,302 @@
+"""dashgen.attention on an sm_90 GPU: accuracy against float64 (held to 2x PyTorch's own error in
+the input dtype), bitwise determinism under a busy GPU, kernel trace = schedule IR, compile.
+
+Run: PYTHONPATH=. python3 -m pytest tests/gpu -q
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dashgen import Problem, build_schedule, list_schedules  # noqa: E402
+from dashgen.op import attention  # noqa: E402
+from dashgen.schedules import BUILDERS, unsupported_reason  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SMALL_ODD_WORKERS = 7  # fewer workers than tiles and co-prime with everything: many waves
+GQA = [(4, 4), (8, 2), (16, 1)]  # ratios 1, 4 and 16 (MQA)
+SEQLENS = [(1, 1), (100, 100), (257, 257), (1000, 1000), (100, 257), (257, 100)]
+
+
+# -- references --------------------------------------------------------------------------------
+
+def math_attention(q, k, v, causal, scale):
+    """Attention in the dtype of q/k/v, (batch, seqlen, heads, head_dim) layout, bottom-right
+    causal: row i sees key j iff j <= i + seqlen_k - seqlen_q; a row that sees no key gives 0."""
+    group = q.shape[2] // k.shape[2]
+    qt = q.transpose(1, 2)
+    kt = k.repeat_interleave(group, 2).transpose(1, 2)
+    vt = v.repeat_interleave(group, 2).transpose(1, 2)
+    scores = (qt @ kt.transpose(-1, -2)) * scale
+    if causal:
+        seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+        i = torch.arange(seqlen_q, device=q.device)[:, None]
+        j = torch.arange(seqlen_k, device=q.device)[None, :]
+        keep = j <= i + seqlen_k - seqlen_q
+        scores = scores.masked_fill(~keep, float("-inf"))
+        probs = torch.softmax(scores, -1).masked_fill(~keep.any(-1, keepdim=True), 0.0)
+    else:
+        probs = torch.softmax(scores, -1)
+    return (probs @ vt).transpose(1, 2)
+
+
+def out_and_grads(fn, q, k, v, do):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o = fn(*leaves)
+    return (o.detach(), *torch.autograd.grad(o, leaves, do.to(o.dtype)))
+
+
+def rel_err(x, ref) -> float:
+    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+
+
+def rms(x) -> float:
+    return (x.double().norm() / x.numel() ** 0.5).item()
+
+
+# A gradient that is zero in exact math (every row sees one key: seqlen_k = 1) has no relative
+# error to speak of; PyTorch's math even gets it exactly, while any fp32 kernel leaves a residue
+# (dP - D cancels to ~1e-7). Below this RMS a reference counts as zero ...
+ZERO_RMS = 1e-6
+# ... and the kernel's result must stay at float32 noise, far below any real gradient.
+ZERO_TOLERANCE_RMS = 1e-4
+
+
+class Case:
+    """Fresh randn inputs for one problem plus the float64 and input-dtype references."""
+
+    def __init__(self, batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
+                 dtype=torch.bfloat16, softmax_scale=None):
+        self.causal = causal
+        self.head_dim = head_dim
+        self.scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+        self.softmax_scale = softmax_scale
+        make = lambda s, h: torch.randn(batch, s, h, head_dim, device="cuda", dtype=dtype)
+        self.q, self.k, self.v = make(seqlen_q, heads_q), make(seqlen_k, heads_kv), \
+            make(seqlen_k, heads_kv)
+        self.do = make(seqlen_q, heads_q)
+        self.problem = Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv,
+                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
+                               mask="causal" if causal else "full",
+                               **block_sizes(head_dim, dtype, heads_q != heads_kv))
+        ref = lambda q, k, v: math_attention(q, k, v, causal, self.scale)
+        self.ref = out_and_grads(ref, *(t.double() for t in (self.q, self.k, self.v)),
+                                 self.do.double())
+        self.torch_err = [rel_err(x, r) for x, r in
+                          zip(out_and_grads(ref, self.q, self.k, self.v, self.do), self.ref)]
+
+    def failures(self, **options) -> list[str]:
+        """Names of o/dq/dk/dv whose error exceeds 2x PyTorch's own (plus a 1e-6 floor)."""
+        ours = out_and_grads(lambda q, k, v: attention(
+            q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, **options),
+            self.q, self.k, self.v, self.do)
+        bad = []
+        for name, x, r, limit in zip(("o", "dq", "dk", "dv"), ours, self.ref, self.torch_err):
+            if rms(r) < ZERO_RMS:
+                if not rms(x) <= ZERO_TOLERANCE_RMS:
+                    bad.append(f"{options}: {name} should be 0, has RMS {rms(x):.3e}")
+                continue
+            err = rel_err(x, r)
+            if not (err <= 2 * limit + 1e-6):  # also catches NaN
+                bad.append(f"{options}: {name} error {err:.3e} > 2 x torch's {limit:.3e}")
+        return bad
+
+
+def block_sizes(head_dim, dtype=torch.bfloat16, gqa=False) -> dict:
+    """Tile sizes of the backward kernel that will run (schedules are built with them)."""
+    from dashgen import runtime
+    cfg = runtime.KernelConfig.for_problem(head_dim, "bf16" if dtype == torch.bfloat16 else "fp16",
+                                           gqa)
+    return dict(block_m=cfg.block_m, block_n=cfg.block_n)
+
+
+def serving_plans(problem: Problem, sm_count: int) -> list[dict]:
+    """attention() options for every schedule that serves the problem; the worker-dependent ones
+    with the full worker count and a small odd one."""
+    plans = []
+    for name in list_schedules():
+        if unsupported_reason(name, problem) is not None:
+            continue
+        if BUILDERS[name].depends_on_workers:
+            plans += [dict(schedule=name, num_workers=w)
+                      for w in (min(132, sm_count), SMALL_ODD_WORKERS)]
+        else:
+            plans.append(dict(schedule=name))
+    return plans
+
+
+# -- (a) accuracy ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLENS, ids=lambda s: str(s))
+@pytest.mark.parametrize("heads_q, heads_kv", GQA, ids=lambda h: str(h))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seqlen_q, seqlen_k,
+                                        sm_count, seed):
+    case = Case(2, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
+    plans = serving_plans(case.problem, sm_count)
+    assert len(plans) >= 4
+    bad = [msg for plan in plans for msg in case.failures(**plan)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp16_matches_float64(head_dim, causal, sm_count, seed):
+    case = Case(2, 8, 2, 1000, 257, head_dim, causal, dtype=torch.float16)
+    bad = [msg for plan in serving_plans(case.problem, sm_count) for msg in case.failures(**plan)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(257, 257), (1000, 1000), (100, 257)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_non_deterministic_mode_is_still_accurate(causal, seqlen_q, seqlen_k, sm_count, seed):
+    case = Case(2, 8, 2, seqlen_q, seqlen_k, 128, causal)
+    bad = [msg for plan in serving_plans(case.problem, sm_count)
+           for msg in case.failures(deterministic=False, **plan)]
+    assert not bad, "\n".join(bad)
+
+
+def test_custom_softmax_scale(seed):
+    case = Case(1, 4, 4, 257, 257, 64, True, softmax_scale=0.3)
+    bad = case.failures()
+    assert not bad, "\n".join(bad)
+
+
+def test_strided_inputs_give_the_same_bits_as_contiguous_ones(seed):
+    # (batch, heads, seqlen, head_dim) storage seen as (batch, seqlen, heads, head_dim)
+    q, k, v = (torch.randn(2, h, 300, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+               for h in (8, 2, 2))
+    do = torch.randn_like(q)
+    fn = lambda q, k, v: attention(q, k, v, causal=True)
+    strided = out_and_grads(fn, q, k, v, do)
+    contiguous = out_and_grads(fn, q.contiguous(), k.contiguous(), v.contiguous(), do)
+    assert all(torch.equal(a, b) for a, b in zip(strided, contiguous))
+
+
+# -- (b) bitwise determinism -------------------------------------------------------------------
+
+REPEATS = 1000
+
+
+@pytest.mark.parametrize("causal, schedule, worker_dependent", [
+    (False, "fa3", False), (False, "shift", True),
+    (True, "spt", False), (True, "symmetric_shift", True),
+], ids=["full-fa3", "full-shift", "causal-spt", "causal-symmetric_shift"])
+def test_backward_is_bitwise_reproducible_while_another_stream_keeps_the_gpu_busy(
+        causal, schedule, worker_dependent, sm_count, seed):
+    q, k, v = (torch.randn(2, 1000, h, 128, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for h in (16, 4, 4))
+    do = torch.randn_like(q)
+    o = attention(q, k, v, causal=causal, schedule=schedule,
+                  num_workers=sm_count if worker_dependent else None)
+    grad = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    first = grad()
+
+    # Matmuls on a second stream take SMs and L2 away at varying moments, so the workers'
+    # arrival order at each dQ tile changes from call to call; the bits must not.
+    a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # a and b are ready before the side uses them
+    mismatches = []
+    for i in range(REPEATS):
+        with torch.cuda.stream(side):
+            for _ in range(i % 3):
+                a @ b
+        grads = grad()
+        if not all(torch.equal(x, y) for x, y in zip(grads, first)):
+            mismatches.append(i)
+        if i % 64 == 63:
+            side.synchronize()  # keep the side queue short
+    side.synchronize()
+    assert not mismatches, \
+        f"{len(mismatches)} of {REPEATS} calls differed, first at {mismatches[:5]}"
+
+
+# -- (c) the kernel runs the schedule it was given ---------------------------------------------
+
+TRACE_PROBLEMS = [
+    dict(batch=2, heads_q=4, heads_kv=4, seqlen_q=257, seqlen_k=257, head_dim=64, causal=False),
+    dict(batch=1, heads_q=8, heads_kv=2, seqlen_q=1000, seqlen_k=1000, head_dim=128, causal=True),
+    dict(batch=2, heads_q=16, heads_kv=1, seqlen_q=100, seqlen_k=257, head_dim=64, causal=True),
+    dict(batch=1, heads_q=2, heads_kv=2, seqlen_q=300, seqlen_k=130, head_dim=128, causal=False),
+]
+
+
+@pytest.mark.parametrize("shape", TRACE_PROBLEMS,
+                         ids=lambda s: "-".join(str(v) for v in s.values()))
+def test_trace_equals_schedule_ir(shape, runtime, sm_count, seed):
+    shape = dict(shape)
+    causal = shape.pop("causal")
+    problem = Problem(**shape, mask="causal" if causal else "full",
+                      **block_sizes(shape["head_dim"], gqa=shape["heads_q"] != shape["heads_kv"]))
+    make = lambda s, h: torch.randn(problem.batch, s, h, problem.head_dim, device="cuda",
+                                    dtype=torch.bfloat16)
+    q, k, v = make(problem.seqlen_q, problem.heads_q), make(problem.seqlen_k, problem.heads_kv), \
+        make(problem.seqlen_k, problem.heads_kv)
+    do = torch.randn_like(q)
+    scale = problem.head_dim ** -0.5
+    o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
+    for name in list_schedules():
+        if unsupported_reason(name, problem) is not None:
+            continue
+        for workers in (min(132, sm_count), SMALL_ODD_WORKERS):
+            schedule = build_schedule(name, problem, workers)
+            expected = torch.tensor([[t.batch, t.head, t.n_block, t.m_block, t.dq_rank]
+                                     for tasks in schedule.workers for t in tasks],
+                                    dtype=torch.int32)
+            *_, trace = runtime.backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
+                                         deterministic=True, schedule=name,
+                                         num_workers=workers, trace=True)
+            trace = trace.cpu()
+            where = f"{name} with {workers} workers"
+            assert trace.shape == (len(expected), 6), where
+            rows = (trace[:, :5] != expected).any(1).nonzero().flatten().tolist()
+            assert not rows, (f"{where}: {len(rows)} trace rows differ from the IR, first row "
+                              f"{rows[0]}: ran {trace[rows[0]].tolist()}, "
+                              f"IR {expected[rows[0]].tolist()}")
+            assert torch.equal(trace[:, 5], trace[:, 4]), \
+                f"{where}: a dQ add saw a counter other than its dq_rank"
+
+
+# -- (d) torch.compile and the op registration -------------------------------------------------
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_torch_compile_matches_eager_bitwise(fullgraph, seed):
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(2, 257, h, 128, device="cuda", dtype=torch.bfloat16)
+               for h in (8, 2, 2))
+    do = torch.randn_like(q)
+    fn = lambda q, k, v: attention(q, k, v, causal=True)
+    eager = out_and_grads(fn, q, k, v, do)
+    compiled = out_and_grads(torch.compile(fn, fullgraph=fullgraph), q, k, v, do)
+    torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+
+
+def test_opcheck_with_the_real_kernels(seed):
+    q, k, v = (torch.randn(2, 257, h, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for h in (8, 2, 2))
+    args = (q, k, v, True, 0.125, True, "spt", 7)
+    torch.library.opcheck(torch.ops.dashgen.attention_fwd.default, args)
+    o, lse = torch.ops.dashgen.attention_fwd(q.detach(), k.detach(), v.detach(), *args[3:])
+    torch.library.opcheck(torch.ops.dashgen.attention_bwd.default,
+                          (torch.randn_like(o), q.detach(), k.detach(), v.detach(), o, lse,
+                           *args[3:]))
+
+
+# -- (e) errors that need the real device ------------------------------------------------------
+
+def test_more_workers_than_sms_is_refused(sm_count):
+    q = torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"^num_workers={sm_count + 1} exceeds this GPU's "
+                                         rf"{sm_count} SMs"):
+        attention(q, q, q, num_workers=sm_count + 1)
+
+
+def test_worker_dependent_schedule_without_num_workers_is_refused():
+    q = torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="num_workers"):
+        attention(q, q, q, schedule="shift")
