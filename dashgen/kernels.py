@@ -91,6 +91,9 @@ class Sm90BwdConfig(KernelConfig):
     trace: bool = False
     block_m: int = 64
     block_n: int = 128
+    # setmaxnreg split of the 65536 registers: producer/writer warpgroup, each MMA warpgroup.
+    producer_registers: int = 24
+    mma_registers: int = 240
 
     def __post_init__(self) -> None:
         _check(self.dtype, self.head_dim)

@@ -25,6 +25,8 @@ from .verify import verify
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Whether kernel="auto" picks the Hopper-native backward where it serves the problem.
 SM90_DEFAULT = False
+# setmaxnreg split (producer/writer warpgroup, each MMA warpgroup) of the Hopper backward.
+SM90_REGISTERS = (24, 240)
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -143,7 +145,8 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     plan, tasks, offsets = _plan_tensors(problem, schedule, num_workers, q.device)
     if kernel == "sm90":
         cfg = Sm90BwdConfig(_DTYPES[q.dtype], head_dim, bool(causal),
-                            deterministic=bool(deterministic), trace=bool(trace))
+                            deterministic=bool(deterministic), trace=bool(trace),
+                            producer_registers=SM90_REGISTERS[0], mma_registers=SM90_REGISTERS[1])
     else:
         cfg = BwdConfig(_DTYPES[q.dtype], head_dim, bool(causal),
                         deterministic=bool(deterministic), gqa=problem.gqa, trace=bool(trace))

@@ -24,7 +24,8 @@ namespace dashgen {
 
 enum class Sm90Barrier : u32 { kMma = 1 };  // named barrier of the two MMA warpgroups
 
-template <int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace>
+template <int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, int kProducerRegs,
+          int kMmaRegs>
 struct AttnBwdSm90 {
   using T = __nv_bfloat16;
   static constexpr int kBlockM = 64;
@@ -97,17 +98,19 @@ struct AttnBwdSm90 {
     __syncthreads();
 
     if (warpgroup == 0) {
-      setmaxnreg_dec<24>();
+      setmaxnreg_dec<kProducerRegs>();
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
       if (warp == 0 && lane == 0) produce(tm_q, tm_k, tm_v, tm_do, p, smem, bars, begin, end);
       if (warp == 1 && lane == 0) write_dq(p, smem, bars, begin, end);
     } else {
-      setmaxnreg_inc<240>();
+      setmaxnreg_inc<kMmaRegs>();
       consume(p, smem, bars, begin, end, warpgroup - 1, threadIdx.x - 128);
     }
   }
 
   // ---- producer ------------------------------------------------------------------------------
+  // Tensor-map coordinates run innermost first over (batch, seqlen, heads, head_dim) tensors:
+  // (column, head, row, batch).
   __device__ static void produce(const TensorMap* tm_q, const TensorMap* tm_k,
                                  const TensorMap* tm_v, const TensorMap* tm_do,
                                  const BwdParams& p, char* smem, Bars* bars, int begin, int end) {
@@ -121,9 +124,9 @@ struct AttnBwdSm90 {
         mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kKBytes);
         for (int cb = 0; cb < kColBlocks; ++cb) {
           tma_load_4d(smem + kOffK + cb * kBlockN * 128, tm_k, &bars->kv_full, cb * 64,
-                      t.n * kBlockN, t.h / group, t.b);
+                      t.h / group, t.n * kBlockN, t.b);
           tma_load_4d(smem + kOffV + cb * kBlockN * 128, tm_v, &bars->kv_full, cb * 64,
-                      t.n * kBlockN, t.h / group, t.b);
+                      t.h / group, t.n * kBlockN, t.b);
         }
         ++segment;
       }
@@ -132,9 +135,9 @@ struct AttnBwdSm90 {
       mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes);
       for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
-                    cb * 64, t.m * kBlockM, t.h, t.b);
+                    cb * 64, t.h, t.m * kBlockM, t.b);
         tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
-                    cb * 64, t.m * kBlockM, t.h, t.b);
+                    cb * 64, t.h, t.m * kBlockM, t.b);
       }
     }
   }
@@ -179,7 +182,8 @@ struct AttnBwdSm90 {
 
   __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
                                  int wg, int tid) {
-    const int warp = tid / 32, lane = tid % 32;
+    // tid counts both MMA warpgroups (0..255); fragment rows use the warp within this warpgroup.
+    const int warp = (tid % 128) / 32, lane = tid % 32;
     const int g = lane >> 2, t4 = lane & 3;
     const int group = p.heads_q / p.heads_kv;
     const float scale_log2 = p.softmax_scale * kLog2e;
