@@ -110,8 +110,9 @@ class Sm90BwdConfig(KernelConfig):
     def smem_bytes(self) -> int:
         d, bm, bn, stages = self.head_dim, self.block_m, self.block_n, 2
         tiles = 2 * bn * d * 2 + 2 * stages * bm * d * 2 + bm * bn * 2 + stages * bm * d * 4
+        stats = 2 * 2 * bm * 4  # lse and D rows, one copy per MMA warpgroup
         barriers = (2 + 4 * stages) * 8
-        return tiles + barriers + 1024  # + slack to align the dynamic base to 1024 bytes
+        return tiles + stats + barriers + 1024  # + slack to align the dynamic base to 1 KB
 
     @property
     def params_bytes(self) -> int:

@@ -24,7 +24,7 @@ from .verify import verify
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Whether kernel="auto" picks the Hopper-native backward where it serves the problem.
-SM90_DEFAULT = False
+SM90_DEFAULT = True
 # setmaxnreg split (producer/writer warpgroup, each MMA warpgroup) of the Hopper backward.
 SM90_REGISTERS = (24, 240)
 

@@ -22,7 +22,8 @@
 
 namespace dashgen {
 
-enum class Sm90Barrier : u32 { kMma = 1 };  // named barrier of the two MMA warpgroups
+// Named barriers: kMma joins both MMA warpgroups; kStats0 + wg one MMA warpgroup.
+enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
 
 template <int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, int kProducerRegs,
           int kMmaRegs>
@@ -47,7 +48,8 @@ struct AttnBwdSm90 {
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
   static constexpr int kOffDq = kOffDs + kDsBytes;
-  static constexpr int kOffBar = kOffDq + kStages * kDqBytes;
+  static constexpr int kOffStats = kOffDq + kStages * kDqBytes;  // per MMA warpgroup: lse, D
+  static constexpr int kOffBar = kOffStats + 2 * 2 * kBlockM * 4;
   static constexpr int kNumBars = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
 
@@ -218,17 +220,22 @@ struct AttnBwdSm90 {
       }
       wgmma_commit_group();
 
-      // Per-column (query row) softmax statistics, read while the MMAs run.
-      float lse_c[16], dpsum_c[16];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int col = 8 * (j / 2) + 2 * t4 + (j % 2);
-        const int row = t.m * kBlockM + col;
+      // Per-column (query row) softmax statistics, staged in this warpgroup's shared buffer
+      // while the MMAs run (in registers they would cost 32 per thread and spill).
+      float* stats = reinterpret_cast<float*>(smem + kOffStats) + wg * 2 * kBlockM;
+      {
+        const int r = tid % 128 % kBlockM, row = t.m * kBlockM + r;
         const i64 idx = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.seqlen_q + row;
-        const float lse = row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF;
-        lse_c[j] = lse == -DASHGEN_INF ? DASHGEN_INF : lse * kLog2e;
-        dpsum_c[j] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
+        if (tid % 128 < kBlockM) {
+          const float lse = row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF;
+          // A row that sees no key (or lies past the end) gets P = 0: lse -> +inf.
+          stats[r] = lse == -DASHGEN_INF ? DASHGEN_INF : lse * kLog2e;
+        } else {
+          stats[kBlockM + r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
+        }
       }
+      named_barrier_sync(static_cast<u32>(Sm90Barrier::kStats0) + wg, 128);
+
       wgmma_wait_group<0>();
 
       // P^T and dS^T in registers, packed to bf16 A fragments for the RS wgmmas.
@@ -242,11 +249,10 @@ struct AttnBwdSm90 {
         for (int e = 0; e < 2; ++e) {
           const int ii = i2 + e;
           const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
-          const int j = 2 * (ii / 4) + (ii % 2);
           const int qrow = t.m * kBlockM + col;
           const bool masked = key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
-          pv[e] = masked ? 0.f : exp2f(st[ii] * scale_log2 - lse_c[j]);
-          ds[e] = pv[e] * (dpt[ii] - dpsum_c[j]) * p.softmax_scale;
+          pv[e] = masked ? 0.f : exp2f(st[ii] * scale_log2 - stats[col]);
+          ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * p.softmax_scale;
         }
         pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
         dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
@@ -285,6 +291,10 @@ struct AttnBwdSm90 {
                                                   kBlockM * 128);
         wgmma_m64n128k16_f32_bf16_rs<1>(dk, dsa[kk], b_q, true);
       }
+      // The P^T / dS^T fragments stay live until these wgmmas finish; retire them before dQ's
+      // accumulator is allocated (overlapping both spills registers at head_dim 128).
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
       // dQ[:, 64 wg .. 64 wg + 63] = dS K[:, same columns]: A = dS K-major, B = K MN-major.
       float dq[32];
 #pragma unroll
