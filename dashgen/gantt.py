@@ -63,7 +63,8 @@ def draw_gantt(results: list[tuple[str, SimResult]], path: str, title: str) -> N
         Patch(facecolor="white", edgecolor="grey", label="waiting / idle"),
     ], loc="upper right", fontsize=7, ncol=4)
     fig.suptitle(title)
-    fig.tight_layout()
+    # Leave the top strip to the figure title so it does not run into the first subplot's.
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -86,15 +86,19 @@ def test_verify_missing_file():
     assert proc.returncode == 2 and "cannot read" in proc.stderr
 
 
-def test_plan_real_problem_every_schedule_with_gantt(tmp_path):
+@pytest.mark.parametrize("mask,served,skipped", [
+    ("causal", ["fa3", "spt", "descending", "symmetric_shift"], "shift"),
+    ("full", ["fa3", "spt", "descending", "shift"], "symmetric_shift"),
+])
+def test_plan_real_problem_every_schedule_with_gantt(tmp_path, mask, served, skipped):
     png = tmp_path / "plan.png"
     proc = run_cli("plan", "--heads", "16", "--seqlen", "4096", "--hdim", "128",
-                   "--workers", "132", "--mask", "causal", "--png", str(png))
+                   "--workers", "132", "--mask", mask, "--png", str(png))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for name in ["fa3", "spt", "descending", "symmetric_shift"]:
+    for name in served:
         row = next(line for line in out.splitlines() if line.startswith(name + " "))
         makespan, lower = float(row.split()[1]), float(row.split()[2])
         assert makespan >= lower > 0
-    assert "shift            skipped: shift needs a full mask" in out
+    assert f"{skipped:<16} skipped: {skipped} needs a {'full' if skipped == 'shift' else 'causal'} mask" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
