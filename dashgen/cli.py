@@ -132,15 +132,11 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 
 def _emit_problem(args: argparse.Namespace) -> Problem:
-    """The problem of `dashgen emit`: the schedule's own mask by default, the kernels' tiles."""
-    from .emit import default_mask
-    from .kernels import BLOCK_M, BLOCK_N
+    """The problem of `dashgen emit`: the schedule's own mask by default, and the tiles of the
+    backward kernel that serves the configuration (dashgen.kernels.backward_blocks)."""
+    from .emit import default_mask, tile_error
+    from .kernels import backward_blocks
 
-    for flag, value, need in (("--block-m", args.block_m, BLOCK_M),
-                              ("--block-n", args.block_n, BLOCK_N)):
-        if value != need:
-            raise CliError(f"{flag} must be {need}: the kernels use {BLOCK_M}x{BLOCK_N} tiles "
-                           f"(dashgen.kernels.BLOCK_M/BLOCK_N), got {value}")
     if args.mask is None:
         args.mask = default_mask(args.schedule)
     if args.gqa:
@@ -149,6 +145,14 @@ def _emit_problem(args: argparse.Namespace) -> Problem:
         if args.heads_kv >= args.heads:
             raise CliError(f"--gqa needs fewer KV heads than query heads, got --heads {args.heads} "
                            f"and --heads-kv {args.heads_kv} (try --heads 4 --heads-kv 1)")
+    gqa = args.heads_kv is not None and args.heads_kv != args.heads
+    block_m, block_n = backward_blocks(args.dtype, args.hdim, gqa)
+    args.block_m = block_m if args.block_m is None else args.block_m
+    args.block_n = block_n if args.block_n is None else args.block_n
+    for flag, value in (("--block-m", args.block_m), ("--block-n", args.block_n)):
+        message = tile_error(flag, value, args.dtype, args.hdim, gqa)
+        if message is not None:
+            raise CliError(message)
     return _problem(args)
 
 
@@ -167,7 +171,7 @@ def cmd_emit(args: argparse.Namespace) -> None:
         raise CliError("--schedule is required (or --golden to rewrite generated/)")
     problem = _emit_problem(args)
     try:
-        check_kernel_problem(problem)
+        check_kernel_problem(problem, args.dtype)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     schedule = _build(args.schedule, problem, args.workers)
@@ -194,7 +198,7 @@ def cmd_emit(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .kernels import BLOCK_M, BLOCK_N
+    from .kernels import BLOCK_M, BLOCK_N, Sm90BwdConfig
 
     parser = argparse.ArgumentParser(
         prog="dashgen", description="Deterministic attention backward schedules for Hopper.")
@@ -256,11 +260,15 @@ def build_parser() -> argparse.ArgumentParser:
     _problem_options(p, helps={
         "mask": "full or causal (default: the mask the schedule serves: causal for "
                 "symmetric_shift, full otherwise)",
-        "block_m": f"must be {BLOCK_M}, the kernels' tile (default {BLOCK_M})",
-        "block_n": f"must be {BLOCK_N}, the kernels' tile (default {BLOCK_N})",
+        "block_m": "must be the tile of the backward kernel that serves the configuration "
+                   f"(default): {Sm90BwdConfig.block_m} for the Hopper backward (bf16, head_dim "
+                   f"128, no GQA), {BLOCK_M} for the mma.sync backward otherwise",
+        "block_n": f"likewise: {Sm90BwdConfig.block_n} for the Hopper backward, {BLOCK_N} "
+                   "otherwise",
     })
-    # The kernels have one tile size, and the schedule's own mask beats the shared "full".
-    p.set_defaults(func=cmd_emit, mask=None, block_m=BLOCK_M, block_n=BLOCK_N)
+    # The tiles are the serving backward's (filled in once dtype, head_dim and GQA are known),
+    # and the schedule's own mask beats the shared "full".
+    p.set_defaults(func=cmd_emit, mask=None, block_m=None, block_n=None)
     return parser
 
 

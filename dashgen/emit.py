@@ -1,6 +1,9 @@
 """Emit what a schedule runs as: the rendered kernel sources, the lowered task table as JSON, and
 the compiled cubins with ptxas's figures; and the golden renders in generated/ that a test checks.
 
+The backward kernel is the one the runtime runs for the configuration (dashgen.kernels.
+backward_config: the Hopper-native Sm90BwdConfig for bf16 head_dim 128 without GQA, the mma.sync
+BwdConfig otherwise), and the schedule is built with that kernel's tiles (backward_blocks).
 The kernel sources do not depend on the schedule (it reaches the kernel as a task table), so a
 schedule changes the .tasks.json file, never the .cu files.
 """
@@ -14,7 +17,8 @@ from pathlib import Path
 from .cache import get_or_compile
 from .compile import Cubin
 from .ir import Schedule
-from .kernels import BLOCK_M, BLOCK_N, BwdConfig, FwdConfig, render_bwd, render_fwd
+from .kernels import (BwdConfig, FwdConfig, Sm90BwdConfig, backward_blocks, backward_config,
+                      backward_kind, render_bwd, render_bwd_sm90, render_fwd)
 from .lower import TASK_WORDS, KernelPlan, lower
 from .problem import Problem
 from .render import TEMPLATES_DIR, KernelSource
@@ -30,10 +34,11 @@ GOLDEN_DIR = TEMPLATES_DIR.parent / "generated"
 GOLDEN_COMMAND = "python -m dashgen.emit --golden"
 GOLDEN_DTYPE = "bf16"
 GOLDEN_HEAD_DIMS = (64, 128)
-# The canonical problem of the golden task tables: 2 heads x 8 KV tiles of 64 rows. Six workers
-# (fewer than the 16 KV tiles, 8 causal pairs) so that workers walk several segments and a head
-# straddles two waves: the cases where a table walk or a wave-aware order can go wrong, in files
-# still small enough to read (at most 128 tasks).
+# The canonical problem of the golden task tables: 2 heads of 512 rows, in the tiles of the
+# backward that serves it: 8 KV tiles of 64 rows per head at head_dim 64 (mma.sync kernel), 4 of
+# 128 rows at head_dim 128 (Hopper kernel). Six workers (fewer than the 16 or 8 KV tiles) so that
+# workers walk several segments and a head straddles two waves: the cases where a table walk or a
+# wave-aware order can go wrong, in files still small enough to read (at most 128 tasks).
 GOLDEN_BATCH = 1
 GOLDEN_HEADS = 2
 GOLDEN_SEQLEN = 512
@@ -57,26 +62,58 @@ def default_mask(schedule: str) -> str:
     return served[0]
 
 
-def check_kernel_problem(problem: Problem) -> None:
-    """Raise ValueError naming the field when the kernels cannot run `problem`."""
-    for name, value, need in (("block_m", problem.block_m, BLOCK_M),
-                              ("block_n", problem.block_n, BLOCK_N)):
-        if value != need:
-            raise ValueError(f"{name} must be {need}: the kernels use {BLOCK_M}x{BLOCK_N} tiles "
-                             f"(dashgen.kernels.BLOCK_M/BLOCK_N), got {value}")
+def serving_backward(dtype: str, head_dim: int, gqa: bool) -> str:
+    """Names the backward kernel that serves the configuration and its tiles, for messages."""
+    block_m, block_n = backward_blocks(dtype, head_dim, gqa)
+    if backward_kind(dtype, head_dim, gqa) == "sm90":
+        kernel = f"the Hopper backward ({Sm90BwdConfig.prefix})"
+    else:
+        kernel = f"the mma.sync backward ({BwdConfig.prefix})"
+    return (f"{kernel} serves {dtype}, head_dim {head_dim}{', GQA' if gqa else ''} "
+            f"with {block_m}x{block_n} tiles")
+
+
+def tile_error(name: str, value: int, dtype: str, head_dim: int, gqa: bool) -> str | None:
+    """The message refusing `name` (block_m or --block-m, ...) = `value` where the serving
+    backward kernel's tile differs; None where it matches."""
+    block_m, block_n = backward_blocks(dtype, head_dim, gqa)
+    need = block_m if name.replace("-", "_").endswith("block_m") else block_n
+    if value == need:
+        return None
+    return (f"{name} must be {need}, the serving kernel's tile, got {value}: "
+            f"{serving_backward(dtype, head_dim, gqa)}")
+
+
+def check_kernel_problem(problem: Problem, dtype: str = GOLDEN_DTYPE) -> None:
+    """Raise ValueError naming the field when the kernels cannot run `problem`: its tiles must be
+    those of the backward kernel that serves it (dashgen.kernels.backward_blocks)."""
+    for name, value in (("block_m", problem.block_m), ("block_n", problem.block_n)):
+        message = tile_error(name, value, dtype, problem.head_dim, problem.gqa)
+        if message is not None:
+            raise ValueError(message)
     if problem.mask.kind not in KERNEL_MASKS:
         raise ValueError(f"mask must be one of {', '.join(KERNEL_MASKS)} for the kernels, "
                          f"got {problem.mask}")
 
 
 def kernel_configs(problem: Problem, dtype: str = GOLDEN_DTYPE, deterministic: bool = True,
-                   trace: bool = False) -> tuple[FwdConfig, BwdConfig]:
-    """The forward and backward configs that run `problem` (GQA follows the problem)."""
-    check_kernel_problem(problem)
+                   trace: bool = False) -> tuple[FwdConfig, BwdConfig | Sm90BwdConfig]:
+    """The forward config and the config of the backward that serves `problem` (the one the
+    runtime runs: dashgen.kernels.backward_config; GQA follows the problem)."""
     causal = problem.mask.kind == "causal"
-    return (FwdConfig(dtype, problem.head_dim, causal),
-            BwdConfig(dtype, problem.head_dim, causal, deterministic=deterministic,
-                      gqa=problem.gqa, trace=trace))
+    fwd = FwdConfig(dtype, problem.head_dim, causal)  # first: names a bad dtype or head_dim
+    check_kernel_problem(problem, dtype)
+    return fwd, backward_config(dtype, problem.head_dim, causal, gqa=problem.gqa,
+                                deterministic=deterministic, trace=trace)
+
+
+def render_kernel(cfg: FwdConfig | BwdConfig | Sm90BwdConfig) -> KernelSource:
+    """The source of a forward, mma.sync backward or Hopper backward config."""
+    if isinstance(cfg, Sm90BwdConfig):
+        return render_bwd_sm90(cfg)
+    if isinstance(cfg, BwdConfig):
+        return render_bwd(cfg)
+    return render_fwd(cfg)
 
 
 def problem_tag(problem: Problem, num_workers: int) -> str:
@@ -148,7 +185,7 @@ def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
     out_dir.mkdir(parents=True, exist_ok=True)
     name = f"{schedule.name}_{problem_tag(schedule.problem, schedule.num_workers)}.tasks.json"
     tasks_path = _write(out_dir / name, tasks_json(plan).encode())
-    written = [(render_fwd(fwd_cfg), fwd_cfg.smem_bytes), (render_bwd(bwd_cfg), bwd_cfg.smem_bytes)]
+    written = [(render_kernel(cfg), cfg.smem_bytes) for cfg in (fwd_cfg, bwd_cfg)]
     kernels = [EmittedKernel(src, _write(out_dir / f"{src.name}.cu", src.text.encode()), smem)
                for src, smem in written]
     if compile:
@@ -183,12 +220,21 @@ def report_lines(kernels: tuple[EmittedKernel, ...]) -> list[str]:
 # -- golden renders ----------------------------------------------------------------------------
 
 def golden_problem(head_dim: int, mask: str) -> Problem:
+    """The canonical problem, in the tiles of the backward kernel that serves it."""
+    block_m, block_n = backward_blocks(GOLDEN_DTYPE, head_dim, False)
     return Problem(batch=GOLDEN_BATCH, heads_q=GOLDEN_HEADS, seqlen_q=GOLDEN_SEQLEN,
-                   head_dim=head_dim, mask=mask, block_m=BLOCK_M, block_n=BLOCK_N)
+                   head_dim=head_dim, mask=mask, block_m=block_m, block_n=block_n)
 
 
 def _golden_readme() -> str:
     dims = " and ".join(map(str, GOLDEN_HEAD_DIMS))
+    backwards, tiles = [], []
+    for head_dim in GOLDEN_HEAD_DIMS:
+        cfg = backward_config(GOLDEN_DTYPE, head_dim, False)
+        kind = "Hopper" if isinstance(cfg, Sm90BwdConfig) else "mma.sync"
+        backwards.append(f"  - head_dim {head_dim}: the {kind} backward `{cfg.prefix}_*`")
+        tiles.append(f"  - head_dim {head_dim}: blocks {cfg.block_m}x{cfg.block_n} "
+                     f"({GOLDEN_SEQLEN // cfg.block_n} KV tiles per head)")
     return "\n".join([
         "# generated/: golden renders, written by the emitter (do not edit)",
         "",
@@ -196,14 +242,17 @@ def _golden_readme() -> str:
         "render with these files byte for byte.",
         "",
         f"- `<kernel>.cu`: the kernel sources for {GOLDEN_DTYPE}, head_dim {dims}, full and causal",
-        "  masks: forward, and backward deterministic and non-deterministic. They do not depend on",
-        "  the schedule, which reaches the backward kernel as a task table.",
+        "  masks: forward, and backward deterministic and non-deterministic. The backward is the",
+        "  kernel that runs for the configuration (dashgen.kernels.backward_config):",
+        *backwards,
+        "  They do not depend on the schedule, which reaches the backward kernel as a task table.",
         "- `<schedule>_hdim<d>_<mask>.tasks.json`: the task table of every schedule, for every",
         f"  mask it serves, on batch {GOLDEN_BATCH}, {GOLDEN_HEADS} heads, seqlen {GOLDEN_SEQLEN}, "
-        f"blocks {BLOCK_M}x{BLOCK_N}",
-        f"  ({GOLDEN_SEQLEN // BLOCK_N} KV tiles per head) and {GOLDEN_WORKERS} workers: fewer "
-        "workers than KV tiles, so",
-        "  workers walk several segments and a head straddles two waves.",
+        f"{GOLDEN_WORKERS} workers, in the tiles",
+        "  of the backward kernel that serves it:",
+        *tiles,
+        "  Fewer workers than KV tiles, so workers walk several segments and a head straddles",
+        "  two waves.",
         "",
     ])
 
@@ -216,7 +265,7 @@ def golden_files() -> dict[str, str]:
             problem = golden_problem(head_dim, mask)
             for deterministic in (True, False):
                 for cfg in kernel_configs(problem, GOLDEN_DTYPE, deterministic):
-                    src = render_bwd(cfg) if isinstance(cfg, BwdConfig) else render_fwd(cfg)
+                    src = render_kernel(cfg)
                     files[f"{src.name}.cu"] = src.text
             for name in list_schedules():
                 if mask in masks_served(name):

@@ -112,7 +112,8 @@ class Sm90BwdConfig(KernelConfig):
         tiles = 2 * bn * d * 2 + 2 * stages * bm * d * 2 + bm * bn * 2 + stages * bm * d * 4
         stats = 2 * 2 * bm * 4  # lse and D rows, one copy per MMA warpgroup
         barriers = (2 + 4 * stages) * 8
-        return tiles + stats + barriers + 1024  # + slack to align the dynamic base to 1 KB
+        task_slots = stages * 32  # the producer's hand-off of each stage's task
+        return tiles + stats + barriers + task_slots + 1024  # + slack to align the base to 1 KB
 
     @property
     def params_bytes(self) -> int:
@@ -129,6 +130,31 @@ def render_fwd(cfg: FwdConfig) -> KernelSource:
 
 def render_bwd(cfg: BwdConfig) -> KernelSource:
     return render("attn_bwd.cu.j2", cfg)
+
+
+# -- which backward kernel serves a problem: the one source of truth for runtime and emit --------
+
+def backward_kind(dtype: str, head_dim: int, gqa: bool, hopper: bool = True) -> str:
+    """'sm90' (Sm90BwdConfig) where the Hopper backward serves the problem and `hopper` allows
+    it, else 'mma' (BwdConfig). The runtime passes its SM90_DEFAULT switch as `hopper`."""
+    return "sm90" if hopper and Sm90BwdConfig.serves(dtype, head_dim, gqa) else "mma"
+
+
+def backward_blocks(dtype: str, head_dim: int, gqa: bool, hopper: bool = True) -> tuple[int, int]:
+    """(block_m, block_n) of the backward kernel that serves the problem: the tiles a schedule
+    for it must be built with (64x128 for the Hopper backward, else BLOCK_M x BLOCK_N)."""
+    if backward_kind(dtype, head_dim, gqa, hopper) == "sm90":
+        return Sm90BwdConfig.block_m, Sm90BwdConfig.block_n
+    return BLOCK_M, BLOCK_N
+
+
+def backward_config(dtype: str, head_dim: int, causal: bool, gqa: bool = False,
+                    deterministic: bool = True, trace: bool = False,
+                    hopper: bool = True) -> BwdConfig | Sm90BwdConfig:
+    """The config of the backward kernel that serves the problem (see backward_kind)."""
+    if backward_kind(dtype, head_dim, gqa, hopper) == "sm90":
+        return Sm90BwdConfig(dtype, head_dim, causal, deterministic=deterministic, trace=trace)
+    return BwdConfig(dtype, head_dim, causal, deterministic=deterministic, gqa=gqa, trace=trace)
 
 
 _P = ctypes.c_void_p

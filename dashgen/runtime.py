@@ -6,6 +6,7 @@ fixes the result (problem, schedule, worker count, kernel config), never by a de
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from functools import lru_cache
@@ -14,16 +15,18 @@ import torch
 
 from . import launch
 from .cache import get_or_compile
-from .kernels import (BLOCK_M, BLOCK_N, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdConfig,
-                      BwdParams, ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig,
-                      render_bwd, render_bwd_sm90, render_fwd)
+from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdConfig, BwdParams,
+                      ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig,
+                      backward_blocks, backward_config, backward_kind, render_bwd,
+                      render_bwd_sm90, render_fwd)
 from .lower import lower
 from .problem import Mask, Problem
 from .schedules import build_schedule
 from .verify import verify
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-# Whether kernel="auto" picks the Hopper-native backward where it serves the problem.
+# Whether kernel="auto" picks the Hopper-native backward where it serves the problem (passed as
+# `hopper` to dashgen.kernels.backward_kind/backward_blocks, which `dashgen emit` uses too).
 SM90_DEFAULT = True
 # setmaxnreg split (producer/writer warpgroup, each MMA warpgroup) of the Hopper backward.
 SM90_REGISTERS = (24, 240)
@@ -42,9 +45,7 @@ class KernelConfig:
 
     @classmethod
     def for_problem(cls, head_dim: int, dtype: str = "bf16", gqa: bool = False) -> "KernelConfig":
-        if SM90_DEFAULT and Sm90BwdConfig.serves(dtype, head_dim, gqa):
-            return cls(Sm90BwdConfig.block_m, Sm90BwdConfig.block_n)
-        return cls(BLOCK_M, BLOCK_N)
+        return cls(*backward_blocks(dtype, head_dim, gqa, hopper=SM90_DEFAULT))
 
 
 @lru_cache(maxsize=None)
@@ -73,9 +74,10 @@ def _kernels(cfg, device: torch.device) -> dict[str, launch.Kernel]:
 
 def backward_kernel(q: torch.Tensor, k: torch.Tensor, kernel: str = "auto") -> str:
     """'sm90' (TMA + wgmma, warp-specialized) where it serves the problem, else 'mma'."""
-    serves = Sm90BwdConfig.serves(_DTYPES[q.dtype], q.shape[3], q.shape[2] != k.shape[2])
+    dtype, head_dim, gqa = _DTYPES[q.dtype], q.shape[3], q.shape[2] != k.shape[2]
+    serves = Sm90BwdConfig.serves(dtype, head_dim, gqa)
     if kernel == "auto":
-        return "sm90" if serves and SM90_DEFAULT else "mma"
+        return backward_kind(dtype, head_dim, gqa, hopper=SM90_DEFAULT)
     if kernel == "sm90" and not serves:
         raise ValueError("kernel='sm90' serves bf16, head_dim 128 without GQA only")
     if kernel not in ("sm90", "mma"):
@@ -86,10 +88,8 @@ def backward_kernel(q: torch.Tensor, k: torch.Tensor, kernel: str = "auto") -> s
 def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, kernel: str = "auto") -> Problem:
     """The schedule problem the backward kernel runs: its tile sizes come from the kernel."""
     batch, seqlen_q, heads_q, head_dim = q.shape
-    if backward_kernel(q, k, kernel) == "sm90":
-        blocks = KernelConfig(Sm90BwdConfig.block_m, Sm90BwdConfig.block_n)
-    else:
-        blocks = KernelConfig(BLOCK_M, BLOCK_N)
+    blocks = KernelConfig(*backward_blocks(_DTYPES[q.dtype], head_dim, k.shape[2] != heads_q,
+                                           hopper=backward_kernel(q, k, kernel) == "sm90"))
     return Problem(batch=batch, heads_q=heads_q, heads_kv=k.shape[2], seqlen_q=seqlen_q,
                    seqlen_k=k.shape[1], head_dim=head_dim,
                    mask=Mask.causal() if causal else Mask.full(),
@@ -143,13 +143,12 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     plan, tasks, offsets = _plan_tensors(problem, schedule, num_workers, q.device)
-    if kernel == "sm90":
-        cfg = Sm90BwdConfig(_DTYPES[q.dtype], head_dim, bool(causal),
-                            deterministic=bool(deterministic), trace=bool(trace),
-                            producer_registers=SM90_REGISTERS[0], mma_registers=SM90_REGISTERS[1])
-    else:
-        cfg = BwdConfig(_DTYPES[q.dtype], head_dim, bool(causal),
-                        deterministic=bool(deterministic), gqa=problem.gqa, trace=bool(trace))
+    cfg = backward_config(_DTYPES[q.dtype], head_dim, bool(causal), gqa=problem.gqa,
+                          deterministic=bool(deterministic), trace=bool(trace),
+                          hopper=kernel == "sm90")
+    if isinstance(cfg, Sm90BwdConfig):
+        cfg = dataclasses.replace(cfg, producer_registers=SM90_REGISTERS[0],
+                                  mma_registers=SM90_REGISTERS[1])
     block_m, block_n = cfg.block_m, cfg.block_n
     kernels = _kernels(cfg, q.device)
     stream = _stream(q.device)

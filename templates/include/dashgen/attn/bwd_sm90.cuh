@@ -51,7 +51,10 @@ struct AttnBwdSm90 {
   static constexpr int kOffStats = kOffDq + kStages * kDqBytes;  // per MMA warpgroup: lse, D
   static constexpr int kOffBar = kOffStats + 2 * 2 * kBlockM * 4;
   static constexpr int kNumBars = 2 + 4 * kStages;
-  static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
+  // The producer hands each stage's task to the MMA warpgroups here, so they never read the
+  // schedule table (its bookkeeping stays out of their registers).
+  static constexpr int kOffTask = kOffBar + kNumBars * 8;
+  static constexpr int kSmemBytes = kOffTask + kStages * 32 + 1024;  // + alignment slack
 
   struct Bars {
     u64 kv_full, kv_empty;
@@ -63,6 +66,17 @@ struct AttnBwdSm90 {
     int b, h, n, m, dq_rank;
     bool seg_start, seg_end;
   };
+  static_assert(sizeof(Task) <= 32, "one 32-byte task slot per stage");
+
+  // One copy into registers: volatile, so the compiler cannot re-read the slot after the
+  // producer has reused it for a later task.
+  __device__ static Task load_task_slot(const Task* slot) {
+    const volatile Task* v = slot;
+    Task t;
+    t.b = v->b; t.h = v->h; t.n = v->n; t.m = v->m; t.dq_rank = v->dq_rank;
+    t.seg_start = v->seg_start; t.seg_end = v->seg_end;
+    return t;
+  }
 
   __device__ static Task decode(const BwdParams& p, int i, int begin, int end) {
     const TaskEntry e = p.tasks[i];
@@ -134,6 +148,8 @@ struct AttnBwdSm90 {
       }
       const int s = (i - begin) % kStages, use = (i - begin) / kStages;
       mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
+      // Published by the arrive below (release), read after the consumers' wait (acquire).
+      reinterpret_cast<Task*>(smem + kOffTask)[s] = t;
       mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes);
       for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
@@ -194,14 +210,14 @@ struct AttnBwdSm90 {
     int segment = 0;
 
     for (int i = begin; i < end; ++i) {
-      const Task t = decode(p, i, begin, end);
       const int s = (i - begin) % kStages, use = (i - begin) / kStages;
+      mbarrier_wait_parity(&bars->q_full[s], use & 1);
+      const Task t = load_task_slot(reinterpret_cast<const Task*>(smem + kOffTask) + s);
       if (t.seg_start) {
         mbarrier_wait_parity(&bars->kv_full, segment & 1);
 #pragma unroll
         for (int j = 0; j < kHeadDim / 2; ++j) dk[j] = dv[j] = 0.f;
       }
-      mbarrier_wait_parity(&bars->q_full[s], use & 1);
       const char* q_tile = smem + kOffQ + s * kQBytes;
       const char* do_tile = smem + kOffDo + s * kQBytes;
 
