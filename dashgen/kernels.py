@@ -21,14 +21,11 @@ def _check(dtype: str, head_dim: int) -> None:
         raise ValueError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim!r}")
 
 
-@dataclass(frozen=True)
-class FwdConfig(KernelConfig):
-    prefix = "dashgen_attn_fwd"
+class _Element16Config(KernelConfig):
+    """What every attention kernel config shares: a checked 16-bit dtype and head_dim."""
+
     dtype: str
     head_dim: int
-    causal: bool
-    block_m: int = BLOCK_M
-    block_n: int = BLOCK_N
 
     def __post_init__(self) -> None:
         _check(self.dtype, self.head_dim)
@@ -36,6 +33,16 @@ class FwdConfig(KernelConfig):
     @property
     def cuda_type(self) -> str:
         return CUDA_TYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class FwdConfig(_Element16Config):
+    prefix = "dashgen_attn_fwd"
+    dtype: str
+    head_dim: int
+    causal: bool
+    block_m: int = BLOCK_M
+    block_n: int = BLOCK_N
 
     @property
     def smem_bytes(self) -> int:
@@ -48,7 +55,7 @@ class FwdConfig(KernelConfig):
 
 
 @dataclass(frozen=True)
-class BwdConfig(KernelConfig):
+class BwdConfig(_Element16Config):
     prefix = "dashgen_attn_bwd"
     dtype: str
     head_dim: int
@@ -58,13 +65,6 @@ class BwdConfig(KernelConfig):
     trace: bool = False
     block_m: int = BLOCK_M
     block_n: int = BLOCK_N
-
-    def __post_init__(self) -> None:
-        _check(self.dtype, self.head_dim)
-
-    @property
-    def cuda_type(self) -> str:
-        return CUDA_TYPES[self.dtype]
 
     @property
     def smem_bytes(self) -> int:
@@ -80,7 +80,7 @@ class BwdConfig(KernelConfig):
 
 
 @dataclass(frozen=True)
-class Sm90BwdConfig(KernelConfig):
+class Sm90BwdConfig(_Element16Config):
     """The Hopper-native backward (TMA, wgmma, warp specialization): bf16, head_dim 128, no GQA."""
 
     prefix = "dashgen_attn_bwd_sm90"
@@ -95,16 +95,9 @@ class Sm90BwdConfig(KernelConfig):
     producer_registers: int = 24
     mma_registers: int = 240
 
-    def __post_init__(self) -> None:
-        _check(self.dtype, self.head_dim)
-
     @staticmethod
     def serves(dtype: str, head_dim: int, gqa: bool) -> bool:
         return dtype == "bf16" and head_dim == 128 and not gqa
-
-    @property
-    def cuda_type(self) -> str:
-        return CUDA_TYPES[self.dtype]
 
     @property
     def smem_bytes(self) -> int:

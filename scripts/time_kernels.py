@@ -10,22 +10,8 @@ import math
 
 import torch
 
+from bench import median_ms  # scripts/bench.py: the protocol's timing
 from dashgen import runtime
-
-
-def median_ms(fn, warmup=3, repeats=10):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def main():
@@ -46,7 +32,8 @@ def main():
                 scale = 1 / math.sqrt(d)
                 flops = 4 * batch * heads * s * s * d / (2 if causal else 1)
                 o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
-                fwd = median_ms(lambda: runtime.forward(q, k, v, causal=causal, softmax_scale=scale))
+                fwd = median_ms(lambda: runtime.forward(q, k, v, causal=causal, softmax_scale=scale),
+                                3, 10)
                 for name in args.schedules:
                     if name == "shift" and causal or name == "symmetric_shift" and not causal:
                         continue
@@ -55,7 +42,7 @@ def main():
                         res.append(median_ms(lambda: runtime.backward(
                             do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
                             deterministic=det, schedule=name, num_workers=sms,
-                            kernel=args.kernel)))
+                            kernel=args.kernel), 3, 10))
                     tag = f"d{d} {'causal' if causal else 'full'} s{s} b{batch} h{heads}"
                     print(f"{tag:<32} {name:<16} {flops / fwd / 1e9:>9.1f} "
                           f"{2.5 * flops / res[0] / 1e9:>9.1f} {2.5 * flops / res[1] / 1e9:>10.1f}",
