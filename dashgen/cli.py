@@ -197,6 +197,19 @@ def cmd_emit(args: argparse.Namespace) -> None:
         print(line)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from .calibrate import load_measurements, report
+
+    try:
+        measurements = load_measurements([Path(f) for f in args.files])
+        text = report(measurements, tuple(args.fit_seqlens))
+    except (OSError, ValueError, KeyError) as exc:
+        raise CliError(str(exc)) from None
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .kernels import BLOCK_M, BLOCK_N, Sm90BwdConfig
 
@@ -269,6 +282,16 @@ def build_parser() -> argparse.ArgumentParser:
     # The tiles are the serving backward's (filled in once dtype, head_dim and GQA are known),
     # and the schedule's own mask beats the shared "full".
     p.set_defaults(func=cmd_emit, mask=None, block_m=None, block_n=None)
+    p = sub.add_parser("calibrate", help="fit the kernel model to benchmark results",
+                       description="Fit the kernel model's costs (c, r, signal latency, overhead) "
+                                   "to dashgen's measured backward times in scripts/bench.py JSON "
+                                   "files at --fit-seqlens, then compare its predictions with every "
+                                   "measurement and check which schedule it ranks first.")
+    p.add_argument("files", nargs="+", metavar="BENCH.json")
+    p.add_argument("--fit-seqlens", type=int, nargs="+", default=[1024, 2048],
+                   help="sequence lengths to fit on; the rest are held out (default 1024 2048)")
+    p.add_argument("--out", metavar="FILE.md", help="also write the report here")
+    p.set_defaults(func=cmd_calibrate)
     return parser
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from dashgen.cli import build_parser, main
 
-COMMANDS = ["schedules", "show", "plan", "verify"]
+COMMANDS = ["schedules", "show", "plan", "verify", "emit", "calibrate"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
