@@ -81,7 +81,7 @@ class BwdConfig(_Element16Config):
 
 @dataclass(frozen=True)
 class Sm90BwdConfig(_Element16Config):
-    """The Hopper-native backward (TMA, wgmma, warp specialization): bf16, head_dim 128, no GQA."""
+    """The Hopper-native backward (TMA, wgmma, warp specialization): bf16, head_dim 128."""
 
     prefix = "dashgen_attn_bwd_sm90"
     dtype: str
@@ -89,6 +89,7 @@ class Sm90BwdConfig(_Element16Config):
     causal: bool
     deterministic: bool = True
     trace: bool = False
+    gqa: bool = False
     block_m: int = 64
     block_n: int = 128
     # setmaxnreg split of the 65536 registers: producer/writer warpgroup, each MMA warpgroup.
@@ -96,8 +97,15 @@ class Sm90BwdConfig(_Element16Config):
     mma_registers: int = 240
 
     @staticmethod
+    def supports(dtype: str, head_dim: int, gqa: bool) -> bool:
+        """What the template instantiates (kernel='sm90' may ask for it)."""
+        return dtype == "bf16" and head_dim == 128
+
+    @staticmethod
     def serves(dtype: str, head_dim: int, gqa: bool) -> bool:
-        return dtype == "bf16" and head_dim == 128 and not gqa
+        """What kernel='auto' picks it for: the cases checked on an H200. The GQA variant (ordered
+        dK/dV adds) compiles but has not run on a GPU yet."""
+        return Sm90BwdConfig.supports(dtype, head_dim, gqa) and not gqa
 
     @property
     def smem_bytes(self) -> int:
@@ -133,21 +141,33 @@ def backward_kind(dtype: str, head_dim: int, gqa: bool, hopper: bool = True) -> 
     return "sm90" if hopper and Sm90BwdConfig.serves(dtype, head_dim, gqa) else "mma"
 
 
-def backward_blocks(dtype: str, head_dim: int, gqa: bool, hopper: bool = True) -> tuple[int, int]:
-    """(block_m, block_n) of the backward kernel that serves the problem: the tiles a schedule
-    for it must be built with (64x128 for the Hopper backward, else BLOCK_M x BLOCK_N)."""
-    if backward_kind(dtype, head_dim, gqa, hopper) == "sm90":
+def blocks_of(kind: str) -> tuple[int, int]:
+    """(block_m, block_n) of a backward kernel kind: the tiles its schedules are built with."""
+    if kind == "sm90":
         return Sm90BwdConfig.block_m, Sm90BwdConfig.block_n
     return BLOCK_M, BLOCK_N
+
+
+def backward_blocks(dtype: str, head_dim: int, gqa: bool, hopper: bool = True) -> tuple[int, int]:
+    """(block_m, block_n) of the backward kernel that serves the problem (see backward_kind)."""
+    return blocks_of(backward_kind(dtype, head_dim, gqa, hopper))
+
+
+def config_of(kind: str, dtype: str, head_dim: int, causal: bool, gqa: bool = False,
+              deterministic: bool = True, trace: bool = False) -> BwdConfig | Sm90BwdConfig:
+    """The config of backward kernel `kind` ('sm90' or 'mma') for a problem."""
+    if kind == "sm90":
+        return Sm90BwdConfig(dtype, head_dim, causal, deterministic=deterministic, trace=trace,
+                             gqa=gqa)
+    return BwdConfig(dtype, head_dim, causal, deterministic=deterministic, gqa=gqa, trace=trace)
 
 
 def backward_config(dtype: str, head_dim: int, causal: bool, gqa: bool = False,
                     deterministic: bool = True, trace: bool = False,
                     hopper: bool = True) -> BwdConfig | Sm90BwdConfig:
     """The config of the backward kernel that serves the problem (see backward_kind)."""
-    if backward_kind(dtype, head_dim, gqa, hopper) == "sm90":
-        return Sm90BwdConfig(dtype, head_dim, causal, deterministic=deterministic, trace=trace)
-    return BwdConfig(dtype, head_dim, causal, deterministic=deterministic, gqa=gqa, trace=trace)
+    return config_of(backward_kind(dtype, head_dim, gqa, hopper), dtype, head_dim, causal, gqa,
+                     deterministic, trace)
 
 
 _P = ctypes.c_void_p

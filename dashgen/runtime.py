@@ -17,7 +17,7 @@ from . import launch
 from .cache import get_or_compile
 from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdConfig, BwdParams,
                       ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig,
-                      backward_blocks, backward_config, backward_kind, render_bwd,
+                      backward_blocks, backward_kind, blocks_of, config_of, render_bwd,
                       render_bwd_sm90, render_fwd)
 from .lower import lower
 from .problem import Mask, Problem
@@ -75,11 +75,10 @@ def _kernels(cfg, device: torch.device) -> dict[str, launch.Kernel]:
 def backward_kernel(q: torch.Tensor, k: torch.Tensor, kernel: str = "auto") -> str:
     """'sm90' (TMA + wgmma, warp-specialized) where it serves the problem, else 'mma'."""
     dtype, head_dim, gqa = _DTYPES[q.dtype], q.shape[3], q.shape[2] != k.shape[2]
-    serves = Sm90BwdConfig.serves(dtype, head_dim, gqa)
     if kernel == "auto":
         return backward_kind(dtype, head_dim, gqa, hopper=SM90_DEFAULT)
-    if kernel == "sm90" and not serves:
-        raise ValueError("kernel='sm90' serves bf16, head_dim 128 without GQA only")
+    if kernel == "sm90" and not Sm90BwdConfig.supports(dtype, head_dim, gqa):
+        raise ValueError("kernel='sm90' supports bf16 with head_dim 128 only")
     if kernel not in ("sm90", "mma"):
         raise ValueError(f"kernel must be 'auto', 'sm90' or 'mma', got {kernel!r}")
     return kernel
@@ -88,8 +87,7 @@ def backward_kernel(q: torch.Tensor, k: torch.Tensor, kernel: str = "auto") -> s
 def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, kernel: str = "auto") -> Problem:
     """The schedule problem the backward kernel runs: its tile sizes come from the kernel."""
     batch, seqlen_q, heads_q, head_dim = q.shape
-    blocks = KernelConfig(*backward_blocks(_DTYPES[q.dtype], head_dim, k.shape[2] != heads_q,
-                                           hopper=backward_kernel(q, k, kernel) == "sm90"))
+    blocks = KernelConfig(*blocks_of(backward_kernel(q, k, kernel)))
     return Problem(batch=batch, heads_q=heads_q, heads_kv=k.shape[2], seqlen_q=seqlen_q,
                    seqlen_k=k.shape[1], head_dim=head_dim,
                    mask=Mask.causal() if causal else Mask.full(),
@@ -143,9 +141,8 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     plan, tasks, offsets = _plan_tensors(problem, schedule, num_workers, q.device)
-    cfg = backward_config(_DTYPES[q.dtype], head_dim, bool(causal), gqa=problem.gqa,
-                          deterministic=bool(deterministic), trace=bool(trace),
-                          hopper=kernel == "sm90")
+    cfg = config_of(kernel, _DTYPES[q.dtype], head_dim, bool(causal), gqa=problem.gqa,
+                    deterministic=bool(deterministic), trace=bool(trace))
     if isinstance(cfg, Sm90BwdConfig):
         cfg = dataclasses.replace(cfg, producer_registers=SM90_REGISTERS[0],
                                   mma_registers=SM90_REGISTERS[1])

@@ -90,14 +90,18 @@ def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repe
 
 
 def cases(quick, kernel):
-    if kernel == "sm90":  # what the Hopper kernel serves: bf16, head_dim 128, no GQA
+    if kernel == "sm90":  # what the Hopper kernel supports: bf16, head_dim 128
         return [(1, 128, 128, 1, 1, 128, False, torch.bfloat16, "fa3", 1),
                 (1, 200, 200, 2, 2, 128, True, torch.bfloat16, "spt", 3),
                 (2, 1000, 1000, 4, 4, 128, False, torch.bfloat16, "shift", 132),
                 (2, 777, 777, 4, 4, 128, True, torch.bfloat16, "symmetric_shift", 132),
                 (1, 100, 300, 8, 8, 128, True, torch.bfloat16, "descending", 5),
                 (1, 300, 100, 16, 16, 128, True, torch.bfloat16, "fa3", 132),
-                (2, 1024, 1024, 8, 8, 128, True, torch.bfloat16, "fa3", 132)]
+                (2, 1024, 1024, 8, 8, 128, True, torch.bfloat16, "fa3", 132),
+                # GQA / MQA: dK/dV summed over the query heads of a group in dkv_rank order.
+                (2, 777, 777, 8, 2, 128, True, torch.bfloat16, "symmetric_shift", 132),
+                (1, 1000, 1000, 16, 1, 128, False, torch.bfloat16, "shift", 132),
+                (2, 300, 257, 8, 2, 128, False, torch.bfloat16, "fa3", 7)]
     return _cases(quick)
 
 

@@ -115,8 +115,9 @@ def test_config_rejects_unsupported_values(config, kwargs, argument):
 
 
 # The Hopper-native backward: bf16, head_dim 128, no GQA.
-SM90_CONFIGS = [dict(causal=c, deterministic=d, trace=t)
+SM90_CONFIGS = [dict(causal=c, deterministic=d, trace=t, gqa=False)
                 for c in (False, True) for d in (True, False) for t in (False, True) if d or not t]
+SM90_CONFIGS += [dict(causal=c, deterministic=True, trace=False, gqa=True) for c in (False, True)]
 
 
 @pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(f"{k}{int(v)}" for k, v in o.items()))
@@ -134,7 +135,8 @@ def test_sm90_backward_compiles_within_register_budget(options, tmp_path, monkey
     assert not main.has_warning(WGMMA_WAIT_INJECTED)
     # Known: the MMA warpgroups spill 4-10 words at head_dim 128 (docs/perf-notes.md); fail if
     # that grows, so a change that adds register pressure is seen here first.
-    assert main.spill_bytes <= 64
+    # The GQA variant keeps dK/dV live through the ordered adds: 56-72 bytes today.
+    assert main.spill_bytes <= (96 if options["gqa"] else 64)
     for suffix in ("_preprocess", "_convert"):
         assert cubin.resources[cfg.kernel_name + suffix].spill_bytes == 0
 

@@ -25,8 +25,8 @@ namespace dashgen {
 // Named barriers: kMma joins both MMA warpgroups; kStats0 + wg one MMA warpgroup.
 enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
 
-template <int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, int kProducerRegs,
-          int kMmaRegs>
+template <int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
+          int kProducerRegs, int kMmaRegs>
 struct AttnBwdSm90 {
   using T = __nv_bfloat16;
   static constexpr int kBlockM = 64;
@@ -63,7 +63,7 @@ struct AttnBwdSm90 {
   };
 
   struct Task {
-    int b, h, n, m, dq_rank;
+    int b, h, n, m, dq_rank, dkv_rank;
     bool seg_start, seg_end;
   };
   static_assert(sizeof(Task) <= 32, "one 32-byte task slot per stage");
@@ -74,6 +74,7 @@ struct AttnBwdSm90 {
     const volatile Task* v = slot;
     Task t;
     t.b = v->b; t.h = v->h; t.n = v->n; t.m = v->m; t.dq_rank = v->dq_rank;
+    t.dkv_rank = v->dkv_rank;
     t.seg_start = v->seg_start; t.seg_end = v->seg_end;
     return t;
   }
@@ -86,6 +87,7 @@ struct AttnBwdSm90 {
     t.n = e.n_m >> 16;
     t.m = e.n_m & 0xffff;
     t.dq_rank = e.dq_rank;
+    t.dkv_rank = e.dkv_rank;
     t.seg_start = i == begin || p.tasks[i - 1].batch_head != e.batch_head ||
                   (p.tasks[i - 1].n_m >> 16) != t.n;
     t.seg_end = i + 1 == end || p.tasks[i + 1].batch_head != e.batch_head ||
@@ -196,6 +198,34 @@ struct AttnBwdSm90 {
   __device__ static u64 desc_k_major(const char* tile, int rows, int row0, int k) {
     const char* block = tile + (k / 4) * rows * 128 + row0 * 128;
     return wgmma_desc_advance(wgmma_desc_k_major_sw128(block), (k % 4) * 32);
+  }
+
+  // GQA: the query heads of a group add their dK/dV into one fp32 tile, in dkv_rank order. One
+  // thread waits for this segment's turn; both MMA warpgroups add their 64 rows with plain
+  // atomic adds (exclusive while the turn is ours, so the order of the sum is the rank order);
+  // after a fence the same thread passes the turn on.
+  __device__ static void add_dkv_in_rank_order(const BwdParams& p, const Task& t,
+                                               const float (&dk)[kHeadDim / 2],
+                                               const float (&dv)[kHeadDim / 2], int wg, int tid) {
+    const int warp = (tid % 128) / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+    const int hk = t.h / (p.heads_q / p.heads_kv);
+    u32* counter = p.dkv_counters + (t.b * p.heads_kv + hk) * p.num_n_blocks + t.n;
+    if (kDeterministic && tid == 0) wait_counter_equals(counter, static_cast<u32>(t.dkv_rank));
+    named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+    // Padded rows (keys past seqlen_k) carry zeros into the padded accumulator rows.
+    const i64 tile = (static_cast<i64>(t.b * p.heads_kv + hk) * p.num_n_blocks + t.n) * kBlockN;
+    float* dk_acc = p.dk_accum + (tile + 64 * wg) * kHeadDim;
+    float* dv_acc = p.dv_accum + (tile + 64 * wg) * kHeadDim;
+#pragma unroll
+    for (int ii = 0; ii < kHeadDim / 2; ++ii) {
+      const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
+      const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
+      atomicAdd(dk_acc + row * kHeadDim + col, dk[ii]);
+      atomicAdd(dv_acc + row * kHeadDim + col, dv[ii]);
+    }
+    __threadfence();
+    named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+    if (kDeterministic && tid == 0) atomic_fetch_add_relaxed_gpu(counter, 1u);
   }
 
   __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
@@ -338,19 +368,23 @@ struct AttnBwdSm90 {
       mbarrier_arrive(&bars->dq_full[s]);
 
       if (t.seg_end) {
-        // dK (scaled through dS) and dV of this warpgroup's 64 KV rows, straight to global.
-        const int hk = t.h / group;
-        T* dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
-        T* dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+        if constexpr (kGqa) {
+          add_dkv_in_rank_order(p, t, dk, dv, wg, tid);
+        } else {
+          // dK (scaled through dS) and dV of this warpgroup's 64 KV rows, straight to global.
+          const int hk = t.h / group;
+          T* dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+          T* dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
 #pragma unroll
-        for (int ii = 0; ii < kHeadDim / 2; ii += 2) {
-          const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
-          const int key = t.n * kBlockN + 64 * wg + row;
-          const int col = 8 * (ii / 4) + 2 * t4;
-          if (key < p.seqlen_k) {
-            const i64 off = static_cast<i64>(key) * p.k_row_stride + col;
-            *reinterpret_cast<u32*>(dk_out + off) = Element<T>::pack(dk[ii], dk[ii + 1]);
-            *reinterpret_cast<u32*>(dv_out + off) = Element<T>::pack(dv[ii], dv[ii + 1]);
+          for (int ii = 0; ii < kHeadDim / 2; ii += 2) {
+            const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
+            const int key = t.n * kBlockN + 64 * wg + row;
+            const int col = 8 * (ii / 4) + 2 * t4;
+            if (key < p.seqlen_k) {
+              const i64 off = static_cast<i64>(key) * p.k_row_stride + col;
+              *reinterpret_cast<u32*>(dk_out + off) = Element<T>::pack(dk[ii], dk[ii + 1]);
+              *reinterpret_cast<u32*>(dv_out + off) = Element<T>::pack(dv[ii], dv[ii + 1]);
+            }
           }
         }
         if (tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
