@@ -81,7 +81,7 @@ class BwdConfig(_Element16Config):
 
 @dataclass(frozen=True)
 class Sm90BwdConfig(_Element16Config):
-    """The Hopper-native backward (TMA, wgmma, warp specialization): bf16, head_dim 128."""
+    """The Hopper-native backward (TMA, wgmma, warp specialization): bf16, head_dim 64 or 128."""
 
     prefix = "dashgen_attn_bwd_sm90"
     dtype: str
@@ -99,13 +99,14 @@ class Sm90BwdConfig(_Element16Config):
     @staticmethod
     def supports(dtype: str, head_dim: int, gqa: bool) -> bool:
         """What the template instantiates (kernel='sm90' may ask for it)."""
-        return dtype == "bf16" and head_dim == 128
+        return dtype == "bf16" and head_dim in (64, 128)
 
     @staticmethod
     def serves(dtype: str, head_dim: int, gqa: bool) -> bool:
-        """What kernel='auto' picks it for: the cases checked on an H200. The GQA variant (ordered
-        dK/dV adds) compiles but has not run on a GPU yet."""
-        return Sm90BwdConfig.supports(dtype, head_dim, gqa) and not gqa
+        """What kernel='auto' picks it for: the cases checked on an H200 (head_dim 128 without
+        GQA). The GQA variant (ordered dK/dV adds) and head_dim 64 (dQ split by KV rows) compile
+        but have not run on a GPU yet."""
+        return Sm90BwdConfig.supports(dtype, head_dim, gqa) and head_dim == 128 and not gqa
 
     @property
     def smem_bytes(self) -> int:

@@ -90,7 +90,7 @@ def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repe
 
 
 def cases(quick, kernel):
-    if kernel == "sm90":  # what the Hopper kernel supports: bf16, head_dim 128
+    if kernel == "sm90":  # what the Hopper kernel supports: bf16, head_dim 64 and 128
         return [(1, 128, 128, 1, 1, 128, False, torch.bfloat16, "fa3", 1),
                 (1, 200, 200, 2, 2, 128, True, torch.bfloat16, "spt", 3),
                 (2, 1000, 1000, 4, 4, 128, False, torch.bfloat16, "shift", 132),
@@ -101,7 +101,11 @@ def cases(quick, kernel):
                 # GQA / MQA: dK/dV summed over the query heads of a group in dkv_rank order.
                 (2, 777, 777, 8, 2, 128, True, torch.bfloat16, "symmetric_shift", 132),
                 (1, 1000, 1000, 16, 1, 128, False, torch.bfloat16, "shift", 132),
-                (2, 300, 257, 8, 2, 128, False, torch.bfloat16, "fa3", 7)]
+                (2, 300, 257, 8, 2, 128, False, torch.bfloat16, "fa3", 7),
+                # head_dim 64: dQ split by KV rows, partial sums added in shared memory.
+                (1, 128, 128, 1, 1, 64, False, torch.bfloat16, "fa3", 1),
+                (2, 1000, 1000, 4, 4, 64, True, torch.bfloat16, "symmetric_shift", 132),
+                (2, 777, 300, 8, 2, 64, False, torch.bfloat16, "shift", 132)]
     return _cases(quick)
 
 

@@ -35,7 +35,11 @@ struct AttnBwdSm90 {
   static constexpr int kMmaThreads = 256;
   static constexpr int kStages = 2;
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
-  static_assert(kHeadDim == 128, "head_dim 128: each MMA warpgroup computes 64 columns of dQ");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  // dQ = dS K is split between the MMA warpgroups by its 64 columns at head_dim 128; at 64 (one
+  // 128-byte swizzle block, too narrow to split) by the KV rows, and the two partial sums are
+  // added in shared memory in a fixed order.
+  static constexpr bool kDqSplitsColumns = kHeadDim == 128;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one Q or dO tile
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
@@ -200,6 +204,39 @@ struct AttnBwdSm90 {
     return wgmma_desc_advance(wgmma_desc_k_major_sw128(block), (k % 4) * 32);
   }
 
+  // dV += P^T dO / dK += dS^T Q: one k16 step, N = head_dim, B MN-major.
+  __device__ static void rs_mma(float (&acc)[kHeadDim / 2], const u32 (&a)[4], u64 desc_b) {
+    if constexpr (kHeadDim == 128) {
+      wgmma_m64n128k16_f32_bf16_rs<1>(acc, a, desc_b, true);
+    } else {
+      wgmma_m64n64k16_f32_bf16_rs<1>(acc, a, desc_b, true);
+    }
+  }
+
+  // A 64x64 dQ accumulator fragment into the row-major fp32 buffer at column col0.
+  __device__ static void store_dq(float* buf, const float (&dq)[32], int col0, int warp, int g,
+                                  int t4) {
+#pragma unroll
+    for (int ii = 0; ii < 32; ii += 2) {
+      const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
+      const int col = col0 + 8 * (ii / 4) + 2 * t4;
+      *reinterpret_cast<float2*>(buf + row * kHeadDim + col) = make_float2(dq[ii], dq[ii + 1]);
+    }
+  }
+
+  // buf += dq for the same fragment positions store_dq wrote (the other warpgroup's thread with
+  // the same index wrote exactly these elements).
+  __device__ static void add_dq(float* buf, const float (&dq)[32], int warp, int g, int t4) {
+#pragma unroll
+    for (int ii = 0; ii < 32; ii += 2) {
+      const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
+      const int col = 8 * (ii / 4) + 2 * t4;
+      float2* cell = reinterpret_cast<float2*>(buf + row * kHeadDim + col);
+      const float2 v = *cell;
+      *cell = make_float2(v.x + dq[ii], v.y + dq[ii + 1]);
+    }
+  }
+
   // GQA: the query heads of a group add their dK/dV into one fp32 tile, in dkv_rank order. One
   // thread waits for this segment's turn; both MMA warpgroups add their 64 rows with plain
   // atomic adds (exclusive while the turn is ours, so the order of the sum is the rank order);
@@ -329,26 +366,30 @@ struct AttnBwdSm90 {
       for (int kk = 0; kk < 4; ++kk) {
         const u64 b_do = wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
                                                    kBlockM * 128);
-        wgmma_m64n128k16_f32_bf16_rs<1>(dv, pa[kk], b_do, true);
+        rs_mma(dv, pa[kk], b_do);
       }
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         const u64 b_q = wgmma_desc_mn_major_sw128(q_tile + kk * kSw128MnMajorKStepBytes,
                                                   kBlockM * 128);
-        wgmma_m64n128k16_f32_bf16_rs<1>(dk, dsa[kk], b_q, true);
+        rs_mma(dk, dsa[kk], b_q);
       }
       // The P^T / dS^T fragments stay live until these wgmmas finish; retire them before dQ's
       // accumulator is allocated (overlapping both spills registers at head_dim 128).
       wgmma_commit_group();
       wgmma_wait_group<0>();
-      // dQ[:, 64 wg .. 64 wg + 63] = dS K[:, same columns]: A = dS K-major, B = K MN-major.
+      // dQ = dS K, A = dS K-major, B = K MN-major; this warpgroup's share (kDqSplitsColumns).
       float dq[32];
+      constexpr int kDqSteps = kDqSplitsColumns ? kBlockN / 16 : kBlockN / 32;
+      const int k0 = kDqSplitsColumns ? 0 : wg * kDqSteps;
+      const char* k_block = smem + kOffK + (kDqSplitsColumns ? wg * kBlockN * 128 : 0);
 #pragma unroll
-      for (int k = 0; k < kBlockN / 16; ++k) {
+      for (int j = 0; j < kDqSteps; ++j) {
+        const int k = k0 + j;
         const u64 a_ds = desc_k_major(smem + kOffDs, kBlockM, 0, k);
-        const u64 b_k = wgmma_desc_mn_major_sw128(
-            smem + kOffK + wg * kBlockN * 128 + k * kSw128MnMajorKStepBytes, kBlockN * 128);
-        wgmma_m64n64k16_f32_bf16_ss_trans<0, 1>(dq, a_ds, b_k, k > 0);
+        const u64 b_k = wgmma_desc_mn_major_sw128(k_block + k * kSw128MnMajorKStepBytes,
+                                                  kBlockN * 128);
+        wgmma_m64n64k16_f32_bf16_ss_trans<0, 1>(dq, a_ds, b_k, j > 0);
       }
       wgmma_commit_group();
       wgmma_wait_group<0>();
@@ -356,13 +397,16 @@ struct AttnBwdSm90 {
       if (tid % 128 == 0) mbarrier_arrive(&bars->q_empty[s]);
 
       // Hand the dQ partial to the writer through buffer s.
-      mbarrier_wait_parity(&bars->dq_empty[s], (use & 1) ^ 1);
       float* dq_buf = reinterpret_cast<float*>(smem + kOffDq + s * kDqBytes);
-#pragma unroll
-      for (int ii = 0; ii < 32; ii += 2) {
-        const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
-        const int col = 64 * wg + 8 * (ii / 4) + 2 * t4;
-        *reinterpret_cast<float2*>(dq_buf + row * kHeadDim + col) = make_float2(dq[ii], dq[ii + 1]);
+      if (kDqSplitsColumns || wg == 0) mbarrier_wait_parity(&bars->dq_empty[s], (use & 1) ^ 1);
+      if (!kDqSplitsColumns) {
+        // Warpgroup 0 stores its partial, then warpgroup 1 adds its own onto it: P0 + P1 in
+        // that order for every element, whatever the timing.
+        if (wg == 0) store_dq(dq_buf, dq, 0, warp, g, t4);
+        named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+        if (wg == 1) add_dq(dq_buf, dq, warp, g, t4);
+      } else {
+        store_dq(dq_buf, dq, 64 * wg, warp, g, t4);
       }
       fence_proxy_async_shared();
       mbarrier_arrive(&bars->dq_full[s]);
