@@ -122,6 +122,40 @@ class Sm90BwdConfig(_Element16Config):
         return ctypes.sizeof(BwdParams)
 
 
+@dataclass(frozen=True)
+class Sm90FwdConfig(_Element16Config):
+    """The Hopper-native forward (TMA, wgmma): bf16, head_dim 64 or 128, 128 query rows a CTA."""
+
+    prefix = "dashgen_attn_fwd_sm90"
+    dtype: str
+    head_dim: int
+    causal: bool
+    block_m: int = 128
+    block_n: int = 128
+
+    @staticmethod
+    def supports(dtype: str, head_dim: int) -> bool:
+        return dtype == "bf16" and head_dim in (64, 128)
+
+    @staticmethod
+    def serves(dtype: str, head_dim: int) -> bool:
+        """kernel='auto' picks it only once it has run on an H200; it has not yet."""
+        return False
+
+    @property
+    def smem_bytes(self) -> int:
+        d, bm, bn, stages = self.head_dim, self.block_m, self.block_n, 2
+        return bm * d * 2 + 2 * stages * bn * d * 2 + (1 + 2 * stages) * 8 + 1024
+
+    @property
+    def params_bytes(self) -> int:
+        return ctypes.sizeof(FwdParams)
+
+
+def render_fwd_sm90(cfg: Sm90FwdConfig) -> KernelSource:
+    return render("attn_fwd_sm90.cu.j2", cfg)
+
+
 def render_bwd_sm90(cfg: Sm90BwdConfig) -> KernelSource:
     return render("attn_bwd_sm90.cu.j2", cfg)
 

@@ -16,9 +16,9 @@ import torch
 from . import launch
 from .cache import get_or_compile
 from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdConfig, BwdParams,
-                      ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig,
+                      ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig, Sm90FwdConfig,
                       backward_blocks, backward_kind, blocks_of, config_of, render_bwd,
-                      render_bwd_sm90, render_fwd)
+                      render_bwd_sm90, render_fwd, render_fwd_sm90)
 from .lower import lower
 from .problem import Mask, Problem
 from .schedules import build_schedule
@@ -50,7 +50,8 @@ class KernelConfig:
 
 @lru_cache(maxsize=None)
 def _load(source_name: str, cfg, device: int) -> dict[str, launch.Kernel]:
-    render = {BwdConfig: render_bwd, Sm90BwdConfig: render_bwd_sm90, FwdConfig: render_fwd}
+    render = {BwdConfig: render_bwd, Sm90BwdConfig: render_bwd_sm90, FwdConfig: render_fwd,
+              Sm90FwdConfig: render_fwd_sm90}
     source = render[type(cfg)](cfg)
     cubin, hit = get_or_compile(source)
     if not hit:
@@ -59,7 +60,8 @@ def _load(source_name: str, cfg, device: int) -> dict[str, launch.Kernel]:
         print(f"dashgen: compiled {source.name} in {cubin.compile_seconds:.2f} s{regs}",
               file=sys.stderr)
     kernels = {}
-    for suffix in ("",) if isinstance(cfg, FwdConfig) else ("", "_preprocess", "_convert"):
+    forward = isinstance(cfg, (FwdConfig, Sm90FwdConfig))
+    for suffix in ("",) if forward else ("", "_preprocess", "_convert"):
         kernel = launch.load_kernel(cubin.data, source.name + suffix)
         if suffix == "":
             kernel.set_max_dynamic_shared_bytes(cfg.smem_bytes)
@@ -120,17 +122,36 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def forward(q, k, v, *, causal: bool, softmax_scale: float):
+def forward_kernel(q: torch.Tensor, kernel: str = "auto") -> str:
+    """'sm90' (TMA + wgmma) or 'mma'; 'auto' takes the Hopper forward only where it has run on
+    an H200 (Sm90FwdConfig.serves)."""
+    dtype, head_dim = _DTYPES[q.dtype], q.shape[3]
+    if kernel == "auto":
+        return "sm90" if Sm90FwdConfig.serves(dtype, head_dim) else "mma"
+    if kernel == "sm90" and not Sm90FwdConfig.supports(dtype, head_dim):
+        raise ValueError("kernel='sm90' supports bf16 with head_dim 64 or 128 only")
+    if kernel not in ("sm90", "mma"):
+        raise ValueError(f"kernel must be 'auto', 'sm90' or 'mma', got {kernel!r}")
+    return kernel
+
+
+def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"):
     batch, seqlen_q, heads_q, head_dim = q.shape
-    cfg = FwdConfig(_DTYPES[q.dtype], head_dim, bool(causal))
-    kernel = _kernels(cfg, q.device)[""]
     o = torch.empty_like(q)
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
     params = FwdParams(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                        batch, heads_q, k.shape[2], seqlen_q, k.shape[1],
                        q.stride(1), k.stride(1), o.stride(1), float(softmax_scale))
-    grid = (-(-seqlen_q // BLOCK_M), heads_q, batch)
-    launch.launch(kernel, grid, 128, cfg.smem_bytes, _stream(q.device), [params])
+    if forward_kernel(q, kernel) == "sm90":
+        cfg = Sm90FwdConfig(_DTYPES[q.dtype], head_dim, bool(causal))
+        # Each MMA warpgroup loads its 64 query rows; K/V come in tiles of block_n keys.
+        maps = [_tensor_map(q, 64), _tensor_map(k, cfg.block_n), _tensor_map(v, cfg.block_n)]
+        launch.launch(_kernels(cfg, q.device)[""], (-(-seqlen_q // cfg.block_m), heads_q, batch),
+                      384, cfg.smem_bytes, _stream(q.device), maps + [params])
+    else:
+        cfg = FwdConfig(_DTYPES[q.dtype], head_dim, bool(causal))
+        launch.launch(_kernels(cfg, q.device)[""], (-(-seqlen_q // BLOCK_M), heads_q, batch), 128,
+                      cfg.smem_bytes, _stream(q.device), [params])
     return o, lse
 
 

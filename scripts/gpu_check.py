@@ -47,7 +47,8 @@ def within(x, own, ref):
     return bool((x.double() - ref).norm() <= 2 * (own.double() - ref).norm() + floor)
 
 
-def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repeats, kernel):
+def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repeats, kernel,
+               fwd_kernel="auto"):
     dev = "cuda"
     torch.manual_seed(hash((batch, sq, sk, hq, hkv, d, causal, schedule, workers)) % 2**31)
     q = torch.randn(batch, sq, hq, d, device=dev, dtype=dtype)
@@ -55,7 +56,7 @@ def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repe
     v = torch.randn(batch, sk, hkv, d, device=dev, dtype=dtype)
     do = torch.randn(batch, sq, hq, d, device=dev, dtype=dtype)
     scale = 1.0 / math.sqrt(d)
-    o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
+    o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale, kernel=fwd_kernel)
     dq, dk, dv, trace = runtime.backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
                                          deterministic=True, schedule=schedule,
                                          num_workers=workers, trace=True, kernel=kernel)
@@ -83,8 +84,11 @@ def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repe
                           deterministic=False, schedule=schedule, num_workers=workers,
                           kernel=kernel)
     nd_ok = all(within(x, y, r) for x, y, r in zip(nd, own[1:], ref[1:]))
-    return dict(kernel=runtime.backward_kernel(q, k, kernel), case=f"b{batch} sq{sq} sk{sk} h{hq}/{hkv} d{d} {'causal' if causal else 'full'} "
-                     f"{str(dtype)[6:]} {schedule} W{workers}",
+    mask = "causal" if causal else "full"
+    return dict(kernel=runtime.backward_kernel(q, k, kernel),
+                fwd_kernel=runtime.forward_kernel(q, fwd_kernel),
+                case=f"b{batch} sq{sq} sk{sk} h{hq}/{hkv} d{d} {mask} {str(dtype)[6:]} {schedule} "
+                     f"W{workers}",
                 errs=errs, torch_errs=torch_errs, ok=ok, trace_ok=trace_ok, bitwise=bitwise,
                 nondet_ok=nd_ok)
 
@@ -135,13 +139,17 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"])
+    parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"],
+                        help="backward kernel")
+    parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"],
+                        help="forward kernel")
     args = parser.parse_args()
     rows = []
     for case in cases(args.quick, args.kernel):
         t0 = time.time()
         try:
-            row = check_case(*case, repeats=args.repeats, kernel=args.kernel)
+            row = check_case(*case, repeats=args.repeats, kernel=args.kernel,
+                             fwd_kernel=args.fwd_kernel)
         except Exception as exc:  # keep going: one broken case must not hide the others
             row = dict(case=str(case), error=f"{type(exc).__name__}: {exc}")
         row["seconds"] = round(time.time() - t0, 2)

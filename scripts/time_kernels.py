@@ -20,6 +20,7 @@ def main():
     parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--schedules", nargs="+", default=["fa3"])
     parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"])
+    parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"])
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{'config':<32} {'schedule':<16} {'fwd TF/s':>9} {'bwd det':>9} {'bwd nondet':>10}")
@@ -31,8 +32,10 @@ def main():
                                for _ in range(4))
                 scale = 1 / math.sqrt(d)
                 flops = 4 * batch * heads * s * s * d / (2 if causal else 1)
-                o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
-                fwd = median_ms(lambda: runtime.forward(q, k, v, causal=causal, softmax_scale=scale),
+                o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale,
+                                         kernel=args.fwd_kernel)
+                fwd = median_ms(lambda: runtime.forward(q, k, v, causal=causal, softmax_scale=scale,
+                                                         kernel=args.fwd_kernel),
                                 3, 10)
                 for name in args.schedules:
                     if name == "shift" and causal or name == "symmetric_shift" and not causal:

@@ -164,3 +164,14 @@ def test_backward_config_is_the_serving_kernel(dtype, head_dim, gqa, hopper):
     else:
         assert cfg == BwdConfig(dtype, head_dim, True, deterministic=False, gqa=gqa, trace=True)
     assert (cfg.block_m, cfg.block_n) == blocks
+
+
+@pytest.mark.parametrize("head_dim,causal", [(64, False), (64, True), (128, False), (128, True)])
+def test_sm90_forward_compiles_without_spills(head_dim, causal, tmp_path, monkeypatch):
+    from dashgen.kernels import Sm90FwdConfig, render_fwd_sm90
+
+    monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
+    cfg = Sm90FwdConfig("bf16", head_dim, causal)
+    main = compile_kernel(render_fwd_sm90(cfg)).resources[cfg.kernel_name]
+    assert main.registers == 168 and main.spill_bytes == 0
+    assert not main.warnings, main.warnings

@@ -1,0 +1,207 @@
+// dashgen/attn/fwd_sm90.cuh: the Hopper-native attention forward, O and the logsumexp.
+// One CTA per 128 query rows of one head: warpgroup 0's first thread streams K/V tiles with TMA
+// through 2 stages; warpgroups 1 and 2 each own 64 query rows: S = Q K^T with wgmma (K-major
+// operands), online softmax in registers, O += P V with P as the register A operand and V read
+// MN-major. Deterministic by construction: no cross-CTA reduction.
+#pragma once
+#include "dashgen/attn/element.cuh"
+#include "dashgen/attn/params.cuh"
+#include "dashgen/ptx/mbarrier.cuh"
+#include "dashgen/ptx/regs.cuh"
+#include "dashgen/ptx/tma.cuh"
+#include "dashgen/ptx/wgmma.cuh"
+
+namespace dashgen {
+
+template <int kHeadDim, bool kCausal>
+struct AttnFwdSm90 {
+  using T = __nv_bfloat16;
+  static constexpr int kBlockM = 128;  // query rows per CTA: 64 per MMA warpgroup
+  static constexpr int kBlockN = 128;  // keys per K/V tile
+  static constexpr int kThreads = 384;
+  static constexpr int kStages = 2;
+  static constexpr int kColBlocks = kHeadDim / 64;
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+
+  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kOffQ = 0;
+  static constexpr int kOffK = kOffQ + kQBytes;
+  static constexpr int kOffV = kOffK + kStages * kKBytes;
+  static constexpr int kOffBar = kOffV + kStages * kKBytes;
+  static constexpr int kNumBars = 1 + 2 * kStages;
+  static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
+
+  struct Bars {
+    u64 q_full;
+    u64 kv_full[kStages], kv_empty[kStages];
+  };
+
+  // Keys past the last one any row of this CTA sees are skipped (causal: bottom-right aligned).
+  __device__ static int num_kv_tiles(const FwdParams& p, int m) {
+    int key_end = p.seqlen_k;
+    if (kCausal) key_end = min(key_end, max(0, (m + 1) * kBlockM + p.seqlen_k - p.seqlen_q));
+    return (key_end + kBlockN - 1) / kBlockN;
+  }
+
+  __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k, const TensorMap* tm_v,
+                             const FwdParams& p, char* smem_raw) {
+    char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+    Bars* bars = reinterpret_cast<Bars*>(smem + kOffBar);
+    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int n_tiles = num_kv_tiles(p, m);
+    if (threadIdx.x == 0) {
+      mbarrier_init(&bars->q_full, 1);
+      for (int s = 0; s < kStages; ++s) {
+        mbarrier_init(&bars->kv_full[s], 1);
+        mbarrier_init(&bars->kv_empty[s], 2);
+      }
+      fence_barrier_init();
+    }
+    __syncthreads();
+
+    if (threadIdx.x / 128 == 0) {
+      setmaxnreg_dec<24>();
+      if (threadIdx.x == 0) {
+        const int hk = h / (p.heads_q / p.heads_kv);
+        // Tensor-map coordinates run innermost first: (column, head, row, batch).
+        mbarrier_arrive_expect_tx(&bars->q_full, kQBytes);
+        for (int half = 0; half < 2; ++half) {
+          for (int cb = 0; cb < kColBlocks; ++cb) {
+            tma_load_4d(smem + kOffQ + half * (kQBytes / 2) + cb * 64 * 128, tm_q, &bars->q_full,
+                        cb * 64, h, m * kBlockM + 64 * half, b);
+          }
+        }
+        for (int n = 0; n < n_tiles; ++n) {
+          const int s = n % kStages, use = n / kStages;
+          mbarrier_wait_parity(&bars->kv_empty[s], (use & 1) ^ 1);
+          mbarrier_arrive_expect_tx(&bars->kv_full[s], 2 * kKBytes);
+          for (int cb = 0; cb < kColBlocks; ++cb) {
+            tma_load_4d(smem + kOffK + s * kKBytes + cb * kBlockN * 128, tm_k, &bars->kv_full[s],
+                        cb * 64, hk, n * kBlockN, b);
+            tma_load_4d(smem + kOffV + s * kKBytes + cb * kBlockN * 128, tm_v, &bars->kv_full[s],
+                        cb * 64, hk, n * kBlockN, b);
+          }
+        }
+      }
+      return;
+    }
+    setmaxnreg_inc<240>();
+    consume(p, smem, bars, m, h, b, n_tiles, threadIdx.x / 128 - 1, threadIdx.x % 128);
+  }
+
+  // K-major operand tile of `rows` rows x kHeadDim: k16 step `k` of rows starting at `row0`.
+  __device__ static u64 desc_k_major(const char* tile, int rows, int row0, int k) {
+    const char* block = tile + (k / 4) * rows * 128 + row0 * 128;
+    return wgmma_desc_advance(wgmma_desc_k_major_sw128(block), (k % 4) * 32);
+  }
+
+  __device__ static void pv_mma(float (&o)[kHeadDim / 2], const u32 (&a)[4], u64 desc_b) {
+    if constexpr (kHeadDim == 128) {
+      wgmma_m64n128k16_f32_bf16_rs<1>(o, a, desc_b, true);
+    } else {
+      wgmma_m64n64k16_f32_bf16_rs<1>(o, a, desc_b, true);
+    }
+  }
+
+  __device__ static void consume(const FwdParams& p, char* smem, Bars* bars, int m, int h, int b,
+                                 int n_tiles, int wg, int tid) {
+    const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+    const float scale_log2 = p.softmax_scale * kLog2e;
+    const int causal_offset = p.seqlen_k - p.seqlen_q;
+    // This thread's two query rows (accumulator rows g and g + 8 of its warp).
+    const int row0 = m * kBlockM + 64 * wg + 16 * warp + g;
+    const char* q_tile = smem + kOffQ + wg * (kQBytes / 2);
+    float o[kHeadDim / 2];
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 2; ++j) o[j] = 0.f;
+    float row_max[2] = {-DASHGEN_INF, -DASHGEN_INF}, row_sum[2] = {0.f, 0.f};
+
+    mbarrier_wait_parity(&bars->q_full, 0);
+    for (int n = 0; n < n_tiles; ++n) {
+      const int s = n % kStages, use = n / kStages;
+      mbarrier_wait_parity(&bars->kv_full[s], use & 1);
+      const char* k_tile = smem + kOffK + s * kKBytes;
+      const char* v_tile = smem + kOffV + s * kKBytes;
+
+      float sc[64];  // S: 64 query rows x 128 keys
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kHeadDim / 16; ++k) {
+        wgmma_m64n128k16_f32_bf16_ss(sc, desc_k_major(q_tile, 64, 0, k),
+                                     desc_k_major(k_tile, kBlockN, 0, k), k > 0);
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
+
+      float tile_max[2] = {-DASHGEN_INF, -DASHGEN_INF};
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int half = (i / 2) % 2;
+        const int key = n * kBlockN + 8 * (i / 4) + 2 * t4 + (i % 2);
+        const bool masked = key >= p.seqlen_k ||
+                            (kCausal && key > row0 + 8 * half + causal_offset);
+        sc[i] = masked ? -DASHGEN_INF : sc[i] * scale_log2;
+        tile_max[half] = fmaxf(tile_max[half], sc[i]);
+      }
+      float correction[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        // The 4 lanes of a quad hold one row between them.
+        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
+        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
+        const float new_max = fmaxf(row_max[half], tile_max[half]);
+        // A row with no key seen yet keeps max -inf; subtract 0 so exp2 gives 0, not NaN.
+        const float base = new_max == -DASHGEN_INF ? 0.f : new_max;
+        correction[half] = exp2f(row_max[half] - base);
+        row_max[half] = new_max;
+        row_sum[half] *= correction[half];
+      }
+      u32 pa[kBlockN / 16][4];
+#pragma unroll
+      for (int i = 0; i < 64; i += 2) {
+        const int half = (i / 2) % 2;
+        const float base = row_max[half] == -DASHGEN_INF ? 0.f : row_max[half];
+        const float p0 = exp2f(sc[i] - base), p1 = exp2f(sc[i + 1] - base);
+        row_sum[half] += p0 + p1;
+        pa[i / 8][(i % 8) / 2] = Element<T>::pack(p0, p1);
+      }
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= correction[(j / 2) % 2];
+
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        pv_mma(o, pa[kk], wgmma_desc_mn_major_sw128(v_tile + kk * kSw128MnMajorKStepBytes,
+                                                    kBlockN * 128));
+      }
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
+      if (tid == 0) mbarrier_arrive(&bars->kv_empty[s]);
+    }
+
+    T* out = static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDim;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
+      row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
+      const int row = row0 + 8 * half;
+      const float inv = row_sum[half] > 0.f ? 1.f / row_sum[half] : 0.f;
+      if (row < p.seqlen_q) {
+#pragma unroll
+        for (int i = 2 * half; i < kHeadDim / 2; i += 4) {
+          const int col = 8 * (i / 4) + 2 * t4;
+          *reinterpret_cast<u32*>(out + static_cast<i64>(row) * p.o_row_stride + col) =
+              Element<T>::pack(o[i] * inv, o[i + 1] * inv);
+        }
+        if (t4 == 0) {
+          // Natural-log units of the scaled scores; -inf for a row that sees no key.
+          p.lse[(static_cast<i64>(b) * p.heads_q + h) * p.seqlen_q + row] =
+              row_sum[half] > 0.f ? (row_max[half] + log2f(row_sum[half])) / kLog2e : -DASHGEN_INF;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace dashgen
