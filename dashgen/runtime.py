@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from functools import lru_cache
 
 import torch

@@ -47,7 +47,7 @@ def main():
                 a, b = x0[rb:rb + 64, cb:cb + 64], r0[rb:rb + 64, cb:cb + 64]
                 row.append(f"{((a - b).norm() / b.norm().clamp_min(1e-9)).item():.2e}")
             cells.append(" ".join(row))
-        print(f"  per 64x64 block: " + " | ".join(cells))
+        print("  per 64x64 block: " + " | ".join(cells))
         print(f"  ratio x/ref (median over elements): {(x0 / r0).median().item():.4f}")
 
 
