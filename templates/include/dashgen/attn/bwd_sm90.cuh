@@ -18,6 +18,7 @@
 #include "dashgen/ptx/regs.cuh"
 #include "dashgen/ptx/tma.cuh"
 #include "dashgen/ptx/wgmma.cuh"
+#include "dashgen/attn/tiles_sm90.cuh"
 #include "dashgen/swizzle.cuh"
 
 namespace dashgen {
@@ -198,11 +199,6 @@ struct AttnBwdSm90 {
   }
 
   // ---- MMA warpgroups ------------------------------------------------------------------------
-  // K-major operand tile of `rows` rows x kHeadDim: k16 step `k` of rows starting at `row0`.
-  __device__ static u64 desc_k_major(const char* tile, int rows, int row0, int k) {
-    const char* block = tile + (k / 4) * rows * 128 + row0 * 128;
-    return wgmma_desc_advance(wgmma_desc_k_major_sw128(block), (k % 4) * 32);
-  }
 
   // dV += P^T dO / dK += dS^T Q: one k16 step, N = head_dim, B MN-major.
   __device__ static void rs_mma(float (&acc)[kHeadDim / 2], const u32 (&a)[4], u64 desc_b) {
@@ -293,13 +289,13 @@ struct AttnBwdSm90 {
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_m64n64k16_f32_bf16_ss(st, desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
-                                    desc_k_major(q_tile, kBlockM, 0, k), k > 0);
+        wgmma_m64n64k16_f32_bf16_ss(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
+                                    tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
       }
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_m64n64k16_f32_bf16_ss(dpt, desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
-                                    desc_k_major(do_tile, kBlockM, 0, k), k > 0);
+        wgmma_m64n64k16_f32_bf16_ss(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
+                                    tile_desc_k_major(do_tile, kBlockM, 0, k), k > 0);
       }
       wgmma_commit_group();
 
@@ -386,7 +382,7 @@ struct AttnBwdSm90 {
 #pragma unroll
       for (int j = 0; j < kDqSteps; ++j) {
         const int k = k0 + j;
-        const u64 a_ds = desc_k_major(smem + kOffDs, kBlockM, 0, k);
+        const u64 a_ds = tile_desc_k_major(smem + kOffDs, kBlockM, 0, k);
         const u64 b_k = wgmma_desc_mn_major_sw128(k_block + k * kSw128MnMajorKStepBytes,
                                                   kBlockN * 128);
         wgmma_m64n64k16_f32_bf16_ss_trans<0, 1>(dq, a_ds, b_k, j > 0);

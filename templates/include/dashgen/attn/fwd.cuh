@@ -4,6 +4,7 @@
 #pragma once
 #include "dashgen/attn/fragments.cuh"
 #include "dashgen/attn/params.cuh"
+#include "dashgen/attn/softmax.cuh"
 #include "dashgen/attn/tile_io.cuh"
 
 namespace dashgen {
@@ -67,23 +68,12 @@ struct AttnFwd {
         }
       }
       float correction[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        // The 4 lanes of a quad hold one row between them.
-        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
-        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
-        const float new_max = fmaxf(row_max[half], tile_max[half]);
-        // A row with no key seen yet keeps max -inf; subtract 0 instead so exp2 gives 0, not NaN.
-        const float base = new_max == -DASHGEN_INF ? 0.f : new_max;
-        correction[half] = exp2f(row_max[half] - base);
-        row_max[half] = new_max;
-        row_sum[half] *= correction[half];
-      }
+      online_softmax_rescale(tile_max, row_max, row_sum, correction);
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float base = row_max[e / 2] == -DASHGEN_INF ? 0.f : row_max[e / 2];
+          const float base = softmax_base(row_max[e / 2]);
           s[j][e] = exp2f(s[j][e] - base);
           row_sum[e / 2] += s[j][e];
         }

@@ -6,10 +6,12 @@
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/params.cuh"
+#include "dashgen/attn/softmax.cuh"
 #include "dashgen/ptx/mbarrier.cuh"
 #include "dashgen/ptx/regs.cuh"
 #include "dashgen/ptx/tma.cuh"
 #include "dashgen/ptx/wgmma.cuh"
+#include "dashgen/attn/tiles_sm90.cuh"
 
 namespace dashgen {
 
@@ -90,11 +92,6 @@ struct AttnFwdSm90 {
     consume(p, smem, bars, m, h, b, n_tiles, threadIdx.x / 128 - 1, threadIdx.x % 128);
   }
 
-  // K-major operand tile of `rows` rows x kHeadDim: k16 step `k` of rows starting at `row0`.
-  __device__ static u64 desc_k_major(const char* tile, int rows, int row0, int k) {
-    const char* block = tile + (k / 4) * rows * 128 + row0 * 128;
-    return wgmma_desc_advance(wgmma_desc_k_major_sw128(block), (k % 4) * 32);
-  }
 
   __device__ static void pv_mma(float (&o)[kHeadDim / 2], const u32 (&a)[4], u64 desc_b) {
     if constexpr (kHeadDim == 128) {
@@ -128,8 +125,8 @@ struct AttnFwdSm90 {
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_m64n128k16_f32_bf16_ss(sc, desc_k_major(q_tile, 64, 0, k),
-                                     desc_k_major(k_tile, kBlockN, 0, k), k > 0);
+        wgmma_m64n128k16_f32_bf16_ss(sc, tile_desc_k_major(q_tile, 64, 0, k),
+                                     tile_desc_k_major(k_tile, kBlockN, 0, k), k > 0);
       }
       wgmma_commit_group();
       wgmma_wait_group<0>();
@@ -145,23 +142,12 @@ struct AttnFwdSm90 {
         tile_max[half] = fmaxf(tile_max[half], sc[i]);
       }
       float correction[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        // The 4 lanes of a quad hold one row between them.
-        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 1));
-        tile_max[half] = fmaxf(tile_max[half], __shfl_xor_sync(0xffffffffu, tile_max[half], 2));
-        const float new_max = fmaxf(row_max[half], tile_max[half]);
-        // A row with no key seen yet keeps max -inf; subtract 0 so exp2 gives 0, not NaN.
-        const float base = new_max == -DASHGEN_INF ? 0.f : new_max;
-        correction[half] = exp2f(row_max[half] - base);
-        row_max[half] = new_max;
-        row_sum[half] *= correction[half];
-      }
+      online_softmax_rescale(tile_max, row_max, row_sum, correction);
       u32 pa[kBlockN / 16][4];
 #pragma unroll
       for (int i = 0; i < 64; i += 2) {
         const int half = (i / 2) % 2;
-        const float base = row_max[half] == -DASHGEN_INF ? 0.f : row_max[half];
+        const float base = softmax_base(row_max[half]);
         const float p0 = exp2f(sc[i] - base), p1 = exp2f(sc[i + 1] - base);
         row_sum[half] += p0 + p1;
         pa[i / 8][(i % 8) / 2] = Element<T>::pack(p0, p1);
