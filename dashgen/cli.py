@@ -82,7 +82,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     print(f"plan: {problem.describe()}; {args.workers} workers; "
           f"cost c={args.c:g} r={args.r:g} signal_latency={args.signal_latency:g}"
           + (" (c scaled by the kept fraction of each tile)" if args.masked_cost else ""))
-    print(f"{'schedule':<16} {'makespan':>10} {'lower bound':>12} {'efficiency':>11} {'conflicts':>10}")
+    header = f"{'schedule':<16} {'makespan':>10} {'lower bound':>12} {'efficiency':>11} {'conflicts':>10}"
+    print(header + (f" {'kernel model':>13}" if args.kernel_model else ""))
     results = []
     for name in names:
         try:
@@ -95,8 +96,11 @@ def cmd_plan(args: argparse.Namespace) -> None:
         report = verify(schedule)
         result = simulate(schedule, cost)
         results.append((name, result))
-        print(f"{name:<16} {result.makespan:>10.2f} {result.lower_bound:>12.2f} "
-              f"{result.efficiency:>10.1%} {report.num_conflicts:>10}")
+        row = (f"{name:<16} {result.makespan:>10.2f} {result.lower_bound:>12.2f} "
+               f"{result.efficiency:>10.1%} {report.num_conflicts:>10}")
+        if args.kernel_model:
+            row += f" {_kernel_model_makespan(schedule, args):>13}"
+        print(row)
     if args.text:
         from .gantt import text_gantt
 
@@ -111,6 +115,15 @@ def cmd_plan(args: argparse.Namespace) -> None:
         except RuntimeError as exc:
             raise CliError(str(exc)) from None
         print(f"wrote {args.png}")
+
+
+def _kernel_model_makespan(schedule: Schedule, args: argparse.Namespace) -> str:
+    from .kernel_model import KernelCost, kernel_makespan
+
+    if schedule.problem.gqa:
+        return "n/a (GQA)"
+    cost = KernelCost(c=args.c, r=args.r, signal_latency=args.signal_latency)
+    return f"{kernel_makespan(schedule, cost):.2f}"
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
@@ -239,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--r", type=float, default=0.2, help="cost of one dQ reduction (default 0.2)")
     p.add_argument("--signal-latency", type=float, default=0.05,
                    help="delay of a counter release seen by another worker (default 0.05)")
+    p.add_argument("--kernel-model", action="store_true",
+                   help="also give the makespan in the model of the kernel as built (a writer "
+                        "warp adds dQ while the MMA goes on, 2 buffers; see dashgen calibrate)")
     p.add_argument("--masked-cost", action="store_true",
                    help="scale c by the fraction of each tile the mask keeps")
     _problem_options(p)

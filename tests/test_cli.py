@@ -102,3 +102,14 @@ def test_plan_real_problem_every_schedule_with_gantt(tmp_path, mask, served, ski
         assert makespan >= lower > 0
     assert f"{skipped:<16} skipped: {skipped} needs a {'full' if skipped == 'shift' else 'causal'} mask" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_kernel_model_column(capsys):
+    main(["plan", "--heads", "2", "--seqlen", "1024", "--mask", "causal", "--workers", "16",
+          "--c", "3.47", "--r", "1.56", "--signal-latency", "0.35", "--kernel-model"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[-2:] == ["kernel", "model"]
+    rows = {line.split()[0]: line.split() for line in lines[2:] if "skipped" not in line}
+    # Decoupled writer: never slower than the chain model with the same costs.
+    for name in ("fa3", "spt", "descending", "symmetric_shift"):
+        assert float(rows[name][-1]) <= float(rows[name][1])
