@@ -17,8 +17,8 @@ from pathlib import Path
 from .cache import get_or_compile
 from .compile import Cubin
 from .ir import Schedule
-from .kernels import (BwdConfig, FwdConfig, Sm90BwdConfig, backward_blocks, backward_config,
-                      backward_kind, render_bwd, render_bwd_sm90, render_fwd)
+from .kernels import (BwdConfig, FwdConfig, Sm90BwdConfig, Sm90FwdConfig, backward_blocks,
+                      backward_config, backward_kind, forward_config, render_config)
 from .lower import TASK_WORDS, KernelPlan, lower
 from .problem import Problem
 from .render import TEMPLATES_DIR, KernelSource
@@ -35,8 +35,8 @@ GOLDEN_COMMAND = "python -m dashgen.emit --golden"
 GOLDEN_DTYPE = "bf16"
 GOLDEN_HEAD_DIMS = (64, 128)
 # The canonical problem of the golden task tables: 2 heads of 512 rows, in the tiles of the
-# backward that serves it: 8 KV tiles of 64 rows per head at head_dim 64 (mma.sync kernel), 4 of
-# 128 rows at head_dim 128 (Hopper kernel). Six workers (fewer than the 16 or 8 KV tiles) so that
+# backward that serves it: 4 KV tiles of 128 rows per head (Hopper kernel at head_dim 64 and 128;
+# the mma.sync kernel's 64-row tiles would give 8). Six workers (fewer than the 8 KV tiles) so that
 # workers walk several segments and a head straddles two waves: the cases where a table walk or a
 # wave-aware order can go wrong, in files still small enough to read (at most 128 tasks).
 GOLDEN_BATCH = 1
@@ -97,23 +97,14 @@ def check_kernel_problem(problem: Problem, dtype: str = GOLDEN_DTYPE) -> None:
 
 
 def kernel_configs(problem: Problem, dtype: str = GOLDEN_DTYPE, deterministic: bool = True,
-                   trace: bool = False) -> tuple[FwdConfig, BwdConfig | Sm90BwdConfig]:
-    """The forward config and the config of the backward that serves `problem` (the one the
-    runtime runs: dashgen.kernels.backward_config; GQA follows the problem)."""
+                   trace: bool = False) -> tuple[FwdConfig | Sm90FwdConfig, BwdConfig | Sm90BwdConfig]:
+    """The configs of the forward and the backward that serve `problem` (the ones the runtime
+    runs: dashgen.kernels.forward_config/backward_config; GQA follows the problem)."""
     causal = problem.mask.kind == "causal"
-    fwd = FwdConfig(dtype, problem.head_dim, causal)  # first: names a bad dtype or head_dim
+    fwd = forward_config(dtype, problem.head_dim, causal)  # first: names a bad dtype or head_dim
     check_kernel_problem(problem, dtype)
     return fwd, backward_config(dtype, problem.head_dim, causal, gqa=problem.gqa,
                                 deterministic=deterministic, trace=trace)
-
-
-def render_kernel(cfg: FwdConfig | BwdConfig | Sm90BwdConfig) -> KernelSource:
-    """The source of a forward, mma.sync backward or Hopper backward config."""
-    if isinstance(cfg, Sm90BwdConfig):
-        return render_bwd_sm90(cfg)
-    if isinstance(cfg, BwdConfig):
-        return render_bwd(cfg)
-    return render_fwd(cfg)
 
 
 def problem_tag(problem: Problem, num_workers: int) -> str:
@@ -185,7 +176,7 @@ def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
     out_dir.mkdir(parents=True, exist_ok=True)
     name = f"{schedule.name}_{problem_tag(schedule.problem, schedule.num_workers)}.tasks.json"
     tasks_path = _write(out_dir / name, tasks_json(plan).encode())
-    written = [(render_kernel(cfg), cfg.smem_bytes) for cfg in (fwd_cfg, bwd_cfg)]
+    written = [(render_config(cfg), cfg.smem_bytes) for cfg in (fwd_cfg, bwd_cfg)]
     kernels = [EmittedKernel(src, _write(out_dir / f"{src.name}.cu", src.text.encode()), smem)
                for src, smem in written]
     if compile:
@@ -230,9 +221,12 @@ def _golden_readme() -> str:
     dims = " and ".join(map(str, GOLDEN_HEAD_DIMS))
     backwards, tiles = [], []
     for head_dim in GOLDEN_HEAD_DIMS:
+        fwd = forward_config(GOLDEN_DTYPE, head_dim, False)
         cfg = backward_config(GOLDEN_DTYPE, head_dim, False)
-        kind = "Hopper" if isinstance(cfg, Sm90BwdConfig) else "mma.sync"
-        backwards.append(f"  - head_dim {head_dim}: the {kind} backward `{cfg.prefix}_*`")
+        kinds = ["Hopper" if isinstance(c, (Sm90FwdConfig, Sm90BwdConfig)) else "mma.sync"
+                 for c in (fwd, cfg)]
+        backwards.append(f"  - head_dim {head_dim}: the {kinds[0]} forward `{fwd.prefix}_*`, "
+                         f"the {kinds[1]} backward `{cfg.prefix}_*`")
         tiles.append(f"  - head_dim {head_dim}: blocks {cfg.block_m}x{cfg.block_n} "
                      f"({GOLDEN_SEQLEN // cfg.block_n} KV tiles per head)")
     return "\n".join([
@@ -242,8 +236,8 @@ def _golden_readme() -> str:
         "render with these files byte for byte.",
         "",
         f"- `<kernel>.cu`: the kernel sources for {GOLDEN_DTYPE}, head_dim {dims}, full and causal",
-        "  masks: forward, and backward deterministic and non-deterministic. The backward is the",
-        "  kernel that runs for the configuration (dashgen.kernels.backward_config):",
+        "  masks: forward, and backward deterministic and non-deterministic; the kernels that run",
+        "  for the configuration (dashgen.kernels.forward_config and backward_config):",
         *backwards,
         "  They do not depend on the schedule, which reaches the backward kernel as a task table.",
         "- `<schedule>_hdim<d>_<mask>.tasks.json`: the task table of every schedule, for every",
@@ -265,7 +259,7 @@ def golden_files() -> dict[str, str]:
             problem = golden_problem(head_dim, mask)
             for deterministic in (True, False):
                 for cfg in kernel_configs(problem, GOLDEN_DTYPE, deterministic):
-                    src = render_kernel(cfg)
+                    src = render_config(cfg)
                     files[f"{src.name}.cu"] = src.text
             for name in list_schedules():
                 if mask in masks_served(name):

@@ -103,10 +103,9 @@ class Sm90BwdConfig(_Element16Config):
 
     @staticmethod
     def serves(dtype: str, head_dim: int, gqa: bool) -> bool:
-        """What kernel='auto' picks it for: the cases checked on an H200 (head_dim 128 without
-        GQA). The GQA variant (ordered dK/dV adds) and head_dim 64 (dQ split by KV rows) compile
-        but have not run on a GPU yet."""
-        return Sm90BwdConfig.supports(dtype, head_dim, gqa) and head_dim == 128 and not gqa
+        """What kernel='auto' picks it for: every case it supports, each checked on an H200
+        against an fp64 reference (scripts/gpu_check.py --kernel sm90, tests/gpu)."""
+        return Sm90BwdConfig.supports(dtype, head_dim, gqa)
 
     @property
     def smem_bytes(self) -> int:
@@ -139,8 +138,8 @@ class Sm90FwdConfig(_Element16Config):
 
     @staticmethod
     def serves(dtype: str, head_dim: int) -> bool:
-        """kernel='auto' picks it only once it has run on an H200; it has not yet."""
-        return False
+        """What kernel='auto' picks it for: every case it supports, each checked on an H200."""
+        return Sm90FwdConfig.supports(dtype, head_dim)
 
     @property
     def smem_bytes(self) -> int:
@@ -168,7 +167,29 @@ def render_bwd(cfg: BwdConfig) -> KernelSource:
     return render("attn_bwd.cu.j2", cfg)
 
 
-# -- which backward kernel serves a problem: the one source of truth for runtime and emit --------
+def render_config(cfg: FwdConfig | BwdConfig | Sm90FwdConfig | Sm90BwdConfig) -> KernelSource:
+    """The source of any kernel config (the runtime and `dashgen emit` both render through it)."""
+    render_of = {BwdConfig: render_bwd, Sm90BwdConfig: render_bwd_sm90, FwdConfig: render_fwd,
+                 Sm90FwdConfig: render_fwd_sm90}
+    return render_of[type(cfg)](cfg)
+
+
+# -- which kernel serves a problem: the one source of truth for runtime and emit ------------------
+
+def forward_kind(dtype: str, head_dim: int, hopper: bool = True) -> str:
+    """'sm90' (Sm90FwdConfig) where the Hopper forward serves the problem and `hopper` allows
+    it, else 'mma' (FwdConfig)."""
+    return "sm90" if hopper and Sm90FwdConfig.serves(dtype, head_dim) else "mma"
+
+
+def forward_config(dtype: str, head_dim: int, causal: bool,
+                   hopper: bool = True) -> FwdConfig | Sm90FwdConfig:
+    """The config of the forward kernel that serves the problem (see forward_kind)."""
+    FwdConfig(dtype, head_dim, causal)  # names a bad dtype or head_dim first
+    if forward_kind(dtype, head_dim, hopper) == "sm90":
+        return Sm90FwdConfig(dtype, head_dim, causal)
+    return FwdConfig(dtype, head_dim, causal)
+
 
 def backward_kind(dtype: str, head_dim: int, gqa: bool, hopper: bool = True) -> str:
     """'sm90' (Sm90BwdConfig) where the Hopper backward serves the problem and `hopper` allows

@@ -14,10 +14,10 @@ import torch
 
 from . import launch
 from .cache import get_or_compile
-from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdConfig, BwdParams,
+from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdParams,
                       ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig, Sm90FwdConfig,
-                      backward_blocks, backward_kind, blocks_of, config_of, render_bwd,
-                      render_bwd_sm90, render_fwd, render_fwd_sm90)
+                      backward_blocks, backward_kind, blocks_of, config_of, forward_kind,
+                      render_config)
 from .lower import lower
 from .problem import Mask, Problem
 from .schedules import build_schedule
@@ -49,9 +49,7 @@ class KernelConfig:
 
 @lru_cache(maxsize=None)
 def _load(source_name: str, cfg, device: int) -> dict[str, launch.Kernel]:
-    render = {BwdConfig: render_bwd, Sm90BwdConfig: render_bwd_sm90, FwdConfig: render_fwd,
-              Sm90FwdConfig: render_fwd_sm90}
-    source = render[type(cfg)](cfg)
+    source = render_config(cfg)
     cubin, hit = get_or_compile(source)
     if not hit:
         main = cubin.resources.get(source.name)
@@ -122,11 +120,11 @@ def _stream(device: torch.device) -> int:
 
 
 def forward_kernel(q: torch.Tensor, kernel: str = "auto") -> str:
-    """'sm90' (TMA + wgmma) or 'mma'; 'auto' takes the Hopper forward only where it has run on
-    an H200 (Sm90FwdConfig.serves)."""
+    """'sm90' (TMA + wgmma) or 'mma'; 'auto' takes the Hopper forward where it serves the problem
+    (Sm90FwdConfig.serves)."""
     dtype, head_dim = _DTYPES[q.dtype], q.shape[3]
     if kernel == "auto":
-        return "sm90" if Sm90FwdConfig.serves(dtype, head_dim) else "mma"
+        return forward_kind(dtype, head_dim, SM90_DEFAULT)
     if kernel == "sm90" and not Sm90FwdConfig.supports(dtype, head_dim):
         raise ValueError("kernel='sm90' supports bf16 with head_dim 64 or 128 only")
     if kernel not in ("sm90", "mma"):

@@ -17,7 +17,7 @@ from dashgen.cli import main
 from dashgen.compile import WGMMA_ARRIVE_INJECTED
 from dashgen.emit import (check_kernel_problem, default_mask, golden_files, kernel_configs,
                           masks_served, problem_tag, tasks_json)
-from dashgen.kernels import BwdConfig, Sm90BwdConfig, backward_blocks
+from dashgen.kernels import BwdConfig, FwdConfig, Sm90BwdConfig, Sm90FwdConfig, backward_blocks
 from dashgen.lower import lower
 from dashgen.render import KernelSource
 
@@ -79,16 +79,17 @@ def test_emit_symmetric_shift_end_to_end(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_emit_head_dim_64_uses_the_mma_backward(tmp_path, monkeypatch, capsys):
+def test_emit_fp16_uses_the_mma_kernels(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     out = tmp_path / "out"
     main(["emit", "--schedule", "symmetric_shift", "--hdim", "64", "--seqlen", "512",
-          "--workers", "6", "--out", str(out)])
+          "--workers", "6", "--dtype", "fp16", "--out", str(out)])
     stdout = capsys.readouterr().out
     assert "blocks 64x64" in stdout.splitlines()[0]
-    bwd = BwdConfig("bf16", 64, True).kernel_name
+    bwd = BwdConfig("fp16", 64, True).kernel_name
+    assert (out / f"{FwdConfig('fp16', 64, True).kernel_name}.cu").is_file()
     assert (out / f"{bwd}.cu").is_file() and (out / f"{bwd}.cubin").is_file()
-    assert not list(out.glob("dashgen_attn_bwd_sm90_*"))
+    assert not list(out.glob("dashgen_attn_*_sm90_*"))
     data = json.loads((out / "symmetric_shift_b1_h1_s512_d64_causal_w6.tasks.json").read_text())
     assert (data["problem"]["block_m"], data["problem"]["block_n"]) == (64, 64)
     kernel_lines = [line for line in stdout.splitlines() if line.startswith("dashgen_attn_")]
@@ -99,9 +100,9 @@ def test_emit_head_dim_64_uses_the_mma_backward(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("dtype,head_dim,gqa,kind,blocks", [
     ("bf16", 128, False, Sm90BwdConfig, (64, 128)),
-    ("bf16", 128, True, BwdConfig, (64, 64)),
+    ("bf16", 128, True, Sm90BwdConfig, (64, 128)),
     ("fp16", 128, False, BwdConfig, (64, 64)),
-    ("bf16", 64, False, BwdConfig, (64, 64)),
+    ("bf16", 64, False, Sm90BwdConfig, (64, 128)),
     ("fp16", 64, True, BwdConfig, (64, 64)),
 ])
 def test_kernel_configs_follow_the_serving_backward(dtype, head_dim, gqa, kind, blocks):
@@ -111,9 +112,10 @@ def test_kernel_configs_follow_the_serving_backward(dtype, head_dim, gqa, kind, 
     fwd, bwd = kernel_configs(problem, dtype, deterministic=False)
     assert type(bwd) is kind and (bwd.block_m, bwd.block_n) == blocks
     assert bwd.dtype == dtype and bwd.causal and not bwd.deterministic
-    assert (fwd.block_m, fwd.block_n) == (64, 64)  # the forward has one tile size
-    if kind is BwdConfig:
-        assert bwd.gqa == gqa
+    # The Hopper forward serves where the Hopper backward does, with 128 query rows a CTA.
+    assert type(fwd) is (Sm90FwdConfig if kind is Sm90BwdConfig else FwdConfig)
+    assert (fwd.block_m, fwd.block_n) == ((128, 128) if kind is Sm90BwdConfig else (64, 64))
+    assert bwd.gqa == gqa
     other = (64, 128) if blocks == (64, 64) else (64, 64)
     with pytest.raises(ValueError, match=rf"^block_n must be {blocks[1]}, the serving kernel's "
                                          rf"tile, got {other[1]}: "):
@@ -164,15 +166,18 @@ def test_emit_reports_cached_second_time(tmp_path, monkeypatch, capsys):
                                                "got 32"),
     (["--schedule", "fa3", "--block-n", "64"], "--block-n must be 128, the serving kernel's tile, "
                                                "got 64"),
-    (["--schedule", "fa3", "--hdim", "64", "--block-n", "128"],
-     "--block-n must be 64, the serving kernel's tile, got 128: the mma.sync backward "
-     "(dashgen_attn_bwd) serves bf16, head_dim 64 with 64x64 tiles"),
+    (["--schedule", "fa3", "--hdim", "64", "--block-n", "64"],
+     "--block-n must be 128, the serving kernel's tile, got 64: the Hopper backward "
+     "(dashgen_attn_bwd_sm90) serves bf16, head_dim 64 with 64x128 tiles"),
     (["--schedule", "fa3", "--dtype", "fp16", "--block-n", "128"],
      "--block-n must be 64, the serving kernel's tile, got 128: the mma.sync backward "
      "(dashgen_attn_bwd) serves fp16, head_dim 128 with 64x64 tiles"),
-    (["--schedule", "fa3", "--heads", "4", "--gqa", "--block-n", "128"],
+    (["--schedule", "fa3", "--heads", "4", "--gqa", "--block-n", "64"],
+     "--block-n must be 128, the serving kernel's tile, got 64: the Hopper backward "
+     "(dashgen_attn_bwd_sm90) serves bf16, head_dim 128, GQA with 64x128 tiles"),
+    (["--schedule", "fa3", "--heads", "4", "--gqa", "--dtype", "fp16", "--block-n", "128"],
      "--block-n must be 64, the serving kernel's tile, got 128: the mma.sync backward "
-     "(dashgen_attn_bwd) serves bf16, head_dim 128, GQA with 64x64 tiles"),
+     "(dashgen_attn_bwd) serves fp16, head_dim 128, GQA with 64x64 tiles"),
     (["--schedule", "fa3", "--mask", "window:64,0"], "mask must be one of full, causal"),
     (["--schedule", "fa3", "--hdim", "96"], "head_dim must be one of (64, 128), got 96"),
     (["--schedule", "fa3", "--gqa"], "--gqa needs fewer KV heads than query heads"),
@@ -196,22 +201,25 @@ def test_emit_unsupported_problem_subprocess(tmp_path):
     assert proc.stdout == ""
 
 
-@pytest.mark.parametrize("hdim,renderer,prefix", [
-    ("128", "render_bwd_sm90", "dashgen_attn_bwd_sm90_"),  # the Hopper backward serves it
-    ("64", "render_bwd", "dashgen_attn_bwd_dtype"),         # the mma.sync backward serves it
+@pytest.mark.parametrize("dtype,kind,prefix", [
+    ("bf16", Sm90BwdConfig, "dashgen_attn_bwd_sm90_"),  # the Hopper backward serves it
+    ("fp16", BwdConfig, "dashgen_attn_bwd_dtype"),      # the mma.sync backward serves it
 ])
-def test_emit_compile_error_prints_log_and_exits_1(hdim, renderer, prefix, tmp_path, monkeypatch,
+def test_emit_compile_error_prints_log_and_exits_1(dtype, kind, prefix, tmp_path, monkeypatch,
                                                    capsys):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    render_config = emit_module.render_config
 
     def broken_bwd(cfg):
+        if type(cfg) is not kind:
+            return render_config(cfg)
         return KernelSource(cfg.kernel_name, "attn_bwd.cu.j2",
                             'extern "C" __global__ void k() { undeclared_thing = 1; }\n')
 
-    monkeypatch.setattr(emit_module, renderer, broken_bwd)
+    monkeypatch.setattr(emit_module, "render_config", broken_bwd)
     with pytest.raises(SystemExit) as exit_:
-        main(["emit", "--schedule", "spt", "--mask", "causal", "--seqlen", "256", "--hdim", hdim,
-              "--out", str(tmp_path / "out")])
+        main(["emit", "--schedule", "spt", "--mask", "causal", "--seqlen", "256", "--hdim", "64",
+              "--dtype", dtype, "--out", str(tmp_path / "out")])
     assert exit_.value.code == 1
     err = capsys.readouterr().err
     assert f"NVRTC failed to compile {prefix}" in err and "undeclared_thing" in err

@@ -10,7 +10,7 @@ import pytest
 
 from dashgen.emit import (GOLDEN_COMMAND, GOLDEN_DIR, GOLDEN_WORKERS, golden_files, golden_problem,
                           write_golden)
-from dashgen.kernels import BwdConfig, FwdConfig, Sm90BwdConfig
+from dashgen.kernels import Sm90BwdConfig, Sm90FwdConfig
 from dashgen.lower import KernelPlan, decode
 from dashgen.schedules import build_schedule
 
@@ -67,16 +67,17 @@ def test_golden_tables_decode_to_their_schedules():
 
 
 def test_golden_renders_are_the_serving_kernels():
-    """head_dim 128 (bf16, no GQA) renders the Hopper backward and tables in its 64x128 tiles;
-    head_dim 64 the mma.sync backward in 64x64 tiles; both deterministic and not, both masks."""
+    """bf16 at head_dim 64 and 128 renders the Hopper forward and backward, and tables in the
+    backward's 64x128 tiles; both deterministic and not, both masks."""
     files = golden_files()
     want = set()
-    for head_dim, config in ((64, BwdConfig), (128, Sm90BwdConfig)):
+    for head_dim in (64, 128):
         for causal, deterministic in product((False, True), (False, True)):
-            want.add(config("bf16", head_dim, causal, deterministic=deterministic).kernel_name)
-            want.add(FwdConfig("bf16", head_dim, causal).kernel_name)
+            want.add(Sm90BwdConfig("bf16", head_dim, causal,
+                                   deterministic=deterministic).kernel_name)
+            want.add(Sm90FwdConfig("bf16", head_dim, causal).kernel_name)
     assert {name[:-3] for name in files if name.endswith(".cu")} == want
-    for head_dim, blocks in ((64, (64, 64)), (128, (64, 128))):
+    for head_dim, blocks in ((64, (64, 128)), (128, (64, 128))):
         for mask in ("full", "causal"):
             problem = golden_problem(head_dim, mask)
             assert (problem.block_m, problem.block_n) == blocks
@@ -85,7 +86,8 @@ def test_golden_renders_are_the_serving_kernels():
         assert tables and all((t["problem"]["block_m"], t["problem"]["block_n"]) == blocks
                               for t in tables)
     assert "head_dim 128: blocks 64x128 (4 KV tiles per head)" in files["README.md"]
-    assert "head_dim 64: blocks 64x64 (8 KV tiles per head)" in files["README.md"]
+    assert "head_dim 64: blocks 64x128 (4 KV tiles per head)" in files["README.md"]
+    assert "head_dim 64: the Hopper forward `dashgen_attn_fwd_sm90_*`" in files["README.md"]
 
 
 def test_write_golden_removes_only_stale_files_it_owns(tmp_path):

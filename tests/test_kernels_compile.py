@@ -152,7 +152,7 @@ def test_sm90_backward_compiles_within_register_budget(options, tmp_path, monkey
 @pytest.mark.parametrize("gqa", [False, True])
 @pytest.mark.parametrize("hopper", [True, False])
 def test_backward_config_is_the_serving_kernel(dtype, head_dim, gqa, hopper):
-    sm90 = hopper and dtype == "bf16" and head_dim == 128 and not gqa
+    sm90 = hopper and dtype == "bf16"  # the Hopper kernels: bf16, head_dim 64/128, GQA or not
     assert backward_kind(dtype, head_dim, gqa, hopper) == ("sm90" if sm90 else "mma")
     blocks = (Sm90BwdConfig.block_m, Sm90BwdConfig.block_n) if sm90 else (BLOCK_M, BLOCK_N)
     assert blocks == ((64, 128) if sm90 else (64, 64))
@@ -160,7 +160,8 @@ def test_backward_config_is_the_serving_kernel(dtype, head_dim, gqa, hopper):
     cfg = backward_config(dtype, head_dim, True, gqa=gqa, deterministic=False, trace=True,
                           hopper=hopper)
     if sm90:
-        assert cfg == Sm90BwdConfig(dtype, head_dim, True, deterministic=False, trace=True)
+        assert cfg == Sm90BwdConfig(dtype, head_dim, True, deterministic=False, trace=True,
+                                    gqa=gqa)
     else:
         assert cfg == BwdConfig(dtype, head_dim, True, deterministic=False, gqa=gqa, trace=True)
     assert (cfg.block_m, cfg.block_n) == blocks

@@ -17,15 +17,16 @@ def tensors(head_dim=128, heads_q=4, heads_kv=4, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("head_dim,heads_kv,dtype,expect", [
-    (128, 4, torch.bfloat16, "sm90"),   # checked on an H200: the default
-    (128, 1, torch.bfloat16, "mma"),    # GQA: the Hopper variant has not run on a GPU yet
-    (64, 4, torch.bfloat16, "mma"),     # head_dim 64: likewise
+    (128, 4, torch.bfloat16, "sm90"),
+    (128, 1, torch.bfloat16, "sm90"),   # GQA/MQA: ordered dK/dV adds
+    (64, 4, torch.bfloat16, "sm90"),    # head_dim 64: dQ split by KV rows
+    (64, 2, torch.bfloat16, "sm90"),
     (128, 4, torch.float16, "mma"),     # fp16: no Hopper path
 ])
-def test_auto_picks_only_kernels_that_ran_on_a_gpu(head_dim, heads_kv, dtype, expect):
+def test_auto_picks_the_hopper_kernels_where_they_serve(head_dim, heads_kv, dtype, expect):
     q, k = tensors(head_dim, 4, heads_kv, dtype)
     assert runtime.backward_kernel(q, k) == expect
-    assert runtime.forward_kernel(q) == "mma"
+    assert runtime.forward_kernel(q) == expect
 
 
 def test_schedules_use_the_tiles_of_the_kernel_that_runs():
@@ -50,9 +51,10 @@ def test_explicit_kernel_choices_are_checked(kernel, args, match):
         runtime.forward_kernel(q, kernel)
 
 
-def test_staged_hopper_variants_can_be_asked_for_explicitly():
+def test_the_mma_kernels_can_be_asked_for_explicitly():
     q, k = tensors(head_dim=64, heads_q=8, heads_kv=2)
-    assert runtime.backward_kernel(q, k, "sm90") == "sm90"
-    assert runtime.forward_kernel(q, "sm90") == "sm90"
-    assert Sm90BwdConfig.supports("bf16", 64, True) and not Sm90BwdConfig.serves("bf16", 64, True)
-    assert Sm90FwdConfig.supports("bf16", 64) and not Sm90FwdConfig.serves("bf16", 64)
+    assert runtime.backward_kernel(q, k, "mma") == "mma"
+    assert runtime.forward_kernel(q, "mma") == "mma"
+    assert runtime.problem_of(q, k, False, kernel="mma").block_n == 64
+    assert not Sm90BwdConfig.supports("fp16", 128, False)
+    assert not Sm90FwdConfig.supports("fp16", 128)

@@ -1,0 +1,38 @@
+"""One small forward + backward per Hopper kernel variant, for compute-sanitizer to watch
+(tests/gpu/test_sanitizer.py runs it under memcheck and racecheck). Prints the kernels it ran."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dashgen import runtime
+
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, schedule, workers):
+# odd seqlens so the tails of every tile are exercised; GQA for the ordered dK/dV adds.
+CASES = [
+    (1, 200, 200, 2, 2, 128, True, torch.bfloat16, "symmetric_shift", 4),
+    (1, 300, 257, 4, 1, 128, False, torch.bfloat16, "shift", 4),
+    (1, 200, 200, 4, 2, 64, True, torch.bfloat16, "fa3", 3),
+    (1, 130, 130, 2, 1, 64, False, torch.float16, "spt", 3),
+]
+
+
+def main() -> None:
+    for batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers in CASES:
+        torch.manual_seed(sq * 131 + d)
+        q = torch.randn(batch, sq, hq, d, device="cuda", dtype=dtype)
+        k, v = (torch.randn(batch, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
+        do = torch.randn_like(q)
+        scale = 1 / math.sqrt(d)
+        o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
+        for deterministic in (True, False):
+            runtime.backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
+                             deterministic=deterministic, schedule=schedule, num_workers=workers)
+        torch.cuda.synchronize()
+        print(f"ran fwd={runtime.forward_kernel(q)} bwd={runtime.backward_kernel(q, k)} "
+              f"d{d} {'causal' if causal else 'full'} h{hq}/{hkv} {schedule}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
