@@ -34,6 +34,11 @@ class _Element16Config(KernelConfig):
     def cuda_type(self) -> str:
         return CUDA_TYPES[self.dtype]
 
+    @property
+    def prep_params_bytes(self) -> int:
+        """sizeof the preprocess kernel's parameters (the backward templates assert it)."""
+        return ctypes.sizeof(PrepParams)
+
 
 @dataclass(frozen=True)
 class FwdConfig(_Element16Config):
@@ -254,7 +259,8 @@ class BwdParams(ctypes.Structure):
 class PrepParams(ctypes.Structure):
     """Mirror of dashgen::PrepParams."""
 
-    _fields_ = [("o", _P), ("dout", _P), ("dpsum", _P), ("dq_accum", _P),
+    _fields_ = [("o", _P), ("dout", _P), ("dpsum", _P), ("dq_accum", _P), ("zero", _P),
+                ("zero_vec4s", ctypes.c_int64),
                 ("batch", _I), ("heads", _I), ("seqlen", _I), ("row_stride", _I),
                 ("padded_rows", _I)]
 

@@ -7,6 +7,7 @@ fixes the result (problem, schedule, worker count, kernel config), never by a de
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from functools import lru_cache
 
@@ -152,6 +153,24 @@ def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"
     return o, lse
 
 
+def _workspace(problem: Problem, dev: torch.device):
+    """One int32 buffer that the preprocess kernel zeroes (no separate memset launches), cut into
+    GQA's fp32 dK/dV sums (empty without GQA), the dQ tile counters and the dK/dV tile counters;
+    padded to whole 16-byte vectors. Returns (workspace, dk_accum, dv_accum, dq_counters,
+    dkv_counters)."""
+    b, hq, hkv = problem.batch, problem.heads_q, problem.heads_kv
+    kv = (b, hkv, problem.num_n_blocks * problem.block_n, problem.head_dim) if problem.gqa else (0,)
+    shapes = [kv, kv, (b, hq, problem.num_m_blocks),
+              (b, hkv, problem.num_n_blocks) if problem.gqa else (0,)]
+    sizes = [math.prod(shape) for shape in shapes]
+    workspace = torch.empty(-(-sum(sizes) // 4) * 4, dtype=torch.int32, device=dev)
+    parts, start = [], 0
+    for shape, size in zip(shapes, sizes):
+        parts.append(workspace[start:start + size].view(shape))
+        start += size
+    return workspace, parts[0].view(torch.float32), parts[1].view(torch.float32), parts[2], parts[3]
+
+
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
              schedule: str, num_workers: int, trace: bool = False, kernel: str = "auto"):
     kernel = backward_kernel(q, k, kernel)
@@ -173,19 +192,15 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     dpsum = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=dev)
     dq_accum = torch.empty((batch, heads_q, m_blocks * block_m, head_dim), dtype=torch.float32,
                            device=dev)
-    dq_counters = torch.zeros((batch, heads_q, m_blocks), dtype=torch.int32, device=dev)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    if problem.gqa:
-        dk_accum = torch.zeros((batch, heads_kv, n_blocks * block_n, head_dim),
-                               dtype=torch.float32, device=dev)
-        dv_accum = torch.zeros_like(dk_accum)
-        dkv_counters = torch.zeros((batch, heads_kv, n_blocks), dtype=torch.int32, device=dev)
+    workspace, dk_accum, dv_accum, dq_counters, dkv_counters = _workspace(problem, dev)
     trace_buf = (torch.full((plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
                  if trace else None)
 
     prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum.data_ptr(), dq_accum.data_ptr(),
+                      workspace.data_ptr(), workspace.numel() // 4,
                       batch, heads_q, seqlen_q, q.stride(1), m_blocks * block_m)
     launch.launch(kernels["_preprocess"], (-(-m_blocks * block_m // PREP_ROWS_PER_BLOCK), heads_q,
                                            batch), 128, 0, stream, [prep])

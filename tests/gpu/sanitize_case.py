@@ -1,8 +1,11 @@
 """One small forward + backward per Hopper kernel variant, for compute-sanitizer to watch
-(tests/gpu/test_sanitizer.py runs it under memcheck and racecheck). Prints the kernels it ran."""
+(tests/gpu/test_sanitizer.py runs it under memcheck and racecheck). Prints the kernels it ran.
+
+    python3 tests/gpu/sanitize_case.py [CASE_INDEX ...]"""
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -18,8 +21,9 @@ CASES = [
 ]
 
 
-def main() -> None:
-    for batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers in CASES:
+def main(picked: list[int]) -> None:
+    for index in picked or range(len(CASES)):
+        batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers = CASES[index]
         torch.manual_seed(sq * 131 + d)
         q = torch.randn(batch, sq, hq, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(batch, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
@@ -35,4 +39,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main([int(arg) for arg in sys.argv[1:]])  # case indices; none: all

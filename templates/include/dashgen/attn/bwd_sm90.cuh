@@ -112,7 +112,9 @@ struct AttnBwdSm90 {
       mbarrier_init(&bars->kv_empty, 2);
       for (int s = 0; s < kStages; ++s) {
         mbarrier_init(&bars->q_full[s], 1);
-        mbarrier_init(&bars->q_empty[s], 2);
+        // Every MMA thread arrives: each has read the stage's task slot and the arrive releases
+        // its own read before the producer rewrites the slot.
+        mbarrier_init(&bars->q_empty[s], kMmaThreads);
         mbarrier_init(&bars->dq_full[s], kMmaThreads);
         mbarrier_init(&bars->dq_empty[s], 1);
       }
@@ -341,17 +343,20 @@ struct AttnBwdSm90 {
       // block wg. Both warpgroups first pass the barrier, so the previous task's dQ reads are done.
       named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
       char* ds_block = smem + kOffDs + wg * kBlockM * 128;
+      // Element ii sits at query row 8 * (ii / 4) + 2 * t4 + ii % 2 and KV row
+      // 16 * warp + g + 8 * ((ii / 2) % 2); the swizzle XOR reads the query row mod 8 only, so
+      // its offset is base[ii % 4] + 1024 * (ii / 4). Four bases and immediate offsets, where
+      // computing each address (the compiler hoists them) held 32 64-bit addresses and spilled.
+      u32 base[4];
 #pragma unroll
-      for (int i2 = 0; i2 < 32; i2 += 2) {
-        const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);  // KV row within the block
+      for (int e = 0; e < 4; ++e) {
+        base[e] = sw128_byte_offset(2 * t4 + e % 2, (16 * warp + g + 8 * (e / 2)) * 2);
+      }
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int ii = i2 + e;
-          const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);  // query row
-          const u32 word = dsa[i2 / 8][(i2 % 8) / 2];
-          const u16 half = static_cast<u16>(e == 0 ? word & 0xffffu : word >> 16);
-          *reinterpret_cast<u16*>(ds_block + sw128_byte_offset(col, row * 2)) = half;
-        }
+      for (int ii = 0; ii < 32; ++ii) {
+        const u32 word = dsa[ii / 8][(ii % 8) / 2];
+        const u16 half = static_cast<u16>(ii % 2 == 0 ? word & 0xffffu : word >> 16);
+        *reinterpret_cast<u16*>(ds_block + base[ii % 4] + 1024 * (ii / 4)) = half;
       }
       fence_proxy_async_shared();
       named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
@@ -389,8 +394,8 @@ struct AttnBwdSm90 {
       }
       wgmma_commit_group();
       wgmma_wait_group<0>();
-      // Q/dO stage s is free for the producer.
-      if (tid % 128 == 0) mbarrier_arrive(&bars->q_empty[s]);
+      // Q/dO stage s and its task slot are free for the producer.
+      mbarrier_arrive(&bars->q_empty[s]);
 
       // Hand the dQ partial to the writer through buffer s.
       float* dq_buf = reinterpret_cast<float*>(smem + kOffDq + s * kDqBytes);

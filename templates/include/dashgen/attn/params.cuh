@@ -48,12 +48,15 @@ struct BwdParams {
   float softmax_scale;
 };
 
-// Preprocess: D = rowsum(dO * O) and zero the fp32 dQ accumulator. Postprocess: fp32 -> 16 bit.
+// Preprocess: D = rowsum(dO * O), zero the fp32 dQ accumulator and the workspace (the ordering
+// counters; the fp32 dK/dV accumulators under GQA). Postprocess: fp32 -> 16 bit.
 struct PrepParams {
   const void* o;
   const void* dout;
   float* dpsum;
   float* dq_accum;
+  uint4* zero;     // 16-byte aligned workspace, zeroed by the whole grid
+  i64 zero_vec4s;  // its length in 16-byte vectors
   i32 batch, heads, seqlen, row_stride, padded_rows;
 };
 

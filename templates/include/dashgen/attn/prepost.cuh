@@ -1,5 +1,5 @@
 // dashgen/attn/prepost.cuh: the small kernels around the backward. Preprocess: D = rowsum(dO * O)
-// in fp32 and a zeroed dQ accumulator. Convert: an fp32 accumulator back to the 16-bit layout of
+// in fp32, a zeroed dQ accumulator and a zeroed workspace (counters, GQA dK/dV sums). Convert: an fp32 accumulator back to the 16-bit layout of
 // the inputs (dQ always, dK/dV under GQA).
 #pragma once
 #include "dashgen/attn/element.cuh"
@@ -14,6 +14,12 @@ struct AttnPreprocess {
   static constexpr int kRowsPerBlock = 16;
 
   __device__ static void run(const PrepParams& p) {
+    // The workspace, grid-stride over all blocks: it has no row structure.
+    const i64 blocks = static_cast<i64>(gridDim.x) * gridDim.y * gridDim.z;
+    const i64 block = (static_cast<i64>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    for (i64 i = block * kThreads + threadIdx.x; i < p.zero_vec4s; i += blocks * kThreads) {
+      p.zero[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int h = blockIdx.y, b = blockIdx.z;
     const T* o = static_cast<const T*>(p.o);
