@@ -1,0 +1,90 @@
+"""Where the time of one backward goes outside the kernels: the same head_dim-128 backward timed
+through runtime.backward, the custom op and autograd (CUDA events, median), plus the host time
+per call (no sync) and a CUDA-graph replay (kernels only, no launch gaps).
+
+PYTHONPATH=. python3 scripts/overhead.py [--seqlen 1024] [--causal]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+import torch
+
+from bench import median_ms  # scripts/bench.py: the protocol's timing
+from dashgen import runtime
+from dashgen.op import attention
+
+
+def host_us(fn, calls: int = 50) -> float:
+    """Median host time of a call, synchronizing between calls (pure host work + launch)."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--seqlen", type=int, default=1024)
+    p.add_argument("--hdim", type=int, default=128)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--schedule", default=None)
+    args = p.parse_args()
+    s, d = args.seqlen, args.hdim
+    heads, batch = 2048 // d, 16384 // s
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    schedule = args.schedule or ("symmetric_shift" if args.causal else "shift")
+    q, k, v, do = (torch.randn(batch, s, heads, d, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(4))
+    scale = 1 / math.sqrt(d)
+    o, lse = runtime.forward(q, k, v, causal=args.causal, softmax_scale=scale)
+    kw = dict(causal=args.causal, softmax_scale=scale, deterministic=True, schedule=schedule,
+              num_workers=sms)
+
+    def direct():
+        return runtime.backward(do, q, k, v, o, lse, **kw)
+
+    def op():
+        return torch.ops.dashgen.attention_bwd(do, q, k, v, o, lse, args.causal, scale, True,
+                                               schedule, sms)
+
+    ql, kl, vl = (t.detach().requires_grad_() for t in (q, k, v))
+    out = attention(ql, kl, vl, causal=args.causal, schedule=schedule, num_workers=sms)
+
+    def autograd():
+        return torch.autograd.grad(out, (ql, kl, vl), do, retain_graph=True)
+
+    flops = 2.5 * 4 * batch * heads * s * s * d / (2 if args.causal else 1)
+    rows = []
+    for name, fn in (("runtime.backward", direct), ("custom op", op), ("autograd.grad", autograd)):
+        ms = median_ms(fn, 3, 20)
+        rows.append((name, ms, host_us(fn)))
+    graph_ms = None
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            direct()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            direct()
+        graph_ms = median_ms(graph.replay, 3, 20)
+    except Exception as exc:  # graph capture is a probe; report why it failed
+        print(f"graph capture failed: {type(exc).__name__}: {exc}")
+    print(f"b{batch} h{heads} s{s} d{d} {'causal' if args.causal else 'full'} {schedule}")
+    print(f"{'path':<20} {'median ms':>10} {'TFLOP/s':>8} {'host us/call':>13}")
+    for name, ms, us in rows:
+        print(f"{name:<20} {ms:>10.3f} {flops / ms / 1e9:>8.1f} {us:>13.1f}")
+    if graph_ms is not None:
+        print(f"{'graph replay':<20} {graph_ms:>10.3f} {flops / graph_ms / 1e9:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
