@@ -162,18 +162,34 @@ def _dim3(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
     return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
+_CONFIGS: dict[tuple, Any] = {}  # launch configs by (grid, block, smem, stream): host time per call
+
+
+def _launch_config(grid, block, smem: int, stream_handle: int) -> Any:
+    key = (grid, block, smem, stream_handle)
+    config = _CONFIGS.get(key)
+    if config is None:
+        gx, gy, gz = _dim3(grid, "grid")
+        bx, by, bz = _dim3(block, "block")
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+        config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+        config.sharedMemBytes = int(smem)
+        config.hStream = cu.CUstream(int(stream_handle))
+        config.numAttrs = 0
+        if len(_CONFIGS) >= 1024:
+            _CONFIGS.clear()
+        _CONFIGS[key] = config  # never mutated after this point
+    return config
+
+
 def launch(kernel: Kernel, grid: int | Sequence[int], block: int | Sequence[int], smem: int,
            stream_handle: int, args: Sequence[Any]) -> None:
     """cuLaunchKernelEx on the stream whose CUstream handle is `stream_handle` (an int)."""
-    gx, gy, gz = _dim3(grid, "grid")
-    bx, by, bz = _dim3(block, "block")
-    config = cu.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
-    config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
-    config.sharedMemBytes = int(smem)
-    config.hStream = cu.CUstream(int(stream_handle))
-    config.numAttrs = 0
+    grid = grid if isinstance(grid, int) else tuple(grid)
+    block = block if isinstance(block, int) else tuple(block)
+    config = _launch_config(grid, block, int(smem), int(stream_handle))
     pointers, keep = pack_args(args)
     _check(cu.cuLaunchKernelEx(config, kernel.function, ctypes.addressof(pointers), 0),
-           f"cuLaunchKernelEx({kernel.name}, grid={(gx, gy, gz)}, block={(bx, by, bz)}, smem={smem})")
+           f"cuLaunchKernelEx({kernel.name}, grid={grid}, block={block}, smem={smem})")
     del keep  # the driver copied the arguments during the call

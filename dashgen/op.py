@@ -1,7 +1,10 @@
 """The public torch op: ``dashgen.attention`` with a bitwise reproducible backward on Hopper.
 
 Registers ``dashgen::attention_fwd`` and ``dashgen::attention_bwd`` with torch.library (fake
-kernels for torch.compile, autograd via register_autograd). Every input is checked before any
+kernels for torch.compile, autograd via register_autograd); torch.compile traces those. Eager
+calls take a torch.autograd.Function over the same runtime calls: the custom-op layers cost
+hundreds of microseconds of host time per backward, a third of a short one. Both paths run the
+same kernels with the same arguments, so their bits agree. Every input is checked before any
 kernel launches; errors name the argument.
 """
 from __future__ import annotations
@@ -277,6 +280,36 @@ def _backward(ctx, grad_o, grad_lse):
 attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _EagerAttention(torch.autograd.Function):
+    """Eager autograd straight over the runtime (the custom ops' impls, minus their layers)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, opts: Options):
+        o, lse = _runtime().forward(q, k, v, causal=opts.causal, softmax_scale=opts.softmax_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.opts = opts
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernels have no backward of their own
+    def backward(ctx, grad_o):
+        q, k, v, o, lse = ctx.saved_tensors
+        opts = ctx.opts
+        # The gradient of a reduction such as o.sum() arrives expanded (stride 0): copy it.
+        dq, dk, dv = _runtime().backward(
+            grad_o.contiguous(), q, k, v, o, lse, causal=opts.causal,
+            softmax_scale=opts.softmax_scale, deterministic=opts.deterministic,
+            schedule=opts.schedule, num_workers=opts.num_workers)
+        return dq, dk, dv, None
+
+
+def _traced(q: torch.Tensor) -> bool:
+    """Whether torch.compile is tracing or q is a fake tensor: then only the custom ops (with
+    their fake kernels) may run."""
+    from torch._subclasses.fake_tensor import is_fake
+    return torch.compiler.is_compiling() or is_fake(q)
+
+
 # -- the public function -----------------------------------------------------------------------
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -306,5 +339,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     """
     opts = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers)
-    o, _ = torch.ops.dashgen.attention_fwd(q.contiguous(), k.contiguous(), v.contiguous(), *opts)
-    return o
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if _traced(q):
+        o, _ = torch.ops.dashgen.attention_fwd(q, k, v, *opts)
+        return o
+    return _EagerAttention.apply(q, k, v, opts)

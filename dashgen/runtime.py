@@ -49,7 +49,9 @@ class KernelConfig:
 
 
 @lru_cache(maxsize=None)
-def _load(source_name: str, cfg, device: int) -> dict[str, launch.Kernel]:
+def _load(cfg, device: int) -> dict[str, launch.Kernel]:
+    """Compile (or read from the disk cache) and load a config's kernels, once per process; keyed
+    by the frozen config, so a call never re-derives names or re-renders."""
     source = render_config(cfg)
     cubin, hit = get_or_compile(source)
     if not hit:
@@ -69,7 +71,7 @@ def _load(source_name: str, cfg, device: int) -> dict[str, launch.Kernel]:
 
 def _kernels(cfg, device: torch.device) -> dict[str, launch.Kernel]:
     launch.ensure_context(device.index or 0)
-    return _load(cfg.kernel_name, cfg, device.index or 0)
+    return _load(cfg, device.index or 0)
 
 
 def backward_kernel(q: torch.Tensor, k: torch.Tensor, kernel: str = "auto") -> str:
@@ -86,12 +88,18 @@ def backward_kernel(q: torch.Tensor, k: torch.Tensor, kernel: str = "auto") -> s
 
 def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, kernel: str = "auto") -> Problem:
     """The schedule problem the backward kernel runs: its tile sizes come from the kernel."""
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    blocks = KernelConfig(*blocks_of(backward_kernel(q, k, kernel)))
-    return Problem(batch=batch, heads_q=heads_q, heads_kv=k.shape[2], seqlen_q=seqlen_q,
-                   seqlen_k=k.shape[1], head_dim=head_dim,
-                   mask=Mask.causal() if causal else Mask.full(),
-                   block_m=blocks.block_m, block_n=blocks.block_n)
+    return _problem(tuple(q.shape), tuple(k.shape), bool(causal),
+                    backward_kernel(q, k, kernel))
+
+
+@lru_cache(maxsize=256)
+def _problem(q_shape: tuple, k_shape: tuple, causal: bool, kind: str) -> Problem:
+    batch, seqlen_q, heads_q, head_dim = q_shape
+    block_m, block_n = blocks_of(kind)
+    return Problem(batch=batch, heads_q=heads_q, heads_kv=k_shape[2], seqlen_q=seqlen_q,
+                   seqlen_k=k_shape[1], head_dim=head_dim,
+                   mask=Mask.causal() if causal else Mask.full(), block_m=block_m,
+                   block_n=block_n)
 
 
 @lru_cache(maxsize=64)
@@ -109,11 +117,23 @@ def _verified(problem: Problem, schedule: str, num_workers: int):
     return s
 
 
+_TENSOR_MAPS: dict[tuple, object] = {}
+_TENSOR_MAPS_MAX = 512
+
+
 def _tensor_map(t: torch.Tensor, rows: int):
     """TMA descriptor of a (batch, seqlen, heads, head_dim) tensor in boxes of `rows` rows x 64
-    columns (one 128-byte swizzle row); rows past seqlen read as zeros."""
-    return launch.encode_tensor_map(t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()),
-                                    (1, rows, 1, 64), swizzle=128)
+    columns (one 128-byte swizzle row); rows past seqlen read as zeros. A descriptor is a pure
+    function of address, dtype, shape, strides and box, so it is cached under exactly those:
+    training reuses the caching allocator's addresses, and encoding costs host time per call."""
+    key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), rows)
+    found = _TENSOR_MAPS.get(key)
+    if found is None:
+        if len(_TENSOR_MAPS) >= _TENSOR_MAPS_MAX:
+            _TENSOR_MAPS.clear()
+        found = _TENSOR_MAPS[key] = launch.encode_tensor_map(
+            key[0], t.dtype, key[2], key[3], (1, rows, 1, 64), swizzle=128)
+    return found
 
 
 def _stream(device: torch.device) -> int:
@@ -133,6 +153,11 @@ def forward_kernel(q: torch.Tensor, kernel: str = "auto") -> str:
     return kernel
 
 
+@lru_cache(maxsize=64)
+def _forward_config(kind: str, dtype: str, head_dim: int, causal: bool):
+    return (Sm90FwdConfig if kind == "sm90" else FwdConfig)(dtype, head_dim, causal)
+
+
 def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"):
     batch, seqlen_q, heads_q, head_dim = q.shape
     o = torch.empty_like(q)
@@ -140,35 +165,54 @@ def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"
     params = FwdParams(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                        batch, heads_q, k.shape[2], seqlen_q, k.shape[1],
                        q.stride(1), k.stride(1), o.stride(1), float(softmax_scale))
-    if forward_kernel(q, kernel) == "sm90":
-        cfg = Sm90FwdConfig(_DTYPES[q.dtype], head_dim, bool(causal))
+    kind = forward_kernel(q, kernel)
+    cfg = _forward_config(kind, _DTYPES[q.dtype], head_dim, bool(causal))
+    if kind == "sm90":
         # Each MMA warpgroup loads its 64 query rows; K/V come in tiles of block_n keys.
         maps = [_tensor_map(q, 64), _tensor_map(k, cfg.block_n), _tensor_map(v, cfg.block_n)]
         launch.launch(_kernels(cfg, q.device)[""], (-(-seqlen_q // cfg.block_m), heads_q, batch),
                       384, cfg.smem_bytes, _stream(q.device), maps + [params])
     else:
-        cfg = FwdConfig(_DTYPES[q.dtype], head_dim, bool(causal))
         launch.launch(_kernels(cfg, q.device)[""], (-(-seqlen_q // BLOCK_M), heads_q, batch), 128,
                       cfg.smem_bytes, _stream(q.device), [params])
     return o, lse
 
 
-def _workspace(problem: Problem, dev: torch.device):
-    """One int32 buffer that the preprocess kernel zeroes (no separate memset launches), cut into
-    GQA's fp32 dK/dV sums (empty without GQA), the dQ tile counters and the dK/dV tile counters;
-    padded to whole 16-byte vectors. Returns (workspace, dk_accum, dv_accum, dq_counters,
-    dkv_counters)."""
-    b, hq, hkv = problem.batch, problem.heads_q, problem.heads_kv
-    kv = (b, hkv, problem.num_n_blocks * problem.block_n, problem.head_dim) if problem.gqa else (0,)
-    shapes = [kv, kv, (b, hq, problem.num_m_blocks),
-              (b, hkv, problem.num_n_blocks) if problem.gqa else (0,)]
-    sizes = [math.prod(shape) for shape in shapes]
-    workspace = torch.empty(-(-sum(sizes) // 4) * 4, dtype=torch.int32, device=dev)
-    parts, start = [], 0
-    for shape, size in zip(shapes, sizes):
-        parts.append(workspace[start:start + size].view(shape))
-        start += size
-    return workspace, parts[0].view(torch.float32), parts[1].view(torch.float32), parts[2], parts[3]
+class _Workspace:
+    """The backward's fp32/int32 scratch, one allocation cut into views: the fp32 dQ accumulator
+    (zeroed row by row by the preprocess kernel), rowsum(dO * O), and `zeroed`, which the
+    preprocess kernel clears as whole 16-byte vectors: GQA's fp32 dK/dV sums (empty without GQA),
+    the dQ tile counters and the dK/dV tile counters."""
+
+    def __init__(self, problem: Problem, dev: torch.device):
+        b, hq, hkv, d = problem.batch, problem.heads_q, problem.heads_kv, problem.head_dim
+        gqa = problem.gqa
+        kv = (b, hkv, problem.num_n_blocks * problem.block_n, d) if gqa else (0,)
+        shapes = [(b, hq, problem.num_m_blocks * problem.block_m, d), (b, hq, problem.seqlen_q),
+                  kv, kv, (b, hq, problem.num_m_blocks), (b, hkv, problem.num_n_blocks) if gqa
+                  else (0,)]
+        # Whole 16-byte vectors per part: the bulk adds and the vector zeroing need alignment.
+        sizes = [-(-math.prod(shape) // 4) * 4 for shape in shapes]
+        buffer = torch.empty(sum(sizes), dtype=torch.float32, device=dev)
+        parts, start = [], 0
+        for shape, size in zip(shapes, sizes):
+            parts.append(buffer[start:start + math.prod(shape)].view(shape))
+            start += size
+        self.buffer = buffer
+        self.dq_accum, self.dpsum, self.dk_accum, self.dv_accum = parts[:4]
+        self.dq_counters, self.dkv_counters = (t.view(torch.int32) for t in parts[4:])
+        self.zeroed = buffer[sizes[0] + sizes[1]:]
+
+
+@lru_cache(maxsize=256)
+def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: bool,
+                     deterministic: bool, trace: bool, registers: tuple[int, int]):
+    cfg = config_of(kernel, dtype, head_dim, causal, gqa=gqa, deterministic=deterministic,
+                    trace=trace)
+    if isinstance(cfg, Sm90BwdConfig):
+        cfg = dataclasses.replace(cfg, producer_registers=registers[0],
+                                  mma_registers=registers[1])
+    return cfg
 
 
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
@@ -178,29 +222,25 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     plan, tasks, offsets = _plan_tensors(problem, schedule, num_workers, q.device)
-    cfg = config_of(kernel, _DTYPES[q.dtype], head_dim, bool(causal), gqa=problem.gqa,
-                    deterministic=bool(deterministic), trace=bool(trace))
-    if isinstance(cfg, Sm90BwdConfig):
-        cfg = dataclasses.replace(cfg, producer_registers=SM90_REGISTERS[0],
-                                  mma_registers=SM90_REGISTERS[1])
+    cfg = _backward_config(kernel, _DTYPES[q.dtype], head_dim, bool(causal), problem.gqa,
+                           bool(deterministic), bool(trace), SM90_REGISTERS)
     block_m, block_n = cfg.block_m, cfg.block_n
     kernels = _kernels(cfg, q.device)
     stream = _stream(q.device)
     dev = q.device
     m_blocks, n_blocks = problem.num_m_blocks, problem.num_n_blocks
 
-    dpsum = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=dev)
-    dq_accum = torch.empty((batch, heads_q, m_blocks * block_m, head_dim), dtype=torch.float32,
-                           device=dev)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    workspace, dk_accum, dv_accum, dq_counters, dkv_counters = _workspace(problem, dev)
+    ws = _Workspace(problem, dev)
+    dpsum, dq_accum, dk_accum, dv_accum = ws.dpsum, ws.dq_accum, ws.dk_accum, ws.dv_accum
+    dq_counters, dkv_counters = ws.dq_counters, ws.dkv_counters
     trace_buf = (torch.full((plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
                  if trace else None)
 
     prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum.data_ptr(), dq_accum.data_ptr(),
-                      workspace.data_ptr(), workspace.numel() // 4,
+                      ws.zeroed.data_ptr(), ws.zeroed.numel() // 4,
                       batch, heads_q, seqlen_q, q.stride(1), m_blocks * block_m)
     launch.launch(kernels["_preprocess"], (-(-m_blocks * block_m // PREP_ROWS_PER_BLOCK), heads_q,
                                            batch), 128, 0, stream, [prep])

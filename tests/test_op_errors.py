@@ -466,3 +466,17 @@ def test_runtime_offers_what_the_op_calls():
     assert {"causal", "softmax_scale"} <= set(inspect.signature(runtime.forward).parameters)
     assert {"causal", "softmax_scale", "deterministic", "schedule", "num_workers", "trace"} <= \
         set(inspect.signature(runtime.backward).parameters)
+
+
+def test_eager_and_traced_paths_agree_and_a_second_derivative_raises(on_cpu):
+    q, k, v = cpu_leaves()
+    do = torch.randn_like(q)
+    eager = op.attention(q, k, v, causal=True)
+    assert type(eager.grad_fn).__name__ == "_EagerAttentionBackward"
+    o, _ = torch.ops.dashgen.attention_fwd(q, k, v, True, 1 / 8, True, "spt", 132)
+    assert torch.equal(eager, o)
+    grads = torch.autograd.grad(eager, (q, k, v), do, create_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(grads, torch.autograd.grad(o, (q, k, v), do)))
+    # A second derivative raises; it never comes back as silent zeros.
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.autograd.grad(grads[0].sum(), q)

@@ -1,5 +1,6 @@
-"""The backward's workspace (zeroed by the preprocess kernel, not by separate memsets): the
-GQA dK/dV sums and the ordering counters, disjoint views of one buffer of whole 16-byte vectors."""
+"""The backward's scratch (one allocation; the preprocess kernel zeroes the dQ accumulator and
+the `zeroed` part, no separate memsets): the fp32 dQ accumulator, rowsum(dO * O), GQA's dK/dV
+sums and the ordering counters, disjoint views, each starting on a 16-byte boundary."""
 from __future__ import annotations
 
 import pytest
@@ -7,28 +8,38 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dashgen import Problem  # noqa: E402
-from dashgen.runtime import _workspace  # noqa: E402
+from dashgen.runtime import _Workspace  # noqa: E402
 
 
-@pytest.mark.parametrize("heads_kv,seqlen_k,head_dim", [(8, 300, 64), (2, 257, 128), (1, 1, 64)])
-def test_workspace_parts_are_disjoint_views_of_whole_vectors(heads_kv, seqlen_k, head_dim):
-    p = Problem(batch=2, heads_q=8, heads_kv=heads_kv, seqlen_q=300, seqlen_k=seqlen_k,
+@pytest.mark.parametrize("heads_kv,seqlen_q,seqlen_k,head_dim", [
+    (8, 300, 300, 64), (2, 301, 257, 128), (1, 1, 1, 64), (8, 3, 7, 128)])
+def test_workspace_parts_are_disjoint_aligned_views(heads_kv, seqlen_q, seqlen_k, head_dim):
+    p = Problem(batch=2, heads_q=8, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                 head_dim=head_dim, mask="causal", block_m=64, block_n=128)
-    workspace, dk, dv, dq_counters, dkv_counters = _workspace(p, torch.device("cpu"))
-    assert workspace.dtype == torch.int32 and workspace.numel() % 4 == 0
-    assert dq_counters.shape == (2, 8, p.num_m_blocks)
+    ws = _Workspace(p, torch.device("cpu"))
+    assert ws.dq_accum.shape == (2, 8, p.num_m_blocks * 64, head_dim)
+    assert ws.dpsum.shape == (2, 8, seqlen_q)
+    assert ws.dq_counters.shape == (2, 8, p.num_m_blocks)
+    assert ws.dq_counters.dtype == ws.dkv_counters.dtype == torch.int32
     if p.gqa:
-        assert dk.shape == dv.shape == (2, heads_kv, p.num_n_blocks * 128, head_dim)
-        assert dk.dtype == dv.dtype == torch.float32
-        assert dkv_counters.shape == (2, heads_kv, p.num_n_blocks)
+        assert ws.dk_accum.shape == ws.dv_accum.shape == (2, heads_kv, p.num_n_blocks * 128,
+                                                          head_dim)
+        assert ws.dkv_counters.shape == (2, heads_kv, p.num_n_blocks)
     else:
-        assert dk.numel() == dv.numel() == dkv_counters.numel() == 0
-    parts = [dk, dv, dq_counters, dkv_counters]
-    assert sum(t.numel() for t in parts) <= workspace.numel() < sum(t.numel() for t in parts) + 4
-    # Every part lives inside the one buffer, with no overlap: filling each with its index
-    # leaves exactly its own words set.
-    workspace.zero_()
+        assert ws.dk_accum.numel() == ws.dv_accum.numel() == ws.dkv_counters.numel() == 0
+    parts = [ws.dq_accum, ws.dpsum, ws.dk_accum, ws.dv_accum, ws.dq_counters, ws.dkv_counters]
+    base = ws.buffer.data_ptr()
+    filled = [t for t in parts if t.numel()]  # an empty view has no address (data_ptr 0)
+    for t in filled:
+        assert (t.data_ptr() - base) % 16 == 0
+    # What the preprocess kernel zeroes as 16-byte vectors covers the sums and the counters.
+    assert ws.zeroed.numel() % 4 == 0 and (ws.zeroed.data_ptr() - base) % 16 == 0
+    zeroed_end = ws.zeroed.data_ptr() + 4 * ws.zeroed.numel()
+    for t in filled[2:]:
+        assert ws.zeroed.data_ptr() <= t.data_ptr() <= t.data_ptr() + 4 * t.numel() <= zeroed_end
+    # No two parts overlap: writing each its index leaves exactly its own words set.
+    ws.buffer.view(torch.int32).zero_()
     for index, t in enumerate(parts, start=1):
         t.view(torch.int32).fill_(index)
-    counts = torch.bincount(workspace, minlength=5).tolist()
+    counts = torch.bincount(ws.buffer.view(torch.int32), minlength=len(parts) + 1).tolist()
     assert counts[1:] == [t.numel() for t in parts]
