@@ -86,7 +86,8 @@ class BwdConfig(_Element16Config):
 
 @dataclass(frozen=True)
 class Sm90BwdConfig(_Element16Config):
-    """The Hopper-native backward (TMA, wgmma, warp specialization): bf16, head_dim 64 or 128."""
+    """The Hopper-native backward (TMA, wgmma, warp specialization): bf16 or fp16, head_dim 64
+    or 128, GQA or not."""
 
     prefix = "dashgen_attn_bwd_sm90"
     dtype: str
@@ -104,13 +105,14 @@ class Sm90BwdConfig(_Element16Config):
     @staticmethod
     def supports(dtype: str, head_dim: int, gqa: bool) -> bool:
         """What the template instantiates (kernel='sm90' may ask for it)."""
-        return dtype == "bf16" and head_dim in (64, 128)
+        return dtype in ("bf16", "fp16") and head_dim in (64, 128)
 
     @staticmethod
     def serves(dtype: str, head_dim: int, gqa: bool) -> bool:
-        """What kernel='auto' picks it for: every case it supports, each checked on an H200
-        against an fp64 reference (scripts/gpu_check.py --kernel sm90, tests/gpu)."""
-        return Sm90BwdConfig.supports(dtype, head_dim, gqa)
+        """What kernel='auto' picks it for: the cases checked on an H200 against an fp64
+        reference (scripts/gpu_check.py --kernel sm90, tests/gpu): bf16. fp16 compiles from the
+        same template but has not run on a GPU yet."""
+        return Sm90BwdConfig.supports(dtype, head_dim, gqa) and dtype == "bf16"
 
     @property
     def smem_bytes(self) -> int:
@@ -128,7 +130,8 @@ class Sm90BwdConfig(_Element16Config):
 
 @dataclass(frozen=True)
 class Sm90FwdConfig(_Element16Config):
-    """The Hopper-native forward (TMA, wgmma): bf16, head_dim 64 or 128, 128 query rows a CTA."""
+    """The Hopper-native forward (TMA, wgmma): bf16 or fp16, head_dim 64 or 128, 128 query rows
+    a CTA."""
 
     prefix = "dashgen_attn_fwd_sm90"
     dtype: str
@@ -139,12 +142,13 @@ class Sm90FwdConfig(_Element16Config):
 
     @staticmethod
     def supports(dtype: str, head_dim: int) -> bool:
-        return dtype == "bf16" and head_dim in (64, 128)
+        return dtype in ("bf16", "fp16") and head_dim in (64, 128)
 
     @staticmethod
     def serves(dtype: str, head_dim: int) -> bool:
-        """What kernel='auto' picks it for: every case it supports, each checked on an H200."""
-        return Sm90FwdConfig.supports(dtype, head_dim)
+        """What kernel='auto' picks it for: the cases checked on an H200 (bf16; fp16 has not
+        run on a GPU yet)."""
+        return Sm90FwdConfig.supports(dtype, head_dim) and dtype == "bf16"
 
     @property
     def smem_bytes(self) -> int:

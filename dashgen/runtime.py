@@ -80,7 +80,7 @@ def backward_kernel(q: torch.Tensor, k: torch.Tensor, kernel: str = "auto") -> s
     if kernel == "auto":
         return backward_kind(dtype, head_dim, gqa, hopper=SM90_DEFAULT)
     if kernel == "sm90" and not Sm90BwdConfig.supports(dtype, head_dim, gqa):
-        raise ValueError("kernel='sm90' supports bf16 with head_dim 64 or 128 only")
+        raise ValueError("kernel='sm90' supports bf16 or fp16 with head_dim 64 or 128 only")
     if kernel not in ("sm90", "mma"):
         raise ValueError(f"kernel must be 'auto', 'sm90' or 'mma', got {kernel!r}")
     return kernel
@@ -147,7 +147,7 @@ def forward_kernel(q: torch.Tensor, kernel: str = "auto") -> str:
     if kernel == "auto":
         return forward_kind(dtype, head_dim, SM90_DEFAULT)
     if kernel == "sm90" and not Sm90FwdConfig.supports(dtype, head_dim):
-        raise ValueError("kernel='sm90' supports bf16 with head_dim 64 or 128 only")
+        raise ValueError("kernel='sm90' supports bf16 or fp16 with head_dim 64 or 128 only")
     if kernel not in ("sm90", "mma"):
         raise ValueError(f"kernel must be 'auto', 'sm90' or 'mma', got {kernel!r}")
     return kernel

@@ -8,7 +8,7 @@
 #include "dashgen/attn/prepost.cuh"
 
 using namespace dashgen;
-using Bwd = AttnBwdSm90<64, true, false, false, false, 24, 240>;
+using Bwd = AttnBwdSm90<__nv_bfloat16, 64, true, false, false, false, 24, 240>;
 using Prep = AttnPreprocess<__nv_bfloat16, 64>;
 using Convert = AttnConvert<__nv_bfloat16, 64>;
 static_assert(Bwd::kSmemBytes == 116880, "dashgen.kernels.Sm90BwdConfig.smem_bytes disagrees");

@@ -94,7 +94,7 @@ def check_case(batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, repe
 
 
 def cases(quick, kernel):
-    if kernel == "sm90":  # what the Hopper kernel supports: bf16, head_dim 64 and 128
+    if kernel == "sm90":  # what the Hopper kernels support: bf16/fp16, head_dim 64 and 128, GQA
         return [(1, 128, 128, 1, 1, 128, False, torch.bfloat16, "fa3", 1),
                 (1, 200, 200, 2, 2, 128, True, torch.bfloat16, "spt", 3),
                 (2, 1000, 1000, 4, 4, 128, False, torch.bfloat16, "shift", 132),
@@ -109,7 +109,12 @@ def cases(quick, kernel):
                 # head_dim 64: dQ split by KV rows, partial sums added in shared memory.
                 (1, 128, 128, 1, 1, 64, False, torch.bfloat16, "fa3", 1),
                 (2, 1000, 1000, 4, 4, 64, True, torch.bfloat16, "symmetric_shift", 132),
-                (2, 777, 300, 8, 2, 64, False, torch.bfloat16, "shift", 132)]
+                (2, 777, 300, 8, 2, 64, False, torch.bfloat16, "shift", 132),
+                # fp16: the same template, f16 wgmma inputs.
+                (2, 777, 777, 8, 2, 128, True, torch.float16, "symmetric_shift", 132),
+                (1, 1000, 1000, 4, 4, 64, False, torch.float16, "shift", 132),
+                (2, 300, 257, 8, 8, 128, False, torch.float16, "fa3", 7),
+                (1, 200, 200, 4, 1, 64, True, torch.float16, "spt", 3)]
     return _cases(quick)
 
 

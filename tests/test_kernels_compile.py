@@ -114,21 +114,25 @@ def test_config_rejects_unsupported_values(config, kwargs, argument):
         config(causal=False, **kwargs)
 
 
-# The Hopper-native backward: bf16, head_dim 128, no GQA.
+# The Hopper-native backward: bf16 and fp16, head_dim 64 and 128, GQA or not.
 SM90_CONFIGS = [dict(head_dim=128, causal=c, deterministic=d, trace=t, gqa=False)
                 for c in (False, True) for d in (True, False) for t in (False, True) if d or not t]
 SM90_CONFIGS += [dict(head_dim=128, causal=c, deterministic=True, trace=False, gqa=True)
                  for c in (False, True)]
 SM90_CONFIGS += [dict(head_dim=64, causal=c, deterministic=d, trace=False, gqa=g)
                  for c in (False, True) for d in (True, False) for g in (False, True)]
+SM90_CONFIGS = [dict(o, dtype="bf16") for o in SM90_CONFIGS] + [
+    dict(dtype="fp16", head_dim=h, causal=c, deterministic=True, trace=False, gqa=g)
+    for h in (64, 128) for c in (False, True) for g in (False, True)]
 
 
-@pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(f"{k}{int(v)}" for k, v in o.items()))
+@pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(
+    f"{k}{v if isinstance(v, str) else int(v)}" for k, v in o.items()))
 def test_sm90_backward_compiles_within_register_budget(options, tmp_path, monkeypatch):
     from dashgen.kernels import Sm90BwdConfig, render_bwd_sm90
 
     monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
-    cfg = Sm90BwdConfig("bf16", **options)
+    cfg = Sm90BwdConfig(**options)
     cubin = compile_kernel(render_bwd_sm90(cfg))
     main = cubin.resources[cfg.kernel_name]
     # setmaxnreg needs the register cap at entry: 65536 / 384 threads, rounded down to 8.
@@ -162,12 +166,13 @@ def test_backward_config_is_the_serving_kernel(dtype, head_dim, gqa, hopper):
     assert (cfg.block_m, cfg.block_n) == blocks
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim,causal", [(64, False), (64, True), (128, False), (128, True)])
-def test_sm90_forward_compiles_without_spills(head_dim, causal, tmp_path, monkeypatch):
+def test_sm90_forward_compiles_without_spills(dtype, head_dim, causal, tmp_path, monkeypatch):
     from dashgen.kernels import Sm90FwdConfig, render_fwd_sm90
 
     monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
-    cfg = Sm90FwdConfig("bf16", head_dim, causal)
+    cfg = Sm90FwdConfig(dtype, head_dim, causal)
     main = compile_kernel(render_fwd_sm90(cfg)).resources[cfg.kernel_name]
     assert main.registers == 168 and main.spill_bytes == 0
     assert not main.warnings, main.warnings

@@ -26,10 +26,10 @@ namespace dashgen {
 // Named barriers: kMma joins both MMA warpgroups; kStats0 + wg one MMA warpgroup.
 enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
 
-template <int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
+template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
           int kProducerRegs, int kMmaRegs>
 struct AttnBwdSm90 {
-  using T = __nv_bfloat16;
+  static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 128;
   static constexpr int kThreads = 384;
@@ -205,9 +205,9 @@ struct AttnBwdSm90 {
   // dV += P^T dO / dK += dS^T Q: one k16 step, N = head_dim, B MN-major.
   __device__ static void rs_mma(float (&acc)[kHeadDim / 2], const u32 (&a)[4], u64 desc_b) {
     if constexpr (kHeadDim == 128) {
-      wgmma_m64n128k16_f32_bf16_rs<1>(acc, a, desc_b, true);
+      wgmma_rs<kIn, 128, 1>(acc, a, desc_b, true);
     } else {
-      wgmma_m64n64k16_f32_bf16_rs<1>(acc, a, desc_b, true);
+      wgmma_rs<kIn, 64, 1>(acc, a, desc_b, true);
     }
   }
 
@@ -291,13 +291,13 @@ struct AttnBwdSm90 {
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_m64n64k16_f32_bf16_ss(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
-                                    tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
+        wgmma_ss<kIn, 64>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
+                          tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
       }
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_m64n64k16_f32_bf16_ss(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
-                                    tile_desc_k_major(do_tile, kBlockM, 0, k), k > 0);
+        wgmma_ss<kIn, 64>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
+                          tile_desc_k_major(do_tile, kBlockM, 0, k), k > 0);
       }
       wgmma_commit_group();
 
@@ -319,7 +319,7 @@ struct AttnBwdSm90 {
 
       wgmma_wait_group<0>();
 
-      // P^T and dS^T in registers, packed to bf16 A fragments for the RS wgmmas.
+      // P^T and dS^T in registers, packed to 16-bit A fragments for the RS wgmmas.
       u32 pa[4][4], dsa[4][4];
 #pragma unroll
       for (int i2 = 0; i2 < 32; i2 += 2) {
@@ -390,7 +390,7 @@ struct AttnBwdSm90 {
         const u64 a_ds = tile_desc_k_major(smem + kOffDs, kBlockM, 0, k);
         const u64 b_k = wgmma_desc_mn_major_sw128(k_block + k * kSw128MnMajorKStepBytes,
                                                   kBlockN * 128);
-        wgmma_m64n64k16_f32_bf16_ss_trans<0, 1>(dq, a_ds, b_k, j > 0);
+        wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, b_k, j > 0);
       }
       wgmma_commit_group();
       wgmma_wait_group<0>();

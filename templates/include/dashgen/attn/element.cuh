@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include "dashgen/types.cuh"
 #include "dashgen/ptx/mma.cuh"
+#include "dashgen/ptx/wgmma.cuh"
 
 namespace dashgen {
 
@@ -18,6 +19,7 @@ struct Element;
 
 template <>
 struct Element<__nv_bfloat16> {
+  static constexpr WgmmaInput kWgmma = WgmmaInput::kBf16;
   __device__ static __forceinline__ u16 bits(__nv_bfloat16 x) { return __bfloat16_as_ushort(x); }
   __device__ static __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
   __device__ static __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -31,6 +33,7 @@ struct Element<__nv_bfloat16> {
 
 template <>
 struct Element<__half> {
+  static constexpr WgmmaInput kWgmma = WgmmaInput::kF16;
   __device__ static __forceinline__ u16 bits(__half x) { return __half_as_ushort(x); }
   __device__ static __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
   __device__ static __forceinline__ float to_float(__half x) { return __half2float(x); }

@@ -15,9 +15,9 @@
 
 namespace dashgen {
 
-template <int kHeadDim, bool kCausal>
+template <class T, int kHeadDim, bool kCausal>
 struct AttnFwdSm90 {
-  using T = __nv_bfloat16;
+  static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = 128;  // query rows per CTA: 64 per MMA warpgroup
   static constexpr int kBlockN = 128;  // keys per K/V tile
   static constexpr int kThreads = 384;
@@ -95,9 +95,9 @@ struct AttnFwdSm90 {
 
   __device__ static void pv_mma(float (&o)[kHeadDim / 2], const u32 (&a)[4], u64 desc_b) {
     if constexpr (kHeadDim == 128) {
-      wgmma_m64n128k16_f32_bf16_rs<1>(o, a, desc_b, true);
+      wgmma_rs<kIn, 128, 1>(o, a, desc_b, true);
     } else {
-      wgmma_m64n64k16_f32_bf16_rs<1>(o, a, desc_b, true);
+      wgmma_rs<kIn, 64, 1>(o, a, desc_b, true);
     }
   }
 
@@ -125,8 +125,8 @@ struct AttnFwdSm90 {
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_m64n128k16_f32_bf16_ss(sc, tile_desc_k_major(q_tile, 64, 0, k),
-                                     tile_desc_k_major(k_tile, kBlockN, 0, k), k > 0);
+        wgmma_ss<kIn, 128>(sc, tile_desc_k_major(q_tile, 64, 0, k),
+                           tile_desc_k_major(k_tile, kBlockN, 0, k), k > 0);
       }
       wgmma_commit_group();
       wgmma_wait_group<0>();
