@@ -11,31 +11,35 @@ import torch
 
 from dashgen import runtime
 
-# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, schedule, workers):
-# odd seqlens so the tails of every tile are exercised; GQA for the ordered dK/dV adds.
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, schedule, workers,
+# kernel): odd seqlens so the tails of every tile are exercised; GQA for the ordered dK/dV adds;
+# both kernel families in fp16.
 CASES = [
-    (1, 200, 200, 2, 2, 128, True, torch.bfloat16, "symmetric_shift", 4),
-    (1, 300, 257, 4, 1, 128, False, torch.bfloat16, "shift", 4),
-    (1, 200, 200, 4, 2, 64, True, torch.bfloat16, "fa3", 3),
-    (1, 130, 130, 2, 1, 64, False, torch.float16, "spt", 3),
+    (1, 200, 200, 2, 2, 128, True, torch.bfloat16, "symmetric_shift", 4, "auto"),
+    (1, 300, 257, 4, 1, 128, False, torch.bfloat16, "shift", 4, "auto"),
+    (1, 200, 200, 4, 2, 64, True, torch.bfloat16, "fa3", 3, "auto"),
+    (1, 130, 130, 2, 1, 64, False, torch.float16, "spt", 3, "sm90"),
+    (1, 130, 130, 2, 1, 64, False, torch.float16, "spt", 3, "mma"),
 ]
 
 
 def main(picked: list[int]) -> None:
     for index in picked or range(len(CASES)):
-        batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers = CASES[index]
+        batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, kernel = CASES[index]
         torch.manual_seed(sq * 131 + d)
         q = torch.randn(batch, sq, hq, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(batch, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
         do = torch.randn_like(q)
         scale = 1 / math.sqrt(d)
-        o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
+        o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale, kernel=kernel)
         for deterministic in (True, False):
             runtime.backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                             deterministic=deterministic, schedule=schedule, num_workers=workers)
+                             deterministic=deterministic, schedule=schedule, num_workers=workers,
+                             kernel=kernel)
         torch.cuda.synchronize()
-        print(f"ran fwd={runtime.forward_kernel(q)} bwd={runtime.backward_kernel(q, k)} "
-              f"d{d} {'causal' if causal else 'full'} h{hq}/{hkv} {schedule}", flush=True)
+        print(f"ran fwd={runtime.forward_kernel(q, kernel)} bwd={runtime.backward_kernel(q, k, kernel)} "
+              f"d{d} {'causal' if causal else 'full'} h{hq}/{hkv} {str(dtype)[6:]} {schedule}",
+              flush=True)
 
 
 if __name__ == "__main__":
