@@ -159,11 +159,12 @@ def _emit_problem(args: argparse.Namespace) -> Problem:
             raise CliError(f"--gqa needs fewer KV heads than query heads, got --heads {args.heads} "
                            f"and --heads-kv {args.heads_kv} (try --heads 4 --heads-kv 1)")
     gqa = args.heads_kv is not None and args.heads_kv != args.heads
-    block_m, block_n = backward_blocks(args.dtype, args.hdim, gqa)
+    hopper = args.kernel == "hopper"
+    block_m, block_n = backward_blocks(args.dtype, args.hdim, gqa, hopper)
     args.block_m = block_m if args.block_m is None else args.block_m
     args.block_n = block_n if args.block_n is None else args.block_n
     for flag, value in (("--block-m", args.block_m), ("--block-n", args.block_n)):
-        message = tile_error(flag, value, args.dtype, args.hdim, gqa)
+        message = tile_error(flag, value, args.dtype, args.hdim, gqa, hopper)
         if message is not None:
             raise CliError(message)
     return _problem(args)
@@ -184,16 +185,17 @@ def cmd_emit(args: argparse.Namespace) -> None:
         raise CliError("--schedule is required (or --golden to rewrite generated/)")
     problem = _emit_problem(args)
     try:
-        check_kernel_problem(problem, args.dtype)
+        check_kernel_problem(problem, args.dtype, args.kernel == "hopper")
     except ValueError as exc:
         raise CliError(str(exc)) from None
     schedule = _build(args.schedule, problem, args.workers)
     out = Path(args.out or "dashgen-out")
     mode = "non-deterministic" if args.nondeterministic else "deterministic"
     print(f"emit {schedule.name}: {problem.describe()}; {args.workers} workers; "
-          f"{args.dtype}, {mode}{', GQA' if problem.gqa else ''}")
+          f"{args.dtype}, {mode}{', GQA' if problem.gqa else ''}, {args.kernel} kernels")
     try:
-        emission = emit(schedule, out, dtype=args.dtype, deterministic=not args.nondeterministic)
+        emission = emit(schedule, out, dtype=args.dtype, deterministic=not args.nondeterministic,
+                        hopper=args.kernel == "hopper")
     except VerificationError as exc:
         print(f"dashgen emit: schedule failed verification:\n{exc}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -276,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=list_schedules(), help="the schedule to emit")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16",
                    help="element type of q, k, v (default bf16)")
+    p.add_argument("--kernel", choices=["hopper", "mma"], default="hopper",
+                   help="hopper: the TMA + wgmma kernels dashgen.attention runs (default); mma: "
+                        "the portable mma.sync kernels (runtime kernel='mma')")
     p.add_argument("--out", metavar="DIR",
                    help="output folder (default ./dashgen-out; with --golden: generated/)")
     p.add_argument("--nondeterministic", action="store_true",
@@ -290,10 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
         "mask": "full or causal (default: the mask the schedule serves: causal for "
                 "symmetric_shift, full otherwise)",
         "block_m": "must be the tile of the backward kernel that serves the configuration "
-                   f"(default): {Sm90BwdConfig.block_m} for the Hopper backward (bf16, head_dim "
-                   f"128, no GQA), {BLOCK_M} for the mma.sync backward otherwise",
+                   f"(default): {Sm90BwdConfig.block_m} for the Hopper backward, {BLOCK_M} for "
+                   "the mma.sync backward (--kernel mma)",
         "block_n": f"likewise: {Sm90BwdConfig.block_n} for the Hopper backward, {BLOCK_N} "
-                   "otherwise",
+                   "for the mma.sync one",
     })
     # The tiles are the serving backward's (filled in once dtype, head_dim and GQA are known),
     # and the schedule's own mask beats the shared "full".

@@ -1,9 +1,10 @@
 """Emit what a schedule runs as: the rendered kernel sources, the lowered task table as JSON, and
 the compiled cubins with ptxas's figures; and the golden renders in generated/ that a test checks.
 
-The backward kernel is the one the runtime runs for the configuration (dashgen.kernels.
-backward_config: the Hopper-native Sm90BwdConfig for bf16 head_dim 128 without GQA, the mma.sync
-BwdConfig otherwise), and the schedule is built with that kernel's tiles (backward_blocks).
+The kernels are the ones the runtime runs for the configuration (dashgen.kernels.
+forward_config/backward_config: the Hopper-native Sm90FwdConfig/Sm90BwdConfig; with
+hopper=False the mma.sync FwdConfig/BwdConfig, what kernel="mma" runs), and the schedule is built
+with that backward's tiles (backward_blocks).
 The kernel sources do not depend on the schedule (it reaches the kernel as a task table), so a
 schedule changes the .tasks.json file, never the .cu files.
 """
@@ -62,10 +63,10 @@ def default_mask(schedule: str) -> str:
     return served[0]
 
 
-def serving_backward(dtype: str, head_dim: int, gqa: bool) -> str:
+def serving_backward(dtype: str, head_dim: int, gqa: bool, hopper: bool = True) -> str:
     """Names the backward kernel that serves the configuration and its tiles, for messages."""
-    block_m, block_n = backward_blocks(dtype, head_dim, gqa)
-    if backward_kind(dtype, head_dim, gqa) == "sm90":
+    block_m, block_n = backward_blocks(dtype, head_dim, gqa, hopper)
+    if backward_kind(dtype, head_dim, gqa, hopper) == "sm90":
         kernel = f"the Hopper backward ({Sm90BwdConfig.prefix})"
     else:
         kernel = f"the mma.sync backward ({BwdConfig.prefix})"
@@ -73,22 +74,23 @@ def serving_backward(dtype: str, head_dim: int, gqa: bool) -> str:
             f"with {block_m}x{block_n} tiles")
 
 
-def tile_error(name: str, value: int, dtype: str, head_dim: int, gqa: bool) -> str | None:
+def tile_error(name: str, value: int, dtype: str, head_dim: int, gqa: bool,
+               hopper: bool = True) -> str | None:
     """The message refusing `name` (block_m or --block-m, ...) = `value` where the serving
     backward kernel's tile differs; None where it matches."""
-    block_m, block_n = backward_blocks(dtype, head_dim, gqa)
+    block_m, block_n = backward_blocks(dtype, head_dim, gqa, hopper)
     need = block_m if name.replace("-", "_").endswith("block_m") else block_n
     if value == need:
         return None
     return (f"{name} must be {need}, the serving kernel's tile, got {value}: "
-            f"{serving_backward(dtype, head_dim, gqa)}")
+            f"{serving_backward(dtype, head_dim, gqa, hopper)}")
 
 
-def check_kernel_problem(problem: Problem, dtype: str = GOLDEN_DTYPE) -> None:
+def check_kernel_problem(problem: Problem, dtype: str = GOLDEN_DTYPE, hopper: bool = True) -> None:
     """Raise ValueError naming the field when the kernels cannot run `problem`: its tiles must be
     those of the backward kernel that serves it (dashgen.kernels.backward_blocks)."""
     for name, value in (("block_m", problem.block_m), ("block_n", problem.block_n)):
-        message = tile_error(name, value, dtype, problem.head_dim, problem.gqa)
+        message = tile_error(name, value, dtype, problem.head_dim, problem.gqa, hopper)
         if message is not None:
             raise ValueError(message)
     if problem.mask.kind not in KERNEL_MASKS:
@@ -97,14 +99,15 @@ def check_kernel_problem(problem: Problem, dtype: str = GOLDEN_DTYPE) -> None:
 
 
 def kernel_configs(problem: Problem, dtype: str = GOLDEN_DTYPE, deterministic: bool = True,
-                   trace: bool = False) -> tuple[FwdConfig | Sm90FwdConfig, BwdConfig | Sm90BwdConfig]:
+                   trace: bool = False, hopper: bool = True,
+                   ) -> tuple[FwdConfig | Sm90FwdConfig, BwdConfig | Sm90BwdConfig]:
     """The configs of the forward and the backward that serve `problem` (the ones the runtime
     runs: dashgen.kernels.forward_config/backward_config; GQA follows the problem)."""
     causal = problem.mask.kind == "causal"
-    fwd = forward_config(dtype, problem.head_dim, causal)  # first: names a bad dtype or head_dim
-    check_kernel_problem(problem, dtype)
+    fwd = forward_config(dtype, problem.head_dim, causal, hopper)  # names a bad dtype, head_dim
+    check_kernel_problem(problem, dtype, hopper)
     return fwd, backward_config(dtype, problem.head_dim, causal, gqa=problem.gqa,
-                                deterministic=deterministic, trace=trace)
+                                deterministic=deterministic, trace=trace, hopper=hopper)
 
 
 def problem_tag(problem: Problem, num_workers: int) -> str:
@@ -162,7 +165,7 @@ def _write(path: Path, data: bytes) -> Path:
 
 
 def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
-         deterministic: bool = True, compile: bool = True) -> Emission:
+         deterministic: bool = True, compile: bool = True, hopper: bool = True) -> Emission:
     """Verify and lower `schedule`, write its task table and both kernel sources to `out_dir`,
     then compile them (through the cache) and write the cubins.
 
@@ -170,7 +173,7 @@ def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
     Raises VerificationError, ValueError (a problem the kernels cannot run) or CompileError.
     """
     verify(schedule)
-    fwd_cfg, bwd_cfg = kernel_configs(schedule.problem, dtype, deterministic)
+    fwd_cfg, bwd_cfg = kernel_configs(schedule.problem, dtype, deterministic, hopper=hopper)
     plan = lower(schedule)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -109,10 +109,9 @@ class Sm90BwdConfig(_Element16Config):
 
     @staticmethod
     def serves(dtype: str, head_dim: int, gqa: bool) -> bool:
-        """What kernel='auto' picks it for: the cases checked on an H200 against an fp64
-        reference (scripts/gpu_check.py --kernel sm90, tests/gpu): bf16. fp16 compiles from the
-        same template but has not run on a GPU yet."""
-        return Sm90BwdConfig.supports(dtype, head_dim, gqa) and dtype == "bf16"
+        """What kernel='auto' picks it for: every case it supports, each checked on an H200
+        against an fp64 reference (scripts/gpu_check.py --kernel sm90, tests/gpu)."""
+        return Sm90BwdConfig.supports(dtype, head_dim, gqa)
 
     @property
     def smem_bytes(self) -> int:
@@ -146,9 +145,8 @@ class Sm90FwdConfig(_Element16Config):
 
     @staticmethod
     def serves(dtype: str, head_dim: int) -> bool:
-        """What kernel='auto' picks it for: the cases checked on an H200 (bf16; fp16 has not
-        run on a GPU yet)."""
-        return Sm90FwdConfig.supports(dtype, head_dim) and dtype == "bf16"
+        """What kernel='auto' picks it for: every case it supports, each checked on an H200."""
+        return Sm90FwdConfig.supports(dtype, head_dim)
 
     @property
     def smem_bytes(self) -> int:

@@ -78,13 +78,13 @@ def test_emit_symmetric_shift_end_to_end(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_emit_fp16_uses_the_mma_kernels(tmp_path, monkeypatch, capsys):
+def test_emit_kernel_mma_writes_the_mma_kernels(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     out = tmp_path / "out"
     main(["emit", "--schedule", "symmetric_shift", "--hdim", "64", "--seqlen", "512",
-          "--workers", "6", "--dtype", "fp16", "--out", str(out)])
+          "--workers", "6", "--dtype", "fp16", "--kernel", "mma", "--out", str(out)])
     stdout = capsys.readouterr().out
-    assert "blocks 64x64" in stdout.splitlines()[0]
+    assert "blocks 64x64" in stdout.splitlines()[0] and "mma kernels" in stdout.splitlines()[0]
     bwd = BwdConfig("fp16", 64, True).kernel_name
     assert (out / f"{FwdConfig('fp16', 64, True).kernel_name}.cu").is_file()
     assert (out / f"{bwd}.cu").is_file() and (out / f"{bwd}.cubin").is_file()
@@ -97,18 +97,20 @@ def test_emit_fp16_uses_the_mma_kernels(tmp_path, monkeypatch, capsys):
         assert " 0 spill bytes" in line and "ptxas:" not in line
 
 
-@pytest.mark.parametrize("dtype,head_dim,gqa,kind,blocks", [
-    ("bf16", 128, False, Sm90BwdConfig, (64, 128)),
-    ("bf16", 128, True, Sm90BwdConfig, (64, 128)),
-    ("fp16", 128, False, BwdConfig, (64, 64)),
-    ("bf16", 64, False, Sm90BwdConfig, (64, 128)),
-    ("fp16", 64, True, BwdConfig, (64, 64)),
+@pytest.mark.parametrize("dtype,head_dim,gqa,hopper,kind,blocks", [
+    ("bf16", 128, False, True, Sm90BwdConfig, (64, 128)),
+    ("bf16", 128, True, True, Sm90BwdConfig, (64, 128)),
+    ("fp16", 128, False, True, Sm90BwdConfig, (64, 128)),
+    ("bf16", 64, False, True, Sm90BwdConfig, (64, 128)),
+    ("fp16", 64, True, True, Sm90BwdConfig, (64, 128)),
+    ("fp16", 128, False, False, BwdConfig, (64, 64)),
+    ("bf16", 64, True, False, BwdConfig, (64, 64)),
 ])
-def test_kernel_configs_follow_the_serving_backward(dtype, head_dim, gqa, kind, blocks):
-    assert backward_blocks(dtype, head_dim, gqa) == blocks
+def test_kernel_configs_follow_the_serving_backward(dtype, head_dim, gqa, hopper, kind, blocks):
+    assert backward_blocks(dtype, head_dim, gqa, hopper) == blocks
     problem = Problem(heads_q=4, heads_kv=1 if gqa else 4, seqlen_q=512, head_dim=head_dim,
                       mask="causal", block_m=blocks[0], block_n=blocks[1])
-    fwd, bwd = kernel_configs(problem, dtype, deterministic=False)
+    fwd, bwd = kernel_configs(problem, dtype, deterministic=False, hopper=hopper)
     assert type(bwd) is kind and (bwd.block_m, bwd.block_n) == blocks
     assert bwd.dtype == dtype and bwd.causal and not bwd.deterministic
     # The Hopper forward serves where the Hopper backward does, with 128 query rows a CTA.
@@ -120,7 +122,7 @@ def test_kernel_configs_follow_the_serving_backward(dtype, head_dim, gqa, kind, 
                                          rf"tile, got {other[1]}: "):
         check_kernel_problem(Problem(heads_q=4, heads_kv=1 if gqa else 4, seqlen_q=512,
                                      head_dim=head_dim, block_m=other[0], block_n=other[1]),
-                             dtype)
+                             dtype, hopper)
 
 
 @pytest.mark.parametrize("hopper", [True, False])
@@ -148,10 +150,10 @@ def test_emit_reports_cached_second_time(tmp_path, monkeypatch, capsys):
     assert "full mask" in first and "non-deterministic, GQA" in first
     assert "heads 4/1kv" in first
     kernel_lines = [line for line in second.splitlines() if line.startswith("dashgen_attn_")]
-    assert kernel_lines and all(line.endswith("cached") for line in kernel_lines)
+    assert kernel_lines and all("  cached" in line for line in kernel_lines)
     written = {p.name for p in (tmp_path / "out").iterdir()}
     assert "fa3_b1_h4kv1_s256_d64_full_w4.tasks.json" in written
-    assert any("dtypefp16" in n and "deterministic0_gqa1" in n for n in written)
+    assert any("dtypefp16" in n and "deterministic0" in n and "gqa1" in n for n in written)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -168,13 +170,14 @@ def test_emit_reports_cached_second_time(tmp_path, monkeypatch, capsys):
     (["--schedule", "fa3", "--hdim", "64", "--block-n", "64"],
      "--block-n must be 128, the serving kernel's tile, got 64: the Hopper backward "
      "(dashgen_attn_bwd_sm90) serves bf16, head_dim 64 with 64x128 tiles"),
-    (["--schedule", "fa3", "--dtype", "fp16", "--block-n", "128"],
+    (["--schedule", "fa3", "--dtype", "fp16", "--kernel", "mma", "--block-n", "128"],
      "--block-n must be 64, the serving kernel's tile, got 128: the mma.sync backward "
      "(dashgen_attn_bwd) serves fp16, head_dim 128 with 64x64 tiles"),
     (["--schedule", "fa3", "--heads", "4", "--gqa", "--block-n", "64"],
      "--block-n must be 128, the serving kernel's tile, got 64: the Hopper backward "
      "(dashgen_attn_bwd_sm90) serves bf16, head_dim 128, GQA with 64x128 tiles"),
-    (["--schedule", "fa3", "--heads", "4", "--gqa", "--dtype", "fp16", "--block-n", "128"],
+    (["--schedule", "fa3", "--heads", "4", "--gqa", "--dtype", "fp16", "--kernel", "mma",
+      "--block-n", "128"],
      "--block-n must be 64, the serving kernel's tile, got 128: the mma.sync backward "
      "(dashgen_attn_bwd) serves fp16, head_dim 128, GQA with 64x64 tiles"),
     (["--schedule", "fa3", "--mask", "window:64,0"], "mask must be one of full, causal"),
@@ -200,11 +203,11 @@ def test_emit_unsupported_problem_subprocess(tmp_path):
     assert proc.stdout == ""
 
 
-@pytest.mark.parametrize("dtype,kind,prefix", [
-    ("bf16", Sm90BwdConfig, "dashgen_attn_bwd_sm90_"),  # the Hopper backward serves it
-    ("fp16", BwdConfig, "dashgen_attn_bwd_dtype"),      # the mma.sync backward serves it
+@pytest.mark.parametrize("kernel,kind,prefix", [
+    ("hopper", Sm90BwdConfig, "dashgen_attn_bwd_sm90_"),
+    ("mma", BwdConfig, "dashgen_attn_bwd_dtype"),
 ])
-def test_emit_compile_error_prints_log_and_exits_1(dtype, kind, prefix, tmp_path, monkeypatch,
+def test_emit_compile_error_prints_log_and_exits_1(kernel, kind, prefix, tmp_path, monkeypatch,
                                                    capsys):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     render_config = emit_module.render_config
@@ -218,7 +221,7 @@ def test_emit_compile_error_prints_log_and_exits_1(dtype, kind, prefix, tmp_path
     monkeypatch.setattr(emit_module, "render_config", broken_bwd)
     with pytest.raises(SystemExit) as exit_:
         main(["emit", "--schedule", "spt", "--mask", "causal", "--seqlen", "256", "--hdim", "64",
-              "--dtype", dtype, "--out", str(tmp_path / "out")])
+              "--kernel", kernel, "--out", str(tmp_path / "out")])
     assert exit_.value.code == 1
     err = capsys.readouterr().err
     assert f"NVRTC failed to compile {prefix}" in err and "undeclared_thing" in err

@@ -151,7 +151,7 @@ def test_sm90_backward_compiles_within_register_budget(options, tmp_path, monkey
 @pytest.mark.parametrize("gqa", [False, True])
 @pytest.mark.parametrize("hopper", [True, False])
 def test_backward_config_is_the_serving_kernel(dtype, head_dim, gqa, hopper):
-    sm90 = hopper and dtype == "bf16"  # the Hopper kernels: bf16, head_dim 64/128, GQA or not
+    sm90 = hopper  # the Hopper kernels serve bf16 and fp16, head_dim 64/128, GQA or not
     assert backward_kind(dtype, head_dim, gqa, hopper) == ("sm90" if sm90 else "mma")
     blocks = (Sm90BwdConfig.block_m, Sm90BwdConfig.block_n) if sm90 else (BLOCK_M, BLOCK_N)
     assert blocks == ((64, 128) if sm90 else (64, 64))

@@ -21,7 +21,8 @@ def tensors(head_dim=128, heads_q=4, heads_kv=4, dtype=torch.bfloat16):
     (128, 1, torch.bfloat16, "sm90"),   # GQA/MQA: ordered dK/dV adds
     (64, 4, torch.bfloat16, "sm90"),    # head_dim 64: dQ split by KV rows
     (64, 2, torch.bfloat16, "sm90"),
-    (128, 4, torch.float16, "mma"),     # fp16: no Hopper path
+    (128, 4, torch.float16, "sm90"),    # fp16: f16 wgmma inputs
+    (64, 1, torch.float16, "sm90"),
 ])
 def test_auto_picks_the_hopper_kernels_where_they_serve(head_dim, heads_kv, dtype, expect):
     q, k = tensors(head_dim, 4, heads_kv, dtype)
@@ -56,9 +57,7 @@ def test_the_mma_kernels_can_be_asked_for_explicitly():
     assert runtime.backward_kernel(q, k, "mma") == "mma"
     assert runtime.forward_kernel(q, "mma") == "mma"
     assert runtime.problem_of(q, k, False, kernel="mma").block_n == 64
-    # fp16 on Hopper is asked for explicitly until it has run on a GPU.
     q16, k16 = tensors(dtype=torch.float16)
-    assert runtime.backward_kernel(q16, k16, "sm90") == "sm90"
-    assert runtime.forward_kernel(q16, "sm90") == "sm90"
-    assert Sm90BwdConfig.supports("fp16", 128, False) and not Sm90BwdConfig.serves("fp16", 128, False)
-    assert Sm90FwdConfig.supports("fp16", 128) and not Sm90FwdConfig.serves("fp16", 128)
+    assert runtime.backward_kernel(q16, k16, "mma") == "mma"
+    assert runtime.forward_kernel(q16, "mma") == "mma"
+    assert Sm90BwdConfig.serves("fp16", 128, False) and Sm90FwdConfig.serves("fp16", 128)
