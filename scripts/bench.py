@@ -183,6 +183,19 @@ def setup_dashgen_forward(cfg: Config, inputs):
     return forward
 
 
+def setup_sdpa_forward(cfg: Config, inputs, backend_name: str):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = getattr(SDPBackend, backend_name)
+    q, k, v, _ = (t.transpose(1, 2) for t in inputs)  # the layout models pass, as above
+
+    def forward():
+        with torch.no_grad(), sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=cfg.causal)
+    return forward
+
+
 def setup_sdpa(cfg: Config, inputs, backend_name: str, deterministic: bool):
     import torch
     import torch.nn.functional as F
@@ -254,9 +267,16 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
                       num_workers=workers, **base)
             out.append((row, lambda inputs, n=name, d=det, w=workers:
                         setup_dashgen(cfg, inputs, n, d, w)))
+    # What a user gets without choosing: schedule="auto", num_workers=None (a separate impl, so
+    # `dashgen calibrate` does not take it for a schedule).
+    out.append((Row("dashgen_det auto", "dashgen_auto", "auto", True, "backward", **base),
+                lambda inputs: setup_dashgen(cfg, inputs, "auto", True, None)))
     # The forward does not depend on the schedule: one row, timed through the public op.
     out.append((Row("dashgen forward", "dashgen", None, None, "forward", **base),
                 lambda inputs: setup_dashgen_forward(cfg, inputs)))
+    if "flash_det" in peers:  # the forward to beat (ANCHORS.md): SDPA's flash forward
+        out.append((Row("sdpa_flash forward", "sdpa_flash", None, None, "forward", **base),
+                    lambda inputs: setup_sdpa_forward(cfg, inputs, "FLASH_ATTENTION")))
     if "cudnn" in peers:
         out.append((Row("sdpa_cudnn (nondet)", "sdpa_cudnn", None, False, "backward", **base),
                     lambda inputs: setup_sdpa(cfg, inputs, "CUDNN_ATTENTION", False)))

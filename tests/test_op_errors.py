@@ -302,8 +302,8 @@ def test_errors_raised_through_attention_launch_nothing(on_cpu, stub_runtime):
 # -- resolving schedule, num_workers, deterministic, softmax_scale -----------------------------
 
 @pytest.mark.parametrize("mask, num_workers, expected", [
-    ("full", None, ("fa3", 132)),
-    ("causal", None, ("spt", 132)),
+    ("full", None, ("shift", 132)),
+    ("causal", None, ("symmetric_shift", 132)),
     ("full", 7, ("shift", 7)),
     ("causal", 7, ("symmetric_shift", 7)),
 ])
@@ -312,10 +312,17 @@ def test_auto_schedule(mask, num_workers, expected):
     assert op.resolve_schedule(problem, "auto", num_workers, 132) == expected
 
 
-def test_auto_without_num_workers_never_picks_a_worker_dependent_order():
-    for (_, pinned), candidates in op.AUTO_SCHEDULES.items():
-        if not pinned:
-            assert not any(BUILDERS[name].depends_on_workers for name in candidates)
+def test_auto_bits_are_pinned_by_the_worker_count():
+    """auto without num_workers is auto with num_workers = the SM count: same (schedule, count),
+    so the same bits, on every GPU with that many SMs."""
+    for mask in ("full", "causal"):
+        problem = Problem(batch=2, heads_q=4, seqlen_q=1000, mask=mask, block_m=64, block_n=128)
+        for sms in (114, 132):
+            assert op.resolve_schedule(problem, "auto", None, sms) == \
+                op.resolve_schedule(problem, "auto", sms, sms)
+    for candidates in op.AUTO_SCHEDULES.values():
+        assert BUILDERS[candidates[0]].depends_on_workers  # a DASH order first
+        assert not BUILDERS[candidates[-1]].depends_on_workers  # a fallback that serves all
 
 
 @pytest.mark.parametrize("name", ["fa3", "spt", "descending"])
@@ -328,7 +335,7 @@ def test_worker_independent_schedules_default_to_the_sm_count(name):
 def test_check_inputs_resolves_the_defaults(fake_cuda):
     opts = op.check_inputs(*qkv(device="cuda"), causal=True)
     assert opts == op.Options(causal=True, softmax_scale=1 / 8, deterministic=True,
-                              schedule="spt", num_workers=132)
+                              schedule="symmetric_shift", num_workers=132)
     assert op.check_inputs(*qkv(device="cuda"), softmax_scale=2).softmax_scale == 2.0
 
 

@@ -1,0 +1,59 @@
+"""scripts/bench.py without a GPU: which rows a configuration plans (every schedule in both modes,
+the "auto" row, the forwards, the peers), and the table it renders from results."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("dashgen_bench_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+@pytest.mark.parametrize("mask,dash", [("full", "shift"), ("causal", "symmetric_shift")])
+def test_rows_cover_schedules_modes_auto_forwards_and_peers(bench, mask, dash):
+    cfg = bench.Config(4096, 128, mask, 16384, 2048)
+    rows = [row for row, _ in bench.rows_for(cfg, None, list(bench.PEERS), 132)]
+    labels = [r.label for r in rows]
+    assert f"dashgen_det {dash}" in labels and f"dashgen_nondet {dash}" in labels
+    assert "dashgen_det fa3" in labels and "dashgen_nondet fa3" in labels
+    auto = rows[labels.index("dashgen_det auto")]
+    assert auto.impl == "dashgen_auto" and auto.num_workers is None and auto.deterministic
+    assert [r.label for r in rows if r.direction == "forward"] == ["dashgen forward",
+                                                                  "sdpa_flash forward"]
+    assert {"sdpa_cudnn (nondet)", "sdpa_flash_det (FA2)", "flex (det)"} <= set(labels)
+    worker_counts = {r.schedule: r.num_workers for r in rows if r.impl == "dashgen"}
+    assert worker_counts[dash] == 132 and worker_counts["fa3"] is None
+    assert len(labels) == len(set(labels))
+    assert all(r.batch == 4 and r.heads == 16 for r in rows)
+
+
+def test_markdown_table_and_memory_floor(bench):
+    cfg = bench.Config(1024, 64, "causal", 16384, 2048)
+    rows = [row for row, _ in bench.rows_for(cfg, ["symmetric_shift"], ["flex"], 132)]
+    for i, row in enumerate(rows):
+        row.ms, row.tflops = 1.0 + i, 100.0 + i
+        row.extra_bytes = cfg.floor_bytes() if row.direction == "backward" else None
+    meta = dict(gpu="NVIDIA H200", date="2026-11-30", torch="2.11", torch_cuda="13.0",
+                nvrtc="13.0", commit="abc1234", tokens=16384, hidden=2048, repeats=10, warmup=3)
+    text = bench.render_markdown(meta, [asdict(r) for r in rows])
+    assert "## head_dim 64, causal" in text and "commit abc1234" in text
+    assert "| dashgen_det symmetric_shift | 100.0 |" in text
+    assert "| dashgen_det auto |" in text and "| sdpa_flash forward |" not in text
+    floor_mib = cfg.floor_bytes() / 2**20
+    assert f"| floor b*h*s*(4d+8) | {floor_mib:.1f} |" in text
+    assert "| FA3_det (anchor) | 245.4 |" in text
