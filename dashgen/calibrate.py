@@ -1,7 +1,7 @@
 """Calibrate the kernel model's costs from benchmark measurements, and check its predictions.
 
 Fits KernelCost (c, r, signal latency, fixed overhead) to dashgen's measured backward times from
-scripts/bench.py JSON files, on a subset of sequence lengths, then predicts the rest: how close
+`dashgen bench` JSON files, on a subset of sequence lengths, then predicts the rest: how close
 the times are, and whether the schedule the model ranks first is the one that measured fastest.
 """
 from __future__ import annotations
@@ -48,12 +48,12 @@ class Measurement:
 
 
 def load_measurements(paths: list[Path]) -> list[Measurement]:
-    """dashgen backward rows without errors from scripts/bench.py JSON files."""
+    """dashgen backward rows without errors from `dashgen bench` JSON files."""
     rows: list[Measurement] = []
     for path in paths:
         data = json.loads(Path(path).read_text())
         if not isinstance(data, dict) or "rows" not in data or "meta" not in data:
-            raise ValueError(f"{path}: not a scripts/bench.py result (needs 'meta' and 'rows')")
+            raise ValueError(f"{path}: not a `dashgen bench` result (needs 'meta' and 'rows')")
         workers = int(data["meta"]["sm_count"])
         for row in data["rows"]:
             if (row.get("impl") != "dashgen" or row.get("direction") != "backward"

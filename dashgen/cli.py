@@ -225,6 +225,18 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         Path(args.out).write_text(text + "\n")
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    from .bench import run
+    try:
+        status = run(args)
+    except SystemExit as exc:  # the benchmark's own refusals: bad options, no GPU
+        if isinstance(exc.code, str):
+            raise CliError(exc.code) from None
+        raise
+    if status:
+        raise SystemExit(status)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .kernels import BLOCK_M, BLOCK_N, Sm90BwdConfig
 
@@ -303,9 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
     # The tiles are the serving backward's (filled in once dtype, head_dim and GQA are known),
     # and the schedule's own mask beats the shared "full".
     p.set_defaults(func=cmd_emit, mask=None, block_m=None, block_n=None)
+    from . import bench
+    p = sub.add_parser("bench", help="benchmark the kernels against PyTorch's (needs an sm_90 GPU)",
+                       description=bench.__doc__.splitlines()[0] + " " + " ".join(
+                           bench.__doc__.splitlines()[1:2]))
+    bench.add_options(p)
+    p.set_defaults(func=cmd_bench)
     p = sub.add_parser("calibrate", help="fit the kernel model to benchmark results",
                        description="Fit the kernel model's costs (c, r, signal latency, overhead) "
-                                   "to dashgen's measured backward times in scripts/bench.py JSON "
+                                   "to dashgen's measured backward times in `dashgen bench` JSON "
                                    "files at --fit-seqlens, then compare its predictions with every "
                                    "measurement and check which schedule it ranks first.")
     p.add_argument("files", nargs="+", metavar="BENCH.json")

@@ -9,13 +9,17 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from bench import median_ms  # scripts/bench.py: the protocol's timing
-from dashgen import runtime
-from dashgen.op import attention
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+from dashgen import runtime  # noqa: E402
+from dashgen.bench import median_ms  # noqa: E402  (the protocol's timing)
+from dashgen.op import attention  # noqa: E402
 
 
 def host_us(fn, calls: int = 50) -> float:

@@ -1,5 +1,5 @@
 """Quick timing of dashgen's forward and backward on the ANCHORS.md shapes (a subset), for
-comparing kernel versions inside one device call. The full protocol lives in scripts/bench.py.
+comparing kernel versions inside one device call. The full protocol is `dashgen bench`.
 
 PYTHONPATH=. python3 scripts/time_kernels.py [--seqlens 1024 4096] [--hdims 64 128]
 """
@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 import torch
 
-from bench import median_ms  # scripts/bench.py: the protocol's timing
-from dashgen import runtime
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+from dashgen import runtime  # noqa: E402
+from dashgen.bench import median_ms  # noqa: E402  (the protocol's timing)
 
 
 def main():

@@ -121,4 +121,4 @@ def test_calibrate_cli_reports_and_refuses_bad_files(tmp_path):
     bad.write_text("{}")
     proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "calibrate", str(bad)],
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2 and "not a scripts/bench.py result" in proc.stderr
+    assert proc.returncode == 2 and "not a `dashgen bench` result" in proc.stderr

@@ -1,8 +1,9 @@
-"""scripts/bench.py without a GPU: which rows a configuration plans (every schedule in both modes,
-the "auto" row, the forwards, the peers), and the table it renders from results."""
+"""The benchmark (`dashgen bench`, scripts/bench.py) without a GPU: which rows a configuration
+plans (every schedule in both modes, the "auto" row, the forwards, the peers), the table it
+renders from results, and a clean refusal where no GPU is visible."""
 from __future__ import annotations
 
-import importlib.util
+import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -11,17 +12,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench.py"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("dashgen_bench_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    from dashgen import bench as module
+    return module
 
 
 @pytest.mark.parametrize("mask,dash", [("full", "shift"), ("causal", "symmetric_shift")])
@@ -57,3 +54,24 @@ def test_markdown_table_and_memory_floor(bench):
     floor_mib = cfg.floor_bytes() / 2**20
     assert f"| floor b*h*s*(4d+8) | {floor_mib:.1f} |" in text
     assert "| FA3_det (anchor) | 245.4 |" in text
+
+
+@pytest.mark.parametrize("command", [[sys.executable, "-m", "dashgen.cli", "bench"],
+                                     [sys.executable, str(ROOT / "scripts" / "bench.py")]])
+def test_bench_refuses_cleanly_without_a_gpu(command, tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the benchmark would run")
+    proc = subprocess.run(command + ["--hdims", "64", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode in (1, 2) and "needs a CUDA GPU" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_bench_help_lists_the_protocol_options():
+    proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "bench", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: dashgen bench")
+    for option in ("--seqlens", "--hdims", "--masks", "--schedules", "--peers", "--repeats",
+                   "--warmup", "--out", "--commit"):
+        assert option in proc.stdout

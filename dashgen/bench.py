@@ -1,0 +1,539 @@
+"""Attention backward benchmark on the ANCHORS.md protocol: dashgen's schedules (deterministic and
+not) and forward, against SDPA cuDNN, SDPA flash (deterministic) and FlexAttention, same inputs.
+
+    dashgen bench --out bench_out          # the 20 core configurations
+    dashgen bench --seqlens 2048 --hdims 128 --masks causal --peers none
+    (scripts/bench.py runs the same from a checkout)
+
+Writes DIR/bench.json, DIR/bench.md and DIR/bench.png; prints the markdown table last.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent  # the checkout, for the commit id
+
+# Backward TFLOP/s measured on one H200 by the same protocol (FA3 with its deterministic mode;
+# DASH = the paper authors' fork). Copied from ANCHORS.md, section "Measured on one H200".
+PUBLISHED_ANCHORS = {  # published anchors, ANCHORS.md 2026-11-30
+    (64, "full"): {
+        "FA3_det": {1024: 316.0, 2048: 351.4, 4096: 389.2, 8192: 441.9, 16384: 506.6},
+        "DASH_det": {1024: 395.2, 2048: 471.0, 4096: 482.7, 8192: 504.1, 16384: 514.5},
+    },
+    (64, "causal"): {
+        "FA3_det": {1024: 245.4, 2048: 332.9, 4096: 371.2, 8192: 407.8, 16384: 443.2},
+        "DASH_det": {1024: 281.3, 2048: 366.4, 4096: 353.1, 8192: 441.0, 16384: 466.0},
+    },
+    (128, "full"): {
+        "FA3_det": {1024: 379.1, 2048: 403.8, 4096: 474.3, 8192: 526.6, 16384: 572.6},
+        "DASH_det": {1024: 417.4, 2048: 489.8, 4096: 525.9, 8192: 550.6, 16384: 538.3},
+    },
+    (128, "causal"): {
+        "FA3_det": {1024: 259.4, 2048: 355.7, 4096: 406.9, 8192: 459.8, 16384: 489.7},
+        "DASH_det": {1024: 277.4, 2048: 360.0, 4096: 403.9, 8192: 455.2, 16384: 494.0},
+    },
+}
+
+PEERS = ("cudnn", "flash_det", "flex")
+BWD_OVER_FWD = 2.5  # the backward runs five matmuls of the forward's size to its two
+
+
+def fwd_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
+              causal: bool) -> float:
+    # QK^T and PV: 2 matmuls x 2 FLOPs per multiply-add; a causal mask keeps half of the scores.
+    flops = 4 * batch * heads * seqlen_q * seqlen_k * head_dim
+    return flops / 2 if causal else flops
+
+
+@dataclass(frozen=True)
+class Config:
+    seqlen: int
+    head_dim: int
+    mask: str
+    tokens: int
+    hidden: int
+
+    @property
+    def batch(self) -> int:
+        return max(1, self.tokens // self.seqlen)
+
+    @property
+    def heads(self) -> int:
+        return self.hidden // self.head_dim
+
+    @property
+    def causal(self) -> bool:
+        return self.mask == "causal"
+
+    def flops(self, backward: bool) -> float:
+        f = fwd_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
+        return f * BWD_OVER_FWD if backward else f
+
+    def floor_bytes(self) -> int:
+        # dQ accumulator in fp32 plus LSE and D (fp32 each) per query row and head.
+        return self.batch * self.heads * self.seqlen * (4 * self.head_dim + 8)
+
+
+@dataclass
+class Row:
+    label: str
+    impl: str
+    schedule: str | None
+    deterministic: bool | None
+    direction: str  # "backward" or "forward"
+    seqlen: int
+    head_dim: int
+    mask: str
+    batch: int
+    heads: int
+    num_workers: int | None = None
+    ms: float | None = None
+    tflops: float | None = None
+    extra_bytes: int | None = None
+    floor_bytes: int | None = None
+    error: str | None = None
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+def median_ms(fn, warmup: int, repeats: int) -> float:
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def extra_backward_bytes(backward) -> int:
+    """Peak memory the backward allocates beyond its gradient outputs."""
+    import torch
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    grads = backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    return peak - before - sum(g.numel() * g.element_size() for g in grads)
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(flag: bool):
+    import torch
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(flag)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def make_inputs(cfg: Config, seed: int = 0):
+    """q, k, v, do: bf16 randn in (batch, seqlen, heads, head_dim); prepared before timing."""
+    import torch
+    torch.manual_seed(seed)
+    shape = (cfg.batch, cfg.seqlen, cfg.heads, cfg.head_dim)
+    return tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+
+
+def leaves(inputs):
+    q, k, v, do = inputs
+    return tuple(t.detach().requires_grad_() for t in (q, k, v)), do
+
+
+# Each setup_* builds the forward graph once and returns the backward to time (or the forward).
+
+def setup_dashgen(cfg: Config, inputs, schedule: str, deterministic: bool, num_workers):
+    import torch
+    from dashgen.op import attention
+    (q, k, v), do = leaves(inputs)
+    o = attention(q, k, v, causal=cfg.causal, deterministic=deterministic, schedule=schedule,
+                  num_workers=num_workers)
+    return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+
+def setup_dashgen_forward(cfg: Config, inputs):
+    import torch
+    from dashgen.op import attention
+    q, k, v, _ = inputs
+
+    def forward():
+        with torch.no_grad():
+            return attention(q, k, v, causal=cfg.causal)
+    return forward
+
+
+def setup_sdpa_forward(cfg: Config, inputs, backend_name: str):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = getattr(SDPBackend, backend_name)
+    q, k, v, _ = (t.transpose(1, 2) for t in inputs)  # the layout models pass, as above
+
+    def forward():
+        with torch.no_grad(), sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=cfg.causal)
+    return forward
+
+
+def setup_sdpa(cfg: Config, inputs, backend_name: str, deterministic: bool):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = getattr(SDPBackend, backend_name)
+    (q, k, v), do = leaves(inputs)
+    # SDPA wants (batch, heads, seqlen, head_dim): views of the same storage, as models pass it.
+    with sdpa_kernel(backend), deterministic_algorithms(deterministic):
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=cfg.causal)
+    do_t = do.transpose(1, 2)
+
+    def backward():
+        # The flash backward reads the deterministic flag when it runs, not when o was made.
+        with deterministic_algorithms(deterministic):
+            return torch.autograd.grad(o, (q, k, v), do_t, retain_graph=True)
+    return backward
+
+
+_FLEX = None
+
+
+def setup_flex(cfg: Config, inputs):
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    global _FLEX
+    if _FLEX is None:
+        # one static compile per shape; 20 configurations would pass the default limit of 8
+        # and silently fall back to the unfused (and memory-hungry) eager path
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 64)
+                break
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    (q, k, v), do = leaves(inputs)
+    block_mask = None
+    if cfg.causal:
+        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None,
+                                       cfg.seqlen, cfg.seqlen, device="cuda")
+    o = _FLEX(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
+    do_t = do.transpose(1, 2)
+    return lambda: torch.autograd.grad(o, (q, k, v), do_t, retain_graph=True)
+
+
+def dashgen_schedules(cfg: Config, wanted: list[str] | None) -> list[str]:
+    from dashgen import Problem, list_schedules
+    from dashgen.runtime import KernelConfig
+    from dashgen.schedules import unsupported_reason
+    kc = KernelConfig.for_problem(cfg.head_dim, "bf16", False)
+    problem = Problem(batch=cfg.batch, heads_q=cfg.heads, seqlen_q=cfg.seqlen,
+                      head_dim=cfg.head_dim, mask=cfg.mask, block_m=kc.block_m,
+                      block_n=kc.block_n)
+    names = list_schedules() if wanted is None else wanted
+    return [n for n in names if unsupported_reason(n, problem) is None]
+
+
+def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_count: int):
+    """(Row, setup) pairs for one configuration, in table order."""
+    from dashgen.schedules import BUILDERS
+    base = dict(seqlen=cfg.seqlen, head_dim=cfg.head_dim, mask=cfg.mask, batch=cfg.batch,
+                heads=cfg.heads, floor_bytes=cfg.floor_bytes())
+    out = []
+    names = dashgen_schedules(cfg, schedules)
+    for det in (True, False):
+        for name in names:
+            workers = sm_count if BUILDERS[name].depends_on_workers else None
+            tag = "det" if det else "nondet"
+            row = Row(f"dashgen_{tag} {name}", "dashgen", name, det, "backward",
+                      num_workers=workers, **base)
+            out.append((row, lambda inputs, n=name, d=det, w=workers:
+                        setup_dashgen(cfg, inputs, n, d, w)))
+    # What a user gets without choosing: schedule="auto", num_workers=None (a separate impl, so
+    # `dashgen calibrate` does not take it for a schedule).
+    out.append((Row("dashgen_det auto", "dashgen_auto", "auto", True, "backward", **base),
+                lambda inputs: setup_dashgen(cfg, inputs, "auto", True, None)))
+    # The forward does not depend on the schedule: one row, timed through the public op.
+    out.append((Row("dashgen forward", "dashgen", None, None, "forward", **base),
+                lambda inputs: setup_dashgen_forward(cfg, inputs)))
+    if "flash_det" in peers:  # the forward to beat (ANCHORS.md): SDPA's flash forward
+        out.append((Row("sdpa_flash forward", "sdpa_flash", None, None, "forward", **base),
+                    lambda inputs: setup_sdpa_forward(cfg, inputs, "FLASH_ATTENTION")))
+    if "cudnn" in peers:
+        out.append((Row("sdpa_cudnn (nondet)", "sdpa_cudnn", None, False, "backward", **base),
+                    lambda inputs: setup_sdpa(cfg, inputs, "CUDNN_ATTENTION", False)))
+    if "flash_det" in peers:
+        out.append((Row("sdpa_flash_det (FA2)", "sdpa_flash", None, True, "backward", **base),
+                    lambda inputs: setup_sdpa(cfg, inputs, "FLASH_ATTENTION", True)))
+    if "flex" in peers:
+        out.append((Row("flex (det)", "flex", None, True, "backward", **base),
+                    lambda inputs: setup_flex(cfg, inputs)))
+    return out
+
+
+def measure(row: Row, setup, cfg: Config, inputs, warmup: int, repeats: int) -> None:
+    import torch
+    try:
+        fn = setup(inputs)
+        row.ms = median_ms(fn, warmup, repeats)
+        row.tflops = cfg.flops(row.direction == "backward") / (row.ms * 1e-3) / 1e12
+        if row.direction == "backward":
+            row.extra_bytes = extra_backward_bytes(fn)
+    except Exception as exc:  # one failing row must not stop the sweep
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        row.error = ("n/a: " if "No available kernel" in text else "") + \
+            f"{type(exc).__name__}: {text}"[:300]
+        if os.environ.get("BENCH_TRACEBACK"):
+            traceback.print_exc()
+    finally:
+        fn = None
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+# -- reporting ---------------------------------------------------------------------------------
+
+def seq_label(seqlen: int) -> str:
+    return f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen)
+
+
+def render_markdown(meta: dict, rows: list[dict]) -> str:
+    lines = [f"# dashgen benchmark: {meta['gpu']}, {meta['date']}", "",
+             f"torch {meta['torch']}, CUDA {meta['torch_cuda']}, NVRTC {meta['nvrtc']}, "
+             f"commit {meta['commit']}; {meta['tokens']} tokens, hidden {meta['hidden']}, bf16; "
+             f"median of {meta['repeats']} after {meta['warmup']} warm-ups. Backward TFLOP/s "
+             f"(forward row: forward TFLOP/s); anchors from ANCHORS.md (2026-11-30, not re-run).",
+             ""]
+    sections = sorted({(r["head_dim"], r["mask"]) for r in rows},
+                      key=lambda s: (s[0], s[1] != "full"))
+    for head_dim, mask in sections:
+        part = [r for r in rows if r["head_dim"] == head_dim and r["mask"] == mask]
+        seqlens = sorted({r["seqlen"] for r in part})
+        labels = list(dict.fromkeys(r["label"] for r in part))
+        lines += [f"## head_dim {head_dim}, {mask}", "",
+                  "| impl | " + " | ".join(seq_label(s) for s in seqlens) + " |",
+                  "|---|" + "---|" * len(seqlens)]
+        cell = {(r["label"], r["seqlen"]): r for r in part}
+        for label in labels:
+            lines.append(f"| {label} | " + " | ".join(
+                _cell(cell.get((label, s))) for s in seqlens) + " |")
+        for name, figures in PUBLISHED_ANCHORS.get((head_dim, mask), {}).items():
+            lines.append(f"| {name} (anchor) | " + " | ".join(
+                f"{figures[s]:.1f}" if s in figures else "-" for s in seqlens) + " |")
+        lines += ["", "Backward extra memory (MiB, beyond dq/dk/dv):", "",
+                  "| impl | " + " | ".join(seq_label(s) for s in seqlens) + " |",
+                  "|---|" + "---|" * len(seqlens)]
+        for label in labels:
+            if any(r["direction"] == "backward" for r in part if r["label"] == label):
+                lines.append(f"| {label} | " + " | ".join(
+                    _mib(cell.get((label, s)), "extra_bytes") for s in seqlens) + " |")
+        floor = {r["seqlen"]: r for r in part}
+        lines.append("| floor b*h*s*(4d+8) | " + " | ".join(
+            _mib(floor.get(s), "floor_bytes") for s in seqlens) + " |")
+        lines.append("")
+    errors = [r for r in rows if r.get("error")]
+    if errors:
+        lines += ["## Rows that did not run", ""]
+        lines += [f"- {r['label']}, head_dim {r['head_dim']}, {r['mask']}, "
+                  f"{seq_label(r['seqlen'])}: {r['error']}" for r in errors]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    if row.get("error"):
+        return "n/a" if row["error"].startswith("n/a") else "error"
+    return f"{row['tflops']:.1f}"
+
+
+def _mib(row: dict | None, key: str) -> str:
+    if row is None or row.get(key) is None:
+        return "-"
+    return f"{row[key] / 2**20:.1f}"
+
+
+def plot(rows: list[dict], path: Path) -> str | None:
+    """One panel per (head_dim, mask); None when written, else why not."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        return f"no plot: {exc}"
+    sections = sorted({(r["head_dim"], r["mask"]) for r in rows},
+                      key=lambda s: (s[0], s[1] != "full"))
+    if not sections:
+        return "no plot: no rows"
+    cols = 2
+    nrows = math.ceil(len(sections) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 4.5 * nrows), squeeze=False)
+    for ax, (head_dim, mask) in zip(axes.flat, sections):
+        part = [r for r in rows if r["head_dim"] == head_dim and r["mask"] == mask
+                and r["direction"] == "backward" and r.get("tflops")]
+        for label in dict.fromkeys(r["label"] for r in part):
+            pts = sorted((r["seqlen"], r["tflops"]) for r in part if r["label"] == label)
+            style = "-" if label.startswith("dashgen_det") else \
+                "--" if label.startswith("dashgen") else ":"
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=3,
+                    label=label)
+        for (name, figures), marker in zip(PUBLISHED_ANCHORS.get((head_dim, mask), {}).items(),
+                                           ("x", "+")):
+            xs = sorted(figures)
+            ax.plot(xs, [figures[s] for s in xs], linestyle="none", marker=marker, color="black",
+                    label=f"{name} (anchor)")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"head_dim {head_dim}, {mask}")
+        ax.set_xlabel("seqlen")
+        ax.set_ylabel("backward TFLOP/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(sections):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return None
+
+
+# -- environment -------------------------------------------------------------------------------
+
+def commit_id(override: str | None) -> str:
+    if override:
+        return override
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO, capture_output=True, text=True, timeout=10).stdout
+        return head + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("DASHGEN_COMMIT", "unknown")
+
+
+def nvrtc_version() -> str:
+    try:
+        from cuda.bindings import nvrtc
+        _, major, minor = nvrtc.nvrtcVersion()
+        return f"{major}.{minor}"
+    except Exception as exc:  # report, do not fail the run over it
+        return f"unknown ({type(exc).__name__})"
+
+
+def environment(args) -> dict:
+    import torch
+    props = torch.cuda.get_device_properties(0)
+    return dict(gpu=props.name, sm_count=props.multi_processor_count,
+                capability=f"{props.major}.{props.minor}", torch=torch.__version__,
+                torch_cuda=torch.version.cuda, nvrtc=nvrtc_version(),
+                commit=commit_id(args.commit),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                tokens=args.tokens, hidden=args.hidden, repeats=args.repeats,
+                warmup=args.warmup, dtype="bf16")
+
+
+# -- command line ------------------------------------------------------------------------------
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _names(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The benchmark's options (shared by `dashgen bench` and scripts/bench.py)."""
+    p.add_argument("--seqlens", type=_ints, default=[1024, 2048, 4096, 8192, 16384],
+                   help="comma list (default 1024,2048,4096,8192,16384)")
+    p.add_argument("--hdims", type=_ints, default=[64, 128], help="comma list (default 64,128)")
+    p.add_argument("--masks", type=_names, default=["full", "causal"],
+                   help="comma list of full, causal (default both)")
+    p.add_argument("--schedules", type=_names, default=None,
+                   help="comma list of dashgen schedules (default: every one that serves the mask)")
+    p.add_argument("--peers", type=_names, default=list(PEERS),
+                   help=f"comma list from {','.join(PEERS)}, or 'none'")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs, median (protocol: >= 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs first (protocol: >= 3)")
+    p.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen")
+    p.add_argument("--hidden", type=int, default=2048, help="heads = hidden / head_dim")
+    p.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse)")
+    p.add_argument("--out", type=Path, default=Path("bench_out"),
+                   help="folder for bench.json, bench.md, bench.png (default ./bench_out)")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    return add_options(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure, write DIR/bench.json, bench.md, bench.png, print the table; SystemExit with a
+    message on bad options or without a CUDA GPU."""
+    peers = [] if args.peers == ["none"] else args.peers
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise SystemExit(f"--peers: unknown {sorted(unknown)}; choose from {list(PEERS)}")
+    unknown_masks = set(args.masks) - {"full", "causal"}
+    if unknown_masks:
+        raise SystemExit(f"--masks: unknown {sorted(unknown_masks)}; choose from full, causal")
+    if args.repeats < 10 or args.warmup < 3:
+        print("note: fewer than 10 repeats or 3 warm-ups is outside the ANCHORS.md protocol",
+              file=sys.stderr)
+    import torch
+    if not torch.cuda.is_available():
+        raise SystemExit("the benchmark needs a CUDA GPU (sm_90: H100/H200); none is visible")
+    meta = environment(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    for head_dim in args.hdims:
+        for mask in args.masks:
+            for seqlen in args.seqlens:
+                cfg = Config(seqlen, head_dim, mask, args.tokens, args.hidden)
+                inputs = make_inputs(cfg)
+                try:
+                    plan = rows_for(cfg, args.schedules, peers, meta["sm_count"])
+                except Exception as exc:  # e.g. an unknown --schedules name
+                    raise SystemExit(f"cannot plan {cfg}: {exc}") from None
+                for row, setup in plan:
+                    measure(row, setup, cfg, inputs, args.warmup, args.repeats)
+                    rows.append(row)
+                    shown = row.error or f"{row.ms:.3f} ms, {row.tflops:.1f} TFLOP/s"
+                    print(f"[{seq_label(seqlen)} d{head_dim} {mask}] {row.label}: {shown}",
+                          file=sys.stderr, flush=True)
+                del inputs
+    data = [asdict(r) for r in rows]
+    (args.out / "bench.json").write_text(json.dumps(dict(meta=meta, rows=data), indent=1) + "\n")
+    table = render_markdown(meta, data)
+    (args.out / "bench.md").write_text(table + "\n")
+    why_not = plot(data, args.out / "bench.png")
+    if why_not:
+        print(why_not, file=sys.stderr)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
