@@ -217,6 +217,11 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
     try:
         measurements = load_measurements([Path(f) for f in args.files])
+        if args.head_dims:
+            # One model per head_dim: a task's cost differs between them.
+            measurements = [m for m in measurements if m.head_dim in args.head_dims]
+            if not measurements:
+                raise ValueError(f"no dashgen backward rows with head_dim in {args.head_dims}")
         text = report(measurements, tuple(args.fit_seqlens))
     except (OSError, ValueError, KeyError) as exc:
         raise CliError(str(exc)) from None
@@ -329,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="BENCH.json")
     p.add_argument("--fit-seqlens", type=int, nargs="+", default=[1024, 2048],
                    help="sequence lengths to fit on; the rest are held out (default 1024 2048)")
+    p.add_argument("--head-dims", type=int, nargs="+", default=None,
+                   help="fit and check only these head_dims (default: every one in the files, "
+                        "with one set of costs)")
     p.add_argument("--out", metavar="FILE.md", help="also write the report here")
     p.set_defaults(func=cmd_calibrate)
     return parser

@@ -122,3 +122,10 @@ def test_calibrate_cli_reports_and_refuses_bad_files(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "calibrate", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "not a `dashgen bench` result" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "calibrate", str(bench),
+                           "--fit-seqlens", "256", "--head-dims", "64"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith("Fitted on 8 measurements")
+    proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "calibrate", str(bench),
+                           "--head-dims", "128"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no dashgen backward rows with head_dim in [128]" in proc.stderr
