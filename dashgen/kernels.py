@@ -101,6 +101,9 @@ class Sm90BwdConfig(_Element16Config):
     # setmaxnreg split of the 65536 registers: producer/writer warpgroup, each MMA warpgroup.
     producer_registers: int = 24
     mma_registers: int = 240
+    # An experiment, off by default until measured and checked on a GPU: dQ's wgmmas issued
+    # without waiting for dV/dK's (docs/perf-notes.md).
+    overlap_dq: bool = False
 
     @staticmethod
     def supports(dtype: str, head_dim: int, gqa: bool) -> bool:

@@ -30,6 +30,8 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 SM90_DEFAULT = True
 # setmaxnreg split (producer/writer warpgroup, each MMA warpgroup) of the Hopper backward.
 SM90_REGISTERS = (24, 240)
+# Sm90BwdConfig.overlap_dq for the backward (an experiment; scripts set it to compare).
+SM90_OVERLAP_DQ = False
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -206,12 +208,13 @@ class _Workspace:
 
 @lru_cache(maxsize=256)
 def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: bool,
-                     deterministic: bool, trace: bool, registers: tuple[int, int]):
+                     deterministic: bool, trace: bool, registers: tuple[int, int],
+                     overlap_dq: bool = False):
     cfg = config_of(kernel, dtype, head_dim, causal, gqa=gqa, deterministic=deterministic,
                     trace=trace)
     if isinstance(cfg, Sm90BwdConfig):
         cfg = dataclasses.replace(cfg, producer_registers=registers[0],
-                                  mma_registers=registers[1])
+                                  mma_registers=registers[1], overlap_dq=overlap_dq)
     return cfg
 
 
@@ -223,7 +226,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     plan, tasks, offsets = _plan_tensors(problem, schedule, num_workers, q.device)
     cfg = _backward_config(kernel, _DTYPES[q.dtype], head_dim, bool(causal), problem.gqa,
-                           bool(deterministic), bool(trace), SM90_REGISTERS)
+                           bool(deterministic), bool(trace), SM90_REGISTERS, SM90_OVERLAP_DQ)
     block_m, block_n = cfg.block_m, cfg.block_n
     kernels = _kernels(cfg, q.device)
     stream = _stream(q.device)

@@ -25,7 +25,10 @@ def main():
     parser.add_argument("--schedules", nargs="+", default=["fa3"])
     parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"])
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"])
+    parser.add_argument("--overlap-dq", action="store_true",
+                        help="the Hopper backward with Sm90BwdConfig.overlap_dq (an experiment)")
     args = parser.parse_args()
+    runtime.SM90_OVERLAP_DQ = args.overlap_dq
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{'config':<32} {'schedule':<16} {'fwd TF/s':>9} {'bwd det':>9} {'bwd nondet':>10}")
     for d in args.hdims:

@@ -124,6 +124,10 @@ SM90_CONFIGS += [dict(head_dim=64, causal=c, deterministic=d, trace=False, gqa=g
 SM90_CONFIGS = [dict(o, dtype="bf16") for o in SM90_CONFIGS] + [
     dict(dtype="fp16", head_dim=h, causal=c, deterministic=True, trace=False, gqa=g)
     for h in (64, 128) for c in (False, True) for g in (False, True)]
+# The overlap_dq experiment must fit the same budget before it is worth a GPU run.
+SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=True, trace=False,
+                      gqa=g, overlap_dq=True)
+                 for h in (64, 128) for c in (False, True) for g in (False, True)]
 
 
 @pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(

@@ -27,7 +27,7 @@ namespace dashgen {
 enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
 
 template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
-          int kProducerRegs, int kMmaRegs>
+          int kProducerRegs, int kMmaRegs, bool kOverlapDq = false>
 struct AttnBwdSm90 {
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = 64;
@@ -375,10 +375,11 @@ struct AttnBwdSm90 {
                                                   kBlockM * 128);
         rs_mma(dk, dsa[kk], b_q);
       }
-      // The P^T / dS^T fragments stay live until these wgmmas finish; retire them before dQ's
-      // accumulator is allocated (overlapping both spills registers at head_dim 128).
       wgmma_commit_group();
-      wgmma_wait_group<0>();
+      // kOverlapDq: dQ's wgmmas queue behind these without a wait, so the tensor cores stay
+      // busy across both groups; the P^T / dS^T fragments then stay live until dQ's wait.
+      // Otherwise they are retired here, before dQ's accumulator is allocated.
+      if constexpr (!kOverlapDq) wgmma_wait_group<0>();
       // dQ = dS K, A = dS K-major, B = K MN-major; this warpgroup's share (kDqSplitsColumns).
       float dq[32];
       constexpr int kDqSteps = kDqSplitsColumns ? kBlockN / 16 : kBlockN / 32;
