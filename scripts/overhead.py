@@ -39,6 +39,9 @@ def main():
     p.add_argument("--hdim", type=int, default=128)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--schedule", default=None)
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="also trace 10 autograd.grad calls with torch.profiler: the top host "
+                        "ops, and a Chrome trace DIR/trace_autograd.json")
     args = p.parse_args()
     s, d = args.seqlen, args.hdim
     heads, batch = 2048 // d, 16384 // s
@@ -88,6 +91,23 @@ def main():
         print(f"{name:<20} {ms:>10.3f} {flops / ms / 1e9:>8.1f} {us:>13.1f}")
     if graph_ms is not None:
         print(f"{'graph replay':<20} {graph_ms:>10.3f} {flops / graph_ms / 1e9:>8.1f}")
+    if args.profile:
+        profile(autograd, Path(args.profile))
+
+
+def profile(fn, out: Path) -> None:
+    """Where the host time of fn goes, per op and thread (the autograd engine runs the backward
+    on its own device thread)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    out.mkdir(parents=True, exist_ok=True)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
+    prof.export_chrome_trace(str(out / "trace_autograd.json"))
 
 
 if __name__ == "__main__":
