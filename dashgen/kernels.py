@@ -192,13 +192,17 @@ def forward_kind(dtype: str, head_dim: int, hopper: bool = True) -> str:
     return "sm90" if hopper and Sm90FwdConfig.serves(dtype, head_dim) else "mma"
 
 
+def forward_config_of(kind: str, dtype: str, head_dim: int,
+                      causal: bool) -> FwdConfig | Sm90FwdConfig:
+    """The config of forward kernel `kind` ('sm90' or 'mma') for a problem."""
+    return (Sm90FwdConfig if kind == "sm90" else FwdConfig)(dtype, head_dim, causal)
+
+
 def forward_config(dtype: str, head_dim: int, causal: bool,
                    hopper: bool = True) -> FwdConfig | Sm90FwdConfig:
     """The config of the forward kernel that serves the problem (see forward_kind)."""
     FwdConfig(dtype, head_dim, causal)  # names a bad dtype or head_dim first
-    if forward_kind(dtype, head_dim, hopper) == "sm90":
-        return Sm90FwdConfig(dtype, head_dim, causal)
-    return FwdConfig(dtype, head_dim, causal)
+    return forward_config_of(forward_kind(dtype, head_dim, hopper), dtype, head_dim, causal)
 
 
 def backward_kind(dtype: str, head_dim: int, gqa: bool, hopper: bool = True) -> str:

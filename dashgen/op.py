@@ -221,6 +221,23 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Tru
     return Options(causal, scale, deterministic, name, workers)
 
 
+# -- the kernel calls both paths share (the custom ops and the eager Function) ------------------
+
+def _run_forward(q, k, v, opts: Options):
+    """o and lse from the runtime."""
+    return _runtime().forward(q.contiguous(), k.contiguous(), v.contiguous(), causal=opts.causal,
+                              softmax_scale=opts.softmax_scale)
+
+
+def _run_backward(do, q, k, v, o, lse, opts: Options):
+    """dq, dk, dv from the runtime. The gradient of a reduction such as o.sum() arrives expanded
+    (stride 0): contiguous() copies it."""
+    return _runtime().backward(
+        do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), lse,
+        causal=opts.causal, softmax_scale=opts.softmax_scale, deterministic=opts.deterministic,
+        schedule=opts.schedule, num_workers=opts.num_workers)
+
+
 # -- the custom ops ----------------------------------------------------------------------------
 # The backward's options ride along the forward op: register_autograd only sees the forward's
 # inputs, and the backward needs them to reproduce the same bits.
@@ -230,9 +247,8 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   softmax_scale: float, deterministic: bool, schedule: str,
                   num_workers: int) -> tuple[torch.Tensor, torch.Tensor]:
     """o (like q) and lse (float32, batch x heads_q x seqlen_q); lse is not differentiable."""
-    o, lse = _runtime().forward(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal,
-                                softmax_scale=softmax_scale)
-    return o, lse
+    return _run_forward(q, k, v, Options(causal, softmax_scale, deterministic, schedule,
+                                         num_workers))
 
 
 @attention_fwd.register_fake
@@ -249,10 +265,8 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                   num_workers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv: bitwise reproducible for fixed (problem, schedule, num_workers) when
     deterministic."""
-    dq, dk, dv = _runtime().backward(
-        do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), lse,
-        causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
-        schedule=schedule, num_workers=num_workers)
+    dq, dk, dv = _run_backward(do, q, k, v, o, lse, Options(causal, softmax_scale, deterministic,
+                                                            schedule, num_workers))
     return dq, dk, dv
 
 
@@ -272,7 +286,6 @@ def _setup_context(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse = ctx.saved_tensors
-    # The gradient of a reduction such as o.sum() arrives expanded (stride 0): the op copies.
     dq, dk, dv = torch.ops.dashgen.attention_bwd(grad_o, q, k, v, o, lse, *ctx.options)
     return (dq, dk, dv) + (None,) * len(ctx.options)
 
@@ -285,7 +298,7 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, opts: Options):
-        o, lse = _runtime().forward(q, k, v, causal=opts.causal, softmax_scale=opts.softmax_scale)
+        o, lse = _run_forward(q, k, v, opts)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.opts = opts
         return o
@@ -293,13 +306,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable  # the kernels have no backward of their own
     def backward(ctx, grad_o):
-        q, k, v, o, lse = ctx.saved_tensors
-        opts = ctx.opts
-        # The gradient of a reduction such as o.sum() arrives expanded (stride 0): copy it.
-        dq, dk, dv = _runtime().backward(
-            grad_o.contiguous(), q, k, v, o, lse, causal=opts.causal,
-            softmax_scale=opts.softmax_scale, deterministic=opts.deterministic,
-            schedule=opts.schedule, num_workers=opts.num_workers)
+        dq, dk, dv = _run_backward(grad_o, *ctx.saved_tensors, ctx.opts)
         return dq, dk, dv, None
 
 

@@ -17,8 +17,8 @@ from . import launch
 from .cache import get_or_compile
 from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdParams,
                       ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig, Sm90FwdConfig,
-                      backward_blocks, backward_kind, blocks_of, config_of, forward_kind,
-                      render_config)
+                      backward_blocks, backward_kind, blocks_of, config_of, forward_config_of,
+                      forward_kind, render_config)
 from .lower import lower
 from .problem import Mask, Problem
 from .schedules import build_schedule
@@ -155,9 +155,7 @@ def forward_kernel(q: torch.Tensor, kernel: str = "auto") -> str:
     return kernel
 
 
-@lru_cache(maxsize=64)
-def _forward_config(kind: str, dtype: str, head_dim: int, causal: bool):
-    return (Sm90FwdConfig if kind == "sm90" else FwdConfig)(dtype, head_dim, causal)
+_forward_config = lru_cache(maxsize=64)(forward_config_of)  # configs validate on construction
 
 
 def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"):
@@ -221,7 +219,7 @@ def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: 
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
              schedule: str, num_workers: int, trace: bool = False, kernel: str = "auto"):
     kernel = backward_kernel(q, k, kernel)
-    problem = problem_of(q, k, causal, kernel)
+    problem = _problem(tuple(q.shape), tuple(k.shape), bool(causal), kernel)
     batch, seqlen_q, heads_q, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     plan, tasks, offsets = _plan_tensors(problem, schedule, num_workers, q.device)
@@ -229,8 +227,9 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
                            bool(deterministic), bool(trace), SM90_REGISTERS, SM90_OVERLAP_DQ)
     block_m, block_n = cfg.block_m, cfg.block_n
     kernels = _kernels(cfg, q.device)
-    stream = _stream(q.device)
     dev = q.device
+    current = torch.cuda.current_stream(dev)
+    stream = current.cuda_stream
     m_blocks, n_blocks = problem.num_m_blocks, problem.num_n_blocks
 
     dq = torch.empty_like(q)
@@ -274,7 +273,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
         convert(dv_accum, dv, heads_kv, seqlen_k, n_blocks * block_n)
     # Keep the schedule tables alive until the kernels that read them have run.
     if tasks.device.type == "cuda":
-        tasks.record_stream(torch.cuda.current_stream(dev))
+        tasks.record_stream(current)
     if trace:
         return dq, dk, dv, trace_buf
     return dq, dk, dv
