@@ -162,34 +162,54 @@ def _dim3(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
     return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))  # type: ignore[return-value]
 
 
-_CONFIGS: dict[tuple, Any] = {}  # launch configs by (grid, block, smem, stream): host time per call
+_LIBCUDA = None
 
 
-def _launch_config(grid, block, smem: int, stream_handle: int) -> Any:
-    key = (grid, block, smem, stream_handle)
-    config = _CONFIGS.get(key)
-    if config is None:
-        gx, gy, gz = _dim3(grid, "grid")
-        bx, by, bz = _dim3(block, "block")
-        config = cu.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
-        config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
-        config.sharedMemBytes = int(smem)
-        config.hStream = cu.CUstream(int(stream_handle))
-        config.numAttrs = 0
-        if len(_CONFIGS) >= 1024:
-            _CONFIGS.clear()
-        _CONFIGS[key] = config  # never mutated after this point
-    return config
+def _libcuda() -> ctypes.CDLL:
+    """The driver library itself, for the launch: through ctypes a launch costs a few
+    microseconds of host time, against 10-15 through the bindings' wrapper, and the backward's
+    first kernel waits on exactly that host time."""
+    global _LIBCUDA
+    if _LIBCUDA is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise RuntimeError(f"cannot load the CUDA driver (libcuda.so.1): {exc}") from None
+        lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        lib.cuLaunchKernel.restype = ctypes.c_int
+        _LIBCUDA = lib
+    return _LIBCUDA
+
+
+class Launcher:
+    """One kernel with a fixed grid, block and dynamic shared memory, ready to launch: what a
+    call needs beyond this is the stream and the argument addresses."""
+
+    __slots__ = ("kernel", "handle", "dims", "smem")
+
+    def __init__(self, kernel: Kernel, grid: int | Sequence[int], block: int | Sequence[int],
+                 smem: int):
+        self.kernel = kernel
+        self.handle = int(kernel.function)
+        self.dims = _dim3(grid, "grid") + _dim3(block, "block")
+        self.smem = int(smem)
+
+    def __call__(self, stream_handle: int, addresses: Sequence[int]) -> None:
+        """cuLaunchKernel with kernelParams = the addresses of the arguments, in order (the
+        driver copies the arguments during the call)."""
+        params = (ctypes.c_void_p * len(addresses))(*addresses)
+        err = _libcuda().cuLaunchKernel(self.handle, *self.dims, self.smem, stream_handle,
+                                        params, None)
+        if err:
+            _check(cu.CUresult(err), f"cuLaunchKernel({self.kernel.name}, grid={self.dims[:3]}, "
+                                     f"block={self.dims[3:]}, smem={self.smem})")
 
 
 def launch(kernel: Kernel, grid: int | Sequence[int], block: int | Sequence[int], smem: int,
            stream_handle: int, args: Sequence[Any]) -> None:
-    """cuLaunchKernelEx on the stream whose CUstream handle is `stream_handle` (an int)."""
-    grid = grid if isinstance(grid, int) else tuple(grid)
-    block = block if isinstance(block, int) else tuple(block)
-    config = _launch_config(grid, block, int(smem), int(stream_handle))
+    """Launch `kernel` on the stream whose CUstream handle is `stream_handle` (an int), with
+    arguments as pack_args takes them."""
     pointers, keep = pack_args(args)
-    _check(cu.cuLaunchKernelEx(config, kernel.function, ctypes.addressof(pointers), 0),
-           f"cuLaunchKernelEx({kernel.name}, grid={grid}, block={block}, smem={smem})")
+    Launcher(kernel, grid, block, smem)(int(stream_handle), pointers)
     del keep  # the driver copied the arguments during the call

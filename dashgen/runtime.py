@@ -6,6 +6,7 @@ fixes the result (problem, schedule, worker count, kernel config), never by a de
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import sys
@@ -155,55 +156,107 @@ def forward_kernel(q: torch.Tensor, kernel: str = "auto") -> str:
     return kernel
 
 
-_forward_config = lru_cache(maxsize=64)(forward_config_of)  # configs validate on construction
+@lru_cache(maxsize=256)
+def _forward_launch(kind: str, q_shape: tuple, dtype: str, causal: bool,
+                    device: torch.device) -> tuple[object, launch.Launcher]:
+    """The forward's config and prepared launch for a signature (configs validate on
+    construction)."""
+    batch, seqlen_q, heads_q, head_dim = q_shape
+    cfg = forward_config_of(kind, dtype, head_dim, causal)
+    kernel = _kernels(cfg, device)[""]
+    if kind == "sm90":
+        return cfg, launch.Launcher(kernel, (-(-seqlen_q // cfg.block_m), heads_q, batch), 384,
+                                    cfg.smem_bytes)
+    return cfg, launch.Launcher(kernel, (-(-seqlen_q // BLOCK_M), heads_q, batch), 128,
+                                cfg.smem_bytes)
 
 
 def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"):
+    """o and lse; q, k and v are contiguous."""
+    kind = forward_kernel(q, kernel)
+    cfg, launcher = _forward_launch(kind, tuple(q.shape), _DTYPES[q.dtype], bool(causal),
+                                    q.device)
     batch, seqlen_q, heads_q, head_dim = q.shape
     o = torch.empty_like(q)
     lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
     params = FwdParams(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                        batch, heads_q, k.shape[2], seqlen_q, k.shape[1],
                        q.stride(1), k.stride(1), o.stride(1), float(softmax_scale))
-    kind = forward_kernel(q, kernel)
-    cfg = _forward_config(kind, _DTYPES[q.dtype], head_dim, bool(causal))
+    addresses = [ctypes.addressof(params)]
     if kind == "sm90":
         # Each MMA warpgroup loads its 64 query rows; K/V come in tiles of block_n keys.
-        maps = [_tensor_map(q, 64), _tensor_map(k, cfg.block_n), _tensor_map(v, cfg.block_n)]
-        launch.launch(_kernels(cfg, q.device)[""], (-(-seqlen_q // cfg.block_m), heads_q, batch),
-                      384, cfg.smem_bytes, _stream(q.device), maps + [params])
-    else:
-        launch.launch(_kernels(cfg, q.device)[""], (-(-seqlen_q // BLOCK_M), heads_q, batch), 128,
-                      cfg.smem_bytes, _stream(q.device), [params])
+        maps = (_tensor_map(q, 64), _tensor_map(k, cfg.block_n), _tensor_map(v, cfg.block_n))
+        addresses = [int(m.getPtr()) for m in maps] + addresses
+    launcher(_stream(q.device), addresses)
     return o, lse
 
 
-class _Workspace:
-    """The backward's fp32/int32 scratch, one allocation cut into views: the fp32 dQ accumulator
-    (zeroed row by row by the preprocess kernel), rowsum(dO * O), and `zeroed`, which the
-    preprocess kernel clears as whole 16-byte vectors: GQA's fp32 dK/dV sums (empty without GQA),
-    the dQ tile counters and the dK/dV tile counters."""
+class WorkspaceLayout:
+    """The backward's fp32/int32 scratch, one allocation of `floats` words in parts (offsets in
+    words, each on a 16-byte boundary): the fp32 dQ accumulator (zeroed row by row by the
+    preprocess kernel), rowsum(dO * O), then what the preprocess kernel clears as whole 16-byte
+    vectors (`zeroed_offset` to the end): GQA's fp32 dK/dV sums (empty without GQA), the dQ tile
+    counters and the dK/dV tile counters."""
 
-    def __init__(self, problem: Problem, dev: torch.device):
+    PARTS = ("dq_accum", "dpsum", "dk_accum", "dv_accum", "dq_counters", "dkv_counters")
+
+    def __init__(self, problem: Problem):
         b, hq, hkv, d = problem.batch, problem.heads_q, problem.heads_kv, problem.head_dim
         gqa = problem.gqa
         kv = (b, hkv, problem.num_n_blocks * problem.block_n, d) if gqa else (0,)
-        shapes = [(b, hq, problem.num_m_blocks * problem.block_m, d), (b, hq, problem.seqlen_q),
-                  kv, kv, (b, hq, problem.num_m_blocks), (b, hkv, problem.num_n_blocks) if gqa
-                  else (0,)]
+        self.shapes = [(b, hq, problem.num_m_blocks * problem.block_m, d),
+                       (b, hq, problem.seqlen_q), kv, kv, (b, hq, problem.num_m_blocks),
+                       (b, hkv, problem.num_n_blocks) if gqa else (0,)]
         # Whole 16-byte vectors per part: the bulk adds and the vector zeroing need alignment.
-        sizes = [-(-math.prod(shape) // 4) * 4 for shape in shapes]
-        buffer = torch.empty(sum(sizes), dtype=torch.float32, device=dev)
-        parts, start = [], 0
-        for shape, size in zip(shapes, sizes):
-            parts.append(buffer[start:start + math.prod(shape)].view(shape))
-            start += size
-        self.buffer = buffer
-        self.dq_accum, self.dpsum, self.dk_accum, self.dv_accum = parts[:4]
-        self.dq_counters, self.dkv_counters = (t.view(torch.int32) for t in parts[4:])
-        self.zeroed = buffer[sizes[0] + sizes[1]:]
+        sizes = [-(-math.prod(shape) // 4) * 4 for shape in self.shapes]
+        self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.floats = sum(sizes)
+        self.zeroed_offset = self.offsets[2]
+
+    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The parts as views of a buffer of `floats` fp32 words (counters as int32)."""
+        views = {}
+        for name, shape, start in zip(self.PARTS, self.shapes, self.offsets):
+            view = buffer[start:start + math.prod(shape)].view(shape)
+            views[name] = view.view(torch.int32) if name.endswith("counters") else view
+        return views
 
 
+class _BackwardLaunch:
+    """Everything a backward call needs that its shapes and options fix: the verified plan and
+    its device tables, the workspace layout and the three prepared launches. Built once per
+    signature, so a call only allocates, fills three parameter blocks and launches."""
+
+    def __init__(self, kernel: str, problem: Problem, cfg, schedule: str, num_workers: int,
+                 device: torch.device):
+        self.kernel, self.problem, self.cfg = kernel, problem, cfg
+        self.plan, self.tasks, self.offsets = _plan_tensors(problem, schedule, num_workers, device)
+        self.tables_stream = _stream(device) if device.type == "cuda" else 0
+        self.layout = WorkspaceLayout(problem)
+        p = problem
+        kernels = _kernels(cfg, device)
+        padded_m, padded_n = p.num_m_blocks * p.block_m, p.num_n_blocks * p.block_n
+        rows = PREP_ROWS_PER_BLOCK
+        self.preprocess = launch.Launcher(kernels["_preprocess"],
+                                          (-(-padded_m // rows), p.heads_q, p.batch), 128, 0)
+        self.main = launch.Launcher(kernels[""], num_workers, 384 if kernel == "sm90" else 128,
+                                    cfg.smem_bytes)
+        self.convert_q = launch.Launcher(kernels["_convert"],
+                                         (-(-p.seqlen_q // rows), p.heads_q, p.batch), 128, 0)
+        self.convert_kv = launch.Launcher(kernels["_convert"],
+                                          (-(-p.seqlen_k // rows), p.heads_kv, p.batch), 128, 0)
+        self.padded_m, self.padded_n = padded_m, padded_n
+
+
+@lru_cache(maxsize=256)
+def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, causal: bool,
+                     deterministic: bool, trace: bool, schedule: str, num_workers: int,
+                     device: torch.device, registers: tuple[int, int],
+                     overlap_dq: bool) -> _BackwardLaunch:
+    problem = _problem(q_shape, k_shape, causal, kernel)
+    cfg = _backward_config(kernel, dtype, q_shape[3], causal, problem.gqa, deterministic, trace,
+                           registers, overlap_dq)
+    return _BackwardLaunch(kernel, problem, cfg, schedule, num_workers, device)
 @lru_cache(maxsize=256)
 def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: bool,
                      deterministic: bool, trace: bool, registers: tuple[int, int],
@@ -218,62 +271,61 @@ def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: 
 
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
              schedule: str, num_workers: int, trace: bool = False, kernel: str = "auto"):
+    """dq, dk, dv (and the trace buffer if `trace`). q, k, v, do and o are contiguous; do and o
+    are shaped like q. The preprocess kernel is launched first, before the gradients are
+    allocated: until it is, the GPU waits on this host code."""
     kernel = backward_kernel(q, k, kernel)
-    problem = _problem(tuple(q.shape), tuple(k.shape), bool(causal), kernel)
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    plan, tasks, offsets = _plan_tensors(problem, schedule, num_workers, q.device)
-    cfg = _backward_config(kernel, _DTYPES[q.dtype], head_dim, bool(causal), problem.gqa,
-                           bool(deterministic), bool(trace), SM90_REGISTERS, SM90_OVERLAP_DQ)
-    block_m, block_n = cfg.block_m, cfg.block_n
-    kernels = _kernels(cfg, q.device)
     dev = q.device
+    bl = _backward_launch(kernel, tuple(q.shape), tuple(k.shape), _DTYPES[q.dtype], bool(causal),
+                          bool(deterministic), bool(trace), schedule, num_workers, dev,
+                          SM90_REGISTERS, SM90_OVERLAP_DQ)
+    p, layout = bl.problem, bl.layout
     current = torch.cuda.current_stream(dev)
     stream = current.cuda_stream
-    m_blocks, n_blocks = problem.num_m_blocks, problem.num_n_blocks
+    q_stride = q.stride(1)
+
+    workspace = torch.empty(layout.floats, dtype=torch.float32, device=dev)
+    base = workspace.data_ptr()
+    dq_accum, dpsum, dk_accum, dv_accum, dq_counters, dkv_counters = (
+        base + 4 * offset for offset in layout.offsets)
+    prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum, dq_accum,
+                      base + 4 * layout.zeroed_offset, (layout.floats - layout.zeroed_offset) // 4,
+                      p.batch, p.heads_q, p.seqlen_q, q_stride, bl.padded_m)
+    bl.preprocess(stream, (ctypes.addressof(prep),))
 
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    ws = _Workspace(problem, dev)
-    dpsum, dq_accum, dk_accum, dv_accum = ws.dpsum, ws.dq_accum, ws.dk_accum, ws.dv_accum
-    dq_counters, dkv_counters = ws.dq_counters, ws.dkv_counters
-    trace_buf = (torch.full((plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
+    trace_buf = (torch.full((bl.plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
                  if trace else None)
-
-    prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum.data_ptr(), dq_accum.data_ptr(),
-                      ws.zeroed.data_ptr(), ws.zeroed.numel() // 4,
-                      batch, heads_q, seqlen_q, q.stride(1), m_blocks * block_m)
-    launch.launch(kernels["_preprocess"], (-(-m_blocks * block_m // PREP_ROWS_PER_BLOCK), heads_q,
-                                           batch), 128, 0, stream, [prep])
+    gqa = p.gqa
     params = BwdParams(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(), dpsum.data_ptr(),
-        dq_accum.data_ptr(),
-        0 if problem.gqa else dk.data_ptr(), 0 if problem.gqa else dv.data_ptr(),
-        dk_accum.data_ptr() if problem.gqa else 0, dv_accum.data_ptr() if problem.gqa else 0,
-        dq_counters.data_ptr(), dkv_counters.data_ptr() if problem.gqa else 0,
-        tasks.data_ptr(), offsets.data_ptr(), trace_buf.data_ptr() if trace else 0,
-        batch, heads_q, heads_kv, seqlen_q, seqlen_k, q.stride(1), k.stride(1),
-        m_blocks, n_blocks, float(softmax_scale))
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(), dpsum, dq_accum,
+        0 if gqa else dk.data_ptr(), 0 if gqa else dv.data_ptr(),
+        dk_accum if gqa else 0, dv_accum if gqa else 0, dq_counters, dkv_counters if gqa else 0,
+        bl.tasks.data_ptr(), bl.offsets.data_ptr(), trace_buf.data_ptr() if trace else 0,
+        p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, q_stride, k.stride(1),
+        p.num_m_blocks, p.num_n_blocks, float(softmax_scale))
     if kernel == "sm90":
-        maps = [_tensor_map(t, rows) for t, rows in ((q, block_m), (k, block_n), (v, block_n),
-                                                      (do, block_m))]
-        launch.launch(kernels[""], num_workers, 384, cfg.smem_bytes, stream, maps + [params])
+        maps = [_tensor_map(t, rows) for t, rows in ((q, p.block_m), (k, p.block_n),
+                                                      (v, p.block_n), (do, p.block_m))]
+        bl.main(stream, [int(m.getPtr()) for m in maps] + [ctypes.addressof(params)])
     else:
-        launch.launch(kernels[""], num_workers, 128, cfg.smem_bytes, stream, [params])
+        bl.main(stream, (ctypes.addressof(params),))
 
-    def convert(src, dst, heads, seqlen, padded):
-        p = ConvertParams(src.data_ptr(), dst.data_ptr(), batch, heads, seqlen, dst.stride(1), padded)
-        launch.launch(kernels["_convert"], (-(-seqlen // PREP_ROWS_PER_BLOCK), heads, batch), 128, 0,
-                      stream, [p])
-
-    convert(dq_accum, dq, heads_q, seqlen_q, m_blocks * block_m)
-    if problem.gqa:
-        convert(dk_accum, dk, heads_kv, seqlen_k, n_blocks * block_n)
-        convert(dv_accum, dv, heads_kv, seqlen_k, n_blocks * block_n)
-    # Keep the schedule tables alive until the kernels that read them have run.
-    if tasks.device.type == "cuda":
-        tasks.record_stream(current)
+    convert = ConvertParams(dq_accum, dq.data_ptr(), p.batch, p.heads_q, p.seqlen_q,
+                            dq.stride(1), bl.padded_m)
+    bl.convert_q(stream, (ctypes.addressof(convert),))
+    if gqa:
+        for src, dst in ((dk_accum, dk), (dv_accum, dv)):
+            convert = ConvertParams(src, dst.data_ptr(), p.batch, p.heads_kv, p.seqlen_k,
+                                    dst.stride(1), bl.padded_n)
+            bl.convert_kv(stream, (ctypes.addressof(convert),))
+    if stream != bl.tables_stream:
+        # The schedule tables were allocated on another stream: should the cache drop them
+        # while these kernels run, that stream could reuse their memory too early.
+        bl.tasks.record_stream(current)
+        bl.offsets.record_stream(current)
     if trace:
         return dq, dk, dv, trace_buf
     return dq, dk, dv

@@ -3,12 +3,14 @@ the `zeroed` part, no separate memsets): the fp32 dQ accumulator, rowsum(dO * O)
 sums and the ordering counters, disjoint views, each starting on a 16-byte boundary."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from dashgen import Problem  # noqa: E402
-from dashgen.runtime import _Workspace  # noqa: E402
+from dashgen.runtime import WorkspaceLayout  # noqa: E402
 
 
 @pytest.mark.parametrize("heads_kv,seqlen_q,seqlen_k,head_dim", [
@@ -16,7 +18,10 @@ from dashgen.runtime import _Workspace  # noqa: E402
 def test_workspace_parts_are_disjoint_aligned_views(heads_kv, seqlen_q, seqlen_k, head_dim):
     p = Problem(batch=2, heads_q=8, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                 head_dim=head_dim, mask="causal", block_m=64, block_n=128)
-    ws = _Workspace(p, torch.device("cpu"))
+    layout = WorkspaceLayout(p)
+    buffer = torch.empty(layout.floats, dtype=torch.float32)
+    ws = SimpleNamespace(buffer=buffer, zeroed=buffer[layout.zeroed_offset:],
+                         **layout.views(buffer))
     assert ws.dq_accum.shape == (2, 8, p.num_m_blocks * 64, head_dim)
     assert ws.dpsum.shape == (2, 8, seqlen_q)
     assert ws.dq_counters.shape == (2, 8, p.num_m_blocks)
