@@ -312,8 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
         "mask": "full or causal (default: the mask the schedule serves: causal for "
                 "symmetric_shift, full otherwise)",
         "block_m": "must be the tile of the backward kernel that serves the configuration "
-                   f"(default): {Sm90BwdConfig.block_m} for the Hopper backward, {BLOCK_M} for "
-                   "the mma.sync backward (--kernel mma)",
+                   "(default): for the Hopper backward "
+                   f"{Sm90BwdConfig.blocks_for(64)[0]} at head_dim 64 and "
+                   f"{Sm90BwdConfig.blocks_for(128)[0]} at 128, {BLOCK_M} for the mma.sync "
+                   "backward (--kernel mma)",
         "block_n": f"likewise: {Sm90BwdConfig.block_n} for the Hopper backward, {BLOCK_N} "
                    "for the mma.sync one",
     })

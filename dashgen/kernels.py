@@ -84,6 +84,12 @@ class BwdConfig(_Element16Config):
         return ctypes.sizeof(BwdParams)
 
 
+# Query rows per task of the Hopper backward, by head_dim: at 64 a 128-row task doubles the
+# tensor-core work per fixed per-task cost (barriers, waits, the dQ hand-off). A module value,
+# so that a script can set it back to 64 for an A/B run before the first call.
+SM90_BWD_BLOCK_M = {64: 128, 128: 64}
+
+
 @dataclass(frozen=True)
 class Sm90BwdConfig(_Element16Config):
     """The Hopper-native backward (TMA, wgmma, warp specialization): bf16 or fp16, head_dim 64
@@ -96,7 +102,7 @@ class Sm90BwdConfig(_Element16Config):
     deterministic: bool = True
     trace: bool = False
     gqa: bool = False
-    block_m: int = 64
+    block_m: int | None = None  # None: SM90_BWD_BLOCK_M[head_dim]
     block_n: int = 128
     # setmaxnreg split of the 65536 registers: producer/writer warpgroup, each MMA warpgroup.
     producer_registers: int = 24
@@ -105,10 +111,26 @@ class Sm90BwdConfig(_Element16Config):
     # without waiting for dV/dK's (docs/perf-notes.md).
     overlap_dq: bool = False
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.block_m is None:
+            object.__setattr__(self, "block_m", SM90_BWD_BLOCK_M[self.head_dim])
+        if self.block_n != 128 or self.block_m not in (64, 128):
+            raise ValueError(f"the Hopper backward runs 64 or 128 query rows x 128 KV rows, got "
+                             f"block_m={self.block_m}, block_n={self.block_n}")
+        if self.block_m == 128 and self.head_dim != 64:
+            raise ValueError("block_m=128 fits the registers at head_dim 64 only, got "
+                             f"head_dim={self.head_dim}")
+
     @staticmethod
     def supports(dtype: str, head_dim: int, gqa: bool) -> bool:
         """What the template instantiates (kernel='sm90' may ask for it)."""
         return dtype in ("bf16", "fp16") and head_dim in (64, 128)
+
+    @staticmethod
+    def blocks_for(head_dim: int) -> tuple[int, int]:
+        """(block_m, block_n) the runtime runs at a head_dim (SM90_BWD_BLOCK_M)."""
+        return SM90_BWD_BLOCK_M[head_dim], 128
 
     @staticmethod
     def serves(dtype: str, head_dim: int, gqa: bool) -> bool:
@@ -211,16 +233,17 @@ def backward_kind(dtype: str, head_dim: int, gqa: bool, hopper: bool = True) -> 
     return "sm90" if hopper and Sm90BwdConfig.serves(dtype, head_dim, gqa) else "mma"
 
 
-def blocks_of(kind: str) -> tuple[int, int]:
-    """(block_m, block_n) of a backward kernel kind: the tiles its schedules are built with."""
+def blocks_of(kind: str, head_dim: int) -> tuple[int, int]:
+    """(block_m, block_n) of a backward kernel kind at a head_dim: the tiles its schedules are
+    built with."""
     if kind == "sm90":
-        return Sm90BwdConfig.block_m, Sm90BwdConfig.block_n
+        return Sm90BwdConfig.blocks_for(head_dim)
     return BLOCK_M, BLOCK_N
 
 
 def backward_blocks(dtype: str, head_dim: int, gqa: bool, hopper: bool = True) -> tuple[int, int]:
     """(block_m, block_n) of the backward kernel that serves the problem (see backward_kind)."""
-    return blocks_of(backward_kind(dtype, head_dim, gqa, hopper))
+    return blocks_of(backward_kind(dtype, head_dim, gqa, hopper), head_dim)
 
 
 def config_of(kind: str, dtype: str, head_dim: int, causal: bool, gqa: bool = False,

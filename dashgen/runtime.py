@@ -98,7 +98,7 @@ def problem_of(q: torch.Tensor, k: torch.Tensor, causal: bool, kernel: str = "au
 @lru_cache(maxsize=256)
 def _problem(q_shape: tuple, k_shape: tuple, causal: bool, kind: str) -> Problem:
     batch, seqlen_q, heads_q, head_dim = q_shape
-    block_m, block_n = blocks_of(kind)
+    block_m, block_n = blocks_of(kind, head_dim)
     return Problem(batch=batch, heads_q=heads_q, heads_kv=k_shape[2], seqlen_q=seqlen_q,
                    seqlen_k=k_shape[1], head_dim=head_dim,
                    mask=Mask.causal() if causal else Mask.full(), block_m=block_m,

@@ -8,7 +8,7 @@
 #include "dashgen/attn/prepost.cuh"
 
 using namespace dashgen;
-using Bwd = AttnBwdSm90<__nv_bfloat16, 128, true, true, false, false, 24, 240, false>;
+using Bwd = AttnBwdSm90<__nv_bfloat16, 128, true, true, false, false, 24, 240, false, 64>;
 using Prep = AttnPreprocess<__nv_bfloat16, 128>;
 using Convert = AttnConvert<__nv_bfloat16, 128>;
 static_assert(Bwd::kSmemBytes == 215184, "dashgen.kernels.Sm90BwdConfig.smem_bytes disagrees");

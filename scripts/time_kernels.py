@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from dashgen import runtime  # noqa: E402
 from dashgen.bench import median_ms  # noqa: E402  (the protocol's timing)
+from dashgen.kernels import SM90_BWD_BLOCK_M  # noqa: E402
 
 
 def main():
@@ -27,8 +28,13 @@ def main():
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"])
     parser.add_argument("--overlap-dq", action="store_true",
                         help="the Hopper backward with Sm90BwdConfig.overlap_dq (an experiment)")
+    parser.add_argument("--block-m-d64", type=int, choices=[64, 128], default=None,
+                        help="query rows per task of the Hopper backward at head_dim 64 "
+                             "(default: dashgen's, kernels.SM90_BWD_BLOCK_M)")
     args = parser.parse_args()
     runtime.SM90_OVERLAP_DQ = args.overlap_dq
+    if args.block_m_d64 is not None:
+        SM90_BWD_BLOCK_M[64] = args.block_m_d64
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{'config':<32} {'schedule':<16} {'fwd TF/s':>9} {'bwd det':>9} {'bwd nondet':>10}")
     for d in args.hdims:

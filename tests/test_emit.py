@@ -101,8 +101,8 @@ def test_emit_kernel_mma_writes_the_mma_kernels(tmp_path, monkeypatch, capsys):
     ("bf16", 128, False, True, Sm90BwdConfig, (64, 128)),
     ("bf16", 128, True, True, Sm90BwdConfig, (64, 128)),
     ("fp16", 128, False, True, Sm90BwdConfig, (64, 128)),
-    ("bf16", 64, False, True, Sm90BwdConfig, (64, 128)),
-    ("fp16", 64, True, True, Sm90BwdConfig, (64, 128)),
+    ("bf16", 64, False, True, Sm90BwdConfig, (128, 128)),
+    ("fp16", 64, True, True, Sm90BwdConfig, (128, 128)),
     ("fp16", 128, False, False, BwdConfig, (64, 64)),
     ("bf16", 64, True, False, BwdConfig, (64, 64)),
 ])
@@ -117,7 +117,7 @@ def test_kernel_configs_follow_the_serving_backward(dtype, head_dim, gqa, hopper
     assert type(fwd) is (Sm90FwdConfig if kind is Sm90BwdConfig else FwdConfig)
     assert (fwd.block_m, fwd.block_n) == ((128, 128) if kind is Sm90BwdConfig else (64, 64))
     assert bwd.gqa == gqa
-    other = (64, 128) if blocks == (64, 64) else (64, 64)
+    other = (blocks[0], 128) if blocks[1] == 64 else (blocks[0], 64)  # block_m right, block_n wrong
     with pytest.raises(ValueError, match=rf"^block_n must be {blocks[1]}, the serving kernel's "
                                          rf"tile, got {other[1]}: "):
         check_kernel_problem(Problem(heads_q=4, heads_kv=1 if gqa else 4, seqlen_q=512,
@@ -169,7 +169,7 @@ def test_emit_reports_cached_second_time(tmp_path, monkeypatch, capsys):
                                                "got 64"),
     (["--schedule", "fa3", "--hdim", "64", "--block-n", "64"],
      "--block-n must be 128, the serving kernel's tile, got 64: the Hopper backward "
-     "(dashgen_attn_bwd_sm90) serves bf16, head_dim 64 with 64x128 tiles"),
+     "(dashgen_attn_bwd_sm90) serves bf16, head_dim 64 with 128x128 tiles"),
     (["--schedule", "fa3", "--dtype", "fp16", "--kernel", "mma", "--block-n", "128"],
      "--block-n must be 64, the serving kernel's tile, got 128: the mma.sync backward "
      "(dashgen_attn_bwd) serves fp16, head_dim 128 with 64x64 tiles"),

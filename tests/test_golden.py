@@ -68,7 +68,7 @@ def test_golden_tables_decode_to_their_schedules():
 
 def test_golden_renders_are_the_serving_kernels():
     """bf16 at head_dim 64 and 128 renders the Hopper forward and backward, and tables in the
-    backward's 64x128 tiles; both deterministic and not, both masks."""
+    backward's tiles (128x128 at head_dim 64, 64x128 at 128); both deterministic and not, both masks."""
     files = golden_files()
     want = set()
     for head_dim in (64, 128):
@@ -77,7 +77,7 @@ def test_golden_renders_are_the_serving_kernels():
                                    deterministic=deterministic).kernel_name)
             want.add(Sm90FwdConfig("bf16", head_dim, causal).kernel_name)
     assert {name[:-3] for name in files if name.endswith(".cu")} == want
-    for head_dim, blocks in ((64, (64, 128)), (128, (64, 128))):
+    for head_dim, blocks in ((64, (128, 128)), (128, (64, 128))):
         for mask in ("full", "causal"):
             problem = golden_problem(head_dim, mask)
             assert (problem.block_m, problem.block_n) == blocks
@@ -86,7 +86,7 @@ def test_golden_renders_are_the_serving_kernels():
         assert tables and all((t["problem"]["block_m"], t["problem"]["block_n"]) == blocks
                               for t in tables)
     assert "head_dim 128: blocks 64x128 (4 KV tiles per head)" in files["README.md"]
-    assert "head_dim 64: blocks 64x128 (4 KV tiles per head)" in files["README.md"]
+    assert "head_dim 64: blocks 128x128 (4 KV tiles per head)" in files["README.md"]
     assert "head_dim 64: the Hopper forward `dashgen_attn_fwd_sm90_*`" in files["README.md"]
 
 

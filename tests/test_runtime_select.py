@@ -33,11 +33,16 @@ def test_auto_picks_the_hopper_kernels_where_they_serve(head_dim, heads_kv, dtyp
 def test_schedules_use_the_tiles_of_the_kernel_that_runs():
     q, k = tensors()
     assert (runtime.problem_of(q, k, True).block_m, runtime.problem_of(q, k, True).block_n) == \
-        (Sm90BwdConfig.block_m, Sm90BwdConfig.block_n)
+        Sm90BwdConfig.blocks_for(128) == (64, 128)
+    q64, k64 = tensors(head_dim=64)
+    p64 = runtime.problem_of(q64, k64, True)
+    assert (p64.block_m, p64.block_n) == Sm90BwdConfig.blocks_for(64) == (128, 128)
     mma = runtime.problem_of(q, k, True, kernel="mma")
     assert (mma.block_m, mma.block_n) == (64, 64)
     cfg = runtime.KernelConfig.for_problem(128, "bf16", False)
     assert (cfg.block_m, cfg.block_n) == (64, 128)
+    cfg = runtime.KernelConfig.for_problem(64, "bf16", False)
+    assert (cfg.block_m, cfg.block_n) == (128, 128)
 
 
 @pytest.mark.parametrize("kernel,args,match", [

@@ -7,7 +7,9 @@
 //   warpgroups 1, 2:     MMA: each owns 64 of the 128 KV rows (dK/dV in registers, wgmma).
 // S^T = K Q^T and dP^T = V dO^T come out KV-row-major, so P^T and dS^T feed dV += P^T dO and
 // dK += dS^T Q straight from registers; dQ = dS K reads dS from shared memory, each MMA
-// warpgroup computing half of head_dim. The schedule state lives in the producer and writer.
+// warpgroup computing half of it (see kDqSplit). The schedule state lives in the producer and
+// writer. A task is kBlockM query rows against the 128 KV rows: 64, or 128 at head_dim 64,
+// where a 64-row task leaves the tensor cores idle behind its fixed per-task costs.
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/params.cuh"
@@ -26,21 +28,28 @@ namespace dashgen {
 // Named barriers: kMma joins both MMA warpgroups; kStats0 + wg one MMA warpgroup.
 enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
 
+enum class DqSplit { kColumns, kRows, kKvRows };
+
 template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
-          int kProducerRegs, int kMmaRegs, bool kOverlapDq = false>
+          int kProducerRegs, int kMmaRegs, bool kOverlapDq = false, int kBlockRows = 64>
 struct AttnBwdSm90 {
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
-  static constexpr int kBlockM = 64;
+  static constexpr int kBlockM = kBlockRows;  // query rows per task
   static constexpr int kBlockN = 128;
   static constexpr int kThreads = 384;
   static constexpr int kMmaThreads = 256;
   static constexpr int kStages = 2;
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
-  // dQ = dS K is split between the MMA warpgroups by its 64 columns at head_dim 128; at 64 (one
-  // 128-byte swizzle block, too narrow to split) by the KV rows, and the two partial sums are
-  // added in shared memory in a fixed order.
-  static constexpr bool kDqSplitsColumns = kHeadDim == 128;
+  // 128 query rows hold 64 more S^T/dP^T accumulators per thread: room for them only beside
+  // head_dim 64's dK/dV.
+  static_assert(kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64), "block_m 64, or 128 at d64");
+  // How the MMA warpgroups share dQ = dS K: by its 64-column halves at head_dim 128; by query
+  // rows when a task has 128 of them; otherwise (head_dim 64, 64 rows: one 128-byte swizzle
+  // block, too narrow to split) by the KV rows, the two partial sums added in shared memory in
+  // a fixed order.
+  static constexpr DqSplit kDqSplit = kHeadDim == 128 ? DqSplit::kColumns
+                                      : kBlockM == 128 ? DqSplit::kRows : DqSplit::kKvRows;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one Q or dO tile
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
@@ -286,17 +295,17 @@ struct AttnBwdSm90 {
       const char* q_tile = smem + kOffQ + s * kQBytes;
       const char* do_tile = smem + kOffDo + s * kQBytes;
 
-      // S^T and dP^T (64 KV rows of this warpgroup x 64 query rows), K-major operands.
-      float st[32], dpt[32];
+      // S^T and dP^T (64 KV rows of this warpgroup x kBlockM query rows), K-major operands.
+      float st[kBlockM / 2], dpt[kBlockM / 2];
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_ss<kIn, 64>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
+        wgmma_ss<kIn, kBlockM>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
                           tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
       }
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_ss<kIn, 64>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
+        wgmma_ss<kIn, kBlockM>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
                           tile_desc_k_major(do_tile, kBlockM, 0, k), k > 0);
       }
       wgmma_commit_group();
@@ -305,14 +314,18 @@ struct AttnBwdSm90 {
       // while the MMAs run (in registers they would cost 32 per thread and spill).
       float* stats = reinterpret_cast<float*>(smem + kOffStats) + wg * 2 * kBlockM;
       {
-        const int r = tid % 128 % kBlockM, row = t.m * kBlockM + r;
-        const i64 idx = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.seqlen_q + row;
-        if (tid % 128 < kBlockM) {
-          const float lse = row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF;
-          // A row that sees no key (or lies past the end) gets P = 0: lse -> +inf.
-          stats[r] = lse == -DASHGEN_INF ? DASHGEN_INF : lse * kLog2e;
-        } else {
-          stats[kBlockM + r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
+        // 128 threads, 2 * kBlockM values: lse (as log2) then D for each query row.
+#pragma unroll
+        for (int v = tid % 128; v < 2 * kBlockM; v += 128) {
+          const int r = v % kBlockM, row = t.m * kBlockM + r;
+          const i64 idx = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.seqlen_q + row;
+          if (v < kBlockM) {
+            const float lse = row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF;
+            // A row that sees no key (or lies past the end) gets P = 0: lse -> +inf.
+            stats[r] = lse == -DASHGEN_INF ? DASHGEN_INF : lse * kLog2e;
+          } else {
+            stats[kBlockM + r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
+          }
         }
       }
       named_barrier_sync(static_cast<u32>(Sm90Barrier::kStats0) + wg, 128);
@@ -320,9 +333,9 @@ struct AttnBwdSm90 {
       wgmma_wait_group<0>();
 
       // P^T and dS^T in registers, packed to 16-bit A fragments for the RS wgmmas.
-      u32 pa[4][4], dsa[4][4];
+      u32 pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
 #pragma unroll
-      for (int i2 = 0; i2 < 32; i2 += 2) {
+      for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
         const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
         const int key = t.n * kBlockN + 64 * wg + row;
         float pv[2], ds[2];
@@ -353,7 +366,7 @@ struct AttnBwdSm90 {
         base[e] = sw128_byte_offset(2 * t4 + e % 2, (16 * warp + g + 8 * (e / 2)) * 2);
       }
 #pragma unroll
-      for (int ii = 0; ii < 32; ++ii) {
+      for (int ii = 0; ii < kBlockM / 2; ++ii) {
         const u32 word = dsa[ii / 8][(ii % 8) / 2];
         const u16 half = static_cast<u16>(ii % 2 == 0 ? word & 0xffffu : word >> 16);
         *reinterpret_cast<u16*>(ds_block + base[ii % 4] + 1024 * (ii / 4)) = half;
@@ -364,13 +377,13 @@ struct AttnBwdSm90 {
       // dV += P^T dO and dK += dS^T Q: B operands MN-major (head_dim contiguous).
       wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
         const u64 b_do = wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
                                                    kBlockM * 128);
         rs_mma(dv, pa[kk], b_do);
       }
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
         const u64 b_q = wgmma_desc_mn_major_sw128(q_tile + kk * kSw128MnMajorKStepBytes,
                                                   kBlockM * 128);
         rs_mma(dk, dsa[kk], b_q);
@@ -380,15 +393,17 @@ struct AttnBwdSm90 {
       // busy across both groups; the P^T / dS^T fragments then stay live until dQ's wait.
       // Otherwise they are retired here, before dQ's accumulator is allocated.
       if constexpr (!kOverlapDq) wgmma_wait_group<0>();
-      // dQ = dS K, A = dS K-major, B = K MN-major; this warpgroup's share (kDqSplitsColumns).
+      // dQ = dS K, A = dS K-major, B = K MN-major; this warpgroup's 64x64 share (kDqSplit).
       float dq[32];
-      constexpr int kDqSteps = kDqSplitsColumns ? kBlockN / 16 : kBlockN / 32;
-      const int k0 = kDqSplitsColumns ? 0 : wg * kDqSteps;
-      const char* k_block = smem + kOffK + (kDqSplitsColumns ? wg * kBlockN * 128 : 0);
+      constexpr bool kByKv = kDqSplit == DqSplit::kKvRows;
+      constexpr int kDqSteps = kByKv ? kBlockN / 32 : kBlockN / 16;
+      const int k0 = kByKv ? wg * kDqSteps : 0;
+      const int a_row0 = kDqSplit == DqSplit::kRows ? 64 * wg : 0;
+      const char* k_block = smem + kOffK + (kDqSplit == DqSplit::kColumns ? wg * kBlockN * 128 : 0);
 #pragma unroll
       for (int j = 0; j < kDqSteps; ++j) {
         const int k = k0 + j;
-        const u64 a_ds = tile_desc_k_major(smem + kOffDs, kBlockM, 0, k);
+        const u64 a_ds = tile_desc_k_major(smem + kOffDs, kBlockM, a_row0, k);
         const u64 b_k = wgmma_desc_mn_major_sw128(k_block + k * kSw128MnMajorKStepBytes,
                                                   kBlockN * 128);
         wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, b_k, j > 0);
@@ -400,13 +415,15 @@ struct AttnBwdSm90 {
 
       // Hand the dQ partial to the writer through buffer s.
       float* dq_buf = reinterpret_cast<float*>(smem + kOffDq + s * kDqBytes);
-      if (kDqSplitsColumns || wg == 0) mbarrier_wait_parity(&bars->dq_empty[s], (use & 1) ^ 1);
-      if (!kDqSplitsColumns) {
+      if (!kByKv || wg == 0) mbarrier_wait_parity(&bars->dq_empty[s], (use & 1) ^ 1);
+      if constexpr (kByKv) {
         // Warpgroup 0 stores its partial, then warpgroup 1 adds its own onto it: P0 + P1 in
         // that order for every element, whatever the timing.
         if (wg == 0) store_dq(dq_buf, dq, 0, warp, g, t4);
         named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
         if (wg == 1) add_dq(dq_buf, dq, warp, g, t4);
+      } else if constexpr (kDqSplit == DqSplit::kRows) {
+        store_dq(dq_buf + 64 * wg * kHeadDim, dq, 0, warp, g, t4);
       } else {
         store_dq(dq_buf, dq, 64 * wg, warp, g, t4);
       }
