@@ -178,8 +178,34 @@ def _libcuda() -> ctypes.CDLL:
         lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.cuLaunchKernel.restype = ctypes.c_int
+        lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        lib.cuCtxGetCurrent.restype = ctypes.c_int
+        lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+        lib.cuCtxSetCurrent.restype = ctypes.c_int
         _LIBCUDA = lib
     return _LIBCUDA
+
+
+_PRIMARY: dict[int, int] = {}  # device index -> its primary context (what torch runs in)
+
+
+def make_current(device: int) -> None:
+    """Make `device`'s primary context current on the calling thread. Every launch needs it:
+    autograd runs a backward on its own per-device thread, where nothing may have made a context
+    current yet, and a launch there fails with CUDA_ERROR_INVALID_CONTEXT."""
+    primary = _PRIMARY.get(device)
+    if primary is None:
+        ensure_context(device)
+        handle = _check(cu.cuDeviceGet(device), "cuDeviceGet")
+        primary = _PRIMARY[device] = int(_check(cu.cuDevicePrimaryCtxRetain(handle),
+                                                "cuDevicePrimaryCtxRetain"))
+    lib = _libcuda()
+    current = ctypes.c_void_p()
+    err = lib.cuCtxGetCurrent(ctypes.byref(current))
+    if not err and current.value != primary:
+        err = lib.cuCtxSetCurrent(primary)
+    if err:
+        _check(cu.CUresult(err), f"making device {device}'s primary context current")
 
 
 class Launcher:

@@ -187,6 +187,7 @@ def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"
         # Each MMA warpgroup loads its 64 query rows; K/V come in tiles of block_n keys.
         maps = (_tensor_map(q, 64), _tensor_map(k, cfg.block_n), _tensor_map(v, cfg.block_n))
         addresses = [int(m.getPtr()) for m in maps] + addresses
+    launch.make_current(q.device.index or 0)
     launcher(_stream(q.device), addresses)
     return o, lse
 
@@ -280,6 +281,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
                           bool(deterministic), bool(trace), schedule, num_workers, dev,
                           SM90_REGISTERS, SM90_OVERLAP_DQ)
     p, layout = bl.problem, bl.layout
+    launch.make_current(dev.index or 0)
     current = torch.cuda.current_stream(dev)
     stream = current.cuda_stream
     q_stride = q.stride(1)

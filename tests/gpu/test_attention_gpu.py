@@ -5,6 +5,8 @@ Run: PYTHONPATH=. python3 -m pytest tests/gpu -q
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -174,6 +176,21 @@ def test_strided_inputs_give_the_same_bits_as_contiguous_ones(seed):
     strided = out_and_grads(fn, q, k, v, do)
     contiguous = out_and_grads(fn, q.contiguous(), k.contiguous(), v.contiguous(), do)
     assert all(torch.equal(a, b) for a, b in zip(strided, contiguous))
+
+
+def test_a_fresh_thread_gets_the_same_bits(seed):
+    """Calls from a thread that never touched CUDA (like autograd's per-device backward thread,
+    once the kernels are loaded and their launches cached) run in the right context."""
+    q, k, v, do = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(4))
+    fn = lambda q, k, v: attention(q, k, v, causal=True)
+    here = out_and_grads(fn, q, k, v, do)
+    there = []
+    worker = threading.Thread(target=lambda: there.append(out_and_grads(fn, q, k, v, do)))
+    worker.start()
+    worker.join()
+    assert there, "the call on the fresh thread raised"
+    assert all(torch.equal(a, b) for a, b in zip(here, there[0]))
 
 
 # -- (b) bitwise determinism -------------------------------------------------------------------
