@@ -22,6 +22,8 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import bench_summary
+
 REPO = Path(__file__).resolve().parent.parent  # the checkout, for the commit id
 
 # Backward TFLOP/s measured on one H200 by the same protocol (FA3 with its deterministic mode;
@@ -348,6 +350,7 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
         lines.append("| floor b*h*s*(4d+8) | " + " | ".join(
             _mib(floor.get(s), "floor_bytes") for s in seqlens) + " |")
         lines.append("")
+    lines.append(bench_summary.render(bench_summary.summarize(rows, PUBLISHED_ANCHORS)))
     errors = [r for r in rows if r.get("error")]
     if errors:
         lines += ["## Rows that did not run", ""]

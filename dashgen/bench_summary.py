@@ -1,0 +1,118 @@
+"""The benchmark's rows held against the speed targets: per configuration, dashgen's
+deterministic backward with schedule="auto" against the best schedule measured, the FA3
+deterministic anchor, FlexAttention and SDPA flash (deterministic); the price of determinism;
+the forward against SDPA flash's forward; the backward's extra memory against its floor.
+
+Pure functions of the rows bench.json holds, so the summary can be recomputed from a committed
+run and is tested without a GPU.
+"""
+from __future__ import annotations
+
+import math
+
+# The targets, as fractions.
+FA3_GEOMEAN = 0.9      # geometric mean of auto / FA3_det over the configurations
+FA3_WORST = 0.8        # no configuration below this fraction of FA3_det
+PRICE_MAX = 0.10       # 1 - det / nondet, same schedule, at seqlen >= PRICE_FROM
+PRICE_FROM = 2048
+AUTO_WITHIN = 0.03     # auto within this fraction of the best schedule measured
+MEMORY_WITHIN = 0.10   # extra memory within this fraction above the floor
+
+
+def _index(rows: list[dict]) -> dict:
+    return {(r["label"], r["head_dim"], r["mask"], r["seqlen"]): r for r in rows
+            if r.get("tflops")}
+
+
+def configurations(rows: list[dict]) -> list[tuple[int, str, int]]:
+    return sorted({(r["head_dim"], r["mask"], r["seqlen"]) for r in rows},
+                  key=lambda c: (c[0], c[1] != "full", c[2]))
+
+
+def summarize(rows: list[dict], anchors: dict) -> list[dict]:
+    """One dict per configuration with the auto row: the figures the targets compare (None
+    where a row is missing). `anchors` maps (head_dim, mask) to {name: {seqlen: TFLOP/s}}."""
+    cell = _index(rows)
+    out = []
+    for head_dim, mask, seqlen in configurations(rows):
+        def tf(label):
+            row = cell.get((label, head_dim, mask, seqlen))
+            return row["tflops"] if row else None
+        auto = tf("dashgen_det auto")
+        if auto is None:
+            continue
+        det = {r["schedule"]: r for r in rows if r["impl"] == "dashgen" and r["deterministic"]
+               and r["direction"] == "backward" and r["schedule"] not in (None, "auto")
+               and (r["head_dim"], r["mask"], r["seqlen"]) == (head_dim, mask, seqlen)
+               and r.get("tflops")}
+        best_schedule = max(det, key=lambda s: det[s]["tflops"]) if det else None
+        best = det[best_schedule]["tflops"] if det else None
+        nondet = tf(f"dashgen_nondet {best_schedule}") if best_schedule else None
+        fa3 = anchors.get((head_dim, mask), {}).get("FA3_det", {}).get(seqlen)
+        auto_row = cell[("dashgen_det auto", head_dim, mask, seqlen)]
+        extra, floor = auto_row.get("extra_bytes"), auto_row.get("floor_bytes")
+        out.append(dict(
+            head_dim=head_dim, mask=mask, seqlen=seqlen, auto=auto, best=best,
+            best_schedule=best_schedule, fa3=fa3,
+            flex=tf("flex (det)"), flash_det=tf("sdpa_flash_det (FA2)"),
+            forward=tf("dashgen forward"), sdpa_forward=tf("sdpa_flash forward"),
+            price=None if not (best and nondet) else 1 - best / nondet,
+            memory=None if not (extra and floor) else extra / floor))
+    return out
+
+
+def _ratio(a, b):
+    return None if a is None or b is None else a / b
+
+
+def verdicts(summary: list[dict]) -> list[tuple[str, str]]:
+    """(target, result) lines: how many configurations meet each target, and the worst case."""
+    def count(name, ok, values):
+        known = [v for v in values if v is not None]
+        return (name, f"{sum(ok(v) for v in known)} of {len(known)} configurations")
+    fa3 = [_ratio(s["auto"], s["fa3"]) for s in summary]
+    known = [r for r in fa3 if r is not None]
+    geomean = math.exp(sum(map(math.log, known)) / len(known)) if known else None
+    prices = [s["price"] for s in summary if s["seqlen"] >= PRICE_FROM]
+    lines = [
+        count("auto faster than FlexAttention", lambda r: r > 1,
+              [_ratio(s["auto"], s["flex"]) for s in summary]),
+        count("auto faster than SDPA flash deterministic", lambda r: r > 1,
+              [_ratio(s["auto"], s["flash_det"]) for s in summary]),
+        ("auto / FA3_det anchor", "no anchors" if geomean is None else
+         f"geometric mean {geomean:.2f} (target {FA3_GEOMEAN}), worst {min(known):.2f} "
+         f"(target {FA3_WORST})"),
+        count(f"price of determinism <= {PRICE_MAX:.0%} at seqlen >= {PRICE_FROM}",
+              lambda p: p <= PRICE_MAX, prices),
+        count("forward >= SDPA flash forward", lambda r: r >= 1,
+              [_ratio(s["forward"], s["sdpa_forward"]) for s in summary]),
+        count(f"extra memory within {MEMORY_WITHIN:.0%} of the floor",
+              lambda m: m <= 1 + MEMORY_WITHIN, [s["memory"] for s in summary]),
+        count(f"auto within {AUTO_WITHIN:.0%} of the best schedule", lambda r: r >= 1 - AUTO_WITHIN,
+              [_ratio(s["auto"], s["best"]) for s in summary]),
+    ]
+    return lines
+
+
+def render(summary: list[dict]) -> str:
+    """The markdown section bench.md ends with."""
+    if not summary:
+        return ""
+    def f(v, spec=".1f"):
+        return "-" if v is None else format(v, spec)
+    lines = ["## Against the targets", "",
+             "TFLOP/s; auto = dashgen_det auto; price = 1 - det/nondet of the best "
+             "deterministic schedule; memory = extra / floor.", "",
+             "| config | auto | best (schedule) | auto/best | auto/FA3 | flex | FA2 det | "
+             "fwd / SDPA fwd | price | memory |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        lines.append(
+            f"| d{s['head_dim']} {s['mask']} {s['seqlen']} | {f(s['auto'])} | {f(s['best'])} "
+            f"({s['best_schedule'] or '-'}) | {f(_ratio(s['auto'], s['best']), '.3f')} | "
+            f"{f(_ratio(s['auto'], s['fa3']), '.2f')} | {f(s['flex'])} | {f(s['flash_det'])} | "
+            f"{f(s['forward'])} / {f(s['sdpa_forward'])} | "
+            f"{'-' if s['price'] is None else format(s['price'], '.1%')} | "
+            f"{f(s['memory'], '.3f')} |")
+    lines += [""] + [f"- {name}: {result}" for name, result in verdicts(summary)] + [""]
+    return "\n".join(lines)
