@@ -39,6 +39,11 @@ class _Element16Config(KernelConfig):
         """sizeof the preprocess kernel's parameters (the backward templates assert it)."""
         return ctypes.sizeof(PrepParams)
 
+    @property
+    def convert_params_bytes(self) -> int:
+        """sizeof the convert kernel's parameters (the backward templates assert it)."""
+        return ctypes.sizeof(ConvertParams)
+
 
 @dataclass(frozen=True)
 class FwdConfig(_Element16Config):
@@ -301,7 +306,7 @@ class ConvertParams(ctypes.Structure):
     """Mirror of dashgen::ConvertParams."""
 
     _fields_ = [("src", _P), ("dst", _P), ("batch", _I), ("heads", _I), ("seqlen", _I),
-                ("row_stride", _I), ("padded_rows", _I)]
+                ("row_stride", _I), ("padded_rows", _I), ("swizzled", _I)]
 
 
 PREP_ROWS_PER_BLOCK = 16  # AttnPreprocess / AttnConvert::kRowsPerBlock

@@ -315,8 +315,9 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     else:
         bl.main(stream, (ctypes.addressof(params),))
 
+    # The Hopper backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
     convert = ConvertParams(dq_accum, dq.data_ptr(), p.batch, p.heads_q, p.seqlen_q,
-                            dq.stride(1), bl.padded_m)
+                            dq.stride(1), bl.padded_m, kernel == "sm90")
     bl.convert_q(stream, (ctypes.addressof(convert),))
     if gqa:
         for src, dst in ((dk_accum, dk), (dv_accum, dv)):

@@ -16,6 +16,7 @@ static_assert(128 * 24 + 256 * 240 <= 65536, "register file");
 static_assert(Bwd::kBlockM == 64 && Bwd::kBlockN == 128, "tile sizes disagree");
 static_assert(sizeof(BwdParams) == 168, "dashgen.kernels.BwdParams disagrees");
 static_assert(sizeof(PrepParams) == 72, "dashgen.kernels.PrepParams disagrees");
+static_assert(sizeof(ConvertParams) == 40, "dashgen.kernels.ConvertParams disagrees");
 
 extern "C" __global__ void __launch_bounds__(Bwd::kThreads, 1)
 dashgen_attn_bwd_sm90_dtypebf16_headdim128_causal0_deterministic1_trace0_gqa0_blockm64_blockn128_producerregisters24_mmaregisters240_overlapdq0(const __grid_constant__ TensorMap tm_q, const __grid_constant__ TensorMap tm_k,

@@ -220,13 +220,15 @@ struct AttnBwdSm90 {
     }
   }
 
-  // A 64x64 dQ accumulator fragment into the row-major fp32 buffer at column col0.
+  // A 64x64 dQ accumulator fragment into the fp32 buffer (rows of kHeadDim, accum_col layout,
+  // which the writer's bulk add carries to global memory unchanged) at column col0. A fragment
+  // row is g mod 8, so accum_col takes g: the swizzle is one constant per thread.
   __device__ static void store_dq(float* buf, const float (&dq)[32], int col0, int warp, int g,
                                   int t4) {
 #pragma unroll
     for (int ii = 0; ii < 32; ii += 2) {
       const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
-      const int col = col0 + 8 * (ii / 4) + 2 * t4;
+      const int col = accum_col(g, col0 + 8 * (ii / 4) + 2 * t4);
       *reinterpret_cast<float2*>(buf + row * kHeadDim + col) = make_float2(dq[ii], dq[ii + 1]);
     }
   }
@@ -237,7 +239,7 @@ struct AttnBwdSm90 {
 #pragma unroll
     for (int ii = 0; ii < 32; ii += 2) {
       const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
-      const int col = 8 * (ii / 4) + 2 * t4;
+      const int col = accum_col(g, 8 * (ii / 4) + 2 * t4);
       float2* cell = reinterpret_cast<float2*>(buf + row * kHeadDim + col);
       const float2 v = *cell;
       *cell = make_float2(v.x + dq[ii], v.y + dq[ii + 1]);
@@ -263,7 +265,7 @@ struct AttnBwdSm90 {
 #pragma unroll
     for (int ii = 0; ii < kHeadDim / 2; ++ii) {
       const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
-      const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
+      const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);  // row-major: swizzled addresses spill
       atomicAdd(dk_acc + row * kHeadDim + col, dk[ii]);
       atomicAdd(dv_acc + row * kHeadDim + col, dv[ii]);
     }

@@ -64,6 +64,7 @@ struct ConvertParams {
   const float* src;  // (batch, heads, padded_rows, head_dim)
   void* dst;         // (batch, seqlen, heads, head_dim), rows < seqlen only
   i32 batch, heads, seqlen, row_stride, padded_rows;
+  i32 swizzled;      // src rows in the accum_col layout (the Hopper backward's dQ sums)
 };
 
 }  // namespace dashgen

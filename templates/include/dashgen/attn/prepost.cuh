@@ -4,6 +4,7 @@
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/params.cuh"
+#include "dashgen/swizzle.cuh"
 
 namespace dashgen {
 
@@ -54,7 +55,8 @@ struct AttnConvert {
     for (int i = threadIdx.x; i < kRowsPerBlock * kPairs; i += kThreads) {
       const int row = blockIdx.x * kRowsPerBlock + i / kPairs, c = (i % kPairs) * 2;
       if (row >= p.seqlen) continue;
-      const float* src = p.src + ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row) * kHeadDim + c;
+      const int sc = p.swizzled ? accum_col(row, c) : c;
+      const float* src = p.src + ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row) * kHeadDim + sc;
       *reinterpret_cast<u32*>(dst + (static_cast<i64>(b) * p.seqlen + row) * p.row_stride +
                               static_cast<i64>(h) * kHeadDim + c) = Element<T>::pack(src[0], src[1]);
     }
