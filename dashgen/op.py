@@ -351,4 +351,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     if _traced(q):
         o, _ = torch.ops.dashgen.attention_fwd(q, k, v, *opts)
         return o
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        # Nothing to differentiate (inference, no_grad): the kernel without autograd's
+        # bookkeeping, whose host time the GPU would wait for.
+        return _run_forward(q, k, v, opts)[0]
     return _EagerAttention.apply(q, k, v, opts)

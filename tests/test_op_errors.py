@@ -387,6 +387,18 @@ def test_options_reach_both_kernels(on_cpu, stub_runtime):
     ]
 
 
+def test_inference_skips_autograd_and_gives_the_same_output(on_cpu, stub_runtime):
+    q, k, v = cpu_leaves()
+    with_grad = op.attention(q, k, v, causal=True)
+    with torch.no_grad():
+        plain = op.attention(q, k, v, causal=True)
+    frozen = op.attention(*(t.detach() for t in (q, k, v)), causal=True)
+    assert with_grad.grad_fn is not None
+    assert plain.grad_fn is None and frozen.grad_fn is None and not plain.requires_grad
+    assert torch.equal(plain, with_grad.detach()) and torch.equal(frozen, plain)
+    assert [c[0] for c in stub_runtime.calls] == ["forward"] * 3
+
+
 def test_lse_is_not_differentiable(on_cpu):
     q, k, v = cpu_leaves()
     o, lse = torch.ops.dashgen.attention_fwd(q, k, v, False, 0.125, True, "fa3", 132)
