@@ -181,7 +181,7 @@ class Sm90FwdConfig(_Element16Config):
     @property
     def smem_bytes(self) -> int:
         d, bm, bn, stages = self.head_dim, self.block_m, self.block_n, 2
-        return bm * d * 2 + 2 * stages * bn * d * 2 + (1 + 2 * stages) * 8 + 1024
+        return bm * d * 2 + 2 * stages * bn * d * 2 + (1 + 4 * stages) * 8 + 1024
 
     @property
     def params_bytes(self) -> int:

@@ -6,7 +6,7 @@
 
 using namespace dashgen;
 using Fwd = AttnFwdSm90<__nv_bfloat16, 128, false>;
-static_assert(Fwd::kSmemBytes == 164904, "dashgen.kernels.Sm90FwdConfig.smem_bytes disagrees");
+static_assert(Fwd::kSmemBytes == 164936, "dashgen.kernels.Sm90FwdConfig.smem_bytes disagrees");
 static_assert(Fwd::kBlockM == 128 && Fwd::kBlockN == 128, "tile sizes disagree");
 static_assert(sizeof(FwdParams) == 80, "dashgen.kernels.FwdParams disagrees");
 

@@ -2,7 +2,10 @@
 // One CTA per 128 query rows of one head: warpgroup 0's first thread streams K/V tiles with TMA
 // through 2 stages; warpgroups 1 and 2 each own 64 query rows: S = Q K^T with wgmma (K-major
 // operands), online softmax in registers, O += P V with P as the register A operand and V read
-// MN-major. Deterministic by construction: no cross-CTA reduction.
+// MN-major. Pipelined within each MMA warpgroup: S of tile n + 1 is issued before P V of tile n,
+// and its softmax runs while P V of tile n is on the tensor cores. K and V stages are released
+// separately (K once its S is done, V once its P V is), so K of tile n + 1 can land while V of
+// tile n is still read. Deterministic by construction: no cross-CTA reduction.
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/params.cuh"
@@ -31,12 +34,12 @@ struct AttnFwdSm90 {
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kOffBar = kOffV + kStages * kKBytes;
-  static constexpr int kNumBars = 1 + 2 * kStages;
+  static constexpr int kNumBars = 1 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
 
   struct Bars {
     u64 q_full;
-    u64 kv_full[kStages], kv_empty[kStages];
+    u64 k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
   };
 
   // Keys past the last one any row of this CTA sees are skipped (causal: bottom-right aligned).
@@ -55,8 +58,10 @@ struct AttnFwdSm90 {
     if (threadIdx.x == 0) {
       mbarrier_init(&bars->q_full, 1);
       for (int s = 0; s < kStages; ++s) {
-        mbarrier_init(&bars->kv_full[s], 1);
-        mbarrier_init(&bars->kv_empty[s], 2);
+        mbarrier_init(&bars->k_full[s], 1);
+        mbarrier_init(&bars->v_full[s], 1);
+        mbarrier_init(&bars->k_empty[s], 2);  // one arrive per MMA warpgroup
+        mbarrier_init(&bars->v_empty[s], 2);
       }
       fence_barrier_init();
     }
@@ -76,12 +81,16 @@ struct AttnFwdSm90 {
         }
         for (int n = 0; n < n_tiles; ++n) {
           const int s = n % kStages, use = n / kStages;
-          mbarrier_wait_parity(&bars->kv_empty[s], (use & 1) ^ 1);
-          mbarrier_arrive_expect_tx(&bars->kv_full[s], 2 * kKBytes);
+          mbarrier_wait_parity(&bars->k_empty[s], (use & 1) ^ 1);
+          mbarrier_arrive_expect_tx(&bars->k_full[s], kKBytes);
           for (int cb = 0; cb < kColBlocks; ++cb) {
-            tma_load_4d(smem + kOffK + s * kKBytes + cb * kBlockN * 128, tm_k, &bars->kv_full[s],
+            tma_load_4d(smem + kOffK + s * kKBytes + cb * kBlockN * 128, tm_k, &bars->k_full[s],
                         cb * 64, hk, n * kBlockN, b);
-            tma_load_4d(smem + kOffV + s * kKBytes + cb * kBlockN * 128, tm_v, &bars->kv_full[s],
+          }
+          mbarrier_wait_parity(&bars->v_empty[s], (use & 1) ^ 1);
+          mbarrier_arrive_expect_tx(&bars->v_full[s], kKBytes);
+          for (int cb = 0; cb < kColBlocks; ++cb) {
+            tma_load_4d(smem + kOffV + s * kKBytes + cb * kBlockN * 128, tm_v, &bars->v_full[s],
                         cb * 64, hk, n * kBlockN, b);
           }
         }
@@ -101,11 +110,88 @@ struct AttnFwdSm90 {
     }
   }
 
+  // S = Q K^T of tile n into sc (issued and committed, not waited for).
+  __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, Bars* bars,
+                                 int n) {
+    const int s = n % kStages;
+    mbarrier_wait_parity(&bars->k_full[s], (n / kStages) & 1);
+    const char* k_tile = smem + kOffK + s * kKBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 16; ++k) {
+      wgmma_ss<kIn, 128>(sc, tile_desc_k_major(q_tile, 64, 0, k),
+                         tile_desc_k_major(k_tile, kBlockN, 0, k), k > 0);
+    }
+    wgmma_commit_group();
+  }
+
+  // The scores of tile n (complete in sc) become unnormalized probabilities in place (fp32);
+  // the running max/sum move on, and `correction` is what O must be scaled by before P V.
+  __device__ static void softmax_tile(float (&sc)[64], float (&row_max)[2], float (&row_sum)[2],
+                                      float (&correction)[2], const FwdParams& p, int n, int row0,
+                                      int t4) {
+    const float scale_log2 = p.softmax_scale * kLog2e;
+    const int causal_offset = p.seqlen_k - p.seqlen_q;
+    float tile_max[2] = {-DASHGEN_INF, -DASHGEN_INF};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int half = (i / 2) % 2;
+      const int key = n * kBlockN + 8 * (i / 4) + 2 * t4 + (i % 2);
+      const bool masked = key >= p.seqlen_k ||
+                          (kCausal && key > row0 + 8 * half + causal_offset);
+      sc[i] = masked ? -DASHGEN_INF : sc[i] * scale_log2;
+      tile_max[half] = fmaxf(tile_max[half], sc[i]);
+    }
+    online_softmax_rescale(tile_max, row_max, row_sum, correction);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int half = (i / 2) % 2;
+      sc[i] = exp2f(sc[i] - softmax_base(row_max[half]));
+      row_sum[half] += sc[i];
+    }
+  }
+
+  __device__ static void pack_probs(const float (&sc)[64], u32 (&pa)[kBlockN / 16][4]) {
+#pragma unroll
+    for (int i = 0; i < 64; i += 2) pa[i / 8][(i % 8) / 2] = Element<T>::pack(sc[i], sc[i + 1]);
+  }
+
+  // Tile n: P V with the probabilities in pa; with kNext, S of tile n + 1 goes first and its
+  // softmax runs while P V is on the tensor cores, leaving its probabilities in pa.
+  template <bool kNext>
+  __device__ static void step(float (&sc)[64], u32 (&pa)[kBlockN / 16][4],
+                              float (&o)[kHeadDim / 2], float (&row_max)[2], float (&row_sum)[2],
+                              float (&correction)[2], const FwdParams& p, char* smem, Bars* bars,
+                              const char* q_tile, int n, int row0, int t4, int tid) {
+    // O is rescaled before any wgmma is in flight: ptxas serializes the pipeline if O is
+    // touched between two wgmmas that are not separated by a wait.
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= correction[(j / 2) % 2];
+    if constexpr (kNext) issue_s(sc, q_tile, smem, bars, n + 1);  // sc's probabilities are in pa
+    const int s = n % kStages;
+    mbarrier_wait_parity(&bars->v_full[s], (n / kStages) & 1);
+    const char* v_tile = smem + kOffV + s * kKBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      pv_mma(o, pa[kk], wgmma_desc_mn_major_sw128(v_tile + kk * kSw128MnMajorKStepBytes,
+                                                  kBlockN * 128));
+    }
+    wgmma_commit_group();
+    if constexpr (kNext) {
+      // S of tile n + 1 (committed first) is done; P V of tile n may still run.
+      wgmma_wait_group<1>();
+      if (tid == 0) mbarrier_arrive(&bars->k_empty[(n + 1) % kStages]);
+      softmax_tile(sc, row_max, row_sum, correction, p, n + 1, row0, t4);
+    }
+    wgmma_wait_group<0>();  // P V of tile n: pa and V's stage are free
+    if (tid == 0) mbarrier_arrive(&bars->v_empty[s]);
+    if constexpr (kNext) pack_probs(sc, pa);
+  }
+
   __device__ static void consume(const FwdParams& p, char* smem, Bars* bars, int m, int h, int b,
                                  int n_tiles, int wg, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
-    const float scale_log2 = p.softmax_scale * kLog2e;
-    const int causal_offset = p.seqlen_k - p.seqlen_q;
     // This thread's two query rows (accumulator rows g and g + 8 of its warp).
     const int row0 = m * kBlockM + 64 * wg + 16 * warp + g;
     const char* q_tile = smem + kOffQ + wg * (kQBytes / 2);
@@ -115,55 +201,25 @@ struct AttnFwdSm90 {
     float row_max[2] = {-DASHGEN_INF, -DASHGEN_INF}, row_sum[2] = {0.f, 0.f};
 
     mbarrier_wait_parity(&bars->q_full, 0);
-    for (int n = 0; n < n_tiles; ++n) {
-      const int s = n % kStages, use = n / kStages;
-      mbarrier_wait_parity(&bars->kv_full[s], use & 1);
-      const char* k_tile = smem + kOffK + s * kKBytes;
-      const char* v_tile = smem + kOffV + s * kKBytes;
-
-      float sc[64];  // S: 64 query rows x 128 keys
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_ss<kIn, 128>(sc, tile_desc_k_major(q_tile, 64, 0, k),
-                           tile_desc_k_major(k_tile, kBlockN, 0, k), k > 0);
-      }
-      wgmma_commit_group();
+    float sc[64];                 // S of the next tile, then its probabilities
+    u32 pa[kBlockN / 16][4];      // P of the current tile, the A operand of P V
+    float correction[2];
+    if (n_tiles > 0) {
+      issue_s(sc, q_tile, smem, bars, 0);
       wgmma_wait_group<0>();
-
-      float tile_max[2] = {-DASHGEN_INF, -DASHGEN_INF};
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int half = (i / 2) % 2;
-        const int key = n * kBlockN + 8 * (i / 4) + 2 * t4 + (i % 2);
-        const bool masked = key >= p.seqlen_k ||
-                            (kCausal && key > row0 + 8 * half + causal_offset);
-        sc[i] = masked ? -DASHGEN_INF : sc[i] * scale_log2;
-        tile_max[half] = fmaxf(tile_max[half], sc[i]);
-      }
-      float correction[2];
-      online_softmax_rescale(tile_max, row_max, row_sum, correction);
-      u32 pa[kBlockN / 16][4];
-#pragma unroll
-      for (int i = 0; i < 64; i += 2) {
-        const int half = (i / 2) % 2;
-        const float base = softmax_base(row_max[half]);
-        const float p0 = exp2f(sc[i] - base), p1 = exp2f(sc[i + 1] - base);
-        row_sum[half] += p0 + p1;
-        pa[i / 8][(i % 8) / 2] = Element<T>::pack(p0, p1);
-      }
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= correction[(j / 2) % 2];
-
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        pv_mma(o, pa[kk], wgmma_desc_mn_major_sw128(v_tile + kk * kSw128MnMajorKStepBytes,
-                                                    kBlockN * 128));
-      }
-      wgmma_commit_group();
-      wgmma_wait_group<0>();
-      if (tid == 0) mbarrier_arrive(&bars->kv_empty[s]);
+      if (tid == 0) mbarrier_arrive(&bars->k_empty[0]);
+      softmax_tile(sc, row_max, row_sum, correction, p, 0, row0, t4);
+      pack_probs(sc, pa);
+    }
+    // Every tile but the last has a successor; the last runs the same step without it. Both
+    // are straight-line code: ptxas follows which wgmma group a wait retires only there, and
+    // would serialize the wgmmas otherwise.
+    for (int n = 0; n + 1 < n_tiles; ++n) {
+      step<true>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile, n, row0, t4, tid);
+    }
+    if (n_tiles > 0) {
+      step<false>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile, n_tiles - 1,
+                  row0, t4, tid);
     }
 
     T* out = static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDim;
