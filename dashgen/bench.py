@@ -109,20 +109,49 @@ class Row:
 
 # -- measuring ---------------------------------------------------------------------------------
 
+def event_ms(fn) -> float:
+    """One call of fn between two CUDA events on an idle GPU, in ms."""
+    import torch
+    torch.cuda.synchronize()  # the GPU is idle when the clock starts, as for every timed call
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def median_ms(fn, warmup: int, repeats: int) -> float:
     import torch
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
+    return statistics.median(event_ms(fn) for _ in range(repeats))
+
+
+def interleaved_ms(fns: dict, warmup: int, repeats: int, time_once=None) -> tuple[dict, dict]:
+    """Median ms of every fn, timed round-robin (fn a, fn b, ..., then again, `repeats` rounds)
+    after `warmup` calls of each: drift over the run (clocks, allocator state) then falls on
+    every row of a configuration alike instead of on whichever row ran last. Returns (medians,
+    errors) keyed like `fns`; a fn that raises is dropped from the later rounds."""
+    time_once = time_once or event_ms
+    errors = {}
+    live = {}
+    for key, fn in fns.items():
+        try:
+            for _ in range(warmup):
+                fn()
+            live[key] = []
+        except Exception as exc:
+            errors[key] = exc
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        for key in list(live):
+            try:
+                live[key].append(time_once(fns[key]))
+            except Exception as exc:
+                errors[key] = exc
+                del live[key]
+    return {key: statistics.median(times) for key, times in live.items()}, errors
 
 
 def extra_backward_bytes(backward) -> int:
@@ -290,24 +319,37 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
     return out
 
 
-def measure(row: Row, setup, cfg: Config, inputs, warmup: int, repeats: int) -> None:
-    import torch
-    try:
-        fn = setup(inputs)
-        row.ms = median_ms(fn, warmup, repeats)
-        row.tflops = cfg.flops(row.direction == "backward") / (row.ms * 1e-3) / 1e12
-        if row.direction == "backward":
-            row.extra_bytes = extra_backward_bytes(fn)
-    except Exception as exc:  # one failing row must not stop the sweep
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        row.error = ("n/a: " if "No available kernel" in text else "") + \
-            f"{type(exc).__name__}: {text}"[:300]
-        if os.environ.get("BENCH_TRACEBACK"):
-            traceback.print_exc()
-    finally:
-        fn = None
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+def _error_text(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (("n/a: " if "No available kernel" in text else "") +
+            f"{type(exc).__name__}: {text}")[:300]
+
+
+def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats: int,
+                          time_once=None) -> list[Row]:
+    """Set up every row of a configuration, time them interleaved (interleaved_ms), then take
+    each backward's extra memory. One failing row must not stop the sweep: it gets an error."""
+    fns = {}
+    for index, (row, setup) in enumerate(plan):
+        try:
+            fns[index] = setup(inputs)
+        except Exception as exc:
+            row.error = _error_text(exc)
+            if os.environ.get("BENCH_TRACEBACK"):
+                traceback.print_exception(exc)
+    medians, errors = interleaved_ms(fns, warmup, repeats, time_once)
+    for index, (row, _) in enumerate(plan):
+        if index in errors:
+            row.error = _error_text(errors[index])
+        elif index in medians:
+            row.ms = medians[index]
+            row.tflops = cfg.flops(row.direction == "backward") / (row.ms * 1e-3) / 1e12
+            if row.direction == "backward" and time_once is None:
+                try:
+                    row.extra_bytes = extra_backward_bytes(fns[index])
+                except Exception as exc:
+                    row.error = _error_text(exc)
+    return [row for row, _ in plan]
 
 
 # -- reporting ---------------------------------------------------------------------------------
@@ -320,7 +362,9 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# dashgen benchmark: {meta['gpu']}, {meta['date']}", "",
              f"torch {meta['torch']}, CUDA {meta['torch_cuda']}, NVRTC {meta['nvrtc']}, "
              f"commit {meta['commit']}; {meta['tokens']} tokens, hidden {meta['hidden']}, bf16; "
-             f"median of {meta['repeats']} after {meta['warmup']} warm-ups. Backward TFLOP/s "
+             f"median of {meta['repeats']} after {meta['warmup']} warm-ups"
+             f"{', the rows of a configuration timed round-robin' if meta.get('interleaved') else ''}"
+             f". Backward TFLOP/s "
              f"(forward row: forward TFLOP/s); anchors from ANCHORS.md (2026-11-30, not re-run).",
              ""]
     sections = sorted({(r["head_dim"], r["mask"]) for r in rows},
@@ -450,7 +494,7 @@ def environment(args) -> dict:
                 commit=commit_id(args.commit),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 tokens=args.tokens, hidden=args.hidden, repeats=args.repeats,
-                warmup=args.warmup, dtype="bf16")
+                warmup=args.warmup, dtype="bf16", interleaved=True)
 
 
 # -- command line ------------------------------------------------------------------------------
@@ -520,13 +564,14 @@ def run(args: argparse.Namespace) -> int:
                     plan = rows_for(cfg, args.schedules, peers, meta["sm_count"])
                 except Exception as exc:  # e.g. an unknown --schedules name
                     raise SystemExit(f"cannot plan {cfg}: {exc}") from None
-                for row, setup in plan:
-                    measure(row, setup, cfg, inputs, args.warmup, args.repeats)
+                for row in measure_configuration(plan, cfg, inputs, args.warmup, args.repeats):
                     rows.append(row)
                     shown = row.error or f"{row.ms:.3f} ms, {row.tflops:.1f} TFLOP/s"
                     print(f"[{seq_label(seqlen)} d{head_dim} {mask}] {row.label}: {shown}",
                           file=sys.stderr, flush=True)
-                del inputs
+                del inputs, plan
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
     data = [asdict(r) for r in rows]
     (args.out / "bench.json").write_text(json.dumps(dict(meta=meta, rows=data), indent=1) + "\n")
     table = render_markdown(meta, data)

@@ -75,3 +75,47 @@ def test_bench_help_lists_the_protocol_options():
     for option in ("--seqlens", "--hdims", "--masks", "--schedules", "--peers", "--repeats",
                    "--warmup", "--out", "--commit"):
         assert option in proc.stdout
+
+
+def test_rows_of_a_configuration_are_timed_round_robin(bench):
+    """interleaved_ms times a, b, c, a, b, c, ... after the warm-ups; a row that raises is
+    dropped from later rounds and reported, the others keep their medians."""
+    order = []
+
+    def fn(name, fail_at=None):
+        def call():
+            order.append(name)
+            if fail_at is not None and order.count(name) == fail_at:
+                raise RuntimeError(f"{name} broke")
+        return call
+
+    fake_ms = {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 4.0, 6.0])}
+
+    def time_once(f):
+        f()
+        name = order[-1]
+        return next(fake_ms[name]) if name in fake_ms else 9.0
+
+    fns = {"a": fn("a"), "b": fn("b"), "c": fn("c", fail_at=3)}
+    medians, errors = bench.interleaved_ms(fns, warmup=1, repeats=3, time_once=time_once)
+    assert order[:3] == ["a", "b", "c"]                     # warm-ups, one each
+    assert order[3:9] == ["a", "b", "c", "a", "b", "c"]     # c's third call raises
+    assert order[9:] == ["a", "b"]                          # c no longer timed
+    assert medians == {"a": 2.0, "b": 5.0}
+    assert list(errors) == ["c"] and "c broke" in str(errors["c"])
+
+
+def test_a_configuration_reports_failed_setups_and_timings_per_row(bench):
+    cfg = bench.Config(1024, 64, "full", 16384, 2048)
+    rows = [bench.Row(f"r{i}", "dashgen", "fa3", True, "forward", seqlen=1024, head_dim=64,
+                      mask="full", batch=16, heads=32, floor_bytes=0) for i in range(3)]
+
+    def broken_setup(inputs):
+        raise RuntimeError("No available kernel. Aborting execution.")
+
+    plan = [(rows[0], lambda inputs: (lambda: None)), (rows[1], broken_setup),
+            (rows[2], lambda inputs: (lambda: None))]
+    done = bench.measure_configuration(plan, cfg, None, 1, 3, time_once=lambda f: f() or 2.0)
+    assert [r.ms for r in done] == [2.0, None, 2.0]
+    assert done[0].tflops == pytest.approx(cfg.flops(False) / 2e-3 / 1e12)
+    assert done[1].error.startswith("n/a: RuntimeError: No available kernel")
