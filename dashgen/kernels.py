@@ -93,6 +93,7 @@ class BwdConfig(_Element16Config):
 # tensor-core work per fixed per-task cost (barriers, waits, the dQ hand-off). A module value,
 # so that a script can set it back to 64 for an A/B run before the first call.
 SM90_BWD_BLOCK_M = {64: 128, 128: 64}
+SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
 
 
 @dataclass(frozen=True)
@@ -112,9 +113,10 @@ class Sm90BwdConfig(_Element16Config):
     # setmaxnreg split of the 65536 registers: producer/writer warpgroup, each MMA warpgroup.
     producer_registers: int = 24
     mma_registers: int = 240
-    # An experiment, off by default until measured and checked on a GPU: dQ's wgmmas issued
-    # without waiting for dV/dK's (docs/perf-notes.md).
-    overlap_dq: bool = False
+    # An experiment, off by default until measured and checked on a GPU: dS in two buffers
+    # that alternate by task, one barrier between the MMA warpgroups less per task
+    # (docs/perf-notes.md). Fits the shared memory at block_m 64 only.
+    double_ds: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -126,6 +128,11 @@ class Sm90BwdConfig(_Element16Config):
         if self.block_m == 128 and self.head_dim != 64:
             raise ValueError("block_m=128 fits the registers at head_dim 64 only, got "
                              f"head_dim={self.head_dim}")
+        if self.smem_bytes > SM90_MAX_SMEM_BYTES:
+            raise ValueError(f"{self.smem_bytes} bytes of shared memory exceed the "
+                             f"{SM90_MAX_SMEM_BYTES} an sm_90 block may use (double_ds="
+                             f"{self.double_ds}, block_m={self.block_m}, "
+                             f"head_dim={self.head_dim})")
 
     @staticmethod
     def supports(dtype: str, head_dim: int, gqa: bool) -> bool:
@@ -146,7 +153,8 @@ class Sm90BwdConfig(_Element16Config):
     @property
     def smem_bytes(self) -> int:
         d, bm, bn, stages = self.head_dim, self.block_m, self.block_n, 2
-        tiles = 2 * bn * d * 2 + 2 * stages * bm * d * 2 + bm * bn * 2 + stages * bm * d * 4
+        ds = (2 if self.double_ds else 1) * bm * bn * 2
+        tiles = 2 * bn * d * 2 + 2 * stages * bm * d * 2 + ds + stages * bm * d * 4
         stats = 2 * 2 * bm * 4  # lse and D rows, one copy per MMA warpgroup
         barriers = (2 + 4 * stages) * 8
         task_slots = stages * 32  # the producer's hand-off of each stage's task

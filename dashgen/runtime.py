@@ -31,8 +31,8 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 SM90_DEFAULT = True
 # setmaxnreg split (producer/writer warpgroup, each MMA warpgroup) of the Hopper backward.
 SM90_REGISTERS = (24, 240)
-# Sm90BwdConfig.overlap_dq for the backward (an experiment; scripts set it to compare).
-SM90_OVERLAP_DQ = False
+# Sm90BwdConfig.double_ds for the backward (an experiment; scripts set it to compare).
+SM90_DOUBLE_DS = False
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -253,20 +253,20 @@ class _BackwardLaunch:
 def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, causal: bool,
                      deterministic: bool, trace: bool, schedule: str, num_workers: int,
                      device: torch.device, registers: tuple[int, int],
-                     overlap_dq: bool) -> _BackwardLaunch:
+                     double_ds: bool) -> _BackwardLaunch:
     problem = _problem(q_shape, k_shape, causal, kernel)
     cfg = _backward_config(kernel, dtype, q_shape[3], causal, problem.gqa, deterministic, trace,
-                           registers, overlap_dq)
+                           registers, double_ds)
     return _BackwardLaunch(kernel, problem, cfg, schedule, num_workers, device)
 @lru_cache(maxsize=256)
 def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: bool,
                      deterministic: bool, trace: bool, registers: tuple[int, int],
-                     overlap_dq: bool = False):
+                     double_ds: bool = False):
     cfg = config_of(kernel, dtype, head_dim, causal, gqa=gqa, deterministic=deterministic,
                     trace=trace)
     if isinstance(cfg, Sm90BwdConfig):
         cfg = dataclasses.replace(cfg, producer_registers=registers[0],
-                                  mma_registers=registers[1], overlap_dq=overlap_dq)
+                                  mma_registers=registers[1], double_ds=double_ds)
     return cfg
 
 
@@ -279,7 +279,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     dev = q.device
     bl = _backward_launch(kernel, tuple(q.shape), tuple(k.shape), _DTYPES[q.dtype], bool(causal),
                           bool(deterministic), bool(trace), schedule, num_workers, dev,
-                          SM90_REGISTERS, SM90_OVERLAP_DQ)
+                          SM90_REGISTERS, SM90_DOUBLE_DS)
     p, layout = bl.problem, bl.layout
     launch.make_current(dev.index or 0)
     current = torch.cuda.current_stream(dev)

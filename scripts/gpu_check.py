@@ -146,12 +146,12 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"],
                         help="backward kernel")
-    parser.add_argument("--overlap-dq", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.overlap_dq (an experiment)")
+    parser.add_argument("--double-ds", action="store_true",
+                        help="the Hopper backward with Sm90BwdConfig.double_ds (an experiment)")
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"],
                         help="forward kernel")
     args = parser.parse_args()
-    runtime.SM90_OVERLAP_DQ = args.overlap_dq
+    runtime.SM90_DOUBLE_DS = args.double_ds
     rows = []
     for case in cases(args.quick, args.kernel):
         t0 = time.time()
@@ -163,7 +163,7 @@ def main():
         row["seconds"] = round(time.time() - t0, 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    suffix = "_overlapdq" if args.overlap_dq else ""
+    suffix = "_doubleds" if args.double_ds else ""
     with open(os.path.join(args.out, f"gpu_check_{args.kernel}{suffix}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\n{'case':<58} {'o/dq/dk/dv rel err (torch dtype err)':<60} ok trace bits nondet")

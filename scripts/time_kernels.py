@@ -26,13 +26,13 @@ def main():
     parser.add_argument("--schedules", nargs="+", default=["fa3"])
     parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"])
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"])
-    parser.add_argument("--overlap-dq", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.overlap_dq (an experiment)")
+    parser.add_argument("--double-ds", action="store_true",
+                        help="the Hopper backward with Sm90BwdConfig.double_ds (an experiment)")
     parser.add_argument("--block-m-d64", type=int, choices=[64, 128], default=None,
                         help="query rows per task of the Hopper backward at head_dim 64 "
                              "(default: dashgen's, kernels.SM90_BWD_BLOCK_M)")
     args = parser.parse_args()
-    runtime.SM90_OVERLAP_DQ = args.overlap_dq
+    runtime.SM90_DOUBLE_DS = args.double_ds
     if args.block_m_d64 is not None:
         SM90_BWD_BLOCK_M[64] = args.block_m_d64
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -127,10 +127,13 @@ SM90_CONFIGS = [dict(o, dtype="bf16") for o in SM90_CONFIGS] + [
 # head_dim 64 with 64-row tasks (the default is 128): still a valid kernel, for A/B runs.
 SM90_CONFIGS += [dict(dtype="bf16", head_dim=64, causal=c, deterministic=True, trace=False,
                       gqa=False, block_m=64) for c in (False, True)]
-# The overlap_dq experiment must fit the same budget before it is worth a GPU run.
-SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=True, trace=False,
-                      gqa=g, overlap_dq=True)
-                 for h in (64, 128) for c in (False, True) for g in (False, True)]
+# The double_ds experiment must fit the same budget before it is worth a GPU run; it fits the
+# shared memory where tasks have 64 query rows.
+SM90_CONFIGS += [dict(dtype="bf16", head_dim=128, causal=c, deterministic=d, trace=False,
+                      gqa=g, double_ds=True)
+                 for c in (False, True) for d in (True, False) for g in (False, True)]
+SM90_CONFIGS += [dict(dtype="bf16", head_dim=64, causal=True, deterministic=True, trace=False,
+                      gqa=False, block_m=64, double_ds=True)]
 
 
 @pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(
@@ -150,6 +153,12 @@ def test_sm90_backward_compiles_within_register_budget(options, tmp_path, monkey
     assert main.spill_bytes == 0
     for suffix in ("_preprocess", "_convert"):
         assert cubin.resources[cfg.kernel_name + suffix].spill_bytes == 0
+
+
+def test_double_ds_that_does_not_fit_is_refused():
+    from dashgen.kernels import Sm90BwdConfig
+    with pytest.raises(ValueError, match=r"bytes of shared memory exceed the 232448"):
+        Sm90BwdConfig("bf16", 64, True, block_m=128, double_ds=True)
 
 
 # Which backward serves a configuration: one answer for the runtime and `dashgen emit`.

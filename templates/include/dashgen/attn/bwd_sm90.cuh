@@ -31,7 +31,7 @@ enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
 enum class DqSplit { kColumns, kRows, kKvRows };
 
 template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
-          int kProducerRegs, int kMmaRegs, bool kOverlapDq = false, int kBlockRows = 64>
+          int kProducerRegs, int kMmaRegs, bool kDoubleDs = false, int kBlockRows = 64>
 struct AttnBwdSm90 {
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = kBlockRows;  // query rows per task
@@ -54,6 +54,9 @@ struct AttnBwdSm90 {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one Q or dO tile
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;
+  // kDoubleDs: dS alternates between two buffers by task, so a warpgroup may write this task's
+  // dS while the other still reads the previous task's for dQ: one barrier less per task.
+  static constexpr int kDsBuffers = kDoubleDs ? 2 : 1;
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
   // Every tile starts 1024-byte aligned (128B swizzle atoms).
   static constexpr int kOffK = 0;
@@ -61,7 +64,7 @@ struct AttnBwdSm90 {
   static constexpr int kOffQ = kOffV + kKBytes;
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
-  static constexpr int kOffDq = kOffDs + kDsBytes;
+  static constexpr int kOffDq = kOffDs + kDsBuffers * kDsBytes;
   static constexpr int kOffStats = kOffDq + kStages * kDqBytes;  // per MMA warpgroup: lse, D
   static constexpr int kOffBar = kOffStats + 2 * 2 * kBlockM * 4;
   static constexpr int kNumBars = 2 + 4 * kStages;
@@ -355,9 +358,16 @@ struct AttnBwdSm90 {
       }
 
       // dS (query rows x KV columns, K-major for dQ's A operand): this warpgroup writes column
-      // block wg. Both warpgroups first pass the barrier, so the previous task's dQ reads are done.
-      named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
-      char* ds_block = smem + kOffDs + wg * kBlockM * 128;
+      // block wg. With one buffer, both warpgroups first pass the barrier, so the previous
+      // task's dQ reads are done. With two, the buffer this task writes was last read by the
+      // task before the previous one, and both warpgroups finished that one before they passed
+      // the previous task's second barrier (below); that barrier also keeps this warpgroup's
+      // threads from rewriting the stats a slower thread still reads.
+      if constexpr (kDsBuffers == 1) {
+        named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+      }
+      char* ds_tile = smem + kOffDs + ((i - begin) % kDsBuffers) * kDsBytes;
+      char* ds_block = ds_tile + wg * kBlockM * 128;
       // Element ii sits at query row 8 * (ii / 4) + 2 * t4 + ii % 2 and KV row
       // 16 * warp + g + 8 * ((ii / 2) % 2); the swizzle XOR reads the query row mod 8 only, so
       // its offset is base[ii % 4] + 1024 * (ii / 4). Four bases and immediate offsets, where
@@ -391,10 +401,9 @@ struct AttnBwdSm90 {
         rs_mma(dk, dsa[kk], b_q);
       }
       wgmma_commit_group();
-      // kOverlapDq: dQ's wgmmas queue behind these without a wait, so the tensor cores stay
-      // busy across both groups; the P^T / dS^T fragments then stay live until dQ's wait.
-      // Otherwise they are retired here, before dQ's accumulator is allocated.
-      if constexpr (!kOverlapDq) wgmma_wait_group<0>();
+      // Retired before dQ's accumulator is allocated: issuing dQ behind them without a wait kept
+      // the P^T / dS^T fragments live and measured 1.5-4% slower (docs/perf-notes.md, v3.4).
+      wgmma_wait_group<0>();
       // dQ = dS K, A = dS K-major, B = K MN-major; this warpgroup's 64x64 share (kDqSplit).
       float dq[32];
       constexpr bool kByKv = kDqSplit == DqSplit::kKvRows;
@@ -405,7 +414,7 @@ struct AttnBwdSm90 {
 #pragma unroll
       for (int j = 0; j < kDqSteps; ++j) {
         const int k = k0 + j;
-        const u64 a_ds = tile_desc_k_major(smem + kOffDs, kBlockM, a_row0, k);
+        const u64 a_ds = tile_desc_k_major(ds_tile, kBlockM, a_row0, k);
         const u64 b_k = wgmma_desc_mn_major_sw128(k_block + k * kSw128MnMajorKStepBytes,
                                                   kBlockN * 128);
         wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, b_k, j > 0);
