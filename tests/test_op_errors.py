@@ -92,8 +92,10 @@ def stub_runtime(monkeypatch):
     stub = StubRuntime()
     monkeypatch.setattr(op, "_runtime", lambda: stub)
     op._plan_cached.cache_clear()
+    op._VALIDATED.clear()  # the tests change what the device reports between calls
     yield stub
     op._plan_cached.cache_clear()
+    op._VALIDATED.clear()
 
 
 @pytest.fixture
@@ -397,6 +399,29 @@ def test_inference_skips_autograd_and_gives_the_same_output(on_cpu, stub_runtime
     assert plain.grad_fn is None and frozen.grad_fn is None and not plain.requires_grad
     assert torch.equal(plain, with_grad.detach()) and torch.equal(frozen, plain)
     assert [c[0] for c in stub_runtime.calls] == ["forward"] * 3
+
+
+def test_a_validated_signature_still_refuses_other_argument_types(on_cpu):
+    q, k, v = cpu_leaves()
+    assert op.check_inputs(q, k, v, causal=True).causal is True
+    assert len(op._VALIDATED) == 1
+    with pytest.raises(TypeError, match=r"^causal must be a bool, got 1"):
+        op.check_inputs(q, k, v, causal=1)  # equal to True and hashed alike, still refused
+    with pytest.raises(TypeError, match=r"^softmax_scale must be a float or None, got True"):
+        op.check_inputs(q, k, v, causal=True, softmax_scale=True)
+    with pytest.raises(ValueError, match=r"^k has head_dim 32 but q has head_dim 64"):
+        op.check_inputs(q, k[..., :32], v, causal=True)
+
+
+def test_deterministic_none_follows_the_flag_on_every_call(on_cpu):
+    q, k, v = cpu_leaves()
+    try:
+        torch.use_deterministic_algorithms(True)
+        assert op.check_inputs(q, k, v, deterministic=None).deterministic is True
+        torch.use_deterministic_algorithms(False)
+        assert op.check_inputs(q, k, v, deterministic=None).deterministic is False
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 def test_lse_is_not_differentiable(on_cpu):
