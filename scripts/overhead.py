@@ -1,6 +1,7 @@
 """Where the time of one backward goes outside the kernels: the same head_dim-128 backward timed
 through runtime.backward, the custom op and autograd (CUDA events, median), plus the host time
-per call (no sync) and a CUDA-graph replay (kernels only, no launch gaps).
+per call (no sync) and a CUDA-graph replay (kernels only, no launch gaps); then the forward
+through runtime.forward and through attention() under no_grad (forward TFLOP/s).
 
 PYTHONPATH=. python3 scripts/overhead.py [--seqlen 1024] [--causal]
 """
@@ -67,11 +68,22 @@ def main():
     def autograd():
         return torch.autograd.grad(out, (ql, kl, vl), do, retain_graph=True)
 
-    flops = 2.5 * 4 * batch * heads * s * s * d / (2 if args.causal else 1)
+    def forward_no_grad():
+        with torch.no_grad():
+            return attention(q, k, v, causal=args.causal)
+
+    def forward_runtime():
+        return runtime.forward(q, k, v, causal=args.causal, softmax_scale=scale)
+
+    fwd_flops = 4 * batch * heads * s * s * d / (2 if args.causal else 1)
+    flops = 2.5 * fwd_flops
     rows = []
     for name, fn in (("runtime.backward", direct), ("custom op", op), ("autograd.grad", autograd)):
         ms = median_ms(fn, 3, 20)
         rows.append((name, ms, host_us(fn)))
+    fwd_rows = [(name, median_ms(fn, 3, 20), host_us(fn))
+                for name, fn in (("runtime.forward", forward_runtime),
+                                 ("attention, no_grad", forward_no_grad))]
     graph_ms = None
     try:
         stream = torch.cuda.Stream()
@@ -91,6 +103,8 @@ def main():
         print(f"{name:<20} {ms:>10.3f} {flops / ms / 1e9:>8.1f} {us:>13.1f}")
     if graph_ms is not None:
         print(f"{'graph replay':<20} {graph_ms:>10.3f} {flops / graph_ms / 1e9:>8.1f}")
+    for name, ms, us in fwd_rows:  # forward TFLOP/s
+        print(f"{name:<20} {ms:>10.3f} {fwd_flops / ms / 1e9:>8.1f} {us:>13.1f}")
     if args.profile:
         profile(autograd, Path(args.profile))
 
