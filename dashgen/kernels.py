@@ -117,6 +117,9 @@ class Sm90BwdConfig(_Element16Config):
     # that alternate by task, one barrier between the MMA warpgroups less per task
     # (docs/perf-notes.md). Fits the shared memory at block_m 64 only.
     double_ds: bool = False
+    # Likewise: the deterministic dQ writer of rank 0 stores its tile instead of adding it onto
+    # zeros, so the preprocess kernel skips zeroing the fp32 dQ accumulator (docs/perf-notes.md).
+    first_dq_store: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -307,14 +310,15 @@ class PrepParams(ctypes.Structure):
     _fields_ = [("o", _P), ("dout", _P), ("dpsum", _P), ("dq_accum", _P), ("zero", _P),
                 ("zero_vec4s", ctypes.c_int64),
                 ("batch", _I), ("heads", _I), ("seqlen", _I), ("row_stride", _I),
-                ("padded_rows", _I)]
+                ("padded_rows", _I), ("zero_dq", _I)]
 
 
 class ConvertParams(ctypes.Structure):
     """Mirror of dashgen::ConvertParams."""
 
-    _fields_ = [("src", _P), ("dst", _P), ("batch", _I), ("heads", _I), ("seqlen", _I),
-                ("row_stride", _I), ("padded_rows", _I), ("swizzled", _I)]
+    _fields_ = [("src", _P), ("dst", _P), ("counters", _P), ("batch", _I), ("heads", _I),
+                ("seqlen", _I), ("row_stride", _I), ("padded_rows", _I), ("swizzled", _I),
+                ("block_m", _I)]
 
 
 PREP_ROWS_PER_BLOCK = 16  # AttnPreprocess / AttnConvert::kRowsPerBlock

@@ -32,6 +32,7 @@ class BulkReduceProbeConfig(KernelConfig):
     tile_floats: int = 4096
     chunks: int = 4
     threads: int = 128
+    first_store: bool = False  # rank 0 stores (bulk_store_f32) instead of adding
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ def _probes() -> dict[str, Probe]:
     tma2 = TmaProbeConfig(rank=2)
     tma4 = TmaProbeConfig(rank=4)
     reduce = BulkReduceProbeConfig()
+    first_store = BulkReduceProbeConfig(first_store=True)
     setmaxnreg = SetmaxnregProbeConfig()
     table = [
         # rank 2: a [4*64, 2*64] bf16 matrix, one CTA per 64x64 tile.
@@ -108,6 +110,9 @@ def _probes() -> dict[str, Probe]:
               grid=(2, 3, 2), block=(tma4.threads, 1, 1), smem_bytes=tma4.tile_bytes + SW128_ALIGN),
         Probe("bulk_reduce", "probes/probe_bulk_reduce.cu.j2", reduce,
               grid=(8, 1, 1), block=(reduce.threads, 1, 1), smem_bytes=reduce.tile_floats * 4 + 128),
+        Probe("bulk_store_first", "probes/probe_bulk_reduce.cu.j2", first_store,
+              grid=(8, 1, 1), block=(first_store.threads, 1, 1),
+              smem_bytes=first_store.tile_floats * 4 + 128),
         Probe("wgmma_k16", "probes/probe_wgmma.cu.j2", WgmmaProbeConfig(k_steps=1),
               grid=(1, 1, 1), block=(128, 1, 1), smem_bytes=2 * 64 * 128 + SW128_ALIGN),
         Probe("wgmma_k64", "probes/probe_wgmma.cu.j2", WgmmaProbeConfig(k_steps=4),

@@ -31,8 +31,9 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 SM90_DEFAULT = True
 # setmaxnreg split (producer/writer warpgroup, each MMA warpgroup) of the Hopper backward.
 SM90_REGISTERS = (24, 240)
-# Sm90BwdConfig.double_ds for the backward (an experiment; scripts set it to compare).
-SM90_DOUBLE_DS = False
+# Experimental Sm90BwdConfig options for the backward, all off: scripts switch them on to
+# compare (docs/perf-notes.md says which ran on a GPU and what they measured).
+SM90_EXPERIMENTS = {"double_ds": False, "first_dq_store": False}
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -253,20 +254,21 @@ class _BackwardLaunch:
 def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, causal: bool,
                      deterministic: bool, trace: bool, schedule: str, num_workers: int,
                      device: torch.device, registers: tuple[int, int],
-                     double_ds: bool) -> _BackwardLaunch:
+                     experiments: tuple = ()) -> _BackwardLaunch:
     problem = _problem(q_shape, k_shape, causal, kernel)
     cfg = _backward_config(kernel, dtype, q_shape[3], causal, problem.gqa, deterministic, trace,
-                           registers, double_ds)
+                           registers, experiments)
     return _BackwardLaunch(kernel, problem, cfg, schedule, num_workers, device)
 @lru_cache(maxsize=256)
 def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: bool,
                      deterministic: bool, trace: bool, registers: tuple[int, int],
-                     double_ds: bool = False):
+                     experiments: tuple = ()):
+    """`experiments`: (name, value) pairs of SM90_EXPERIMENTS, hashable for the cache."""
     cfg = config_of(kernel, dtype, head_dim, causal, gqa=gqa, deterministic=deterministic,
                     trace=trace)
     if isinstance(cfg, Sm90BwdConfig):
         cfg = dataclasses.replace(cfg, producer_registers=registers[0],
-                                  mma_registers=registers[1], double_ds=double_ds)
+                                  mma_registers=registers[1], **dict(experiments))
     return cfg
 
 
@@ -279,7 +281,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     dev = q.device
     bl = _backward_launch(kernel, tuple(q.shape), tuple(k.shape), _DTYPES[q.dtype], bool(causal),
                           bool(deterministic), bool(trace), schedule, num_workers, dev,
-                          SM90_REGISTERS, SM90_DOUBLE_DS)
+                          SM90_REGISTERS, tuple(sorted(SM90_EXPERIMENTS.items())))
     p, layout = bl.problem, bl.layout
     launch.make_current(dev.index or 0)
     current = torch.cuda.current_stream(dev)
@@ -290,9 +292,11 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     base = workspace.data_ptr()
     dq_accum, dpsum, dk_accum, dv_accum, dq_counters, dkv_counters = (
         base + 4 * offset for offset in layout.offsets)
+    # first_dq_store: the first dQ writer of a tile stores; untouched tiles convert to zeros.
+    first_store = kernel == "sm90" and bl.cfg.first_dq_store and bl.cfg.deterministic
     prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum, dq_accum,
                       base + 4 * layout.zeroed_offset, (layout.floats - layout.zeroed_offset) // 4,
-                      p.batch, p.heads_q, p.seqlen_q, q_stride, bl.padded_m)
+                      p.batch, p.heads_q, p.seqlen_q, q_stride, bl.padded_m, not first_store)
     bl.preprocess(stream, (ctypes.addressof(prep),))
 
     dq = torch.empty_like(q)
@@ -316,13 +320,14 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
         bl.main(stream, (ctypes.addressof(params),))
 
     # The Hopper backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
-    convert = ConvertParams(dq_accum, dq.data_ptr(), p.batch, p.heads_q, p.seqlen_q,
-                            dq.stride(1), bl.padded_m, kernel == "sm90")
+    convert = ConvertParams(dq_accum, dq.data_ptr(), dq_counters if first_store else 0, p.batch,
+                            p.heads_q, p.seqlen_q, dq.stride(1), bl.padded_m, kernel == "sm90",
+                            p.block_m)
     bl.convert_q(stream, (ctypes.addressof(convert),))
     if gqa:
         for src, dst in ((dk_accum, dk), (dv_accum, dv)):
-            convert = ConvertParams(src, dst.data_ptr(), p.batch, p.heads_kv, p.seqlen_k,
-                                    dst.stride(1), bl.padded_n)
+            convert = ConvertParams(src, dst.data_ptr(), 0, p.batch, p.heads_kv, p.seqlen_k,
+                                    dst.stride(1), bl.padded_n, False, p.block_n)
             bl.convert_kv(stream, (ctypes.addressof(convert),))
     if stream != bl.tables_stream:
         # The schedule tables were allocated on another stream: should the cache drop them

@@ -148,10 +148,14 @@ def main():
                         help="backward kernel")
     parser.add_argument("--double-ds", action="store_true",
                         help="the Hopper backward with Sm90BwdConfig.double_ds (an experiment)")
+    parser.add_argument("--first-dq-store", action="store_true",
+                        help="the Hopper backward with Sm90BwdConfig.first_dq_store (an "
+                             "experiment)")
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"],
                         help="forward kernel")
     args = parser.parse_args()
-    runtime.SM90_DOUBLE_DS = args.double_ds
+    runtime.SM90_EXPERIMENTS.update(double_ds=args.double_ds,
+                                    first_dq_store=args.first_dq_store)
     rows = []
     for case in cases(args.quick, args.kernel):
         t0 = time.time()
@@ -163,7 +167,7 @@ def main():
         row["seconds"] = round(time.time() - t0, 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    suffix = "_doubleds" if args.double_ds else ""
+    suffix = ("_doubleds" if args.double_ds else "") + ("_firstdqstore" if args.first_dq_store else "")
     with open(os.path.join(args.out, f"gpu_check_{args.kernel}{suffix}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\n{'case':<58} {'o/dq/dk/dv rel err (torch dtype err)':<60} ok trace bits nondet")

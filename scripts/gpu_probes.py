@@ -66,7 +66,9 @@ def check_bulk_reduce(probe: Probe) -> tuple[float, bool, str]:
     scale = 10.0 ** torch.randint(-3, 4, (n, 1), device="cuda", dtype=torch.float32)
     inputs = torch.randn(n, cfg.tile_floats, device="cuda") * scale
     ranks = torch.randperm(n, device="cuda").to(torch.int32)
-    start = torch.randn(cfg.tile_floats, device="cuda")
+    # first_store: rank 0 overwrites `out`, which starts as NaN so that an add would show.
+    start = torch.full((cfg.tile_floats,), float("nan"), device="cuda") if cfg.first_store \
+        else torch.randn(cfg.tile_floats, device="cuda")
     out = start.clone()
     counters = torch.zeros(2, device="cuda", dtype=torch.int32)
     tickets = torch.full((n,), -1, device="cuda", dtype=torch.int32)
@@ -74,9 +76,10 @@ def check_bulk_reduce(probe: Probe) -> tuple[float, bool, str]:
                               counters.data_ptr(), tickets.data_ptr()])
     ref = start.clone()
     for rank in range(n):  # the same fp32 additions, in rank order
-        ref = ref + inputs[(ranks == rank).nonzero().item()]
-    other = start.clone()
-    for cta in range(n):
+        tile = inputs[(ranks == rank).nonzero().item()]
+        ref = tile.clone() if rank == 0 and cfg.first_store else ref + tile
+    other = (inputs[0].clone() if cfg.first_store else start + inputs[0])
+    for cta in range(1, n):
         other = other + inputs[cta]
     exact = torch.equal(out.view(torch.int32), ref.view(torch.int32))
     counters_ok = counters.tolist() == [n, n]
@@ -213,6 +216,7 @@ CHECKS = {
     "mbarrier_tma_2d": check_tma,
     "mbarrier_tma_4d": check_tma,
     "bulk_reduce": check_bulk_reduce,
+    "bulk_store_first": check_bulk_reduce,
     "wgmma_k16": check_wgmma,
     "wgmma_k64": check_wgmma,
     "setmaxnreg": check_setmaxnreg,

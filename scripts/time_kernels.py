@@ -28,11 +28,15 @@ def main():
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"])
     parser.add_argument("--double-ds", action="store_true",
                         help="the Hopper backward with Sm90BwdConfig.double_ds (an experiment)")
+    parser.add_argument("--first-dq-store", action="store_true",
+                        help="the Hopper backward with Sm90BwdConfig.first_dq_store (an "
+                             "experiment)")
     parser.add_argument("--block-m-d64", type=int, choices=[64, 128], default=None,
                         help="query rows per task of the Hopper backward at head_dim 64 "
                              "(default: dashgen's, kernels.SM90_BWD_BLOCK_M)")
     args = parser.parse_args()
-    runtime.SM90_DOUBLE_DS = args.double_ds
+    runtime.SM90_EXPERIMENTS.update(double_ds=args.double_ds,
+                                    first_dq_store=args.first_dq_store)
     if args.block_m_d64 is not None:
         SM90_BWD_BLOCK_M[64] = args.block_m_d64
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -31,7 +31,8 @@ enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
 enum class DqSplit { kColumns, kRows, kKvRows };
 
 template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
-          int kProducerRegs, int kMmaRegs, bool kDoubleDs = false, int kBlockRows = 64>
+          int kProducerRegs, int kMmaRegs, bool kDoubleDs = false, int kBlockRows = 64,
+          bool kFirstDqStore = false>
 struct AttnBwdSm90 {
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = kBlockRows;  // query rows per task
@@ -194,7 +195,14 @@ struct AttnBwdSm90 {
       }
       float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
                                  static_cast<i64>(t.m) * kBlockM) * kHeadDim;
-      bulk_reduce_add_f32(dst, reinterpret_cast<const float*>(smem + kOffDq + s * kDqBytes), kDqBytes);
+      const float* src = reinterpret_cast<const float*>(smem + kOffDq + s * kDqBytes);
+      if (kFirstDqStore && kDeterministic && t.dq_rank == 0) {
+        // The first contribution in dq_rank order: the tile holds nothing yet (the preprocess
+        // kernel did not zero it), so the partial is stored, not added.
+        bulk_store_f32(dst, src, kDqBytes);
+      } else {
+        bulk_reduce_add_f32(dst, src, kDqBytes);
+      }
       bulk_commit_group();
       // Released only once the add has landed in global memory, not when smem was read.
       bulk_wait_group<0>();

@@ -58,13 +58,18 @@ struct PrepParams {
   uint4* zero;     // 16-byte aligned workspace, zeroed by the whole grid
   i64 zero_vec4s;  // its length in 16-byte vectors
   i32 batch, heads, seqlen, row_stride, padded_rows;
+  i32 zero_dq;     // 0 when the backward's first dQ writer of each tile stores instead of adding
 };
 
 struct ConvertParams {
   const float* src;  // (batch, heads, padded_rows, head_dim)
   void* dst;         // (batch, seqlen, heads, head_dim), rows < seqlen only
+  // With it, a tile whose counter (batch, heads, padded_rows / block_m) is 0 had no
+  // contribution and was never written: its rows convert to zeros (src may hold garbage).
+  const u32* counters;
   i32 batch, heads, seqlen, row_stride, padded_rows;
   i32 swizzled;      // src rows in the accum_col layout (the Hopper backward's dQ sums)
+  i32 block_m;       // rows per counter, with `counters`
 };
 
 }  // namespace dashgen

@@ -29,7 +29,9 @@ struct AttnPreprocess {
       const int row = blockIdx.x * kRowsPerBlock + r;
       if (row >= p.padded_rows) break;
       float* acc_row = p.dq_accum + ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row) * kHeadDim;
-      for (int c = lane; c < kHeadDim; c += 32) acc_row[c] = 0.f;
+      if (p.zero_dq) {
+        for (int c = lane; c < kHeadDim; c += 32) acc_row[c] = 0.f;
+      }
       if (row >= p.seqlen) continue;
       const i64 base = (static_cast<i64>(b) * p.seqlen + row) * p.row_stride + static_cast<i64>(h) * kHeadDim;
       float sum = 0.f;
@@ -57,8 +59,11 @@ struct AttnConvert {
       if (row >= p.seqlen) continue;
       const int sc = p.swizzled ? accum_col(row, c) : c;
       const float* src = p.src + ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row) * kHeadDim + sc;
+      const i64 tiles = p.counters ? p.padded_rows / p.block_m : 0;
+      const bool empty = p.counters && p.counters[(static_cast<i64>(b) * p.heads + h) * tiles + row / p.block_m] == 0u;
       *reinterpret_cast<u32*>(dst + (static_cast<i64>(b) * p.seqlen + row) * p.row_stride +
-                              static_cast<i64>(h) * kHeadDim + c) = Element<T>::pack(src[0], src[1]);
+                              static_cast<i64>(h) * kHeadDim + c) =
+          empty ? Element<T>::pack(0.f, 0.f) : Element<T>::pack(src[0], src[1]);
     }
   }
 };

@@ -13,6 +13,14 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem_dst, const float
                :: "l"(gmem_dst), "r"(shared_address(smem_src)), "r"(bytes) : "memory");
 }
 
+// gmem[i] = smem[i] for `bytes / 4` floats through the async proxy: the dQ writer of rank 0,
+// whose tile holds nothing yet, stores instead of adding onto zeros written for it.
+__device__ __forceinline__ void bulk_store_f32(float* gmem_dst, const float* smem_src,
+                                               u32 bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+               :: "l"(gmem_dst), "r"(shared_address(smem_src)), "r"(bytes) : "memory");
+}
+
 // Closes the bulk async-group holding this thread's uncommitted bulk operations.
 __device__ __forceinline__ void bulk_commit_group() {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
