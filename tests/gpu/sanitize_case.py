@@ -1,7 +1,11 @@
 """One small forward + backward per Hopper kernel variant, for compute-sanitizer to watch
 (tests/gpu/test_sanitizer.py runs it under memcheck and racecheck). Prints the kernels it ran.
 
-    python3 tests/gpu/sanitize_case.py [CASE_INDEX ...]"""
+    python3 tests/gpu/sanitize_case.py [CASE_INDEX ...]
+
+DASHGEN_EXPERIMENTS=double_ds,first_dq_store switches those experimental backward options on
+(runtime.SM90_EXPERIMENTS); cases an option cannot serve (double_ds at head_dim 64) run without
+it."""
 from __future__ import annotations
 
 import math
@@ -23,9 +27,13 @@ CASES = [
 ]
 
 
-def main(picked: list[int]) -> None:
+def main(picked: list[int], experiments: frozenset = frozenset()) -> None:
     for index in picked or range(len(CASES)):
         batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, kernel = CASES[index]
+        for name in runtime.SM90_EXPERIMENTS:
+            # double_ds needs 64-row tasks, which head_dim 64 does not use.
+            runtime.SM90_EXPERIMENTS[name] = name in experiments and not (
+                name == "double_ds" and d == 64)
         torch.manual_seed(sq * 131 + d)
         q = torch.randn(batch, sq, hq, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(batch, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
@@ -42,5 +50,15 @@ def main(picked: list[int]) -> None:
               flush=True)
 
 
+def experiments_from_env() -> frozenset:
+    import os
+    names = frozenset(filter(None, os.environ.get("DASHGEN_EXPERIMENTS", "").split(",")))
+    unknown = names - set(runtime.SM90_EXPERIMENTS)
+    if unknown:
+        raise SystemExit(f"DASHGEN_EXPERIMENTS: unknown {sorted(unknown)}; known: "
+                         f"{sorted(runtime.SM90_EXPERIMENTS)}")
+    return names
+
+
 if __name__ == "__main__":
-    main([int(arg) for arg in sys.argv[1:]])  # case indices; none: all
+    main([int(arg) for arg in sys.argv[1:]], experiments_from_env())  # case indices; none: all

@@ -29,15 +29,18 @@ def _sanitizer() -> str | None:
     return None
 
 
+@pytest.mark.parametrize("experiments", ["", "double_ds,first_dq_store"],
+                         ids=["default", "experiments"])
 @pytest.mark.parametrize("tool,summary", [
     ("memcheck", "ERROR SUMMARY: 0 errors"),
     ("racecheck", "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"),
 ])
-def test_compute_sanitizer_finds_nothing(tool, summary, tmp_path):
+def test_compute_sanitizer_finds_nothing(tool, summary, experiments, tmp_path):
     sanitizer = _sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), DASHGEN_CACHE_DIR=str(tmp_path / "cache"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), DASHGEN_CACHE_DIR=str(tmp_path / "cache"),
+               DASHGEN_EXPERIMENTS=experiments)
     # Host API errors (the driver probing optional entry points) are not kernel errors.
     proc = subprocess.run([sanitizer, "--tool", tool, "--report-api-errors", "no",
                            "--print-limit", "50", sys.executable, str(CASE)],
