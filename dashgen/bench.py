@@ -304,9 +304,10 @@ def _error_text(exc: Exception) -> str:
 
 
 def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats: int,
-                          time_once=None) -> list[Row]:
+                          time_once=None, extra_bytes=extra_backward_bytes) -> list[Row]:
     """Set up every row of a configuration, time them interleaved (interleaved_ms), then take
-    each backward's extra memory. One failing row must not stop the sweep: it gets an error."""
+    each backward's extra memory (`extra_bytes(fn)`). One failing row must not stop the sweep:
+    it gets an error."""
     fns = {}
     for index, (row, setup) in enumerate(plan):
         try:
@@ -322,9 +323,9 @@ def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats:
         elif index in medians:
             row.ms = medians[index]
             row.tflops = cfg.flops(row.direction == "backward") / (row.ms * 1e-3) / 1e12
-            if row.direction == "backward" and time_once is None:
+            if row.direction == "backward":
                 try:
-                    row.extra_bytes = extra_backward_bytes(fns[index])
+                    row.extra_bytes = extra_bytes(fns[index])
                 except Exception as exc:
                     row.error = _error_text(exc)
     return [row for row, _ in plan]

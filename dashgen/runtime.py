@@ -231,7 +231,10 @@ class _BackwardLaunch:
 
     def __init__(self, kernel: str, problem: Problem, cfg, schedule: str, num_workers: int,
                  device: torch.device):
-        self.kernel, self.problem, self.cfg = kernel, problem, cfg
+        self.problem, self.cfg = problem, cfg
+        # first_dq_store: the first dQ writer of a tile stores, so the preprocess kernel does not
+        # zero the accumulator and the convert kernel zeroes the tiles nobody wrote.
+        self.first_dq_store = kernel == "sm90" and cfg.first_dq_store and cfg.deterministic
         self.plan, self.tasks, self.offsets = _plan_tensors(problem, schedule, num_workers, device)
         self.tables_stream = _stream(device) if device.type == "cuda" else 0
         self.layout = WorkspaceLayout(problem)
@@ -259,6 +262,8 @@ def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, ca
     cfg = _backward_config(kernel, dtype, q_shape[3], causal, problem.gqa, deterministic, trace,
                            registers, experiments)
     return _BackwardLaunch(kernel, problem, cfg, schedule, num_workers, device)
+
+
 @lru_cache(maxsize=256)
 def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: bool,
                      deterministic: bool, trace: bool, registers: tuple[int, int],
@@ -292,8 +297,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     base = workspace.data_ptr()
     dq_accum, dpsum, dk_accum, dv_accum, dq_counters, dkv_counters = (
         base + 4 * offset for offset in layout.offsets)
-    # first_dq_store: the first dQ writer of a tile stores; untouched tiles convert to zeros.
-    first_store = kernel == "sm90" and bl.cfg.first_dq_store and bl.cfg.deterministic
+    first_store = bl.first_dq_store
     prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum, dq_accum,
                       base + 4 * layout.zeroed_offset, (layout.floats - layout.zeroed_offset) // 4,
                       p.batch, p.heads_q, p.seqlen_q, q_stride, bl.padded_m, not first_store)

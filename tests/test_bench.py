@@ -107,15 +107,20 @@ def test_rows_of_a_configuration_are_timed_round_robin(bench):
 
 def test_a_configuration_reports_failed_setups_and_timings_per_row(bench):
     cfg = bench.Config(1024, 64, "full", 16384, 2048)
-    rows = [bench.Row(f"r{i}", "dashgen", "fa3", True, "forward", seqlen=1024, head_dim=64,
-                      mask="full", batch=16, heads=32, floor_bytes=0) for i in range(3)]
+    rows = [bench.Row(f"r{i}", "dashgen", "fa3", True, direction, seqlen=1024, head_dim=64,
+                      mask="full", batch=16, heads=32, floor_bytes=0)
+            for i, direction in enumerate(("forward", "backward", "backward"))]
 
     def broken_setup(inputs):
         raise RuntimeError("No available kernel. Aborting execution.")
 
     plan = [(rows[0], lambda inputs: (lambda: None)), (rows[1], broken_setup),
             (rows[2], lambda inputs: (lambda: None))]
-    done = bench.measure_configuration(plan, cfg, None, 1, 3, time_once=lambda f: f() or 2.0)
+    done = bench.measure_configuration(plan, cfg, None, 1, 3, time_once=lambda f: f() or 2.0,
+                                       extra_bytes=lambda fn: 123)
     assert [r.ms for r in done] == [2.0, None, 2.0]
     assert done[0].tflops == pytest.approx(cfg.flops(False) / 2e-3 / 1e12)
+    assert done[2].tflops == pytest.approx(cfg.flops(True) / 2e-3 / 1e12)
     assert done[1].error.startswith("n/a: RuntimeError: No available kernel")
+    # Extra memory is taken for the backward rows that ran, not for the forward or failed ones.
+    assert [r.extra_bytes for r in done] == [None, None, 123]
