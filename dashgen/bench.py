@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent  # the checkout, for the commit id
 
 PEERS = ("cudnn", "flash_det", "flex")
 BWD_OVER_FWD = 2.5  # the backward runs five matmuls of the forward's size to its two
+ROUNDS = 2  # rounds_ms: each row of a configuration is timed in two blocks, far apart
 
 
 def fwd_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
@@ -107,29 +108,32 @@ def median_ms(fn, warmup: int, repeats: int) -> float:
     return statistics.median(event_ms(fn) for _ in range(repeats))
 
 
-def interleaved_ms(fns: dict, warmup: int, repeats: int, time_once=None) -> tuple[dict, dict]:
-    """Median ms of every fn, timed round-robin (fn a, fn b, ..., then again, `repeats` rounds)
-    after `warmup` calls of each: drift over the run (clocks, allocator state) then falls on
-    every row of a configuration alike instead of on whichever row ran last. Returns (medians,
-    errors) keyed like `fns`; a fn that raises is dropped from the later rounds."""
+def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
+              time_once=None) -> tuple[dict, dict]:
+    """Median ms of every fn over `rounds` rounds: in each round every fn in turn gets `warmup`
+    calls, then its share of the `repeats` timed calls back to back (ceil(repeats / rounds),
+    so at least `repeats` in all). Each timed call follows a call of the same fn, as in the
+    ANCHORS.md protocol (timing calls round-robin, each after another library's kernels, cost
+    every 1k row 10-20%), while drift over the run (clocks, allocator state) falls on every row
+    of a configuration alike instead of on whichever row ran last. Returns (medians, errors)
+    keyed like `fns`; a fn that raises gets no more calls."""
     time_once = time_once or event_ms
+    per_round = -(-repeats // rounds)
     errors = {}
-    live = {}
-    for key, fn in fns.items():
-        try:
-            for _ in range(warmup):
-                fn()
-            live[key] = []
-        except Exception as exc:
-            errors[key] = exc
-    for _ in range(repeats):
-        for key in list(live):
+    times = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, fn in fns.items():
+            if key in errors:
+                continue
             try:
-                live[key].append(time_once(fns[key]))
+                for _ in range(warmup):
+                    fn()
+                for _ in range(per_round):
+                    times[key].append(time_once(fn))
             except Exception as exc:
                 errors[key] = exc
-                del live[key]
-    return {key: statistics.median(times) for key, times in live.items()}, errors
+    return {key: statistics.median(t) for key, t in times.items()
+            if key not in errors and t}, errors
 
 
 def extra_backward_bytes(backward) -> int:
@@ -305,7 +309,7 @@ def _error_text(exc: Exception) -> str:
 
 def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats: int,
                           time_once=None, extra_bytes=extra_backward_bytes) -> list[Row]:
-    """Set up every row of a configuration, time them interleaved (interleaved_ms), then take
+    """Set up every row of a configuration, time them in rounds (rounds_ms), then take
     each backward's extra memory (`extra_bytes(fn)`). One failing row must not stop the sweep:
     it gets an error."""
     fns = {}
@@ -316,7 +320,7 @@ def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats:
             row.error = _error_text(exc)
             if os.environ.get("BENCH_TRACEBACK"):
                 traceback.print_exception(exc)
-    medians, errors = interleaved_ms(fns, warmup, repeats, time_once)
+    medians, errors = rounds_ms(fns, warmup, repeats, time_once=time_once)
     for index, (row, _) in enumerate(plan):
         if index in errors:
             row.error = _error_text(errors[index])
@@ -364,7 +368,7 @@ def environment(args) -> dict:
                 commit=commit_id(args.commit),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 tokens=args.tokens, hidden=args.hidden, repeats=args.repeats,
-                warmup=args.warmup, dtype="bf16", interleaved=True)
+                warmup=args.warmup, dtype="bf16", rounds=ROUNDS)
 
 
 # -- command line ------------------------------------------------------------------------------

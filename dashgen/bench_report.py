@@ -34,12 +34,22 @@ def seq_label(seqlen: int) -> str:
     return f"{seqlen // 1024}k" if seqlen % 1024 == 0 else str(seqlen)
 
 
+def _timing_note(meta: dict) -> str:
+    """How the rows of a configuration shared the GPU; older runs carry no note or `interleaved`."""
+    if meta.get("rounds"):
+        return (f", in {meta['rounds']} rounds over the rows of a configuration (each row's "
+                f"calls back to back after its warm-ups)")
+    if meta.get("interleaved"):
+        return ", the rows of a configuration timed round-robin"
+    return ""
+
+
 def render_markdown(meta: dict, rows: list[dict]) -> str:
     lines = [f"# dashgen benchmark: {meta['gpu']}, {meta['date']}", "",
              f"torch {meta['torch']}, CUDA {meta['torch_cuda']}, NVRTC {meta['nvrtc']}, "
              f"commit {meta['commit']}; {meta['tokens']} tokens, hidden {meta['hidden']}, bf16; "
              f"median of {meta['repeats']} after {meta['warmup']} warm-ups"
-             f"{', the rows of a configuration timed round-robin' if meta.get('interleaved') else ''}"
+             f"{_timing_note(meta)}"
              f". Backward TFLOP/s "
              f"(forward row: forward TFLOP/s); anchors from ANCHORS.md (2026-11-30, not re-run).",
              ""]

@@ -68,6 +68,24 @@ def main():
     def autograd():
         return torch.autograd.grad(out, (ql, kl, vl), do, retain_graph=True)
 
+    class _Floor(torch.autograd.Function):
+        """autograd's own cost on CUDA: a backward that launches one small copy."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad[:1].clone()
+
+    xl = torch.zeros(1, device="cuda", requires_grad=True)
+    floor_out = _Floor.apply(xl)
+    floor_grad = torch.ones(1, device="cuda")
+
+    def floor():
+        return torch.autograd.grad(floor_out, (xl,), floor_grad, retain_graph=True)
+
     def forward_no_grad():
         with torch.no_grad():
             return attention(q, k, v, causal=args.causal)
@@ -78,7 +96,8 @@ def main():
     fwd_flops = 4 * batch * heads * s * s * d / (2 if args.causal else 1)
     flops = 2.5 * fwd_flops
     rows = []
-    for name, fn in (("runtime.backward", direct), ("custom op", op), ("autograd.grad", autograd)):
+    for name, fn in (("runtime.backward", direct), ("custom op", op), ("autograd.grad", autograd),
+                     ("autograd floor", floor)):
         ms = median_ms(fn, 3, 20)
         rows.append((name, ms, host_us(fn)))
     fwd_rows = [(name, median_ms(fn, 3, 20), host_us(fn))

@@ -77,9 +77,10 @@ def test_bench_help_lists_the_protocol_options():
         assert option in proc.stdout
 
 
-def test_rows_of_a_configuration_are_timed_round_robin(bench):
-    """interleaved_ms times a, b, c, a, b, c, ... after the warm-ups; a row that raises is
-    dropped from later rounds and reported, the others keep their medians."""
+def test_rows_of_a_configuration_are_timed_in_rounds_of_back_to_back_calls(bench):
+    """rounds_ms gives each row its warm-ups and then its timed calls back to back, row after
+    row, in each round; a row that raises gets no more calls and is reported, the others keep
+    the median of all their timed calls."""
     order = []
 
     def fn(name, fail_at=None):
@@ -89,19 +90,20 @@ def test_rows_of_a_configuration_are_timed_round_robin(bench):
                 raise RuntimeError(f"{name} broke")
         return call
 
-    fake_ms = {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 4.0, 6.0])}
+    fake_ms = {"a": iter([3.0, 1.0, 2.0, 8.0]), "b": iter([5.0, 4.0, 6.0, 7.0])}
 
     def time_once(f):
         f()
         name = order[-1]
         return next(fake_ms[name]) if name in fake_ms else 9.0
 
-    fns = {"a": fn("a"), "b": fn("b"), "c": fn("c", fail_at=3)}
-    medians, errors = bench.interleaved_ms(fns, warmup=1, repeats=3, time_once=time_once)
-    assert order[:3] == ["a", "b", "c"]                     # warm-ups, one each
-    assert order[3:9] == ["a", "b", "c", "a", "b", "c"]     # c's third call raises
-    assert order[9:] == ["a", "b"]                          # c no longer timed
-    assert medians == {"a": 2.0, "b": 5.0}
+    fns = {"a": fn("a"), "b": fn("b"), "c": fn("c", fail_at=4)}
+    medians, errors = bench.rounds_ms(fns, warmup=1, repeats=3, rounds=2, time_once=time_once)
+    # Round 1: one warm-up and ceil(3 / 2) = 2 timed calls per row, rows in turn.
+    assert order[:9] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    # Round 2: c's warm-up is its fourth call and raises; a and b finish.
+    assert order[9:] == ["a"] * 3 + ["b"] * 3 + ["c"]
+    assert medians == {"a": 2.5, "b": 5.5}
     assert list(errors) == ["c"] and "c broke" in str(errors["c"])
 
 
