@@ -140,7 +140,15 @@ def _tensor_map(t: torch.Tensor, rows: int):
     return found
 
 
+# torch's raw getter is one C call; torch.cuda.current_stream builds a Stream object, host time
+# the backward's first kernel waits on. CPU-only builds of torch lack it.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(device: torch.device) -> int:
+    """The CUstream handle of the current stream on `device` (a CUDA device with an index)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index)
     return torch.cuda.current_stream(device).cuda_stream
 
 
@@ -289,8 +297,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
                           SM90_REGISTERS, tuple(sorted(SM90_EXPERIMENTS.items())))
     p, layout = bl.problem, bl.layout
     launch.make_current(dev.index or 0)
-    current = torch.cuda.current_stream(dev)
-    stream = current.cuda_stream
+    stream = _stream(dev)
     q_stride = q.stride(1)
 
     workspace = torch.empty(layout.floats, dtype=torch.float32, device=dev)
@@ -336,6 +343,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     if stream != bl.tables_stream:
         # The schedule tables were allocated on another stream: should the cache drop them
         # while these kernels run, that stream could reuse their memory too early.
+        current = torch.cuda.current_stream(dev)
         bl.tasks.record_stream(current)
         bl.offsets.record_stream(current)
     if trace:

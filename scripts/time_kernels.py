@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -17,6 +18,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from dashgen import runtime  # noqa: E402
 from dashgen.bench import median_ms  # noqa: E402  (the protocol's timing)
 from dashgen.kernels import SM90_BWD_BLOCK_M  # noqa: E402
+
+
+def kernel_us(fn, calls: int = 10) -> dict[str, float]:
+    """Median GPU time of each of the backward's kernels over `calls` calls, in microseconds,
+    keyed preprocess / main / convert (from torch.profiler's CUDA activity)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA or "dashgen" not in event.name:
+            continue
+        part = ("preprocess" if "_preprocess" in event.name else
+                "convert" if "_convert" in event.name else "main")
+        times.setdefault(part, []).append(event.time_range.elapsed_us())
+    return {part: statistics.median(t) for part, t in times.items()}
 
 
 def main():
@@ -34,6 +55,8 @@ def main():
     parser.add_argument("--block-m-d64", type=int, choices=[64, 128], default=None,
                         help="query rows per task of the Hopper backward at head_dim 64 "
                              "(default: dashgen's, kernels.SM90_BWD_BLOCK_M)")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also each deterministic backward kernel's GPU time (profiler)")
     args = parser.parse_args()
     runtime.SM90_EXPERIMENTS.update(double_ds=args.double_ds,
                                     first_dq_store=args.first_dq_store)
@@ -57,16 +80,21 @@ def main():
                 for name in args.schedules:
                     if name == "shift" and causal or name == "symmetric_shift" and not causal:
                         continue
-                    res = []
-                    for det in (True, False):
-                        res.append(median_ms(lambda: runtime.backward(
-                            do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                            deterministic=det, schedule=name, num_workers=sms,
-                            kernel=args.kernel), 3, 10))
+                    calls = [lambda det=det: runtime.backward(
+                        do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
+                        deterministic=det, schedule=name, num_workers=sms, kernel=args.kernel)
+                        for det in (True, False)]
+                    res = [median_ms(call, 3, 10) for call in calls]
                     tag = f"d{d} {'causal' if causal else 'full'} s{s} b{batch} h{heads}"
+                    parts = ""
+                    if args.kernels:
+                        us = kernel_us(calls[0])
+                        parts = "  " + " ".join(f"{part} {us[part]:.1f} us"
+                                                for part in ("preprocess", "main", "convert")
+                                                if part in us)
                     print(f"{tag:<32} {name:<16} {flops / fwd / 1e9:>9.1f} "
-                          f"{2.5 * flops / res[0] / 1e9:>9.1f} {2.5 * flops / res[1] / 1e9:>10.1f}",
-                          flush=True)
+                          f"{2.5 * flops / res[0] / 1e9:>9.1f} {2.5 * flops / res[1] / 1e9:>10.1f}"
+                          f"{parts}", flush=True)
 
 
 if __name__ == "__main__":
