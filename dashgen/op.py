@@ -262,9 +262,17 @@ def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
 
 # -- the kernel calls both paths share (the custom ops and the eager Function) ------------------
 
+def _ready(t: torch.Tensor) -> torch.Tensor:
+    """t as the kernels read it: contiguous, starting on a 16-byte boundary (TMA descriptors and
+    the 16-byte loads need it; a contiguous view into a buffer at an odd offset does not have
+    it, and is copied like any other layout the kernels cannot read)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def _run_forward(q, k, v, opts: Options):
     """o and lse from the runtime."""
-    return _runtime().forward(q.contiguous(), k.contiguous(), v.contiguous(), causal=opts.causal,
+    return _runtime().forward(_ready(q), _ready(k), _ready(v), causal=opts.causal,
                               softmax_scale=opts.softmax_scale)
 
 
@@ -272,7 +280,7 @@ def _run_backward(do, q, k, v, o, lse, opts: Options):
     """dq, dk, dv from the runtime. The gradient of a reduction such as o.sum() arrives expanded
     (stride 0): contiguous() copies it."""
     return _runtime().backward(
-        do.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), o.contiguous(), lse,
+        _ready(do), _ready(q), _ready(k), _ready(v), _ready(o), lse,
         causal=opts.causal, softmax_scale=opts.softmax_scale, deterministic=opts.deterministic,
         schedule=opts.schedule, num_workers=opts.num_workers)
 

@@ -178,6 +178,26 @@ def test_strided_inputs_give_the_same_bits_as_contiguous_ones(seed):
     assert all(torch.equal(a, b) for a, b in zip(strided, contiguous))
 
 
+def test_views_at_unaligned_offsets_give_the_same_bits_as_aligned_copies(seed):
+    """TMA and the 16-byte loads need 16-byte boundaries: a contiguous view 2 bytes into its
+    buffer is copied first, never read misaligned."""
+    shape = (2, 300, 4, 64)
+    numel = 2 * 300 * 4 * 64
+    q, k, v, do = (torch.randn(numel + 1, device="cuda", dtype=torch.bfloat16)[1:].view(shape)
+                   for _ in range(4))
+    assert all(t.data_ptr() % 16 for t in (q, k, v, do))
+
+    def run(q, k, v, do):  # out_and_grads would clone q, k and v, aligning them
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        assert [t.data_ptr() for t in leaves] == [t.data_ptr() for t in (q, k, v)]
+        o = attention(*leaves, causal=True)
+        return (o.detach(), *torch.autograd.grad(o, leaves, do))
+
+    views = run(q, k, v, do)
+    copies = run(q.clone(), k.clone(), v.clone(), do.clone())
+    assert all(torch.equal(a, b) for a, b in zip(views, copies))
+
+
 def test_a_fresh_thread_gets_the_same_bits(seed):
     """Calls from a thread that never touched CUDA (like autograd's per-device backward thread,
     once the kernels are loaded and their launches cached) run in the right context."""
