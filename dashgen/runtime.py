@@ -31,9 +31,10 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 SM90_DEFAULT = True
 # setmaxnreg split (producer/writer warpgroup, each MMA warpgroup) of the Hopper backward.
 SM90_REGISTERS = (24, 240)
-# Experimental Sm90BwdConfig options for the backward, all off: scripts switch them on to
-# compare (docs/perf-notes.md says which ran on a GPU and what they measured).
-SM90_EXPERIMENTS = {"double_ds": False, "first_dq_store": False}
+# Switchable Sm90BwdConfig options of the backward, at their defaults: double_ds is an
+# experiment (off; measured neutral at head_dim 128, does not fit head_dim 64's 128-row tasks),
+# first_dq_store is on. Scripts switch them to compare (docs/perf-notes.md has the numbers).
+SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True}
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -276,7 +277,7 @@ def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, ca
 def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: bool,
                      deterministic: bool, trace: bool, registers: tuple[int, int],
                      experiments: tuple = ()):
-    """`experiments`: (name, value) pairs of SM90_EXPERIMENTS, hashable for the cache."""
+    """`experiments`: (name, value) pairs of SM90_BWD_OPTIONS, hashable for the cache."""
     cfg = config_of(kernel, dtype, head_dim, causal, gqa=gqa, deterministic=deterministic,
                     trace=trace)
     if isinstance(cfg, Sm90BwdConfig):
@@ -294,7 +295,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     dev = q.device
     bl = _backward_launch(kernel, tuple(q.shape), tuple(k.shape), _DTYPES[q.dtype], bool(causal),
                           bool(deterministic), bool(trace), schedule, num_workers, dev,
-                          SM90_REGISTERS, tuple(sorted(SM90_EXPERIMENTS.items())))
+                          SM90_REGISTERS, tuple(sorted(SM90_BWD_OPTIONS.items())))
     p, layout = bl.problem, bl.layout
     launch.make_current(dev.index or 0)
     stream = _stream(dev)

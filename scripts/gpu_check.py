@@ -148,14 +148,15 @@ def main():
                         help="backward kernel")
     parser.add_argument("--double-ds", action="store_true",
                         help="the Hopper backward with Sm90BwdConfig.double_ds (an experiment)")
-    parser.add_argument("--first-dq-store", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.first_dq_store (an "
-                             "experiment)")
+    parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
+                        default=None, help="the Hopper backward with or without "
+                        "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"],
                         help="forward kernel")
     args = parser.parse_args()
-    runtime.SM90_EXPERIMENTS.update(double_ds=args.double_ds,
-                                    first_dq_store=args.first_dq_store)
+    runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
+    if args.first_dq_store is not None:
+        runtime.SM90_BWD_OPTIONS["first_dq_store"] = args.first_dq_store
     rows = []
     for case in cases(args.quick, args.kernel):
         t0 = time.time()
@@ -167,7 +168,8 @@ def main():
         row["seconds"] = round(time.time() - t0, 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    suffix = ("_doubleds" if args.double_ds else "") + ("_firstdqstore" if args.first_dq_store else "")
+    suffix = ("_doubleds" if args.double_ds else "") + (
+        "" if args.first_dq_store is None else f"_firstdqstore{int(args.first_dq_store)}")
     with open(os.path.join(args.out, f"gpu_check_{args.kernel}{suffix}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\n{'case':<58} {'o/dq/dk/dv rel err (torch dtype err)':<60} ok trace bits nondet")

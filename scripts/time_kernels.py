@@ -49,17 +49,18 @@ def main():
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"])
     parser.add_argument("--double-ds", action="store_true",
                         help="the Hopper backward with Sm90BwdConfig.double_ds (an experiment)")
-    parser.add_argument("--first-dq-store", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.first_dq_store (an "
-                             "experiment)")
+    parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
+                        default=None, help="the Hopper backward with or without "
+                        "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
     parser.add_argument("--block-m-d64", type=int, choices=[64, 128], default=None,
                         help="query rows per task of the Hopper backward at head_dim 64 "
                              "(default: dashgen's, kernels.SM90_BWD_BLOCK_M)")
     parser.add_argument("--kernels", action="store_true",
                         help="also each deterministic backward kernel's GPU time (profiler)")
     args = parser.parse_args()
-    runtime.SM90_EXPERIMENTS.update(double_ds=args.double_ds,
-                                    first_dq_store=args.first_dq_store)
+    runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
+    if args.first_dq_store is not None:
+        runtime.SM90_BWD_OPTIONS["first_dq_store"] = args.first_dq_store
     if args.block_m_d64 is not None:
         SM90_BWD_BLOCK_M[64] = args.block_m_d64
     sms = torch.cuda.get_device_properties(0).multi_processor_count

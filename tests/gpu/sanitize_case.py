@@ -3,9 +3,9 @@
 
     python3 tests/gpu/sanitize_case.py [CASE_INDEX ...]
 
-DASHGEN_EXPERIMENTS=double_ds,first_dq_store switches those experimental backward options on
-(runtime.SM90_EXPERIMENTS); cases an option cannot serve (double_ds at head_dim 64) run without
-it."""
+DASHGEN_EXPERIMENTS=double_ds,first_dq_store switches those backward options on
+(runtime.SM90_BWD_OPTIONS; the others keep their defaults); cases an option cannot serve
+(double_ds at head_dim 64) run without it."""
 from __future__ import annotations
 
 import math
@@ -28,11 +28,12 @@ CASES = [
 
 
 def main(picked: list[int], experiments: frozenset = frozenset()) -> None:
+    defaults = dict(runtime.SM90_BWD_OPTIONS)
     for index in picked or range(len(CASES)):
         batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, kernel = CASES[index]
-        for name in runtime.SM90_EXPERIMENTS:
+        for name in runtime.SM90_BWD_OPTIONS:
             # double_ds needs 64-row tasks, which head_dim 64 does not use.
-            runtime.SM90_EXPERIMENTS[name] = name in experiments and not (
+            runtime.SM90_BWD_OPTIONS[name] = (defaults[name] or name in experiments) and not (
                 name == "double_ds" and d == 64)
         torch.manual_seed(sq * 131 + d)
         q = torch.randn(batch, sq, hq, d, device="cuda", dtype=dtype)
@@ -53,10 +54,10 @@ def main(picked: list[int], experiments: frozenset = frozenset()) -> None:
 def experiments_from_env() -> frozenset:
     import os
     names = frozenset(filter(None, os.environ.get("DASHGEN_EXPERIMENTS", "").split(",")))
-    unknown = names - set(runtime.SM90_EXPERIMENTS)
+    unknown = names - set(runtime.SM90_BWD_OPTIONS)
     if unknown:
         raise SystemExit(f"DASHGEN_EXPERIMENTS: unknown {sorted(unknown)}; known: "
-                         f"{sorted(runtime.SM90_EXPERIMENTS)}")
+                         f"{sorted(runtime.SM90_BWD_OPTIONS)}")
     return names
 
 

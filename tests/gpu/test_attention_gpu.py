@@ -213,20 +213,20 @@ def test_a_fresh_thread_gets_the_same_bits(seed):
     assert all(torch.equal(a, b) for a, b in zip(here, there[0]))
 
 
-# The experimental backward options (off by default) must be as accurate and as reproducible
-# as the default before they are timed. Cases: rows that see no key (seqlen_q > seqlen_k,
+# The backward options away from their defaults (double_ds on, first_dq_store off) must be as
+# accurate and as reproducible as the defaults. Cases: rows that see no key (seqlen_q > seqlen_k,
 # causal: their dQ tiles get no contribution), GQA, odd sizes, both head_dims where they fit.
 EXPERIMENT_CASES = [(1, 4, 4, 300, 100, 128, True), (2, 8, 2, 257, 257, 128, False),
                     (1, 4, 4, 300, 100, 64, True), (2, 4, 1, 200, 333, 64, False)]
 
 
-@pytest.mark.parametrize("experiment", ["double_ds", "first_dq_store"])
+@pytest.mark.parametrize("option, value", [("double_ds", True), ("first_dq_store", False)])
 @pytest.mark.parametrize("shape", EXPERIMENT_CASES, ids=lambda s: "-".join(map(str, s)))
-def test_experimental_backward_options_match_float64_and_repeat_bitwise(
-        experiment, shape, runtime, monkeypatch, sm_count, seed):
-    if experiment == "double_ds" and shape[5] == 64:
+def test_other_backward_options_match_float64_and_repeat_bitwise(
+        option, value, shape, runtime, monkeypatch, sm_count, seed):
+    if option == "double_ds" and shape[5] == 64:
         pytest.skip("double_ds does not fit the shared memory with 128-row tasks (head_dim 64)")
-    monkeypatch.setitem(runtime.SM90_EXPERIMENTS, experiment, True)
+    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, option, value)
     case = Case(*shape)
     for options in (dict(schedule="fa3"), dict(schedule="auto", num_workers=min(132, sm_count))):
         bad = case.failures(**options)
