@@ -115,14 +115,17 @@ def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
     so at least `repeats` in all). Each timed call follows a call of the same fn, as in the
     ANCHORS.md protocol (timing calls round-robin, each after another library's kernels, cost
     every 1k row 10-20%), while drift over the run (clocks, allocator state) falls on every row
-    of a configuration alike instead of on whichever row ran last. Returns (medians, errors)
-    keyed like `fns`; a fn that raises gets no more calls."""
+    of a configuration alike instead of on whichever row ran last. Odd rounds take the fns in
+    reverse, so no row always runs last: in one run the row timed last measured 6% below a row
+    of the same kernel and schedule timed fifth. Returns (medians, errors) keyed like `fns`; a
+    fn that raises gets no more calls."""
     time_once = time_once or event_ms
     per_round = -(-repeats // rounds)
     errors = {}
     times = {key: [] for key in fns}
-    for _ in range(rounds):
-        for key, fn in fns.items():
+    for round_index in range(rounds):
+        order = list(fns.items())
+        for key, fn in (order[::-1] if round_index % 2 else order):
             if key in errors:
                 continue
             try:
@@ -368,7 +371,8 @@ def environment(args) -> dict:
                 commit=commit_id(args.commit),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 tokens=args.tokens, hidden=args.hidden, repeats=args.repeats,
-                warmup=args.warmup, dtype="bf16", rounds=ROUNDS)
+                warmup=args.warmup, dtype="bf16", rounds=ROUNDS,
+                round_order="alternating")
 
 
 # -- command line ------------------------------------------------------------------------------

@@ -37,8 +37,9 @@ def seq_label(seqlen: int) -> str:
 def _timing_note(meta: dict) -> str:
     """How the rows of a configuration shared the GPU; older runs carry no note or `interleaved`."""
     if meta.get("rounds"):
-        return (f", in {meta['rounds']} rounds over the rows of a configuration (each row's "
-                f"calls back to back after its warm-ups)")
+        reverse = ", every second round in reverse" if meta.get("round_order") else ""
+        return (f", in {meta['rounds']} rounds over the rows of a configuration{reverse} (each "
+                f"row's calls back to back after its warm-ups)")
     if meta.get("interleaved"):
         return ", the rows of a configuration timed round-robin"
     return ""

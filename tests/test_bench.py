@@ -79,8 +79,8 @@ def test_bench_help_lists_the_protocol_options():
 
 def test_rows_of_a_configuration_are_timed_in_rounds_of_back_to_back_calls(bench):
     """rounds_ms gives each row its warm-ups and then its timed calls back to back, row after
-    row, in each round; a row that raises gets no more calls and is reported, the others keep
-    the median of all their timed calls."""
+    row, in each round (the second round in reverse); a row that raises gets no more calls and
+    is reported, the others keep the median of all their timed calls."""
     order = []
 
     def fn(name, fail_at=None):
@@ -101,8 +101,8 @@ def test_rows_of_a_configuration_are_timed_in_rounds_of_back_to_back_calls(bench
     medians, errors = bench.rounds_ms(fns, warmup=1, repeats=3, rounds=2, time_once=time_once)
     # Round 1: one warm-up and ceil(3 / 2) = 2 timed calls per row, rows in turn.
     assert order[:9] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
-    # Round 2: c's warm-up is its fourth call and raises; a and b finish.
-    assert order[9:] == ["a"] * 3 + ["b"] * 3 + ["c"]
+    # Round 2, rows in reverse: c's warm-up is its fourth call and raises; b and a finish.
+    assert order[9:] == ["c"] + ["b"] * 3 + ["a"] * 3
     assert medians == {"a": 2.5, "b": 5.5}
     assert list(errors) == ["c"] and "c broke" in str(errors["c"])
 
