@@ -205,7 +205,8 @@ def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"
 class WorkspaceLayout:
     """The backward's fp32/int32 scratch, one allocation of `floats` words in parts (offsets in
     words, each on a 16-byte boundary): the fp32 dQ accumulator (zeroed row by row by the
-    preprocess kernel), rowsum(dO * O), then what the preprocess kernel clears as whole 16-byte
+    preprocess kernel, unless the Hopper backward's first writer of each tile stores into it:
+    first_dq_store), rowsum(dO * O), then what the preprocess kernel clears as whole 16-byte
     vectors (`zeroed_offset` to the end): GQA's fp32 dK/dV sums (empty without GQA), the dQ tile
     counters and the dK/dV tile counters."""
 

@@ -1,6 +1,7 @@
 // dashgen/attn/prepost.cuh: the small kernels around the backward. Preprocess: D = rowsum(dO * O)
-// in fp32, a zeroed dQ accumulator and a zeroed workspace (counters, GQA dK/dV sums). Convert: an fp32 accumulator back to the 16-bit layout of
-// the inputs (dQ always, dK/dV under GQA).
+// in fp32, a zeroed workspace (counters, GQA dK/dV sums) and, where every dQ writer adds, a
+// zeroed dQ accumulator. Convert: an fp32 accumulator back to the 16-bit layout of the inputs
+// (dQ always, dK/dV under GQA).
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/params.cuh"
