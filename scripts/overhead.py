@@ -1,6 +1,8 @@
 """Where the time of one backward goes outside the kernels: the same head_dim-128 backward timed
 through runtime.backward, the custom op and autograd (CUDA events, median), plus the host time
-per call (no sync) and a CUDA-graph replay (kernels only, no launch gaps); then the forward
+per call (no sync), the same call with its host time hidden behind a GPU sleep (what is left is
+GPU time; the difference is host time the GPU waited for) and a CUDA-graph replay (kernels
+only, no launch gaps); then the forward
 through runtime.forward and through attention() under no_grad (forward TFLOP/s).
 
 PYTHONPATH=. python3 scripts/overhead.py [--seqlen 1024] [--causal]
@@ -31,6 +33,24 @@ def host_us(fn, calls: int = 50) -> float:
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def hidden_ms(fn, calls: int = 20, sleep_cycles: int = 5_000_000) -> float:
+    """Median GPU time of fn with its host time hidden: the GPU first sleeps (~2.5 ms), fn
+    queues its kernels meanwhile, and the clock starts when the sleep ends. What the plain
+    median shows beyond this is host time the GPU waited for."""
+    fn()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(sleep_cycles)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
     return statistics.median(times)
 
 
@@ -99,7 +119,7 @@ def main():
     for name, fn in (("runtime.backward", direct), ("custom op", op), ("autograd.grad", autograd),
                      ("autograd floor", floor)):
         ms = median_ms(fn, 3, 20)
-        rows.append((name, ms, host_us(fn)))
+        rows.append((name, ms, host_us(fn), hidden_ms(fn)))
     fwd_rows = [(name, median_ms(fn, 3, 20), host_us(fn))
                 for name, fn in (("runtime.forward", forward_runtime),
                                  ("attention, no_grad", forward_no_grad))]
@@ -117,9 +137,11 @@ def main():
     except Exception as exc:  # graph capture is a probe; report why it failed
         print(f"graph capture failed: {type(exc).__name__}: {exc}")
     print(f"b{batch} h{heads} s{s} d{d} {'causal' if args.causal else 'full'} {schedule}")
-    print(f"{'path':<20} {'median ms':>10} {'TFLOP/s':>8} {'host us/call':>13}")
-    for name, ms, us in rows:
-        print(f"{name:<20} {ms:>10.3f} {flops / ms / 1e9:>8.1f} {us:>13.1f}")
+    print(f"{'path':<20} {'median ms':>10} {'TFLOP/s':>8} {'host us/call':>13} "
+          f"{'ms, host hidden':>16} {'exposed host us':>16}")
+    for name, ms, us, gpu_ms in rows:
+        print(f"{name:<20} {ms:>10.3f} {flops / ms / 1e9:>8.1f} {us:>13.1f} {gpu_ms:>16.3f} "
+              f"{(ms - gpu_ms) * 1e3:>16.1f}")
     if graph_ms is not None:
         print(f"{'graph replay':<20} {graph_ms:>10.3f} {flops / graph_ms / 1e9:>8.1f}")
     for name, ms, us in fwd_rows:  # forward TFLOP/s
