@@ -113,9 +113,9 @@ class Sm90BwdConfig(_Element16Config):
     # setmaxnreg split of the 65536 registers: producer/writer warpgroup, each MMA warpgroup.
     producer_registers: int = 24
     mma_registers: int = 240
-    # An experiment, off by default until measured and checked on a GPU: dS in two buffers
-    # that alternate by task, one barrier between the MMA warpgroups less per task
-    # (docs/perf-notes.md). Fits the shared memory at block_m 64 only.
+    # An experiment, off: dS in two buffers that alternate by task, one barrier between the
+    # MMA warpgroups less per task. Measured on the H200 at head_dim 128 within 1% of the
+    # default (docs/perf-notes.md, v3.6). Fits the shared memory at block_m 64 only.
     double_ds: bool = False
     # The deterministic dQ writer of rank 0 stores its tile instead of adding it onto zeros, so
     # the preprocess kernel skips zeroing the fp32 dQ accumulator: 134 MB less HBM traffic at

@@ -267,23 +267,23 @@ class _BackwardLaunch:
 def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, causal: bool,
                      deterministic: bool, trace: bool, schedule: str, num_workers: int,
                      device: torch.device, registers: tuple[int, int],
-                     experiments: tuple = ()) -> _BackwardLaunch:
+                     options: tuple = ()) -> _BackwardLaunch:
     problem = _problem(q_shape, k_shape, causal, kernel)
     cfg = _backward_config(kernel, dtype, q_shape[3], causal, problem.gqa, deterministic, trace,
-                           registers, experiments)
+                           registers, options)
     return _BackwardLaunch(kernel, problem, cfg, schedule, num_workers, device)
 
 
 @lru_cache(maxsize=256)
 def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: bool,
                      deterministic: bool, trace: bool, registers: tuple[int, int],
-                     experiments: tuple = ()):
-    """`experiments`: (name, value) pairs of SM90_BWD_OPTIONS, hashable for the cache."""
+                     options: tuple = ()):
+    """`options`: (name, value) pairs of SM90_BWD_OPTIONS, hashable for the cache."""
     cfg = config_of(kernel, dtype, head_dim, causal, gqa=gqa, deterministic=deterministic,
                     trace=trace)
     if isinstance(cfg, Sm90BwdConfig):
         cfg = dataclasses.replace(cfg, producer_registers=registers[0],
-                                  mma_registers=registers[1], **dict(experiments))
+                                  mma_registers=registers[1], **dict(options))
     return cfg
 
 
