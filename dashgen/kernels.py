@@ -121,6 +121,11 @@ class Sm90BwdConfig(_Element16Config):
     # the preprocess kernel skips zeroing the fp32 dQ accumulator: 134 MB less HBM traffic at
     # 16384 tokens x hidden 2048, -30 us of preprocess on the H200 (docs/perf-notes.md).
     first_dq_store: bool = True
+    # An experiment, off until measured on a GPU: S^T and dP^T in separate commit groups, P^T
+    # computed while dP^T is still on the tensor cores, and dV += P^T dO issued before the dS
+    # exchange between the warpgroups, so the tensor cores work through the softmax and the
+    # exchange. P^T stays fp32 in S^T's registers: no register more than the default at peak.
+    overlap_softmax: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -132,6 +137,9 @@ class Sm90BwdConfig(_Element16Config):
         if self.block_m == 128 and self.head_dim != 64:
             raise ValueError("block_m=128 fits the registers at head_dim 64 only, got "
                              f"head_dim={self.head_dim}")
+        if self.overlap_softmax and self.head_dim == 64 and self.gqa:
+            raise ValueError("overlap_softmax spills registers at head_dim 64 with GQA (128-row "
+                             "tasks beside the ordered dK/dV adds)")
         if self.smem_bytes > SM90_MAX_SMEM_BYTES:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory exceed the "
                              f"{SM90_MAX_SMEM_BYTES} an sm_90 block may use (double_ds="

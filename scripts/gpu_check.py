@@ -148,6 +148,9 @@ def main():
                         help="backward kernel")
     parser.add_argument("--double-ds", action="store_true",
                         help="the Hopper backward with Sm90BwdConfig.double_ds (an experiment)")
+    parser.add_argument("--overlap-softmax", action="store_true",
+                        help="the Hopper backward with Sm90BwdConfig.overlap_softmax (an "
+                             "experiment)")
     parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
                         default=None, help="the Hopper backward with or without "
                         "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
@@ -155,6 +158,7 @@ def main():
                         help="forward kernel")
     args = parser.parse_args()
     runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
+    runtime.SM90_BWD_OPTIONS["overlap_softmax"] = args.overlap_softmax
     if args.first_dq_store is not None:
         runtime.SM90_BWD_OPTIONS["first_dq_store"] = args.first_dq_store
     rows = []
@@ -169,6 +173,7 @@ def main():
         rows.append(row)
         print(json.dumps(row), flush=True)
     suffix = ("_doubleds" if args.double_ds else "") + (
+        "_overlapsoftmax" if args.overlap_softmax else "") + (
         "" if args.first_dq_store is None else f"_firstdqstore{int(args.first_dq_store)}")
     with open(os.path.join(args.out, f"gpu_check_{args.kernel}{suffix}.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -49,6 +49,9 @@ def main():
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"])
     parser.add_argument("--double-ds", action="store_true",
                         help="the Hopper backward with Sm90BwdConfig.double_ds (an experiment)")
+    parser.add_argument("--overlap-softmax", action="store_true",
+                        help="the Hopper backward with Sm90BwdConfig.overlap_softmax (an "
+                             "experiment)")
     parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
                         default=None, help="the Hopper backward with or without "
                         "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
@@ -59,6 +62,7 @@ def main():
                         help="also each deterministic backward kernel's GPU time (profiler)")
     args = parser.parse_args()
     runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
+    runtime.SM90_BWD_OPTIONS["overlap_softmax"] = args.overlap_softmax
     if args.first_dq_store is not None:
         runtime.SM90_BWD_OPTIONS["first_dq_store"] = args.first_dq_store
     if args.block_m_d64 is not None:

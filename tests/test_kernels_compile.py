@@ -139,6 +139,12 @@ SM90_CONFIGS += [dict(dtype="bf16", head_dim=64, causal=True, deterministic=True
 SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=d, trace=False, gqa=False,
                       first_dq_store=False)
                  for h in (64, 128) for c in (False, True) for d in (True, False)]
+# overlap_softmax (an experiment, off by default): P^T while dP^T runs, dV before the dS
+# exchange; it must fit the registers without spills or serialized wgmmas before it is timed.
+SM90_CONFIGS += [dict(dtype=t, head_dim=h, causal=c, deterministic=d, trace=False, gqa=g,
+                      overlap_softmax=True)
+                 for t in ("bf16", "fp16") for h in (64, 128) for c in (False, True)
+                 for d in (True, False) for g in (False, True) if not (h == 64 and g)]
 
 
 @pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(
@@ -158,6 +164,12 @@ def test_sm90_backward_compiles_within_register_budget(options, tmp_path, monkey
     assert main.spill_bytes == 0
     for suffix in ("_preprocess", "_convert"):
         assert cubin.resources[cfg.kernel_name + suffix].spill_bytes == 0
+
+
+def test_overlap_softmax_where_it_spills_is_refused():
+    from dashgen.kernels import Sm90BwdConfig
+    with pytest.raises(ValueError, match=r"overlap_softmax spills registers at head_dim 64"):
+        Sm90BwdConfig("bf16", 64, False, gqa=True, overlap_softmax=True)
 
 
 def test_double_ds_that_does_not_fit_is_refused():

@@ -213,19 +213,22 @@ def test_a_fresh_thread_gets_the_same_bits(seed):
     assert all(torch.equal(a, b) for a, b in zip(here, there[0]))
 
 
-# The backward options away from their defaults (double_ds on, first_dq_store off) must be as
-# accurate and as reproducible as the defaults. Cases: rows that see no key (seqlen_q > seqlen_k,
+# The backward options away from their defaults (double_ds and overlap_softmax on,
+# first_dq_store off) must be as accurate and as reproducible as the defaults. Cases: rows that see no key (seqlen_q > seqlen_k,
 # causal: their dQ tiles get no contribution), GQA, odd sizes, both head_dims where they fit.
 EXPERIMENT_CASES = [(1, 4, 4, 300, 100, 128, True), (2, 8, 2, 257, 257, 128, False),
                     (1, 4, 4, 300, 100, 64, True), (2, 4, 1, 200, 333, 64, False)]
 
 
-@pytest.mark.parametrize("option, value", [("double_ds", True), ("first_dq_store", False)])
+@pytest.mark.parametrize("option, value", [("double_ds", True), ("first_dq_store", False),
+                                           ("overlap_softmax", True)])
 @pytest.mark.parametrize("shape", EXPERIMENT_CASES, ids=lambda s: "-".join(map(str, s)))
 def test_other_backward_options_match_float64_and_repeat_bitwise(
         option, value, shape, runtime, monkeypatch, sm_count, seed):
     if option == "double_ds" and shape[5] == 64:
         pytest.skip("double_ds does not fit the shared memory with 128-row tasks (head_dim 64)")
+    if option == "overlap_softmax" and shape[5] == 64 and shape[2] != shape[3]:
+        pytest.skip("overlap_softmax spills at head_dim 64 with GQA")
     monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, option, value)
     case = Case(*shape)
     for options in (dict(schedule="fa3"), dict(schedule="auto", num_workers=min(132, sm_count))):
@@ -235,6 +238,21 @@ def test_other_backward_options_match_float64_and_repeat_bitwise(
         first = out_and_grads(fn, case.q, case.k, case.v, case.do)
         again = out_and_grads(fn, case.q, case.k, case.v, case.do)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+OVERLAP_CASES = [s for s in EXPERIMENT_CASES if not (s[5] == 64 and s[1] != s[2])]  # fits
+
+
+@pytest.mark.parametrize("shape", OVERLAP_CASES, ids=lambda s: "-".join(map(str, s)))
+def test_overlap_softmax_gives_the_default_bits(shape, runtime, monkeypatch, sm_count, seed):
+    """overlap_softmax only reorders the wgmma issue (P^T while dP^T runs, dV before the dS
+    exchange); every value is computed by the same operations, so the bits must not move."""
+    case = Case(*shape)
+    fn = lambda q, k, v: attention(q, k, v, causal=case.causal, num_workers=min(132, sm_count))
+    default = out_and_grads(fn, case.q, case.k, case.v, case.do)
+    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "overlap_softmax", True)
+    overlapped = out_and_grads(fn, case.q, case.k, case.v, case.do)
+    assert all(torch.equal(a, b) for a, b in zip(default, overlapped))
 
 
 # -- (b) bitwise determinism -------------------------------------------------------------------

@@ -32,7 +32,7 @@ enum class DqSplit { kColumns, kRows, kKvRows };
 
 template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
           int kProducerRegs, int kMmaRegs, bool kDoubleDs = false, int kBlockRows = 64,
-          bool kFirstDqStore = false>
+          bool kFirstDqStore = false, bool kOverlapSoftmax = false>
 struct AttnBwdSm90 {
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = kBlockRows;  // query rows per task
@@ -285,6 +285,27 @@ struct AttnBwdSm90 {
     if (kDeterministic && tid == 0) atomic_fetch_add_relaxed_gpu(counter, 1u);
   }
 
+  // Query row (within the task) of element ii of an S^T / dP^T accumulator: its fragment column.
+  __device__ static __forceinline__ int query_col(int ii, int t4) {
+    return 8 * (ii / 4) + 2 * t4 + (ii % 2);
+  }
+
+  // P^T at query row `col` of the task and key row `key` (score s): exp2(s * scale - lse), 0
+  // for keys past the end and, under the causal mask, keys after the query row.
+  __device__ static __forceinline__ float prob(const BwdParams& p, const Task& t,
+                                               const float* stats, float s, int col, int key,
+                                               float scale_log2, int causal_offset) {
+    const int qrow = t.m * kBlockM + col;
+    const bool masked = key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
+    return masked ? 0.f : exp2f(s * scale_log2 - stats[col]);
+  }
+
+  // dS^T at query row `col`: P^T (dP^T - D) * softmax_scale.
+  __device__ static __forceinline__ float grad_score(const BwdParams& p, const float* stats,
+                                                    float prob, float dp, int col) {
+    return prob * (dp - stats[kBlockM + col]) * p.softmax_scale;
+  }
+
   __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
                                  int wg, int tid) {
     // tid counts both MMA warpgroups (0..255); fragment rows use the warp within this warpgroup.
@@ -316,6 +337,8 @@ struct AttnBwdSm90 {
         wgmma_ss<kIn, kBlockM>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
                           tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
       }
+      // kOverlapSoftmax: S^T in a commit group of its own, so P^T is computed while dP^T runs.
+      if constexpr (kOverlapSoftmax) wgmma_commit_group();
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
         wgmma_ss<kIn, kBlockM>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
@@ -343,10 +366,41 @@ struct AttnBwdSm90 {
       }
       named_barrier_sync(static_cast<u32>(Sm90Barrier::kStats0) + wg, 128);
 
-      wgmma_wait_group<0>();
-
       // P^T and dS^T in registers, packed to 16-bit A fragments for the RS wgmmas.
       u32 pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+      if constexpr (kOverlapSoftmax) {
+        // P^T over S^T's registers (fp32) once S^T has landed, while dP^T is still on the
+        // tensor cores; then dS^T = P^T (dP^T - D), both packed as below.
+        wgmma_wait_group<1>();
+#pragma unroll
+        for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
+          const int key = t.n * kBlockN + 64 * wg + 16 * warp + g + 8 * ((i2 / 2) % 2);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            st[i2 + e] = prob(p, t, stats, st[i2 + e], query_col(i2 + e, t4), key, scale_log2,
+                              causal_offset);
+          }
+        }
+        wgmma_wait_group<0>();
+#pragma unroll
+        for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
+          pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(st[i2], st[i2 + 1]);
+          dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(
+              grad_score(p, stats, st[i2], dpt[i2], query_col(i2, t4)),
+              grad_score(p, stats, st[i2 + 1], dpt[i2 + 1], query_col(i2 + 1, t4)));
+        }
+        // dV += P^T dO needs nothing of the dS exchange below: it runs through it.
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+          rs_mma(dv, pa[kk], wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
+                                                      kBlockM * 128));
+        }
+        wgmma_commit_group();
+      } else {
+      wgmma_wait_group<0>();
+      // prob() and grad_score() written out: through the helpers NVVM orders this loop's index
+      // arithmetic differently.
 #pragma unroll
       for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
         const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
@@ -363,6 +417,7 @@ struct AttnBwdSm90 {
         }
         pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
         dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
+      }
       }
 
       // dS (query rows x KV columns, K-major for dQ's A operand): this warpgroup writes column
@@ -394,13 +449,16 @@ struct AttnBwdSm90 {
       fence_proxy_async_shared();
       named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
 
-      // dV += P^T dO and dK += dS^T Q: B operands MN-major (head_dim contiguous).
+      // dV += P^T dO (unless issued above) and dK += dS^T Q: B operands MN-major (head_dim
+      // contiguous).
       wgmma_fence();
+      if constexpr (!kOverlapSoftmax) {
 #pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        const u64 b_do = wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
-                                                   kBlockM * 128);
-        rs_mma(dv, pa[kk], b_do);
+        for (int kk = 0; kk < kBlockM / 16; ++kk) {
+          const u64 b_do = wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
+                                                     kBlockM * 128);
+          rs_mma(dv, pa[kk], b_do);
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk) {
