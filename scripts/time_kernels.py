@@ -60,6 +60,10 @@ def main():
                              "(default: dashgen's, kernels.SM90_BWD_BLOCK_M)")
     parser.add_argument("--kernels", action="store_true",
                         help="also each deterministic backward kernel's GPU time (profiler)")
+    parser.add_argument("--compare", metavar="OPTION", choices=sorted(runtime.SM90_BWD_OPTIONS),
+                        help="instead: each deterministic backward kernel's GPU time with a "
+                             "runtime.SM90_BWD_OPTIONS option at its default and switched, "
+                             "configuration by configuration")
     args = parser.parse_args()
     runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
     runtime.SM90_BWD_OPTIONS["overlap_softmax"] = args.overlap_softmax
@@ -68,6 +72,9 @@ def main():
     if args.block_m_d64 is not None:
         SM90_BWD_BLOCK_M[64] = args.block_m_d64
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if args.compare:
+        compare(args, sms)
+        return
     print(f"{'config':<32} {'schedule':<16} {'fwd TF/s':>9} {'bwd det':>9} {'bwd nondet':>10}")
     for d in args.hdims:
         for causal in (False, True):
@@ -100,6 +107,38 @@ def main():
                     print(f"{tag:<32} {name:<16} {flops / fwd / 1e9:>9.1f} "
                           f"{2.5 * flops / res[0] / 1e9:>9.1f} {2.5 * flops / res[1] / 1e9:>10.1f}"
                           f"{parts}", flush=True)
+
+
+def compare(args, sms: int) -> None:
+    """Main-kernel and total kernel time of the deterministic backward, option at its default
+    and switched, on the same inputs (the auto schedule's order: shift / symmetric_shift)."""
+    name = args.compare
+    default = runtime.SM90_BWD_OPTIONS[name]
+    print(f"{name}: {default} -> {not default}")
+    print(f"{'config':<28} {'main us':>9} {'switched':>9} {'ratio':>6} {'all us':>8} "
+          f"{'switched':>9} {'ratio':>6}")
+    for d in args.hdims:
+        for causal in (False, True):
+            for s in args.seqlens:
+                heads, batch = 2048 // d, 16384 // s
+                q, k, v, do = (torch.randn(batch, s, heads, d, device="cuda", dtype=torch.bfloat16)
+                               for _ in range(4))
+                scale = 1 / math.sqrt(d)
+                o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
+                schedule = "symmetric_shift" if causal else "shift"
+                times = []
+                for value in (default, not default):
+                    runtime.SM90_BWD_OPTIONS[name] = value
+                    times.append(kernel_us(lambda: runtime.backward(
+                        do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
+                        deterministic=True, schedule=schedule, num_workers=sms,
+                        kernel=args.kernel)))
+                runtime.SM90_BWD_OPTIONS[name] = default
+                main = [t["main"] for t in times]
+                total = [sum(t.values()) for t in times]
+                tag = f"d{d} {'causal' if causal else 'full'} s{s}"
+                print(f"{tag:<28} {main[0]:>9.1f} {main[1]:>9.1f} {main[1] / main[0]:>6.3f} "
+                      f"{total[0]:>8.1f} {total[1]:>9.1f} {total[1] / total[0]:>6.3f}", flush=True)
 
 
 if __name__ == "__main__":
