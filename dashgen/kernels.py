@@ -126,6 +126,10 @@ class Sm90BwdConfig(_Element16Config):
     # exchange between the warpgroups, so the tensor cores work through the softmax and the
     # exchange. P^T stays fp32 in S^T's registers: no register more than the default at peak.
     overlap_softmax: bool = False
+    # An experiment, off until measured on a GPU: the preprocess kernel lays lse (as log2) and D
+    # out per query tile and the producer bulk-copies them with each stage's Q and dO, so the
+    # MMA warpgroups neither load them from global memory nor wait at a barrier for them.
+    staged_stats: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -137,6 +141,9 @@ class Sm90BwdConfig(_Element16Config):
         if self.block_m == 128 and self.head_dim != 64:
             raise ValueError("block_m=128 fits the registers at head_dim 64 only, got "
                              f"head_dim={self.head_dim}")
+        if self.staged_stats and self.head_dim != 128:
+            raise ValueError("staged_stats spills registers at head_dim 64 in some "
+                             "configurations; it is offered at head_dim 128 only")
         if self.overlap_softmax and self.head_dim == 64 and self.gqa:
             raise ValueError("overlap_softmax spills registers at head_dim 64 with GQA (128-row "
                              "tasks beside the ordered dK/dV adds)")
@@ -175,6 +182,16 @@ class Sm90BwdConfig(_Element16Config):
     @property
     def params_bytes(self) -> int:
         return ctypes.sizeof(BwdParams)
+
+
+def sm90_bwd_refusal(head_dim: int, gqa: bool, **options) -> str | None:
+    """Why the Hopper backward refuses these Sm90BwdConfig options at this head_dim (with or
+    without GQA), or None where it takes them."""
+    try:
+        Sm90BwdConfig("bf16", head_dim, False, gqa=gqa, **options)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 @dataclass(frozen=True)
@@ -310,7 +327,7 @@ class BwdParams(ctypes.Structure):
         "dq_counters", "dkv_counters", "tasks", "worker_offsets", "trace")] + [
         (name, _I) for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
                                 "q_row_stride", "k_row_stride", "num_m_blocks", "num_n_blocks")] + [
-        ("softmax_scale", _F)]
+        ("softmax_scale", _F), ("stats", _P)]
 
 
 class PrepParams(ctypes.Structure):
@@ -319,7 +336,7 @@ class PrepParams(ctypes.Structure):
     _fields_ = [("o", _P), ("dout", _P), ("dpsum", _P), ("dq_accum", _P), ("zero", _P),
                 ("zero_vec4s", ctypes.c_int64),
                 ("batch", _I), ("heads", _I), ("seqlen", _I), ("row_stride", _I),
-                ("padded_rows", _I), ("zero_dq", _I)]
+                ("padded_rows", _I), ("zero_dq", _I), ("lse", _P), ("stats", _P)]
 
 
 class ConvertParams(ctypes.Structure):

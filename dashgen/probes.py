@@ -36,6 +36,18 @@ class BulkReduceProbeConfig(KernelConfig):
 
 
 @dataclass(frozen=True)
+class BulkLoadProbeConfig(KernelConfig):
+    prefix = "probe_bulk_load"
+    chunks: int = 4
+    chunk_floats: int = 128  # 512 bytes: one task's lse and D rows at block_m 64
+    threads: int = 128
+
+    @property
+    def tile_floats(self) -> int:
+        return self.chunks * self.chunk_floats
+
+
+@dataclass(frozen=True)
 class WgmmaProbeConfig(KernelConfig):
     prefix = "probe_wgmma"
     k_steps: int = 1
@@ -100,6 +112,7 @@ def _probes() -> dict[str, Probe]:
     tma4 = TmaProbeConfig(rank=4)
     reduce = BulkReduceProbeConfig()
     first_store = BulkReduceProbeConfig(first_store=True)
+    bulk_load = BulkLoadProbeConfig()
     setmaxnreg = SetmaxnregProbeConfig()
     table = [
         # rank 2: a [4*64, 2*64] bf16 matrix, one CTA per 64x64 tile.
@@ -113,6 +126,9 @@ def _probes() -> dict[str, Probe]:
         Probe("bulk_store_first", "probes/probe_bulk_reduce.cu.j2", first_store,
               grid=(8, 1, 1), block=(first_store.threads, 1, 1),
               smem_bytes=first_store.tile_floats * 4 + 128),
+        Probe("bulk_load", "probes/probe_bulk_load.cu.j2", bulk_load,
+              grid=(6, 1, 1), block=(bulk_load.threads, 1, 1),
+              smem_bytes=bulk_load.tile_floats * 4 + 16),
         Probe("wgmma_k16", "probes/probe_wgmma.cu.j2", WgmmaProbeConfig(k_steps=1),
               grid=(1, 1, 1), block=(128, 1, 1), smem_bytes=2 * 64 * 128 + SW128_ALIGN),
         Probe("wgmma_k64", "probes/probe_wgmma.cu.j2", WgmmaProbeConfig(k_steps=4),

@@ -33,8 +33,10 @@ SM90_DEFAULT = True
 SM90_REGISTERS = (24, 240)
 # Switchable Sm90BwdConfig options of the backward, at their defaults: double_ds is an
 # experiment (off; measured neutral at head_dim 128, does not fit head_dim 64's 128-row tasks),
-# first_dq_store is on, overlap_softmax is an experiment not yet run on a GPU (off). Scripts switch them to compare (docs/perf-notes.md has the numbers).
-SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False}
+# first_dq_store is on, overlap_softmax and staged_stats are experiments not yet run on a GPU
+# (off). Scripts switch them to compare (docs/perf-notes.md has the numbers).
+SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False,
+                    "staged_stats": False}
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -206,24 +208,26 @@ class WorkspaceLayout:
     """The backward's fp32/int32 scratch, one allocation of `floats` words in parts (offsets in
     words, each on a 16-byte boundary): the fp32 dQ accumulator (zeroed row by row by the
     preprocess kernel, unless the Hopper backward's first writer of each tile stores into it:
-    first_dq_store), rowsum(dO * O), then what the preprocess kernel clears as whole 16-byte
-    vectors (`zeroed_offset` to the end): GQA's fp32 dK/dV sums (empty without GQA), the dQ tile
-    counters and the dK/dV tile counters."""
+    first_dq_store), rowsum(dO * O), the statistics per query tile that the preprocess kernel
+    lays out for the Hopper backward's producer (staged_stats; empty without), then what the
+    preprocess kernel clears as whole 16-byte vectors (`zeroed_offset` to the end): GQA's fp32
+    dK/dV sums (empty without GQA), the dQ tile counters and the dK/dV tile counters."""
 
-    PARTS = ("dq_accum", "dpsum", "dk_accum", "dv_accum", "dq_counters", "dkv_counters")
+    PARTS = ("dq_accum", "dpsum", "stats", "dk_accum", "dv_accum", "dq_counters", "dkv_counters")
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, staged_stats: bool = False):
         b, hq, hkv, d = problem.batch, problem.heads_q, problem.heads_kv, problem.head_dim
         gqa = problem.gqa
         kv = (b, hkv, problem.num_n_blocks * problem.block_n, d) if gqa else (0,)
+        stats = (b, hq, problem.num_m_blocks, 2, problem.block_m) if staged_stats else (0,)
         self.shapes = [(b, hq, problem.num_m_blocks * problem.block_m, d),
-                       (b, hq, problem.seqlen_q), kv, kv, (b, hq, problem.num_m_blocks),
+                       (b, hq, problem.seqlen_q), stats, kv, kv, (b, hq, problem.num_m_blocks),
                        (b, hkv, problem.num_n_blocks) if gqa else (0,)]
-        # Whole 16-byte vectors per part: the bulk adds and the vector zeroing need alignment.
+        # Whole 16-byte vectors per part: the bulk copies and the vector zeroing need alignment.
         sizes = [-(-math.prod(shape) // 4) * 4 for shape in self.shapes]
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         self.floats = sum(sizes)
-        self.zeroed_offset = self.offsets[2]
+        self.zeroed_offset = self.offsets[self.PARTS.index("dk_accum")]
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """The parts as views of a buffer of `floats` fp32 words (counters as int32)."""
@@ -247,7 +251,8 @@ class _BackwardLaunch:
         self.first_dq_store = kernel == "sm90" and cfg.first_dq_store and cfg.deterministic
         self.plan, self.tasks, self.offsets = _plan_tensors(problem, schedule, num_workers, device)
         self.tables_stream = _stream(device) if device.type == "cuda" else 0
-        self.layout = WorkspaceLayout(problem)
+        self.staged_stats = kernel == "sm90" and cfg.staged_stats
+        self.layout = WorkspaceLayout(problem, self.staged_stats)
         p = problem
         kernels = _kernels(cfg, device)
         padded_m, padded_n = p.num_m_blocks * p.block_m, p.num_n_blocks * p.block_n
@@ -304,12 +309,14 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
 
     workspace = torch.empty(layout.floats, dtype=torch.float32, device=dev)
     base = workspace.data_ptr()
-    dq_accum, dpsum, dk_accum, dv_accum, dq_counters, dkv_counters = (
+    dq_accum, dpsum, stats, dk_accum, dv_accum, dq_counters, dkv_counters = (
         base + 4 * offset for offset in layout.offsets)
+    stats = stats if bl.staged_stats else 0
     first_store = bl.first_dq_store
     prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum, dq_accum,
                       base + 4 * layout.zeroed_offset, (layout.floats - layout.zeroed_offset) // 4,
-                      p.batch, p.heads_q, p.seqlen_q, q_stride, bl.padded_m, not first_store)
+                      p.batch, p.heads_q, p.seqlen_q, q_stride, bl.padded_m, not first_store,
+                      lse.data_ptr() if stats else 0, stats)
     bl.preprocess(stream, (ctypes.addressof(prep),))
 
     dq = torch.empty_like(q)
@@ -324,7 +331,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
         dk_accum if gqa else 0, dv_accum if gqa else 0, dq_counters, dkv_counters if gqa else 0,
         bl.tasks.data_ptr(), bl.offsets.data_ptr(), trace_buf.data_ptr() if trace else 0,
         p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, q_stride, k.stride(1),
-        p.num_m_blocks, p.num_n_blocks, float(softmax_scale))
+        p.num_m_blocks, p.num_n_blocks, float(softmax_scale), stats)
     if kernel == "sm90":
         maps = [_tensor_map(t, rows) for t, rows in ((q, p.block_m), (k, p.block_n),
                                                       (v, p.block_n), (do, p.block_m))]

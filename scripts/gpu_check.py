@@ -151,6 +151,9 @@ def main():
     parser.add_argument("--overlap-softmax", action="store_true",
                         help="the Hopper backward with Sm90BwdConfig.overlap_softmax (an "
                              "experiment)")
+    parser.add_argument("--staged-stats", action="store_true",
+                        help="the Hopper backward with Sm90BwdConfig.staged_stats (an "
+                             "experiment, head_dim 128)")
     parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
                         default=None, help="the Hopper backward with or without "
                         "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
@@ -159,6 +162,7 @@ def main():
     args = parser.parse_args()
     runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
     runtime.SM90_BWD_OPTIONS["overlap_softmax"] = args.overlap_softmax
+    runtime.SM90_BWD_OPTIONS["staged_stats"] = args.staged_stats
     if args.first_dq_store is not None:
         runtime.SM90_BWD_OPTIONS["first_dq_store"] = args.first_dq_store
     rows = []
@@ -174,6 +178,7 @@ def main():
         print(json.dumps(row), flush=True)
     suffix = ("_doubleds" if args.double_ds else "") + (
         "_overlapsoftmax" if args.overlap_softmax else "") + (
+        "_stagedstats" if args.staged_stats else "") + (
         "" if args.first_dq_store is None else f"_firstdqstore{int(args.first_dq_store)}")
     with open(os.path.join(args.out, f"gpu_check_{args.kernel}{suffix}.json"), "w") as f:
         json.dump(rows, f, indent=1)

@@ -59,6 +59,16 @@ def check_tma(probe: Probe) -> tuple[float, bool, str]:
     return err, exact, f"shape={list(shape)} bitwise={exact} regs={info['regs']}"
 
 
+def check_bulk_load(probe: Probe) -> tuple[float, bool, str]:
+    cfg = probe.config
+    inputs = torch.randn(probe.grid[0] * cfg.tile_floats, device="cuda")
+    out = torch.full_like(inputs, float("nan"))
+    info = run_kernel(probe, [inputs.data_ptr(), out.data_ptr()])
+    exact = torch.equal(out.view(torch.int32), inputs.view(torch.int32))
+    err = (out - inputs).abs().nan_to_num(float("inf")).max().item()
+    return err, exact, f"bitwise={exact} regs={info['regs']}"
+
+
 def check_bulk_reduce(probe: Probe) -> tuple[float, bool, str]:
     cfg = probe.config
     n = probe.grid[0]
@@ -215,6 +225,7 @@ def check_setmaxnreg(probe: Probe) -> tuple[float, bool, str]:
 CHECKS = {
     "mbarrier_tma_2d": check_tma,
     "mbarrier_tma_4d": check_tma,
+    "bulk_load": check_bulk_load,
     "bulk_reduce": check_bulk_reduce,
     "bulk_store_first": check_bulk_reduce,
     "wgmma_k16": check_wgmma,

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from dashgen import runtime  # noqa: E402
 from dashgen.bench import median_ms  # noqa: E402  (the protocol's timing)
-from dashgen.kernels import SM90_BWD_BLOCK_M  # noqa: E402
+from dashgen.kernels import SM90_BWD_BLOCK_M, sm90_bwd_refusal  # noqa: E402
 
 
 def kernel_us(fn, calls: int = 10) -> dict[str, float]:
@@ -52,6 +52,9 @@ def main():
     parser.add_argument("--overlap-softmax", action="store_true",
                         help="the Hopper backward with Sm90BwdConfig.overlap_softmax (an "
                              "experiment)")
+    parser.add_argument("--staged-stats", action="store_true",
+                        help="the Hopper backward with Sm90BwdConfig.staged_stats (an "
+                             "experiment, head_dim 128)")
     parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
                         default=None, help="the Hopper backward with or without "
                         "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
@@ -67,6 +70,7 @@ def main():
     args = parser.parse_args()
     runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
     runtime.SM90_BWD_OPTIONS["overlap_softmax"] = args.overlap_softmax
+    runtime.SM90_BWD_OPTIONS["staged_stats"] = args.staged_stats
     if args.first_dq_store is not None:
         runtime.SM90_BWD_OPTIONS["first_dq_store"] = args.first_dq_store
     if args.block_m_d64 is not None:
@@ -118,6 +122,10 @@ def compare(args, sms: int) -> None:
     print(f"{'config':<28} {'main us':>9} {'switched':>9} {'ratio':>6} {'all us':>8} "
           f"{'switched':>9} {'ratio':>6}")
     for d in args.hdims:
+        refusal = sm90_bwd_refusal(d, False, **{name: not default})
+        if refusal:
+            print(f"d{d}: {refusal}")
+            continue
         for causal in (False, True):
             for s in args.seqlens:
                 heads, batch = 2048 // d, 16384 // s

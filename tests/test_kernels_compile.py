@@ -145,6 +145,12 @@ SM90_CONFIGS += [dict(dtype=t, head_dim=h, causal=c, deterministic=d, trace=Fals
                       overlap_softmax=True)
                  for t in ("bf16", "fp16") for h in (64, 128) for c in (False, True)
                  for d in (True, False) for g in (False, True) if not (h == 64 and g)]
+# staged_stats (an experiment, off by default, head_dim 128): the producer's bulk copy of the
+# statistics, alone and with the other experiments.
+SM90_CONFIGS += [dict(dtype="bf16", head_dim=128, causal=c, deterministic=d, trace=False, gqa=g,
+                      staged_stats=True, overlap_softmax=o, double_ds=o)
+                 for c in (False, True) for d in (True, False) for g in (False, True)
+                 for o in (False, True)]
 
 
 @pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(
@@ -164,6 +170,14 @@ def test_sm90_backward_compiles_within_register_budget(options, tmp_path, monkey
     assert main.spill_bytes == 0
     for suffix in ("_preprocess", "_convert"):
         assert cubin.resources[cfg.kernel_name + suffix].spill_bytes == 0
+
+
+def test_staged_stats_at_head_dim_64_is_refused():
+    from dashgen.kernels import Sm90BwdConfig, sm90_bwd_refusal
+    with pytest.raises(ValueError, match=r"staged_stats spills registers at head_dim 64"):
+        Sm90BwdConfig("bf16", 64, True, staged_stats=True)
+    assert "staged_stats" in sm90_bwd_refusal(64, False, staged_stats=True)
+    assert sm90_bwd_refusal(128, True, staged_stats=True, overlap_softmax=True) is None
 
 
 def test_overlap_softmax_where_it_spills_is_refused():

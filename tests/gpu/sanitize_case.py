@@ -3,9 +3,9 @@
 
     python3 tests/gpu/sanitize_case.py [CASE_INDEX ...]
 
-DASHGEN_EXPERIMENTS=double_ds,overlap_softmax switches those backward options on
-(runtime.SM90_BWD_OPTIONS; the others keep their defaults); cases an option cannot serve
-(double_ds at head_dim 64, overlap_softmax at head_dim 64 with GQA) run without it."""
+DASHGEN_EXPERIMENTS=double_ds,overlap_softmax,staged_stats switches those backward options on
+(runtime.SM90_BWD_OPTIONS; the others keep their defaults) in the cases where the backward offers
+them (kernels.sm90_bwd_refusal), the others run without."""
 from __future__ import annotations
 
 import math
@@ -14,6 +14,7 @@ import sys
 import torch
 
 from dashgen import runtime
+from dashgen.kernels import sm90_bwd_refusal
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, schedule, workers,
 # kernel): odd seqlens so the tails of every tile are exercised; GQA for the ordered dK/dV adds;
@@ -31,12 +32,11 @@ def main(picked: list[int], experiments: frozenset = frozenset()) -> None:
     defaults = dict(runtime.SM90_BWD_OPTIONS)
     for index in picked or range(len(CASES)):
         batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, kernel = CASES[index]
-        for name in runtime.SM90_BWD_OPTIONS:
-            # double_ds needs 64-row tasks, which head_dim 64 does not use; overlap_softmax
-            # spills at head_dim 64 with GQA.
-            runtime.SM90_BWD_OPTIONS[name] = (defaults[name] or name in experiments) and not (
-                name == "double_ds" and d == 64) and not (
-                name == "overlap_softmax" and d == 64 and hq != hkv)
+        runtime.SM90_BWD_OPTIONS.update(defaults)
+        for name in sorted(experiments):  # each where the backward offers it with the others
+            chosen = {n: v for n, v in runtime.SM90_BWD_OPTIONS.items() if v and n != name}
+            if sm90_bwd_refusal(d, hq != hkv, **chosen, **{name: True}) is None:
+                runtime.SM90_BWD_OPTIONS[name] = True
         torch.manual_seed(sq * 131 + d)
         q = torch.randn(batch, sq, hq, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(batch, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dashgen import Problem, build_schedule, list_schedules  # noqa: E402
+from dashgen.kernels import sm90_bwd_refusal  # noqa: E402
 from dashgen.op import attention  # noqa: E402
 from dashgen.schedules import BUILDERS, unsupported_reason  # noqa: E402
 
@@ -213,22 +214,26 @@ def test_a_fresh_thread_gets_the_same_bits(seed):
     assert all(torch.equal(a, b) for a, b in zip(here, there[0]))
 
 
-# The backward options away from their defaults (double_ds and overlap_softmax on,
-# first_dq_store off) must be as accurate and as reproducible as the defaults. Cases: rows that see no key (seqlen_q > seqlen_k,
-# causal: their dQ tiles get no contribution), GQA, odd sizes, both head_dims where they fit.
+# The backward options away from their defaults (first_dq_store off, the experiments on) must
+# be as accurate and as reproducible as the defaults. Cases: rows that see no key (seqlen_q >
+# seqlen_k, causal: their dQ tiles get no contribution), GQA, odd sizes, both head_dims where
+# the options are offered (kernels.sm90_bwd_refusal).
 EXPERIMENT_CASES = [(1, 4, 4, 300, 100, 128, True), (2, 8, 2, 257, 257, 128, False),
                     (1, 4, 4, 300, 100, 64, True), (2, 4, 1, 200, 333, 64, False)]
 
 
+def skip_unless_offered(shape, **options):
+    refusal = sm90_bwd_refusal(shape[5], shape[1] != shape[2], **options)
+    if refusal:
+        pytest.skip(refusal)
+
+
 @pytest.mark.parametrize("option, value", [("double_ds", True), ("first_dq_store", False),
-                                           ("overlap_softmax", True)])
+                                           ("overlap_softmax", True), ("staged_stats", True)])
 @pytest.mark.parametrize("shape", EXPERIMENT_CASES, ids=lambda s: "-".join(map(str, s)))
 def test_other_backward_options_match_float64_and_repeat_bitwise(
         option, value, shape, runtime, monkeypatch, sm_count, seed):
-    if option == "double_ds" and shape[5] == 64:
-        pytest.skip("double_ds does not fit the shared memory with 128-row tasks (head_dim 64)")
-    if option == "overlap_softmax" and shape[5] == 64 and shape[2] != shape[3]:
-        pytest.skip("overlap_softmax spills at head_dim 64 with GQA")
+    skip_unless_offered(shape, **{option: value})
     monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, option, value)
     case = Case(*shape)
     for options in (dict(schedule="fa3"), dict(schedule="auto", num_workers=min(132, sm_count))):
@@ -240,19 +245,24 @@ def test_other_backward_options_match_float64_and_repeat_bitwise(
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-OVERLAP_CASES = [s for s in EXPERIMENT_CASES if not (s[5] == 64 and s[1] != s[2])]  # fits
-
-
-@pytest.mark.parametrize("shape", OVERLAP_CASES, ids=lambda s: "-".join(map(str, s)))
-def test_overlap_softmax_gives_the_default_bits(shape, runtime, monkeypatch, sm_count, seed):
+@pytest.mark.parametrize("options", ["overlap_softmax", "staged_stats",
+                                     "overlap_softmax,staged_stats"])
+@pytest.mark.parametrize("shape", EXPERIMENT_CASES, ids=lambda s: "-".join(map(str, s)))
+def test_reordering_options_give_the_default_bits(options, shape, runtime, monkeypatch, sm_count,
+                                                  seed):
     """overlap_softmax only reorders the wgmma issue (P^T while dP^T runs, dV before the dS
-    exchange); every value is computed by the same operations, so the bits must not move."""
+    exchange) and staged_stats only moves where lse and D are read from (the preprocess lays
+    out the same fp32 values the MMA warpgroups computed); every value comes from the same
+    operations, so the bits must not move."""
+    switched = dict.fromkeys(options.split(","), True)
+    skip_unless_offered(shape, **switched)
     case = Case(*shape)
     fn = lambda q, k, v: attention(q, k, v, causal=case.causal, num_workers=min(132, sm_count))
     default = out_and_grads(fn, case.q, case.k, case.v, case.do)
-    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "overlap_softmax", True)
-    overlapped = out_and_grads(fn, case.q, case.k, case.v, case.do)
-    assert all(torch.equal(a, b) for a, b in zip(default, overlapped))
+    for name, value in switched.items():
+        monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, name, value)
+    reordered = out_and_grads(fn, case.q, case.k, case.v, case.do)
+    assert all(torch.equal(a, b) for a, b in zip(default, reordered))
 
 
 # -- (b) bitwise determinism -------------------------------------------------------------------

@@ -29,7 +29,7 @@ def _sanitizer() -> str | None:
     return None
 
 
-@pytest.mark.parametrize("experiments", ["", "double_ds,overlap_softmax"],
+@pytest.mark.parametrize("experiments", ["", "double_ds,overlap_softmax,staged_stats"],
                          ids=["default", "experiments"])
 @pytest.mark.parametrize("tool,summary", [
     ("memcheck", "ERROR SUMMARY: 0 errors"),

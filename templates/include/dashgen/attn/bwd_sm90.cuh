@@ -32,7 +32,7 @@ enum class DqSplit { kColumns, kRows, kKvRows };
 
 template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
           int kProducerRegs, int kMmaRegs, bool kDoubleDs = false, int kBlockRows = 64,
-          bool kFirstDqStore = false, bool kOverlapSoftmax = false>
+          bool kFirstDqStore = false, bool kOverlapSoftmax = false, bool kStagedStats = false>
 struct AttnBwdSm90 {
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = kBlockRows;  // query rows per task
@@ -66,8 +66,12 @@ struct AttnBwdSm90 {
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
   static constexpr int kOffDq = kOffDs + kDsBuffers * kDsBytes;
-  static constexpr int kOffStats = kOffDq + kStages * kDqBytes;  // per MMA warpgroup: lse, D
-  static constexpr int kOffBar = kOffStats + 2 * 2 * kBlockM * 4;
+  // The task's softmax statistics (kBlockM lse rows as log2, then kBlockM D rows): one copy per
+  // MMA warpgroup, or with kStagedStats one per stage, loaded with the stage's Q and dO.
+  static constexpr int kStatsBytes = 2 * kBlockM * 4;
+  static constexpr int kOffStats = kOffDq + kStages * kDqBytes;
+  static constexpr int kOffBar = kOffStats + 2 * kStatsBytes;
+  static_assert(kStages == 2, "the statistics region holds two copies: per warpgroup or stage");
   static constexpr int kNumBars = 2 + 4 * kStages;
   // The producer hands each stage's task to the MMA warpgroups here, so they never read the
   // schedule table (its bookkeeping stays out of their registers).
@@ -172,7 +176,16 @@ struct AttnBwdSm90 {
       mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
       // Published by the arrive below (release), read after the consumers' wait (acquire).
       reinterpret_cast<Task*>(smem + kOffTask)[s] = t;
-      mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes);
+      if constexpr (kStagedStats) {
+        mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes + kStatsBytes);
+        // The preprocess kernel laid the statistics out per query tile (BwdParams::stats).
+        bulk_load(smem + kOffStats + s * kStatsBytes,
+                  p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *
+                                (2 * kBlockM),
+                  kStatsBytes, &bars->q_full[s]);
+      } else {
+        mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes);
+      }
       for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
                     cb * 64, t.h, t.m * kBlockM, t.b);
@@ -346,10 +359,11 @@ struct AttnBwdSm90 {
       }
       wgmma_commit_group();
 
-      // Per-column (query row) softmax statistics, staged in this warpgroup's shared buffer
-      // while the MMAs run (in registers they would cost 32 per thread and spill).
-      float* stats = reinterpret_cast<float*>(smem + kOffStats) + wg * 2 * kBlockM;
-      {
+      // Per-column (query row) softmax statistics in shared memory (in registers they would
+      // cost 32 per thread and spill): with kStagedStats the producer's copy that landed with
+      // Q and dO; else this warpgroup loads them into its own buffer while the MMAs run.
+      float* stats = reinterpret_cast<float*>(smem + kOffStats) + (kStagedStats ? s : wg) * 2 * kBlockM;
+      if constexpr (!kStagedStats) {
         // 128 threads, 2 * kBlockM values: lse (as log2) then D for each query row.
 #pragma unroll
         for (int v = tid % 128; v < 2 * kBlockM; v += 128) {
@@ -363,8 +377,8 @@ struct AttnBwdSm90 {
             stats[kBlockM + r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
           }
         }
+        named_barrier_sync(static_cast<u32>(Sm90Barrier::kStats0) + wg, 128);
       }
-      named_barrier_sync(static_cast<u32>(Sm90Barrier::kStats0) + wg, 128);
 
       // P^T and dS^T in registers, packed to 16-bit A fragments for the RS wgmmas.
       u32 pa[kBlockM / 16][4], dsa[kBlockM / 16][4];

@@ -46,6 +46,9 @@ struct BwdParams {
   i32 q_row_stride, k_row_stride;  // q/dout/dq share one layout, k/v/dk/dv another
   i32 num_m_blocks, num_n_blocks;
   float softmax_scale;
+  // (batch, heads_q, num_m_blocks, 2, block_m) when the statistics are staged: per query tile,
+  // block_m lse rows as log2 (+inf where P = 0) then block_m D rows (0 past the end); else null.
+  const float* stats;
 };
 
 // Preprocess: D = rowsum(dO * O), zero the fp32 dQ accumulator and the workspace (the ordering
@@ -59,6 +62,8 @@ struct PrepParams {
   i64 zero_vec4s;  // its length in 16-byte vectors
   i32 batch, heads, seqlen, row_stride, padded_rows;
   i32 zero_dq;     // 0 when the backward's first dQ writer of each tile stores instead of adding
+  const float* lse;  // (batch, heads, seqlen), with `stats`
+  float* stats;      // BwdParams::stats to fill, or null
 };
 
 struct ConvertParams {

@@ -22,7 +22,10 @@ struct RowLanes {
                 "head_dim 64 or 128: a row's lanes sit inside one warp");
 };
 
-template <class T, int kHeadDim>
+// kStatsBlockM > 0: also lay lse (as log2) and D out per query tile of that many rows for the
+// Hopper backward's producer (BwdParams::stats), the same values its MMA warpgroups compute
+// from lse and dpsum otherwise.
+template <class T, int kHeadDim, int kStatsBlockM = 0>
 struct AttnPreprocess : RowLanes<kHeadDim> {
   using L = RowLanes<kHeadDim>;
 
@@ -60,6 +63,17 @@ struct AttnPreprocess : RowLanes<kHeadDim> {
 #pragma unroll
       for (int offset = L::kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
       if (lane == 0 && row < p.seqlen) p.dpsum[(static_cast<i64>(b) * p.heads + h) * p.seqlen + row] = sum;
+      if constexpr (kStatsBlockM > 0) {
+        if (lane == 0 && row < p.padded_rows) {
+          float* chunk = p.stats + ((static_cast<i64>(b) * p.heads + h) * (p.padded_rows / kStatsBlockM) +
+                                    row / kStatsBlockM) * (2 * kStatsBlockM);
+          const float lse = row < p.seqlen ? p.lse[(static_cast<i64>(b) * p.heads + h) * p.seqlen + row]
+                                           : -DASHGEN_INF;
+          // A row that sees no key (or lies past the end) gets P = 0: lse -> +inf.
+          chunk[row % kStatsBlockM] = lse == -DASHGEN_INF ? DASHGEN_INF : lse * kLog2e;
+          chunk[kStatsBlockM + row % kStatsBlockM] = row < p.seqlen ? sum : 0.f;
+        }
+      }
     }
   }
 };

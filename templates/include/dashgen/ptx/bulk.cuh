@@ -21,6 +21,17 @@ __device__ __forceinline__ void bulk_store_f32(float* gmem_dst, const float* sme
                :: "l"(gmem_dst), "r"(shared_address(smem_src)), "r"(bytes) : "memory");
 }
 
+// smem[0, bytes) = gmem[0, bytes) through the async proxy; the copy completes `bytes` of
+// transaction count on the mbarrier `bar` (whose expect_tx must include them), which is how
+// waiters learn the data has landed.
+__device__ __forceinline__ void bulk_load(void* smem_dst, const void* gmem_src, u32 bytes,
+                                          u64* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      :: "r"(shared_address(smem_dst)), "l"(gmem_src), "r"(bytes), "r"(shared_address(bar))
+      : "memory");
+}
+
 // Closes the bulk async-group holding this thread's uncommitted bulk operations.
 __device__ __forceinline__ void bulk_commit_group() {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
