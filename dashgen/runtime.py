@@ -266,6 +266,23 @@ class _BackwardLaunch:
         self.convert_kv = launch.Launcher(kernels["_convert"],
                                           (-(-p.seqlen_k // rows), p.heads_kv, p.batch), 128, 0)
         self.padded_m, self.padded_n = padded_m, padded_n
+        self._maps: dict[tuple, tuple] = {}
+
+    def map_addresses(self, q, k, v, do) -> list[int]:
+        """The Hopper backward's four TMA descriptors (Q, K, V, dO) as kernel-argument addresses.
+        Shapes and dtype are the signature's; the inputs are contiguous, so their addresses and
+        row strides decide the descriptors: one lookup per call instead of four."""
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), q.stride(1), k.stride(1))
+        found = self._maps.get(key)
+        if found is None:
+            if len(self._maps) >= _TENSOR_MAPS_MAX:
+                self._maps.clear()
+            p = self.problem
+            maps = tuple(_tensor_map(t, rows) for t, rows in ((q, p.block_m), (k, p.block_n),
+                                                               (v, p.block_n), (do, p.block_m)))
+            # The addresses point into the descriptor objects: keep them with the addresses.
+            found = self._maps[key] = ([int(m.getPtr()) for m in maps], maps)
+        return found[0]
 
 
 @lru_cache(maxsize=256)
@@ -319,12 +336,12 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
                       lse.data_ptr() if stats else 0, stats)
     bl.preprocess(stream, (ctypes.addressof(prep),))
 
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
+    # Until the main kernel is launched the GPU may be waiting on this code (the preprocess is
+    # short): dQ, and dK/dV under GQA, are allocated after it, for the convert kernels.
+    gqa = p.gqa
+    dk, dv = (None, None) if gqa else (torch.empty_like(k), torch.empty_like(v))
     trace_buf = (torch.full((bl.plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
                  if trace else None)
-    gqa = p.gqa
     params = BwdParams(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(), dpsum, dq_accum,
         0 if gqa else dk.data_ptr(), 0 if gqa else dv.data_ptr(),
@@ -333,11 +350,13 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
         p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, q_stride, k.stride(1),
         p.num_m_blocks, p.num_n_blocks, float(softmax_scale), stats)
     if kernel == "sm90":
-        maps = [_tensor_map(t, rows) for t, rows in ((q, p.block_m), (k, p.block_n),
-                                                      (v, p.block_n), (do, p.block_m))]
-        bl.main(stream, [int(m.getPtr()) for m in maps] + [ctypes.addressof(params)])
+        bl.main(stream, bl.map_addresses(q, k, v, do) + [ctypes.addressof(params)])
     else:
         bl.main(stream, (ctypes.addressof(params),))
+
+    dq = torch.empty_like(q)
+    if gqa:
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
 
     # The Hopper backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
     convert = ConvertParams(dq_accum, dq.data_ptr(), dq_counters if first_store else 0, p.batch,

@@ -1,0 +1,167 @@
+"""The backward's host path without a GPU: runtime.backward on CPU tensors with the driver
+replaced by a recorder. The kernels compile for real (NVRTC); what is checked is what reaches
+cuLaunchKernel: which kernels, in which order, and that every pointer in their parameter blocks
+is the workspace part or tensor it must be."""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dashgen import launch, runtime  # noqa: E402
+from dashgen.kernels import BwdParams, ConvertParams, PrepParams  # noqa: E402
+
+
+class FakeMap:
+    """A tensor-map stand-in whose address says which tensor it describes."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def getPtr(self):  # noqa: N802 (cuda-bindings' name)
+        return 0x7000_0000 + self.ptr % 0x1000_0000
+
+
+class Recorder:
+    """libcuda's three entry points the runtime calls; launches decoded on the spot (the
+    runtime's parameter blocks live only during the call)."""
+
+    def __init__(self, names: dict[int, str]):
+        self.names = names
+        self.launches: list[tuple[str, tuple, list]] = []
+
+    def cuCtxGetCurrent(self, out):  # noqa: N802
+        out._obj.value = 1
+        return 0
+
+    def cuCtxSetCurrent(self, ctx):  # noqa: N802
+        return 0
+
+    def cuLaunchKernel(self, handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):  # noqa: N802
+        name = self.names[handle]
+        addresses = list(params)
+        if name.endswith("_preprocess"):
+            args = [PrepParams.from_address(addresses[0])]
+        elif name.endswith("_convert"):
+            args = [ConvertParams.from_address(addresses[0])]
+        else:  # the Hopper backward: four tensor maps, then the parameter block
+            args = addresses[:4] + [BwdParams.from_address(addresses[4])]
+        # Copy the structures: their memory is gone after the call.
+        args = [type(a).from_buffer_copy(a) if isinstance(a, ctypes.Structure) else a
+                for a in args]
+        self.launches.append((name, (gx, gy, gz), args))
+        return 0
+
+
+@pytest.fixture
+def recorder(monkeypatch, tmp_path):
+    monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
+    names: dict[int, str] = {}
+
+    def load_kernel(cubin, name):
+        names[len(names) + 1] = name
+        return launch.Kernel(name, None, len(names))
+
+    rec = Recorder(names)
+    monkeypatch.setattr(launch, "ensure_context", lambda device=0: None)
+    monkeypatch.setattr(launch, "load_kernel", load_kernel)
+    monkeypatch.setattr(launch.Kernel, "set_max_dynamic_shared_bytes", lambda self, n: None)
+    monkeypatch.setattr(launch, "encode_tensor_map", lambda ptr, *a, **k: FakeMap(ptr))
+    monkeypatch.setattr(launch, "_LIBCUDA", rec)
+    monkeypatch.setitem(launch._PRIMARY, 0, 1)
+    monkeypatch.setattr(runtime, "_stream", lambda device: 0)
+    for cache in (runtime._load, runtime._backward_launch, runtime._backward_config):
+        cache.cache_clear()
+    yield rec
+    for cache in (runtime._load, runtime._backward_launch, runtime._backward_config):
+        cache.cache_clear()
+
+
+def inputs(heads_q, heads_kv, seqlen=200, head_dim=128):
+    q, do, o = (torch.randn(1, seqlen, heads_q, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(1, seqlen, heads_kv, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.zeros(1, heads_q, seqlen)
+    return do, q, k, v, o, lse
+
+
+@pytest.mark.parametrize("heads_kv", [4, 1], ids=["mha", "gqa"])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_backward_launches_carry_the_right_pointers(recorder, heads_kv, deterministic):
+    do, q, k, v, o, lse = args = inputs(4, heads_kv)
+    dq, dk, dv = runtime.backward(*args, causal=True, softmax_scale=0.1,
+                                  deterministic=deterministic, schedule="fa3", num_workers=3,
+                                  kernel="sm90")
+    gqa = heads_kv != 4
+    kinds = [name.rsplit("_", 1)[-1] if name.endswith(("_preprocess", "_convert")) else "main"
+             for name, _, _ in recorder.launches]
+    assert kinds == ["preprocess", "main", "convert"] + (["convert"] * 2 if gqa else [])
+    (_, _, (prep,)), (_, grid, main_args), (_, _, (convert_q,)) = recorder.launches[:3]
+    params = main_args[4]
+    assert grid == (3, 1, 1)  # one CTA per worker
+
+    # The tensor maps describe q, k, v and dO, in that order.
+    assert main_args[:4] == [FakeMap(t.data_ptr()).getPtr() for t in (q, k, v, do)]
+    assert (params.q, params.k, params.v, params.dout, params.lse) == tuple(
+        t.data_ptr() for t in (q, k, v, do, lse))
+    # Outputs: dK/dV straight from the main kernel, or through fp32 sums and two converts.
+    if gqa:
+        assert params.dk is None and params.dv is None
+        assert [a[0].dst for _, _, a in recorder.launches[3:]] == [dk.data_ptr(), dv.data_ptr()]
+        assert [a[0].src for _, _, a in recorder.launches[3:]] == [params.dk_accum,
+                                                                  params.dv_accum]
+    else:
+        assert (params.dk, params.dv) == (dk.data_ptr(), dv.data_ptr())
+        assert params.dk_accum is None and params.dv_accum is None
+    assert convert_q.dst == dq.data_ptr() and convert_q.src == params.dq_accum
+    assert convert_q.swizzled == 1
+
+    # The preprocess writes what the main kernel reads; the dQ sums are zeroed unless the first
+    # deterministic writer stores (first_dq_store, on by default), and then the convert reads the
+    # counters to find tiles nobody wrote.
+    assert (prep.o, prep.dout) == (o.data_ptr(), do.data_ptr())
+    assert prep.dpsum == params.dpsum and prep.dq_accum == params.dq_accum
+    first_store = deterministic and runtime.SM90_BWD_OPTIONS["first_dq_store"]
+    assert prep.zero_dq == (0 if first_store else 1)
+    assert convert_q.counters == (params.dq_counters if first_store else None)
+    assert prep.stats is None and params.stats is None  # staged_stats is off by default
+
+    # Every workspace pointer lies in one allocation, the zeroed tail covering the counters.
+    parts = [params.dq_accum, params.dpsum, params.dq_counters]
+    base = min(parts)
+    assert all((ptr - base) % 16 == 0 for ptr in parts)
+    assert prep.zero <= params.dq_counters < prep.zero + 16 * prep.zero_vec4s
+    assert params.seqlen_q == 200 and params.num_m_blocks == math.ceil(200 / 64)
+
+
+def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, monkeypatch):
+    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "staged_stats", True)
+    do, q, k, v, o, lse = args = inputs(4, 4)
+    runtime.backward(*args, causal=False, softmax_scale=0.1, deterministic=True,
+                     schedule="fa3", num_workers=3, kernel="sm90")
+    (_, _, (prep,)), (_, _, main_args) = recorder.launches[:2]
+    params = main_args[4]
+    assert prep.stats == params.stats and prep.stats is not None
+    assert prep.lse == lse.data_ptr()
+    assert params.stats % 16 == 0
+    # After dQ's sums and D, before what the preprocess zeroes.
+    assert params.dpsum < params.stats < prep.zero
+
+
+def test_tensor_maps_are_looked_up_once_per_address_set(recorder, monkeypatch):
+    calls = []
+    encode = launch.encode_tensor_map
+    monkeypatch.setattr(launch, "encode_tensor_map",
+                        lambda ptr, *a, **k: calls.append(ptr) or encode(ptr, *a, **k))
+    runtime._TENSOR_MAPS.clear()
+    args = inputs(4, 4)
+    for _ in range(3):
+        runtime.backward(*args, causal=True, softmax_scale=0.1, deterministic=True,
+                         schedule="fa3", num_workers=3, kernel="sm90")
+    assert len(calls) == 4  # q, k, v and dO, encoded on the first call only
+    moved = [t.clone() for t in args]
+    runtime.backward(*moved, causal=True, softmax_scale=0.1, deterministic=True,
+                     schedule="fa3", num_workers=3, kernel="sm90")
+    assert len(calls) == 8 and calls[4:] == [moved[i].data_ptr() for i in (1, 2, 3, 0)]
