@@ -84,6 +84,7 @@ class Row:
     extra_bytes: int | None = None
     floor_bytes: int | None = None
     error: str | None = None
+    picked: str | None = None  # schedule="auto" rows: the schedule auto resolves to
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -284,7 +285,8 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
                         setup_dashgen(cfg, inputs, n, d, w)))
     # What a user gets without choosing: schedule="auto", num_workers=None (a separate impl, so
     # `dashgen calibrate` does not take it for a schedule).
-    out.append((Row("dashgen_det auto", "dashgen_auto", "auto", True, "backward", **base),
+    out.append((Row("dashgen_det auto", "dashgen_auto", "auto", True, "backward",
+                    picked=auto_pick(cfg, sm_count), **base),
                 lambda inputs: setup_dashgen(cfg, inputs, "auto", True, None)))
     # The forward does not depend on the schedule: one row, timed through the public op.
     out.append((Row("dashgen forward", "dashgen", None, None, "forward", **base),
@@ -302,6 +304,15 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
         out.append((Row("flex (det)", "flex", None, True, "backward", **base),
                     lambda inputs: setup_flex(cfg, inputs)))
     return out
+
+
+def auto_pick(cfg: Config, sm_count: int) -> str | None:
+    """The schedule schedule="auto" runs for a configuration: the op's own rule (bf16, the
+    heads_q == heads_kv the benchmark uses, num_workers=None on an sm_count-SM GPU)."""
+    from dashgen.op import _plan_cached
+    name, _, error = _plan_cached(cfg.batch, cfg.heads, cfg.heads, cfg.seqlen, cfg.seqlen,
+                                  cfg.head_dim, cfg.causal, "auto", None, sm_count, "bf16")
+    return None if error else name
 
 
 def _error_text(exc: Exception) -> str:

@@ -50,10 +50,12 @@ def summarize(rows: list[dict], anchors: dict) -> list[dict]:
         nondet = tf(f"dashgen_nondet {best_schedule}") if best_schedule else None
         fa3 = anchors.get((head_dim, mask), {}).get("FA3_det", {}).get(seqlen)
         auto_row = cell[("dashgen_det auto", head_dim, mask, seqlen)]
+        picked = auto_row.get("picked")
         extra, floor = auto_row.get("extra_bytes"), auto_row.get("floor_bytes")
         out.append(dict(
             head_dim=head_dim, mask=mask, seqlen=seqlen, auto=auto, best=best,
-            best_schedule=best_schedule, fa3=fa3,
+            best_schedule=best_schedule, fa3=fa3, picked=picked,
+            pick=det[picked]["tflops"] if picked in det else None,
             flex=tf("flex (det)"), flash_det=tf("sdpa_flash_det (FA2)"),
             forward=tf("dashgen forward"), sdpa_forward=tf("sdpa_flash forward"),
             price=None if not (best and nondet) else 1 - best / nondet,
@@ -91,6 +93,12 @@ def verdicts(summary: list[dict]) -> list[tuple[str, str]]:
         count(f"auto within {AUTO_WITHIN:.0%} of the best schedule", lambda r: r >= 1 - AUTO_WITHIN,
               [_ratio(s["auto"], s["best"]) for s in summary]),
     ]
+    if any(s.get("picked") for s in summary):
+        # The rule's choice, judged by its schedule's own row (the same kernel and schedule as
+        # the auto row, timed separately: the auto row's ratio above carries both rows' noise).
+        lines.append(count(f"auto's pick (its schedule's own row) within {AUTO_WITHIN:.0%} of "
+                           f"the best schedule", lambda r: r >= 1 - AUTO_WITHIN,
+                           [_ratio(s.get("pick"), s["best"]) for s in summary]))
     return lines
 
 

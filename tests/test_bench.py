@@ -30,6 +30,7 @@ def test_rows_cover_schedules_modes_auto_forwards_and_peers(bench, mask, dash):
     assert "dashgen_det fa3" in labels and "dashgen_nondet fa3" in labels
     auto = rows[labels.index("dashgen_det auto")]
     assert auto.impl == "dashgen_auto" and auto.num_workers is None and auto.deterministic
+    assert auto.picked == dash  # what the op's rule resolves "auto" to, recorded with the row
     assert [r.label for r in rows if r.direction == "forward"] == ["dashgen forward",
                                                                   "sdpa_flash forward"]
     assert {"sdpa_cudnn (nondet)", "sdpa_flash_det (FA2)", "flex (det)"} <= set(labels)

@@ -51,6 +51,25 @@ def test_summary_compares_auto_with_the_best_schedule_and_the_anchor():
     assert "| d64 full 1024 | 180.0 | 200.0 (shift) | 0.900 | 0.90 |" in text
 
 
+def test_the_pick_of_auto_is_judged_by_its_schedules_own_row():
+    rows = rows_at(1024, auto=180.0, shift=200.0, fa3=150.0, shift_nondet=250.0, flex=190.0,
+                   fwd=90.0, sdpa_fwd=100.0)
+    rows += rows_at(2048, auto=396.0, shift=370.0, fa3=390.0, shift_nondet=400.0, flex=300.0,
+                    fwd=110.0, sdpa_fwd=100.0)
+    got = dict(verdicts(summarize(rows, ANCHORS)))
+    assert "auto's pick (its schedule's own row) within 3% of the best schedule" not in got
+    for r in rows:
+        if r["schedule"] == "auto":
+            r["picked"] = "shift"
+    s = summarize(rows, ANCHORS)
+    assert [c["pick"] for c in s] == [200.0, 370.0]
+    got = dict(verdicts(s))
+    # 1024: shift is the best; 2048: shift 370 vs fa3 390 (0.949)
+    assert got["auto's pick (its schedule's own row) within 3% of the best schedule"] == \
+        "1 of 2 configurations"
+    assert got["auto within 3% of the best schedule"] == "1 of 2 configurations"  # 0.9, 1.015
+
+
 def test_configurations_without_an_auto_row_are_left_out():
     rows = [r for r in rows_at(1024, 1, 2, 3, 4, 5, 6, 7) if r["schedule"] != "auto"]
     assert summarize(rows, ANCHORS) == [] and render([]) == ""
