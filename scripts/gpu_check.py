@@ -17,6 +17,8 @@ import torch
 
 from dashgen import build_schedule, runtime
 
+import backward_options  # scripts/ (the script's own folder is on sys.path)
+
 
 def reference(q, k, v, do, causal, scale):
     """Attention forward and backward in q's dtype via autograd (float64 for the reference)."""
@@ -146,25 +148,11 @@ def main():
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"],
                         help="backward kernel")
-    parser.add_argument("--double-ds", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.double_ds (an experiment)")
-    parser.add_argument("--overlap-softmax", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.overlap_softmax (an "
-                             "experiment)")
-    parser.add_argument("--staged-stats", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.staged_stats (an "
-                             "experiment, head_dim 128)")
-    parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
-                        default=None, help="the Hopper backward with or without "
-                        "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
+    backward_options.add_flags(parser)
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"],
                         help="forward kernel")
     args = parser.parse_args()
-    runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
-    runtime.SM90_BWD_OPTIONS["overlap_softmax"] = args.overlap_softmax
-    runtime.SM90_BWD_OPTIONS["staged_stats"] = args.staged_stats
-    if args.first_dq_store is not None:
-        runtime.SM90_BWD_OPTIONS["first_dq_store"] = args.first_dq_store
+    suffix = backward_options.apply(args)
     rows = []
     for case in cases(args.quick, args.kernel):
         t0 = time.time()
@@ -176,10 +164,6 @@ def main():
         row["seconds"] = round(time.time() - t0, 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    suffix = ("_doubleds" if args.double_ds else "") + (
-        "_overlapsoftmax" if args.overlap_softmax else "") + (
-        "_stagedstats" if args.staged_stats else "") + (
-        "" if args.first_dq_store is None else f"_firstdqstore{int(args.first_dq_store)}")
     with open(os.path.join(args.out, f"gpu_check_{args.kernel}{suffix}.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"\n{'case':<58} {'o/dq/dk/dv rel err (torch dtype err)':<60} ok trace bits nondet")

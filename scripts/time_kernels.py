@@ -19,6 +19,8 @@ from dashgen import runtime  # noqa: E402
 from dashgen.bench import median_ms  # noqa: E402  (the protocol's timing)
 from dashgen.kernels import SM90_BWD_BLOCK_M, sm90_bwd_refusal  # noqa: E402
 
+import backward_options  # noqa: E402  (scripts/, the script's own folder, is on sys.path)
+
 
 def kernel_us(fn, calls: int = 10) -> dict[str, float]:
     """Median GPU time of each of the backward's kernels over `calls` calls, in microseconds,
@@ -40,6 +42,16 @@ def kernel_us(fn, calls: int = 10) -> dict[str, float]:
     return {part: statistics.median(t) for part, t in times.items()}
 
 
+def problem_inputs(d: int, causal: bool, s: int, fwd_kernel: str = "auto"):
+    """The ANCHORS.md shapes at one configuration: (batch, heads, q, k, v, do, o, lse, scale)."""
+    heads, batch = 2048 // d, 16384 // s
+    q, k, v, do = (torch.randn(batch, s, heads, d, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(4))
+    scale = 1 / math.sqrt(d)
+    o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale, kernel=fwd_kernel)
+    return batch, heads, q, k, v, do, o, lse, scale
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096])
@@ -47,17 +59,7 @@ def main():
     parser.add_argument("--schedules", nargs="+", default=["fa3"])
     parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"])
     parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"])
-    parser.add_argument("--double-ds", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.double_ds (an experiment)")
-    parser.add_argument("--overlap-softmax", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.overlap_softmax (an "
-                             "experiment)")
-    parser.add_argument("--staged-stats", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.staged_stats (an "
-                             "experiment, head_dim 128)")
-    parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
-                        default=None, help="the Hopper backward with or without "
-                        "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
+    backward_options.add_flags(parser)
     parser.add_argument("--block-m-d64", type=int, choices=[64, 128], default=None,
                         help="query rows per task of the Hopper backward at head_dim 64 "
                              "(default: dashgen's, kernels.SM90_BWD_BLOCK_M)")
@@ -68,11 +70,7 @@ def main():
                              "runtime.SM90_BWD_OPTIONS option at its default and switched, "
                              "configuration by configuration")
     args = parser.parse_args()
-    runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
-    runtime.SM90_BWD_OPTIONS["overlap_softmax"] = args.overlap_softmax
-    runtime.SM90_BWD_OPTIONS["staged_stats"] = args.staged_stats
-    if args.first_dq_store is not None:
-        runtime.SM90_BWD_OPTIONS["first_dq_store"] = args.first_dq_store
+    backward_options.apply(args)
     if args.block_m_d64 is not None:
         SM90_BWD_BLOCK_M[64] = args.block_m_d64
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -83,13 +81,9 @@ def main():
     for d in args.hdims:
         for causal in (False, True):
             for s in args.seqlens:
-                heads, batch = 2048 // d, 16384 // s
-                q, k, v, do = (torch.randn(batch, s, heads, d, device="cuda", dtype=torch.bfloat16)
-                               for _ in range(4))
-                scale = 1 / math.sqrt(d)
+                batch, heads, q, k, v, do, o, lse, scale = problem_inputs(d, causal, s,
+                                                                          args.fwd_kernel)
                 flops = 4 * batch * heads * s * s * d / (2 if causal else 1)
-                o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale,
-                                         kernel=args.fwd_kernel)
                 fwd = median_ms(lambda: runtime.forward(q, k, v, causal=causal, softmax_scale=scale,
                                                          kernel=args.fwd_kernel),
                                 3, 10)
@@ -128,11 +122,7 @@ def compare(args, sms: int) -> None:
             continue
         for causal in (False, True):
             for s in args.seqlens:
-                heads, batch = 2048 // d, 16384 // s
-                q, k, v, do = (torch.randn(batch, s, heads, d, device="cuda", dtype=torch.bfloat16)
-                               for _ in range(4))
-                scale = 1 / math.sqrt(d)
-                o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
+                _, _, q, k, v, do, o, lse, scale = problem_inputs(d, causal, s)
                 schedule = "symmetric_shift" if causal else "shift"
                 times = []
                 for value in (default, not default):
