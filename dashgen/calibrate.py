@@ -147,6 +147,20 @@ def rankings(measurements: list[Measurement], cost: KernelCost) -> list[Ranking]
     return out
 
 
+def plan_command(measurements: list[Measurement], cost: KernelCost) -> str:
+    """The `dashgen plan` line that predicts with these costs (in us; the fitted overhead adds
+    to every schedule alike, so it does not change which one wins)."""
+    line = (f"dashgen plan --kernel-model --c {cost.c * 1e3:.3f} --r {cost.r * 1e3:.3f} "
+            f"--signal-latency {cost.signal_latency * 1e3:.3f}")
+    head_dims = {m.head_dim for m in measurements}
+    if len(head_dims) == 1:
+        problem = measurements[0].problem()
+        line += (f" --hdim {problem.head_dim} --block-m {problem.block_m} "
+                 f"--block-n {problem.block_n}")
+    return (f"Predict with: `{line} ...` (the problem's other flags; costs in us, plus "
+            f"{cost.overhead * 1e3:.1f} us of overhead for every schedule).")
+
+
 def report(measurements: list[Measurement], fit_seqlens: tuple[int, ...]) -> str:
     """Fit on fit_seqlens, then the whole table and the ranking check, as markdown."""
     train = [m for m in measurements if m.seqlen in fit_seqlens]
@@ -157,7 +171,7 @@ def report(measurements: list[Measurement], fit_seqlens: tuple[int, ...]) -> str
     lines = [f"Fitted on {result.fitted_on} measurements (seqlen {', '.join(map(str, fit_seqlens))}):"
              f" c = {c.c * 1e3:.3f} us/task, r = {c.r * 1e3:.3f} us, signal latency = "
              f"{c.signal_latency * 1e3:.3f} us, overhead = {c.overhead * 1e3:.1f} us; rms relative "
-             f"error {result.rms_error:.1%}.", "",
+             f"error {result.rms_error:.1%}.", "", plan_command(measurements, c), "",
              "| head_dim | mask | seqlen | schedule | mode | measured ms | model ms | model/measured |",
              "|---|---|---|---|---|---|---|---|"]
     for m in sorted(measurements, key=lambda m: (m.config, m.schedule, not m.deterministic)):

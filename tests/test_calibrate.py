@@ -126,6 +126,16 @@ def test_calibrate_cli_reports_and_refuses_bad_files(tmp_path):
                            "--fit-seqlens", "256", "--head-dims", "64"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.startswith("Fitted on 8 measurements")
+    # The report says how to predict with the fitted costs, and that command runs.
+    line = next(row for row in proc.stdout.splitlines() if row.startswith("Predict with: `"))
+    command = line.split("`")[1].replace(" ...", "").split()
+    assert command[:3] == ["dashgen", "plan", "--kernel-model"] and "--hdim" in command
+    plan = subprocess.run([sys.executable, "-m", "dashgen.cli"] + command[1:] +
+                          ["--seqlen", "512", "--heads", "2", "--mask", "causal",
+                           "--workers", "16", "--schedule", "symmetric_shift"],
+                          capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stderr
+    assert "kernel model" in plan.stdout and "symmetric_shift" in plan.stdout
     proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "calibrate", str(bench),
                            "--head-dims", "128"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no dashgen backward rows with head_dim in [128]" in proc.stderr
