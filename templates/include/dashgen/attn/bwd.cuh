@@ -85,9 +85,7 @@ struct AttnBwd {
       for (int r = tid; r < kBlockM; r += kThreads) {
         const int row = m * kBlockM + r;
         const i64 idx = (static_cast<i64>(b) * p.heads_q + h) * p.seqlen_q + row;
-        const float lse = row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF;
-        // A row that sees no key (or lies past the end) gets P = 0: lse -> +inf.
-        s_lse[r] = lse == -DASHGEN_INF ? DASHGEN_INF : lse * kLog2e;
+        s_lse[r] = lse_log2(row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF);
         s_dpsum[r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
       }
       __syncthreads();

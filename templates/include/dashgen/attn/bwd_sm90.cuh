@@ -371,9 +371,7 @@ struct AttnBwdSm90 {
           const int r = v % kBlockM, row = t.m * kBlockM + r;
           const i64 idx = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.seqlen_q + row;
           if (v < kBlockM) {
-            const float lse = row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF;
-            // A row that sees no key (or lies past the end) gets P = 0: lse -> +inf.
-            stats[r] = lse == -DASHGEN_INF ? DASHGEN_INF : lse * kLog2e;
+            stats[r] = lse_log2(row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF);
           } else {
             stats[kBlockM + r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
           }

@@ -14,6 +14,12 @@ namespace dashgen {
 
 constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
 
+// A row's logsumexp as the backwards subtract it from log2-unit scores. A row that sees no key
+// (lse = -inf; rows past the end are read as that) gets +inf, so its P = exp2(s - inf) = 0.
+__device__ __forceinline__ float lse_log2(float lse) {
+  return lse == -DASHGEN_INF ? DASHGEN_INF : lse * kLog2e;
+}
+
 template <class T>
 struct Element;
 

@@ -67,10 +67,9 @@ struct AttnPreprocess : RowLanes<kHeadDim> {
         if (lane == 0 && row < p.padded_rows) {
           float* chunk = p.stats + ((static_cast<i64>(b) * p.heads + h) * (p.padded_rows / kStatsBlockM) +
                                     row / kStatsBlockM) * (2 * kStatsBlockM);
-          const float lse = row < p.seqlen ? p.lse[(static_cast<i64>(b) * p.heads + h) * p.seqlen + row]
-                                           : -DASHGEN_INF;
-          // A row that sees no key (or lies past the end) gets P = 0: lse -> +inf.
-          chunk[row % kStatsBlockM] = lse == -DASHGEN_INF ? DASHGEN_INF : lse * kLog2e;
+          // The same conversion the MMA warpgroups apply without staged statistics.
+          chunk[row % kStatsBlockM] = lse_log2(
+              row < p.seqlen ? p.lse[(static_cast<i64>(b) * p.heads + h) * p.seqlen + row] : -DASHGEN_INF);
           chunk[kStatsBlockM + row % kStatsBlockM] = row < p.seqlen ? sum : 0.f;
         }
       }
