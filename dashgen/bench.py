@@ -89,11 +89,14 @@ class Row:
 
 # -- measuring ---------------------------------------------------------------------------------
 
-def event_ms(fn) -> float:
-    """One call of fn between two CUDA events on an idle GPU, in ms."""
+def event_ms(fn, before=None) -> float:
+    """One call of fn between two CUDA events on an idle GPU, in ms. `before` (a diagnostic:
+    scripts/overhead.py queues a GPU sleep there) runs between the synchronize and the start."""
     import torch
     torch.cuda.synchronize()  # the GPU is idle when the clock starts, as for every timed call
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if before is not None:
+        before()
     start.record()
     fn()
     end.record()

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from dashgen import runtime  # noqa: E402
-from dashgen.bench import median_ms  # noqa: E402  (the protocol's timing)
+from dashgen.bench import event_ms, median_ms  # noqa: E402  (the protocol's timing)
 from dashgen.op import attention  # noqa: E402
 
 
@@ -41,17 +41,8 @@ def hidden_ms(fn, calls: int = 20, sleep_cycles: int = 5_000_000) -> float:
     queues its kernels meanwhile, and the clock starts when the sleep ends. What the plain
     median shows beyond this is host time the GPU waited for."""
     fn()
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(sleep_cycles)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(event_ms(fn, before=lambda: torch.cuda._sleep(sleep_cycles))
+                             for _ in range(calls))
 
 
 def main():
