@@ -93,6 +93,10 @@ class BwdConfig(_Element16Config):
 # tensor-core work per fixed per-task cost (barriers, waits, the dQ hand-off). A module value,
 # so that a script can set it back to 64 for an A/B run before the first call.
 SM90_BWD_BLOCK_M = {64: 128, 128: 64}
+# Whether the preprocess lays lse and D out per query tile for the producer's bulk copies
+# (Sm90BwdConfig.staged_stats), by head_dim. Measured on the H200 at 128: main kernel -4 to -5%
+# at 1k-4k tokens per sequence, within 1% at 16k (docs/perf-notes.md, v3.7); at 64 it spills.
+SM90_BWD_STAGED_STATS = {64: False, 128: True}
 SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
 
 
@@ -126,15 +130,17 @@ class Sm90BwdConfig(_Element16Config):
     # exchange between the warpgroups, so the tensor cores work through the softmax and the
     # exchange. P^T stays fp32 in S^T's registers: no register more than the default at peak.
     overlap_softmax: bool = False
-    # An experiment, off until measured on a GPU: the preprocess kernel lays lse (as log2) and D
-    # out per query tile and the producer bulk-copies them with each stage's Q and dO, so the
-    # MMA warpgroups neither load them from global memory nor wait at a barrier for them.
-    staged_stats: bool = False
+    # The preprocess kernel lays lse (as log2) and D out per query tile and the producer
+    # bulk-copies them with each stage's Q and dO, so the MMA warpgroups neither load them from
+    # global memory nor wait at a barrier for them. None: SM90_BWD_STAGED_STATS[head_dim].
+    staged_stats: bool | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.block_m is None:
             object.__setattr__(self, "block_m", SM90_BWD_BLOCK_M[self.head_dim])
+        if self.staged_stats is None:
+            object.__setattr__(self, "staged_stats", SM90_BWD_STAGED_STATS[self.head_dim])
         if self.block_n != 128 or self.block_m not in (64, 128):
             raise ValueError(f"the Hopper backward runs 64 or 128 query rows x 128 KV rows, got "
                              f"block_m={self.block_m}, block_n={self.block_n}")

@@ -31,12 +31,14 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 SM90_DEFAULT = True
 # setmaxnreg split (producer/writer warpgroup, each MMA warpgroup) of the Hopper backward.
 SM90_REGISTERS = (24, 240)
-# Switchable Sm90BwdConfig options of the backward, at their defaults: double_ds is an
-# experiment (off; measured neutral at head_dim 128, does not fit head_dim 64's 128-row tasks),
-# first_dq_store is on, overlap_softmax and staged_stats are experiments not yet run on a GPU
-# (off). Scripts switch them to compare (docs/perf-notes.md has the numbers).
+# Switchable Sm90BwdConfig options of the backward, at their defaults (None: the config's own
+# default for the head_dim): double_ds is an experiment (off; measured neutral at head_dim 128,
+# does not fit head_dim 64's 128-row tasks), first_dq_store is on, overlap_softmax is an
+# experiment (off; measured +1 to +6% main kernel at head_dim 64, -1 to +3% at 128),
+# staged_stats is on where it fits (head_dim 128). Scripts switch them to compare
+# (docs/perf-notes.md has the numbers).
 SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False,
-                    "staged_stats": False}
+                    "staged_stats": None}
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -305,7 +307,8 @@ def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: 
                     trace=trace)
     if isinstance(cfg, Sm90BwdConfig):
         cfg = dataclasses.replace(cfg, producer_registers=registers[0],
-                                  mma_registers=registers[1], **dict(options))
+                                  mma_registers=registers[1],
+                                  **{name: value for name, value in options if value is not None})
     return cfg
 
 

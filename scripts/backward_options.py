@@ -13,9 +13,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap-softmax", action="store_true",
                         help="the Hopper backward with Sm90BwdConfig.overlap_softmax (an "
                              "experiment)")
-    parser.add_argument("--staged-stats", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.staged_stats (an "
-                             "experiment, head_dim 128)")
+    parser.add_argument("--staged-stats", action=argparse.BooleanOptionalAction, default=None,
+                        help="the Hopper backward with or without Sm90BwdConfig.staged_stats "
+                        "(default: dashgen's, on at head_dim 128; offered there only)")
     parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
                         default=None, help="the Hopper backward with or without "
                         "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
@@ -26,10 +26,9 @@ def apply(args: argparse.Namespace) -> str:
     options switched from their defaults ("" when none is)."""
     runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
     runtime.SM90_BWD_OPTIONS["overlap_softmax"] = args.overlap_softmax
-    runtime.SM90_BWD_OPTIONS["staged_stats"] = args.staged_stats
-    if args.first_dq_store is not None:
-        runtime.SM90_BWD_OPTIONS["first_dq_store"] = args.first_dq_store
+    switched = {name: getattr(args, name) for name in ("first_dq_store", "staged_stats")
+                if getattr(args, name) is not None}
+    runtime.SM90_BWD_OPTIONS.update(switched)
     return (("_doubleds" if args.double_ds else "") +
             ("_overlapsoftmax" if args.overlap_softmax else "") +
-            ("_stagedstats" if args.staged_stats else "") +
-            ("" if args.first_dq_store is None else f"_firstdqstore{int(args.first_dq_store)}"))
+            "".join(f"_{name.replace('_', '')}{int(value)}" for name, value in switched.items()))

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from dashgen import runtime  # noqa: E402
 from dashgen.bench import median_ms  # noqa: E402  (the protocol's timing)
-from dashgen.kernels import SM90_BWD_BLOCK_M, sm90_bwd_refusal  # noqa: E402
+from dashgen.kernels import SM90_BWD_BLOCK_M, Sm90BwdConfig, sm90_bwd_refusal  # noqa: E402
 
 import backward_options  # noqa: E402  (scripts/, the script's own folder, is on sys.path)
 
@@ -111,15 +111,19 @@ def compare(args, sms: int) -> None:
     """Main-kernel and total kernel time of the deterministic backward, option at its default
     and switched, on the same inputs (the auto schedule's order: shift / symmetric_shift)."""
     name = args.compare
-    default = runtime.SM90_BWD_OPTIONS[name]
-    print(f"{name}: {default} -> {not default}")
+    setting = runtime.SM90_BWD_OPTIONS[name]
+    print(f"{name}: dashgen's default -> switched")
     print(f"{'config':<28} {'main us':>9} {'switched':>9} {'ratio':>6} {'all us':>8} "
           f"{'switched':>9} {'ratio':>6}")
     for d in args.hdims:
-        refusal = sm90_bwd_refusal(d, False, **{name: not default})
+        # None in SM90_BWD_OPTIONS: the config's own default at this head_dim.
+        default = getattr(Sm90BwdConfig("bf16", d, False), name) if setting is None else setting
+        refusal = (sm90_bwd_refusal(d, False, **{name: default})
+                   or sm90_bwd_refusal(d, False, **{name: not default}))
         if refusal:
             print(f"d{d}: {refusal}")
             continue
+        print(f"d{d}: {name} {default} -> {not default}")
         for causal in (False, True):
             for s in args.seqlens:
                 _, _, q, k, v, do, o, lse, scale = problem_inputs(d, causal, s)
@@ -131,7 +135,7 @@ def compare(args, sms: int) -> None:
                         do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
                         deterministic=True, schedule=schedule, num_workers=sms,
                         kernel=args.kernel)))
-                runtime.SM90_BWD_OPTIONS[name] = default
+                runtime.SM90_BWD_OPTIONS[name] = setting
                 main = [t["main"] for t in times]
                 total = [sum(t.values()) for t in times]
                 tag = f"d{d} {'causal' if causal else 'full'} s{s}"

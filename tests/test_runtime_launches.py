@@ -126,7 +126,8 @@ def test_backward_launches_carry_the_right_pointers(recorder, heads_kv, determin
     first_store = deterministic and runtime.SM90_BWD_OPTIONS["first_dq_store"]
     assert prep.zero_dq == (0 if first_store else 1)
     assert convert_q.counters == (params.dq_counters if first_store else None)
-    assert prep.stats is None and params.stats is None  # staged_stats is off by default
+    # staged_stats is on by default at head_dim 128: both kernels carry the same stats part.
+    assert prep.stats == params.stats and prep.stats is not None
 
     # Every workspace pointer lies in one allocation, the zeroed tail covering the counters.
     parts = [params.dq_accum, params.dpsum, params.dq_counters]
@@ -136,13 +137,21 @@ def test_backward_launches_carry_the_right_pointers(recorder, heads_kv, determin
     assert params.seqlen_q == 200 and params.num_m_blocks == math.ceil(200 / 64)
 
 
-def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, monkeypatch):
-    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "staged_stats", True)
-    do, q, k, v, o, lse = args = inputs(4, 4)
+@pytest.mark.parametrize("head_dim, setting, staged", [(128, None, True), (128, True, True),
+                                                       (128, False, False), (64, None, False)])
+def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, monkeypatch, head_dim,
+                                                               setting, staged):
+    """On by default where offered (head_dim 128), switchable there; never at head_dim 64."""
+    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "staged_stats", setting)
+    do, q, k, v, o, lse = args = inputs(4, 4, head_dim=head_dim)
     runtime.backward(*args, causal=False, softmax_scale=0.1, deterministic=True,
                      schedule="fa3", num_workers=3, kernel="sm90")
-    (_, _, (prep,)), (_, _, main_args) = recorder.launches[:2]
+    (_, _, (prep,)), (name, _, main_args) = recorder.launches[:2]
     params = main_args[4]
+    assert f"stagedstats{int(staged)}" in name
+    if not staged:
+        assert prep.stats is None and params.stats is None and prep.lse is None
+        return
     assert prep.stats == params.stats and prep.stats is not None
     assert prep.lse == lse.data_ptr()
     assert params.stats % 16 == 0
