@@ -134,6 +134,12 @@ class Sm90BwdConfig(_Element16Config):
     # bulk-copies them with each stage's Q and dO, so the MMA warpgroups neither load them from
     # global memory nor wait at a barrier for them. None: SM90_BWD_STAGED_STATS[head_dim].
     staged_stats: bool | None = None
+    # An experiment, off: in the deterministic backward, two idle warps of the producer
+    # warpgroup convert each dQ tile to 16 bits as soon as its last contribution (in dq_rank
+    # order) has landed, so the convert kernel (~50 us at 16384 tokens x hidden 2048) has nothing
+    # left to do. Same bits as the convert kernel, but measured on the H200 the main kernel runs
+    # 1.05-2x slower (docs/perf-notes.md, v3.7). No effect on the non-deterministic backward.
+    fused_convert: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -183,7 +189,14 @@ class Sm90BwdConfig(_Element16Config):
         stats = 2 * 2 * bm * 4  # lse and D rows, one copy per MMA warpgroup
         barriers = (2 + 4 * stages) * 8
         task_slots = stages * 32  # the producer's hand-off of each stage's task
-        return tiles + stats + barriers + task_slots + 1024  # + slack to align the base to 1 KB
+        # the writer's hand-off of finished dQ tiles: 4 slots, two mbarriers and a word each
+        conv_ring = 4 * (8 + 8 + 4) if self.converts_dq else 0
+        return tiles + stats + barriers + task_slots + conv_ring + 1024  # + slack: 1 KB base
+
+    @property
+    def converts_dq(self) -> bool:
+        """Whether the main kernel writes the 16-bit dQ itself (fused_convert, deterministic)."""
+        return self.fused_convert and self.deterministic
 
     @property
     def params_bytes(self) -> int:
@@ -333,7 +346,7 @@ class BwdParams(ctypes.Structure):
         "dq_counters", "dkv_counters", "tasks", "worker_offsets", "trace")] + [
         (name, _I) for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
                                 "q_row_stride", "k_row_stride", "num_m_blocks", "num_n_blocks")] + [
-        ("softmax_scale", _F), ("stats", _P)]
+        ("softmax_scale", _F), ("stats", _P), ("dq", _P), ("dq_counts", _P)]
 
 
 class PrepParams(ctypes.Structure):

@@ -20,7 +20,7 @@ from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdPara
                       ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig, Sm90FwdConfig,
                       backward_blocks, backward_kind, blocks_of, config_of, forward_config_of,
                       forward_kind, render_config)
-from .lower import lower
+from .lower import TASK_WORDS, lower
 from .problem import Mask, Problem
 from .schedules import build_schedule
 from .verify import verify
@@ -35,10 +35,11 @@ SM90_REGISTERS = (24, 240)
 # default for the head_dim): double_ds is an experiment (off; measured neutral at head_dim 128,
 # does not fit head_dim 64's 128-row tasks), first_dq_store is on, overlap_softmax is an
 # experiment (off; measured +1 to +6% main kernel at head_dim 64, -1 to +3% at 128),
-# staged_stats is on where it fits (head_dim 128). Scripts switch them to compare
+# staged_stats is on where it fits (head_dim 128), fused_convert is an experiment (off; same
+# bits, main kernel measured 1.05-2x slower). Scripts switch them to compare
 # (docs/perf-notes.md has the numbers).
 SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False,
-                    "staged_stats": None}
+                    "staged_stats": None, "fused_convert": False}
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -117,6 +118,21 @@ def _plan_tensors(problem: Problem, schedule: str, num_workers: int, device: tor
     tasks = torch.tensor(plan.tasks, dtype=torch.int32).to(device)
     offsets = torch.tensor(plan.worker_offsets, dtype=torch.int32).to(device)
     return plan, tasks, offsets
+
+
+def _dq_counts(plan) -> list[int]:
+    """Contributions to each query tile's dQ sum, by m_block: one past its highest dq_rank. The
+    tiles a task set covers are the same for every (batch, head), so are the counts; checked."""
+    p = plan.problem
+    words = torch.tensor(plan.tasks, dtype=torch.int64).view(-1, TASK_WORDS)
+    tile = ((words[:, 0] >> 16) * p.heads_q + (words[:, 0] & 0xFFFF)) * p.num_m_blocks + (
+        words[:, 1] & 0xFFFF)
+    counts = torch.zeros(p.batch * p.heads_q * p.num_m_blocks, dtype=torch.int64)
+    counts.scatter_reduce_(0, tile, words[:, 2] + 1, reduce="amax")
+    counts = counts.view(-1, p.num_m_blocks)
+    if not torch.equal(counts, counts[:1].expand_as(counts)):
+        raise AssertionError("the schedule gives the query tiles of one m_block different counts")
+    return counts[0].tolist()
 
 
 @lru_cache(maxsize=64)
@@ -254,6 +270,16 @@ class _BackwardLaunch:
         self.plan, self.tasks, self.offsets = _plan_tensors(problem, schedule, num_workers, device)
         self.tables_stream = _stream(device) if device.type == "cuda" else 0
         self.staged_stats = kernel == "sm90" and cfg.staged_stats
+        # fused_convert: the main kernel writes dQ as each tile's last contribution lands. A
+        # query tile no task reaches (causal, more query rows than keys) gets no contribution:
+        # then the convert kernel still runs, and writes its zeros (first_dq_store's counters)
+        # or the same bits again.
+        self.converts_dq = kernel == "sm90" and cfg.converts_dq
+        self.dq_counts, self.convert_dq = None, True
+        if self.converts_dq:
+            counts = _dq_counts(self.plan)
+            self.dq_counts = torch.tensor(counts, dtype=torch.int32).to(device)
+            self.convert_dq = min(counts) == 0
         self.layout = WorkspaceLayout(problem, self.staged_stats)
         p = problem
         kernels = _kernels(cfg, device)
@@ -340,9 +366,11 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     bl.preprocess(stream, (ctypes.addressof(prep),))
 
     # Until the main kernel is launched the GPU may be waiting on this code (the preprocess is
-    # short): dQ, and dK/dV under GQA, are allocated after it, for the convert kernels.
+    # short): dQ, and dK/dV under GQA, are allocated after it, for the convert kernels, unless
+    # the main kernel writes dQ itself.
     gqa = p.gqa
     dk, dv = (None, None) if gqa else (torch.empty_like(k), torch.empty_like(v))
+    dq = torch.empty_like(q) if bl.converts_dq else None
     trace_buf = (torch.full((bl.plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
                  if trace else None)
     params = BwdParams(
@@ -351,21 +379,25 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
         dk_accum if gqa else 0, dv_accum if gqa else 0, dq_counters, dkv_counters if gqa else 0,
         bl.tasks.data_ptr(), bl.offsets.data_ptr(), trace_buf.data_ptr() if trace else 0,
         p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, q_stride, k.stride(1),
-        p.num_m_blocks, p.num_n_blocks, float(softmax_scale), stats)
+        p.num_m_blocks, p.num_n_blocks, float(softmax_scale), stats,
+        dq.data_ptr() if bl.converts_dq else 0,
+        bl.dq_counts.data_ptr() if bl.converts_dq else 0)
     if kernel == "sm90":
         bl.main(stream, bl.map_addresses(q, k, v, do) + [ctypes.addressof(params)])
     else:
         bl.main(stream, (ctypes.addressof(params),))
 
-    dq = torch.empty_like(q)
+    if dq is None:
+        dq = torch.empty_like(q)
     if gqa:
         dk, dv = torch.empty_like(k), torch.empty_like(v)
 
     # The Hopper backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
-    convert = ConvertParams(dq_accum, dq.data_ptr(), dq_counters if first_store else 0, p.batch,
-                            p.heads_q, p.seqlen_q, dq.stride(1), bl.padded_m, kernel == "sm90",
-                            p.block_m)
-    bl.convert_q(stream, (ctypes.addressof(convert),))
+    if bl.convert_dq:
+        convert = ConvertParams(dq_accum, dq.data_ptr(), dq_counters if first_store else 0,
+                                p.batch, p.heads_q, p.seqlen_q, dq.stride(1), bl.padded_m,
+                                kernel == "sm90", p.block_m)
+        bl.convert_q(stream, (ctypes.addressof(convert),))
     if gqa:
         for src, dst in ((dk_accum, dk), (dv_accum, dv)):
             convert = ConvertParams(src, dst.data_ptr(), 0, p.batch, p.heads_kv, p.seqlen_k,

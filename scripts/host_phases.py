@@ -91,6 +91,9 @@ def main():
     p.add_argument("--hdim", type=int, default=64)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--after-flex", action="store_true",
+                   help="then compile and run FlexAttention's backward (as the benchmark's peer "
+                        "row does) and time the two main-thread paths again")
     args = p.parse_args()
     s, d = args.seqlen, args.hdim
     heads, batch = 2048 // d, 16384 // s
@@ -114,14 +117,32 @@ def main():
     print(f"b{batch} h{heads} s{s} d{d} {'causal' if args.causal else 'full'} {schedule}; "
           f"median us since the call, {args.calls} calls; switch interval "
           f"{sys.getswitchinterval() * 1e3:.1f} ms, {threading.active_count()} Python threads")
-    for name, fn in (("runtime.backward, main thread", direct),
-                     ("runtime.backward, a second thread", on_thread(direct)),
-                     ("autograd.grad", autograd)):
+    paths = [("runtime.backward, main thread", direct),
+             ("runtime.backward, a second thread", on_thread(direct)),
+             ("autograd.grad", autograd)]
+    if args.after_flex:
+        paths += [("FlexAttention compiled and run", lambda: flex_backward(args)),
+                  ("runtime.backward, main thread, after flex", direct),
+                  ("autograd.grad, after flex", autograd)]
+    for name, fn in paths:
         for _ in range(5):  # warm-up
             fn()
         print(f"\n{name}")
         for key, us in phases(fn, args.calls):
             print(f"  {key:<32} {us:8.1f}")
+
+
+_FLEX_BACKWARD = []
+
+
+def flex_backward(args):
+    """The benchmark's FlexAttention row (torch.compile'd), set up on first call."""
+    from dashgen import bench
+    if not _FLEX_BACKWARD:
+        cfg = bench.Config(args.seqlen, args.hdim, "causal" if args.causal else "full", 16384,
+                           2048)
+        _FLEX_BACKWARD.append(bench.setup_flex(cfg, bench.make_inputs(cfg)))
+    return _FLEX_BACKWARD[0]()
 
 
 if __name__ == "__main__":

@@ -145,6 +145,12 @@ SM90_CONFIGS += [dict(dtype=t, head_dim=h, causal=c, deterministic=d, trace=Fals
                       overlap_softmax=True)
                  for t in ("bf16", "fp16") for h in (64, 128) for c in (False, True)
                  for d in (True, False) for g in (False, True) if not (h == 64 and g)]
+# fused_convert (an experiment, off by default): the converter warps run within the producer
+# warpgroup's 24 registers; without the deterministic order the option changes nothing.
+SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=d, trace=False, gqa=g,
+                      fused_convert=True)
+                 for h in (64, 128) for c in (False, True) for d in (True, False)
+                 for g in (False, True)]
 # staged_stats (on by default at head_dim 128, which the default configs above cover): switched
 # off, and on with the other experiments.
 SM90_CONFIGS += [dict(dtype="bf16", head_dim=128, causal=c, deterministic=d, trace=False, gqa=g,

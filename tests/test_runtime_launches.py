@@ -174,3 +174,40 @@ def test_tensor_maps_are_looked_up_once_per_address_set(recorder, monkeypatch):
     runtime.backward(*moved, causal=True, softmax_scale=0.1, deterministic=True,
                      schedule="fa3", num_workers=3, kernel="sm90")
     assert len(calls) == 8 and calls[4:] == [moved[i].data_ptr() for i in (1, 2, 3, 0)]
+
+
+@pytest.mark.parametrize("seqlen_k, convert", [(200, False), (64, True)])
+def test_fused_convert_hands_dq_to_the_main_kernel(recorder, monkeypatch, seqlen_k, convert):
+    """With fused_convert the main kernel gets dQ and the per-tile contribution counts, and the
+    convert kernel runs only where some query tile gets no contribution (causal, 200 query rows
+    against 64 keys: the first two 64-row tiles see no key)."""
+    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "fused_convert", True)
+    do, q, k, v, o, lse = inputs(4, 4)
+    k, v = k[:, :seqlen_k].contiguous(), v[:, :seqlen_k].contiguous()
+    dq, dk, dv = runtime.backward(do, q, k, v, o, lse, causal=True, softmax_scale=0.1,
+                                  deterministic=True, schedule="fa3", num_workers=3,
+                                  kernel="sm90")
+    kinds = [name.rsplit("_", 1)[-1] if name.endswith(("_preprocess", "_convert")) else "main"
+             for name, _, _ in recorder.launches]
+    assert kinds == ["preprocess", "main"] + (["convert"] if convert else [])
+    name, _, main_args = recorder.launches[1]
+    params = main_args[4]
+    assert "fusedconvert1" in name
+    assert params.dq == dq.data_ptr()
+    counts = (ctypes.c_int32 * 4).from_address(params.dq_counts)
+    # causal, bottom-right aligned: tile m (64 rows) sees keys up to row 64 m + 63 + seqlen_k - 200
+    expected = [max(0, min(math.ceil(seqlen_k / 128),
+                           (64 * m + 63 + seqlen_k - 200) // 128 + 1)) for m in range(4)]
+    assert list(counts) == expected
+    if convert:
+        assert recorder.launches[2][2][0].dst == dq.data_ptr()
+
+
+def test_fused_convert_leaves_the_non_deterministic_backward_alone(recorder, monkeypatch):
+    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "fused_convert", True)
+    args = inputs(4, 4)
+    runtime.backward(*args, causal=True, softmax_scale=0.1, deterministic=False,
+                     schedule="fa3", num_workers=3, kernel="sm90")
+    assert len(recorder.launches) == 3 and recorder.launches[2][0].endswith("_convert")
+    params = recorder.launches[1][2][4]
+    assert params.dq is None and params.dq_counts is None

@@ -219,6 +219,7 @@ def test_a_fresh_thread_gets_the_same_bits(seed):
 # seqlen_k, causal: their dQ tiles get no contribution), GQA, odd sizes, both head_dims where
 # the options are offered (kernels.sm90_bwd_refusal).
 EXPERIMENT_CASES = [(1, 4, 4, 300, 100, 128, True), (2, 8, 2, 257, 257, 128, False),
+                    (1, 4, 4, 333, 333, 128, True),
                     (1, 4, 4, 300, 100, 64, True), (2, 4, 1, 200, 333, 64, False)]
 
 
@@ -229,7 +230,8 @@ def skip_unless_offered(shape, **options):
 
 
 @pytest.mark.parametrize("option, value", [("double_ds", True), ("first_dq_store", False),
-                                           ("overlap_softmax", True), ("staged_stats", False)])
+                                           ("overlap_softmax", True), ("staged_stats", False),
+                                           ("fused_convert", True)])
 @pytest.mark.parametrize("shape", EXPERIMENT_CASES, ids=lambda s: "-".join(map(str, s)))
 def test_other_backward_options_match_float64_and_repeat_bitwise(
         option, value, shape, runtime, monkeypatch, sm_count, seed):
@@ -248,15 +250,16 @@ def test_other_backward_options_match_float64_and_repeat_bitwise(
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-@pytest.mark.parametrize("options", ["overlap_softmax", "staged_stats",
+@pytest.mark.parametrize("options", ["overlap_softmax", "staged_stats", "fused_convert",
                                      "overlap_softmax,staged_stats"])
 @pytest.mark.parametrize("shape", EXPERIMENT_CASES, ids=lambda s: "-".join(map(str, s)))
 def test_reordering_options_give_the_same_bits(options, shape, runtime, monkeypatch, sm_count,
                                                seed):
     """overlap_softmax only reorders the wgmma issue (P^T while dP^T runs, dV before the dS
     exchange) and staged_stats only moves where lse and D are read from (the preprocess lays
-    out the same fp32 values the MMA warpgroups computed); every value comes from the same
-    operations, so the bits must not move."""
+    out the same fp32 values the MMA warpgroups computed); fused_convert applies the convert
+    kernel's conversion to the same final sums, inside the main kernel. Every value comes from
+    the same operations, so the bits must not move."""
     names = options.split(",")
     skip_unless_offered(shape, **dict.fromkeys(names, True))
     case = Case(*shape)

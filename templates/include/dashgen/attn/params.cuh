@@ -49,6 +49,11 @@ struct BwdParams {
   // (batch, heads_q, num_m_blocks, 2, block_m) when the statistics are staged: per query tile,
   // block_m lse rows as log2 (+inf where P = 0) then block_m D rows (0 past the end); else null.
   const float* stats;
+  // With the fused convert (deterministic only): the 16-bit dQ output, laid out like q, and per
+  // query tile the number of contributions its dQ sum gets (the same for every batch and head);
+  // else null.
+  void* dq;
+  const i32* dq_counts;  // (num_m_blocks)
 };
 
 // Preprocess: D = rowsum(dO * O), zero the fp32 dQ accumulator and the workspace (the ordering
