@@ -153,6 +153,7 @@ def main():
                         help="forward kernel")
     args = parser.parse_args()
     suffix = backward_options.apply(args)
+    os.makedirs(args.out, exist_ok=True)  # before the cases: a bad --out fails at once
     rows = []
     for case in cases(args.quick, args.kernel):
         t0 = time.time()
