@@ -11,7 +11,6 @@ PYTHONPATH=. python3 scripts/host_phases.py [--seqlen 1024] [--hdim 64] [--causa
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import threading
@@ -24,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 from dashgen import launch, op, runtime  # noqa: E402
 from dashgen.op import attention  # noqa: E402
+
+from time_kernels import problem_inputs  # noqa: E402  (scripts/ is on sys.path)
 
 _MARKS: list[tuple[str, int]] = []
 
@@ -96,13 +97,9 @@ def main():
                         "row does) and time the two main-thread paths again")
     args = p.parse_args()
     s, d = args.seqlen, args.hdim
-    heads, batch = 2048 // d, 16384 // s
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     schedule = "symmetric_shift" if args.causal else "shift"
-    q, k, v, do = (torch.randn(batch, s, heads, d, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(4))
-    scale = 1 / math.sqrt(d)
-    o, lse = runtime.forward(q, k, v, causal=args.causal, softmax_scale=scale)
+    batch, heads, q, k, v, do, o, lse, scale = problem_inputs(d, args.causal, s)
     ql, kl, vl = (t.detach().requires_grad_() for t in (q, k, v))
     out = attention(ql, kl, vl, causal=args.causal, schedule=schedule, num_workers=sms)
     instrument()
