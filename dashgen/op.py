@@ -26,9 +26,12 @@ _DEVICE_TYPE = "cuda"
 
 # schedule="auto": mask -> candidates, the first that serves the problem wins. The DASH orders
 # come first: the simulator and the kernel model calibrated on the H200 rank them first, and the
-# benchmark (docs/bench/2026-11-30-fc766c2) measured them within 1.2% of the fastest schedule in
-# all 20 configurations, where fa3/spt lose up to 35% on causal masks. Their order depends on the
-# worker count, which "auto" takes from num_workers or else the device's SM count.
+# benchmark measured them within 1.2% of the fastest schedule in all 20 configurations
+# (docs/bench/2026-11-30-fc766c2) and within 3% in 19 of 20 with today's faster kernels
+# (2026-11-30-d1f6cd9; the miss, head_dim 64 full at 16k, 4.6% behind fa3 in that run and 2.5%
+# behind the fastest in the run before), where fa3/spt lose up to 35% on causal masks. Their
+# order depends on the worker count, which "auto" takes from num_workers or else the device's
+# SM count.
 AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
     "full": ("shift", "fa3"),
     "causal": ("symmetric_shift", "spt"),
