@@ -211,3 +211,22 @@ def test_fused_convert_leaves_the_non_deterministic_backward_alone(recorder, mon
     assert len(recorder.launches) == 3 and recorder.launches[2][0].endswith("_convert")
     params = recorder.launches[1][2][4]
     assert params.dq is None and params.dq_counts is None
+
+
+@pytest.mark.parametrize("schedule", ["fa3", "spt", "descending", "shift", "symmetric_shift"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlens", [(300, 300), (300, 100), (100, 300)])
+def test_dq_counts_are_the_kv_tiles_each_query_tile_sees(schedule, causal, seqlens):
+    """The fused convert's "last contribution" test rests on these counts: for every schedule,
+    a query tile's dQ sum gets one contribution per KV tile it keeps, in every batch and head."""
+    from dashgen import Mask, Problem, build_schedule
+    from dashgen.lower import lower
+    from dashgen.schedules import unsupported_reason
+    problem = Problem(batch=2, heads_q=3, seqlen_q=seqlens[0], seqlen_k=seqlens[1], head_dim=128,
+                      mask=Mask.causal() if causal else Mask.full(), block_m=64, block_n=128)
+    if unsupported_reason(schedule, problem) is not None:
+        pytest.skip(unsupported_reason(schedule, problem))
+    plan = lower(build_schedule(schedule, problem, 4))
+    expected = [sum(problem.tile_kept(n, m) for n in range(problem.num_n_blocks))
+                for m in range(problem.num_m_blocks)]
+    assert runtime._dq_counts(plan) == expected
