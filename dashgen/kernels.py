@@ -135,10 +135,12 @@ class Sm90BwdConfig(_Element16Config):
     # global memory nor wait at a barrier for them. None: SM90_BWD_STAGED_STATS[head_dim].
     staged_stats: bool | None = None
     # An experiment, off: in the deterministic backward, two idle warps of the producer
-    # warpgroup convert each dQ tile to 16 bits as soon as its last contribution (in dq_rank
-    # order) has landed, so the convert kernel (~50 us at 16384 tokens x hidden 2048) has nothing
-    # left to do. Same bits as the convert kernel, but measured on the H200 the main kernel runs
-    # 1.05-2x slower (docs/perf-notes.md, v3.7). No effect on the non-deterministic backward.
+    # warpgroup convert dQ tiles to 16 bits as their sums become final (a share of the tiles per
+    # worker, in the order the schedule finishes them), so the convert kernel (~50 us at 16384
+    # tokens x hidden 2048) has nothing left to do. A first version, where the worker that adds
+    # a tile's last contribution converted it, gave the same bits but ran the main kernel
+    # 1.05-2x slower on the H200: the shift orders give some workers the last add of most of
+    # their tasks (docs/perf-notes.md, v3.7). No effect on the non-deterministic backward.
     fused_convert: bool = False
 
     def __post_init__(self) -> None:
@@ -189,9 +191,7 @@ class Sm90BwdConfig(_Element16Config):
         stats = 2 * 2 * bm * 4  # lse and D rows, one copy per MMA warpgroup
         barriers = (2 + 4 * stages) * 8
         task_slots = stages * 32  # the producer's hand-off of each stage's task
-        # the writer's hand-off of finished dQ tiles: 4 slots, two mbarriers and a word each
-        conv_ring = 4 * (8 + 8 + 4) if self.converts_dq else 0
-        return tiles + stats + barriers + task_slots + conv_ring + 1024  # + slack: 1 KB base
+        return tiles + stats + barriers + task_slots + 1024  # + slack to align the base to 1 KB
 
     @property
     def converts_dq(self) -> bool:
@@ -346,7 +346,8 @@ class BwdParams(ctypes.Structure):
         "dq_counters", "dkv_counters", "tasks", "worker_offsets", "trace")] + [
         (name, _I) for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
                                 "q_row_stride", "k_row_stride", "num_m_blocks", "num_n_blocks")] + [
-        ("softmax_scale", _F), ("stats", _P), ("dq", _P), ("dq_counts", _P)]
+        ("softmax_scale", _F), ("stats", _P), ("dq", _P), ("dq_counts", _P), ("conv_tiles", _P),
+        ("conv_offsets", _P)]
 
 
 class PrepParams(ctypes.Structure):

@@ -120,19 +120,38 @@ def _plan_tensors(problem: Problem, schedule: str, num_workers: int, device: tor
     return plan, tasks, offsets
 
 
-def _dq_counts(plan) -> list[int]:
-    """Contributions to each query tile's dQ sum, by m_block: one past its highest dq_rank. The
-    tiles a task set covers are the same for every (batch, head), so are the counts; checked."""
+def _conversion_plan(plan) -> tuple[list[int], list[int], list[int]]:
+    """What the fused convert needs from a lowered plan: (counts, tiles, offsets).
+
+    counts[m]: contributions to the dQ sum of a query tile in m_block m, one past its highest
+    dq_rank (the tiles a task set covers are the same for every batch and head, so are the
+    counts; checked). tiles/offsets: the dQ tiles, (batch * heads_q + head) * num_m_blocks +
+    m_block, dealt round-robin to the workers in the order the schedule finishes them (the
+    position of a tile's last add in its worker's task list), worker w's at
+    tiles[offsets[w]:offsets[w + 1]]. Dealt, not left to the worker that adds last: the shift
+    orders give some workers the last add of most of their tasks."""
     p = plan.problem
     words = torch.tensor(plan.tasks, dtype=torch.int64).view(-1, TASK_WORDS)
     tile = ((words[:, 0] >> 16) * p.heads_q + (words[:, 0] & 0xFFFF)) * p.num_m_blocks + (
         words[:, 1] & 0xFFFF)
-    counts = torch.zeros(p.batch * p.heads_q * p.num_m_blocks, dtype=torch.int64)
-    counts.scatter_reduce_(0, tile, words[:, 2] + 1, reduce="amax")
-    counts = counts.view(-1, p.num_m_blocks)
-    if not torch.equal(counts, counts[:1].expand_as(counts)):
+    per_tile = torch.zeros(p.batch * p.heads_q * p.num_m_blocks, dtype=torch.int64)
+    per_tile.scatter_reduce_(0, tile, words[:, 2] + 1, reduce="amax")
+    per_m = per_tile.view(-1, p.num_m_blocks)
+    if not torch.equal(per_m, per_m[:1].expand_as(per_m)):
         raise AssertionError("the schedule gives the query tiles of one m_block different counts")
-    return counts[0].tolist()
+    offsets = torch.tensor(plan.worker_offsets, dtype=torch.int64)
+    workers = len(offsets) - 1
+    position = torch.arange(len(words)) - torch.repeat_interleave(offsets[:-1], offsets.diff())
+    last = words[:, 2] + 1 == per_tile[tile]
+    finished = torch.full_like(per_tile, -1)
+    finished[tile[last]] = position[last]
+    order = torch.argsort(finished * len(per_tile) + torch.arange(len(per_tile)))
+    order = order[finished[order] >= 0]  # tiles no task reaches: the convert kernel's
+    dealt = torch.arange(len(order)) % workers
+    by_worker = order[torch.argsort(dealt, stable=True)]
+    bounds = torch.zeros(workers + 1, dtype=torch.int64)
+    bounds[1:] = torch.bincount(dealt, minlength=workers).cumsum(0)
+    return per_m[0].tolist(), by_worker.tolist(), bounds.tolist()
 
 
 @lru_cache(maxsize=64)
@@ -275,10 +294,12 @@ class _BackwardLaunch:
         # then the convert kernel still runs, and writes its zeros (first_dq_store's counters)
         # or the same bits again.
         self.converts_dq = kernel == "sm90" and cfg.converts_dq
-        self.dq_counts, self.convert_dq = None, True
+        self.dq_counts = self.conv_tiles = self.conv_offsets = None
+        self.convert_dq = True
         if self.converts_dq:
-            counts = _dq_counts(self.plan)
-            self.dq_counts = torch.tensor(counts, dtype=torch.int32).to(device)
+            counts, tiles, offsets = _conversion_plan(self.plan)
+            self.dq_counts, self.conv_tiles, self.conv_offsets = (
+                torch.tensor(x, dtype=torch.int32).to(device) for x in (counts, tiles, offsets))
             self.convert_dq = min(counts) == 0
         self.layout = WorkspaceLayout(problem, self.staged_stats)
         p = problem
@@ -380,8 +401,8 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
         bl.tasks.data_ptr(), bl.offsets.data_ptr(), trace_buf.data_ptr() if trace else 0,
         p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, q_stride, k.stride(1),
         p.num_m_blocks, p.num_n_blocks, float(softmax_scale), stats,
-        dq.data_ptr() if bl.converts_dq else 0,
-        bl.dq_counts.data_ptr() if bl.converts_dq else 0)
+        *((dq.data_ptr(), bl.dq_counts.data_ptr(), bl.conv_tiles.data_ptr(),
+           bl.conv_offsets.data_ptr()) if bl.converts_dq else (0, 0, 0, 0)))
     if kernel == "sm90":
         bl.main(stream, bl.map_addresses(q, k, v, do) + [ctypes.addressof(params)])
     else:

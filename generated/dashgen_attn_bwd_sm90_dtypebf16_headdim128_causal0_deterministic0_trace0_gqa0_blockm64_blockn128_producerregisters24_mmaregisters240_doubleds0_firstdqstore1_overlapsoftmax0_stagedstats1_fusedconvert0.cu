@@ -14,7 +14,7 @@ using Convert = AttnConvert<__nv_bfloat16, 128>;
 static_assert(Bwd::kSmemBytes == 215184, "dashgen.kernels.Sm90BwdConfig.smem_bytes disagrees");
 static_assert(128 * 24 + 256 * 240 <= 65536, "register file");
 static_assert(Bwd::kBlockM == 64 && Bwd::kBlockN == 128, "tile sizes disagree");
-static_assert(sizeof(BwdParams) == 192, "dashgen.kernels.BwdParams disagrees");
+static_assert(sizeof(BwdParams) == 208, "dashgen.kernels.BwdParams disagrees");
 static_assert(sizeof(PrepParams) == 88, "dashgen.kernels.PrepParams disagrees");
 static_assert(sizeof(ConvertParams) == 56, "dashgen.kernels.ConvertParams disagrees");
 

@@ -176,6 +176,13 @@ def test_tensor_maps_are_looked_up_once_per_address_set(recorder, monkeypatch):
     assert len(calls) == 8 and calls[4:] == [moved[i].data_ptr() for i in (1, 2, 3, 0)]
 
 
+def expected_counts(seqlen_k, seqlen_q=200):
+    """Causal, bottom-right aligned: 64-row tile m sees keys up to 64 m + 63 + seqlen_k - seqlen_q,
+    one contribution per 128-key tile."""
+    return [max(0, min(math.ceil(seqlen_k / 128), (64 * m + 63 + seqlen_k - seqlen_q) // 128 + 1))
+            for m in range(math.ceil(seqlen_q / 64))]
+
+
 @pytest.mark.parametrize("seqlen_k, convert", [(200, False), (64, True)])
 def test_fused_convert_hands_dq_to_the_main_kernel(recorder, monkeypatch, seqlen_k, convert):
     """With fused_convert the main kernel gets dQ and the per-tile contribution counts, and the
@@ -194,11 +201,13 @@ def test_fused_convert_hands_dq_to_the_main_kernel(recorder, monkeypatch, seqlen
     params = main_args[4]
     assert "fusedconvert1" in name
     assert params.dq == dq.data_ptr()
+    assert params.conv_tiles is not None and params.conv_offsets is not None
+    shares = (ctypes.c_int32 * 4).from_address(params.conv_offsets)  # 3 workers
+    tiles = (ctypes.c_int32 * shares[3]).from_address(params.conv_tiles)
+    reached = [m for m in range(4) if expected_counts(seqlen_k)[m] > 0]
+    assert shares[0] == 0 and sorted(tiles) == [h * 4 + m for h in range(4) for m in reached]
     counts = (ctypes.c_int32 * 4).from_address(params.dq_counts)
-    # causal, bottom-right aligned: tile m (64 rows) sees keys up to row 64 m + 63 + seqlen_k - 200
-    expected = [max(0, min(math.ceil(seqlen_k / 128),
-                           (64 * m + 63 + seqlen_k - 200) // 128 + 1)) for m in range(4)]
-    assert list(counts) == expected
+    assert list(counts) == expected_counts(seqlen_k)
     if convert:
         assert recorder.launches[2][2][0].dst == dq.data_ptr()
 
@@ -216,9 +225,11 @@ def test_fused_convert_leaves_the_non_deterministic_backward_alone(recorder, mon
 @pytest.mark.parametrize("schedule", ["fa3", "spt", "descending", "shift", "symmetric_shift"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlens", [(300, 300), (300, 100), (100, 300)])
-def test_dq_counts_are_the_kv_tiles_each_query_tile_sees(schedule, causal, seqlens):
-    """The fused convert's "last contribution" test rests on these counts: for every schedule,
-    a query tile's dQ sum gets one contribution per KV tile it keeps, in every batch and head."""
+def test_conversion_plan_covers_each_finished_tile_once_in_order(schedule, causal, seqlens):
+    """The fused convert waits for a tile's counter to reach its count: for every schedule, a
+    query tile's dQ sum gets one contribution per KV tile it keeps, in every batch and head.
+    Every tile some task reaches is converted by exactly one worker, the workers' shares differ
+    by at most one tile, and each share runs in the order the schedule finishes its tiles."""
     from dashgen import Mask, Problem, build_schedule
     from dashgen.lower import lower
     from dashgen.schedules import unsupported_reason
@@ -229,4 +240,21 @@ def test_dq_counts_are_the_kv_tiles_each_query_tile_sees(schedule, causal, seqle
     plan = lower(build_schedule(schedule, problem, 4))
     expected = [sum(problem.tile_kept(n, m) for n in range(problem.num_n_blocks))
                 for m in range(problem.num_m_blocks)]
-    assert runtime._dq_counts(plan) == expected
+    counts, tiles, offsets = runtime._conversion_plan(plan)
+    assert counts == expected
+    reached = [bh * problem.num_m_blocks + m for bh in range(problem.batch * problem.heads_q)
+               for m in range(problem.num_m_blocks) if counts[m] > 0]
+    assert sorted(tiles) == reached
+    shares = [offsets[w + 1] - offsets[w] for w in range(len(offsets) - 1)]
+    assert offsets[0] == 0 and offsets[-1] == len(tiles) and max(shares) - min(shares) <= 1
+    finished = {}  # tile -> position of its last add in its worker's task list
+    for w in range(len(plan.worker_offsets) - 1):
+        for i in range(plan.worker_offsets[w], plan.worker_offsets[w + 1]):
+            bh, nm, dq_rank, _ = plan.tasks[4 * i: 4 * i + 4]
+            if dq_rank == counts[nm & 0xFFFF] - 1:
+                tile = ((bh >> 16) * problem.heads_q + (bh & 0xFFFF)) * problem.num_m_blocks + (
+                    nm & 0xFFFF)
+                finished[tile] = i - plan.worker_offsets[w]
+    for w in range(len(shares)):
+        share = [finished[t] for t in tiles[offsets[w]:offsets[w + 1]]]
+        assert share == sorted(share)

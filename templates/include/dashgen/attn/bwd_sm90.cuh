@@ -5,9 +5,10 @@
 //   warpgroup 0, warp 1: dQ writer: waits for the dQ tile's counter to reach the task's dq_rank,
 //                        bulk-reduces the fp32 partial into global memory, waits until it has
 //                        landed, then releases the next rank (2 dQ buffers in flight);
-//   warpgroup 0, warps 2-3 (kFusedConvert, deterministic): dQ converter: the writer hands it
-//                        each tile whose last contribution (in dq_rank order) has landed; it
-//                        writes the tile's 16-bit dQ while the MMA warpgroups go on, so no
+//   warpgroup 0, warps 2-3 (kFusedConvert, deterministic): dQ converter: walks this worker's
+//                        share of the dQ tiles (p.conv_tiles, in the order they are expected
+//                        to finish), waits for each tile's counter to reach its contribution
+//                        count and writes its 16-bit dQ while the MMA warpgroups go on, so no
 //                        convert kernel runs after this one;
 //   warpgroups 1, 2:     MMA: each owns 64 of the 128 KV rows (dK/dV in registers, wgmma).
 // S^T = K Q^T and dP^T = V dO^T come out KV-row-major, so P^T and dS^T feed dV += P^T dO and
@@ -82,21 +83,11 @@ struct AttnBwdSm90 {
   // The producer hands each stage's task to the MMA warpgroups here, so they never read the
   // schedule table (its bookkeeping stays out of their registers).
   static constexpr int kOffTask = kOffBar + kNumBars * 8;
-  // The writer's hand-off of finished dQ tiles to the converter warps: a ring of tile indices
-  // with a full and an empty mbarrier per slot. Only the last contribution of a tile in dq_rank
-  // order finishes it, so only the deterministic backward knows when; without it, the convert
-  // kernel runs after this one.
+  // Only the deterministic backward counts each tile's landed contributions, so only it knows
+  // when a dQ sum is final; without it, the convert kernel runs after this one.
   static constexpr bool kConvertDq = kFusedConvert && kDeterministic;
-  static constexpr int kConvSlots = 4;
   static constexpr int kConvThreads = 64;
-  static constexpr int kOffConv = kOffTask + kStages * 32;
-  static constexpr int kConvBytes = kConvertDq ? kConvSlots * (8 + 8 + 4) : 0;
-  static constexpr int kSmemBytes = kOffConv + kConvBytes + 1024;  // + alignment slack
-
-  struct ConvRing {
-    u64 full[kConvSlots], empty[kConvSlots];
-    int tile[kConvSlots];  // (batch * heads_q + head) * num_m_blocks + m_block; -1: no more
-  };
+  static constexpr int kSmemBytes = kOffTask + kStages * 32 + 1024;  // + alignment slack
 
   struct Bars {
     u64 kv_full, kv_empty;
@@ -155,13 +146,6 @@ struct AttnBwdSm90 {
         mbarrier_init(&bars->dq_full[s], kMmaThreads);
         mbarrier_init(&bars->dq_empty[s], 1);
       }
-      if constexpr (kConvertDq) {
-        ConvRing* ring = reinterpret_cast<ConvRing*>(smem + kOffConv);
-        for (int s = 0; s < kConvSlots; ++s) {
-          mbarrier_init(&ring->full[s], 1);
-          mbarrier_init(&ring->empty[s], kConvThreads);
-        }
-      }
       fence_barrier_init();
     }
     __syncthreads();
@@ -172,7 +156,7 @@ struct AttnBwdSm90 {
       if (warp == 0 && lane == 0) produce(tm_q, tm_k, tm_v, tm_do, p, smem, bars, begin, end);
       if (warp == 1 && lane == 0) write_dq(p, smem, bars, begin, end);
       if constexpr (kConvertDq) {
-        if (warp >= 2) convert_dq(p, reinterpret_cast<ConvRing*>(smem + kOffConv), threadIdx.x - 64);
+        if (warp >= 2) convert_dq(p, threadIdx.x - 64);
       }
     } else {
       setmaxnreg_inc<kMmaRegs>();
@@ -227,13 +211,9 @@ struct AttnBwdSm90 {
 
   // ---- dQ writer -----------------------------------------------------------------------------
   __device__ static void write_dq(const BwdParams& p, char* smem, Bars* bars, int begin, int end) {
-    ConvRing* ring = reinterpret_cast<ConvRing*>(smem + kOffConv);
-    int handed = 0;  // tiles handed to the converter warps
     for (int i = begin; i < end; ++i) {
       const Task t = decode(p, i, begin, end);
       const int s = (i - begin) % kStages, use = (i - begin) / kStages;
-      // Read before the waits: whether this contribution is the tile's last in dq_rank order.
-      const bool last = kConvertDq && t.dq_rank == p.dq_counts[t.m] - 1;
       mbarrier_wait_parity(&bars->dq_full[s], use & 1);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
       if (kDeterministic) {
@@ -264,48 +244,42 @@ struct AttnBwdSm90 {
         }
       }
       mbarrier_arrive(&bars->dq_empty[s]);
-      // The tile's sum is final and landed (waited and fenced above): hand it on.
-      if (last) hand_to_converter(ring, handed++, (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m);
     }
-    if constexpr (kConvertDq) hand_to_converter(ring, handed, -1);
-  }
-
-  __device__ static void hand_to_converter(ConvRing* ring, int n, int tile) {
-    const int s = n % kConvSlots, use = n / kConvSlots;
-    mbarrier_wait_parity(&ring->empty[s], (use & 1) ^ 1);  // the first pass through a slot: at once
-    *reinterpret_cast<volatile int*>(&ring->tile[s]) = tile;
-    mbarrier_arrive(&ring->full[s]);  // releases the slot word and, cumulatively, the landed sums
   }
 
   // ---- dQ converter (kConvertDq) -------------------------------------------------------------
-  // The convert kernel's per-row work (AttnConvert) for the tiles handed over: fp32 sums in the
-  // accum_col layout -> 16-bit dQ rows, the same conversion, so the same bits.
-  __device__ static void convert_dq(const BwdParams& p, ConvRing* ring, int tid) {
-    constexpr int kChunks = kHeadDim / 8;  // 8 columns per 16-byte store
+  // The convert kernel's per-row work (AttnConvert) for this worker's share of the tiles: fp32
+  // sums in the accum_col layout -> 16-bit dQ rows, the same conversion, so the same bits. The
+  // tiles are dealt to the workers in the order the schedule finishes them (dashgen.runtime),
+  // not by who adds last: a schedule may give one worker the last add of every tile it touches.
+  __device__ static void convert_dq(const BwdParams& p, int tid) {
+    constexpr int kQuads = kHeadDim / 4;  // 4 columns per 8-byte store
     T* dq = static_cast<T*>(p.dq);
-    for (int n = 0;; ++n) {
-      const int s = n % kConvSlots, use = n / kConvSlots;
-      // Asleep between polls: a polling warp takes issue slots from the MMA warps of its SM
-      // sub-partition (measured on the H200: the main kernel up to 2x slower), and a tile waits
-      // here at most a microsecond longer, off the critical path.
-      while (!mbarrier_try_wait_parity(&ring->full[s], use & 1)) __nanosleep(1000);
-      const int tile = *reinterpret_cast<volatile int*>(&ring->tile[s]);
-      mbarrier_arrive(&ring->empty[s]);  // the slot word is read; the sums stay in global memory
-      if (tile < 0) return;
+    const int last = p.conv_offsets[blockIdx.x + 1];
+#pragma unroll 1
+    for (int k = p.conv_offsets[blockIdx.x]; k < last; ++k) {
+      const int tile = p.conv_tiles[k];
       const int m = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
+      // Final once every contribution has landed: the writers release the counter after their
+      // add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between polls: a
+      // polling warp would take issue slots from the MMA warps of its SM sub-partition.
+      while (ld_acquire_gpu(p.dq_counters + tile) != static_cast<u32>(p.dq_counts[m])) {
+        __nanosleep(500);
+      }
       const int b = bh / p.heads_q, h = bh % p.heads_q;
       const float* src = p.dq_accum + static_cast<i64>(tile) * kBlockM * kHeadDim;
-      for (int i = tid; i < kBlockM * kChunks; i += kConvThreads) {
-        const int r = i / kChunks, c = (i % kChunks) * 8;
+      // Four columns at a time: the producer warpgroup's 24 registers hold no more. accum_col
+      // moves 8-column chunks, so a 4-column half stays whole.
+#pragma unroll 1
+      for (int i = tid; i < kBlockM * kQuads; i += kConvThreads) {
+        const int r = i / kQuads, c = (i % kQuads) * 4;
         const int row = m * kBlockM + r;
         if (row >= p.seqlen_q) break;  // rows only grow with i
         // L2 only (.cg): the sums were written through the async proxy, never this SM's L1.
-        const float4* chunk = reinterpret_cast<const float4*>(src + r * kHeadDim + accum_col(r, c));
-        const float4 lo = __ldcg(chunk), hi = __ldcg(chunk + 1);
-        *reinterpret_cast<uint4*>(dq + (static_cast<i64>(b) * p.seqlen_q + row) * p.q_row_stride +
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(src + r * kHeadDim + accum_col(r, c)));
+        *reinterpret_cast<uint2*>(dq + (static_cast<i64>(b) * p.seqlen_q + row) * p.q_row_stride +
                                   static_cast<i64>(h) * kHeadDim + c) =
-            make_uint4(Element<T>::pack(lo.x, lo.y), Element<T>::pack(lo.z, lo.w),
-                       Element<T>::pack(hi.x, hi.y), Element<T>::pack(hi.z, hi.w));
+            make_uint2(Element<T>::pack(v.x, v.y), Element<T>::pack(v.z, v.w));
       }
     }
   }

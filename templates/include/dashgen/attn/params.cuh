@@ -49,11 +49,14 @@ struct BwdParams {
   // (batch, heads_q, num_m_blocks, 2, block_m) when the statistics are staged: per query tile,
   // block_m lse rows as log2 (+inf where P = 0) then block_m D rows (0 past the end); else null.
   const float* stats;
-  // With the fused convert (deterministic only): the 16-bit dQ output, laid out like q, and per
-  // query tile the number of contributions its dQ sum gets (the same for every batch and head);
-  // else null.
+  // With the fused convert (deterministic only), else null: the 16-bit dQ output, laid out like
+  // q; per query tile the number of contributions its dQ sum gets (the same for every batch and
+  // head); and the dQ tiles each worker converts, (batch * heads_q + head) * num_m_blocks +
+  // m_block, worker w's at conv_tiles[conv_offsets[w] .. conv_offsets[w + 1]).
   void* dq;
   const i32* dq_counts;  // (num_m_blocks)
+  const i32* conv_tiles;
+  const i32* conv_offsets;
 };
 
 // Preprocess: D = rowsum(dO * O), zero the fp32 dQ accumulator and the workspace (the ordering
