@@ -35,8 +35,8 @@ SM90_REGISTERS = (24, 240)
 # default for the head_dim): double_ds is an experiment (off; measured neutral at head_dim 128,
 # does not fit head_dim 64's 128-row tasks), first_dq_store is on, overlap_softmax is an
 # experiment (off; measured +1 to +6% main kernel at head_dim 64, -1 to +3% at 128),
-# staged_stats is on where it fits (head_dim 128), fused_convert is an experiment (off; same
-# bits, main kernel measured 1.05-2x slower). Scripts switch them to compare
+# staged_stats is on where it fits (head_dim 128), fused_convert is an experiment (off; a first
+# design gave the same bits with the main kernel 1.05-2x slower; the second is not yet measured). Scripts switch them to compare
 # (docs/perf-notes.md has the numbers).
 SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False,
                     "staged_stats": None, "fused_convert": False}
