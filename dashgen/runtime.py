@@ -36,8 +36,8 @@ SM90_REGISTERS = (24, 240)
 # does not fit head_dim 64's 128-row tasks), first_dq_store is on, overlap_softmax is an
 # experiment (off; measured +1 to +6% main kernel at head_dim 64, -1 to +3% at 128),
 # staged_stats is on where it fits (head_dim 128), fused_convert is an experiment (off; a first
-# design gave the same bits with the main kernel 1.05-2x slower; the second is not yet measured). Scripts switch them to compare
-# (docs/perf-notes.md has the numbers).
+# design gave the same bits with the main kernel 1.05-2x slower; the second is not yet
+# measured). Scripts switch them to compare (docs/perf-notes.md has the numbers).
 SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False,
                     "staged_stats": None, "fused_convert": False}
 
@@ -289,7 +289,7 @@ class _BackwardLaunch:
         self.plan, self.tasks, self.offsets = _plan_tensors(problem, schedule, num_workers, device)
         self.tables_stream = _stream(device) if device.type == "cuda" else 0
         self.staged_stats = kernel == "sm90" and cfg.staged_stats
-        # fused_convert: the main kernel writes dQ as each tile's last contribution lands. A
+        # fused_convert: the main kernel writes dQ as each tile's sum becomes final. A
         # query tile no task reaches (causal, more query rows than keys) gets no contribution:
         # then the convert kernel still runs, and writes its zeros (first_dq_store's counters)
         # or the same bits again.
