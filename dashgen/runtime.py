@@ -145,7 +145,7 @@ def _conversion_plan(plan) -> tuple[list[int], list[int], list[int]]:
     last = words[:, 2] + 1 == per_tile[tile]
     finished = torch.full_like(per_tile, -1)
     finished[tile[last]] = position[last]
-    order = torch.argsort(finished * len(per_tile) + torch.arange(len(per_tile)))
+    order = torch.argsort(finished, stable=True)  # ties: by tile
     order = order[finished[order] >= 0]  # tiles no task reaches: the convert kernel's
     dealt = torch.arange(len(order)) % workers
     by_worker = order[torch.argsort(dealt, stable=True)]
@@ -295,12 +295,12 @@ class _BackwardLaunch:
         # or the same bits again.
         self.converts_dq = kernel == "sm90" and cfg.converts_dq
         self.dq_counts = self.conv_tiles = self.conv_offsets = None
-        self.convert_dq = True
+        self.runs_convert_q = True  # the convert kernel for dQ
         if self.converts_dq:
             counts, tiles, offsets = _conversion_plan(self.plan)
             self.dq_counts, self.conv_tiles, self.conv_offsets = (
                 torch.tensor(x, dtype=torch.int32).to(device) for x in (counts, tiles, offsets))
-            self.convert_dq = min(counts) == 0
+            self.runs_convert_q = min(counts) == 0
         self.layout = WorkspaceLayout(problem, self.staged_stats)
         p = problem
         kernels = _kernels(cfg, device)
@@ -414,7 +414,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
         dk, dv = torch.empty_like(k), torch.empty_like(v)
 
     # The Hopper backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
-    if bl.convert_dq:
+    if bl.runs_convert_q:
         convert = ConvertParams(dq_accum, dq.data_ptr(), dq_counters if first_store else 0,
                                 p.batch, p.heads_q, p.seqlen_q, dq.stride(1), bl.padded_m,
                                 kernel == "sm90", p.block_m)

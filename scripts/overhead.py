@@ -10,7 +10,6 @@ PYTHONPATH=. python3 scripts/overhead.py [--seqlen 1024] [--causal]
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
@@ -23,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from dashgen import runtime  # noqa: E402
 from dashgen.bench import event_ms, median_ms  # noqa: E402  (the protocol's timing)
 from dashgen.op import attention  # noqa: E402
+
+from time_kernels import problem_inputs  # noqa: E402  (scripts/ is on sys.path)
 
 
 def host_us(fn, calls: int = 50) -> float:
@@ -56,13 +57,9 @@ def main():
                         "ops, and a Chrome trace DIR/trace_autograd.json")
     args = p.parse_args()
     s, d = args.seqlen, args.hdim
-    heads, batch = 2048 // d, 16384 // s
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     schedule = args.schedule or ("symmetric_shift" if args.causal else "shift")
-    q, k, v, do = (torch.randn(batch, s, heads, d, device="cuda", dtype=torch.bfloat16)
-                   for _ in range(4))
-    scale = 1 / math.sqrt(d)
-    o, lse = runtime.forward(q, k, v, causal=args.causal, softmax_scale=scale)
+    batch, heads, q, k, v, do, o, lse, scale = problem_inputs(d, args.causal, s)
     kw = dict(causal=args.causal, softmax_scale=scale, deterministic=True, schedule=schedule,
               num_workers=sms)
 
