@@ -164,7 +164,8 @@ class Sm90BwdConfig(_Element16Config):
         if self.smem_bytes > SM90_MAX_SMEM_BYTES:
             raise ValueError(f"{self.smem_bytes} bytes of shared memory exceed the "
                              f"{SM90_MAX_SMEM_BYTES} an sm_90 block may use (double_ds="
-                             f"{self.double_ds}, block_m={self.block_m}, "
+                             f"{self.double_ds}, fused_convert={self.fused_convert}, "
+                             f"block_m={self.block_m}, "
                              f"head_dim={self.head_dim})")
 
     @staticmethod
@@ -191,7 +192,17 @@ class Sm90BwdConfig(_Element16Config):
         stats = 2 * 2 * bm * 4  # lse and D rows, one copy per MMA warpgroup
         barriers = (2 + 4 * stages) * 8
         task_slots = stages * 32  # the producer's hand-off of each stage's task
-        return tiles + stats + barriers + task_slots + 1024  # + slack to align the base to 1 KB
+        base = tiles + stats + barriers + task_slots
+        if self.converts_dq:  # the converter's two barriers and two chunk buffers
+            base = -(-base // 128) * 128 + 128 + 2 * self.conv_chunk_bytes(base)
+        return base + 1024  # + slack to align the base to 1 KB
+
+    @staticmethod
+    def conv_chunk_bytes(base: int) -> int:
+        """The fused converter's chunk: 8 KB where two fit beside the kernel's other `base`
+        bytes of shared memory, else 4 KB (AttnBwdSm90::kConvChunkBytes)."""
+        fits = -(-base // 128) * 128 + 128 + 2 * 8192 + 1024 <= SM90_MAX_SMEM_BYTES
+        return 8192 if fits else 4096
 
     @property
     def converts_dq(self) -> bool:

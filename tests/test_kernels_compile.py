@@ -230,3 +230,11 @@ def test_sm90_forward_compiles_without_spills(dtype, head_dim, causal, tmp_path,
     main = compile_kernel(render_fwd_sm90(cfg)).resources[cfg.kernel_name]
     assert main.registers == 168 and main.spill_bytes == 0
     assert not main.warnings, main.warnings
+
+
+def test_fused_convert_beside_double_ds_at_head_dim_128_is_refused():
+    # The converter's two 8 KB chunk buffers take the shared memory double_ds would need.
+    from dashgen.kernels import Sm90BwdConfig
+    with pytest.raises(ValueError, match=r"exceed the 232448.*fused_convert=True"):
+        Sm90BwdConfig("bf16", 128, True, fused_convert=True, double_ds=True)
+    assert Sm90BwdConfig("bf16", 128, True, fused_convert=True).smem_bytes <= 232448

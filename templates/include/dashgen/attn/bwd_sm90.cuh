@@ -32,7 +32,8 @@
 namespace dashgen {
 
 // Named barriers: kMma joins both MMA warpgroups; kStats0 + wg one MMA warpgroup.
-enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
+// kConvert joins the two dQ converter warps.
+enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2, kConvert = 4 };
 
 enum class DqSplit { kColumns, kRows, kKvRows };
 
@@ -47,6 +48,7 @@ struct AttnBwdSm90 {
   static constexpr int kThreads = 384;
   static constexpr int kMmaThreads = 256;
   static constexpr int kStages = 2;
+  static constexpr int kMaxSmemBytes = 232448;  // dynamic shared memory an sm_90 block may use
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   // 128 query rows hold 64 more S^T/dP^T accumulators per thread: room for them only beside
@@ -87,7 +89,17 @@ struct AttnBwdSm90 {
   // when a dQ sum is final; without it, the convert kernel runs after this one.
   static constexpr bool kConvertDq = kFusedConvert && kDeterministic;
   static constexpr int kConvThreads = 64;
-  static constexpr int kSmemBytes = kOffTask + kStages * 32 + 1024;  // + alignment slack
+  // The converter bulk-copies each final fp32 sum into shared memory a chunk at a time (two
+  // chunks in flight: 16 KB, where one 16-byte load per thread kept 1 KB in flight and a
+  // worker's share of the tiles took longer than the kernel) and writes 16-bit rows from there.
+  // Its two full-barriers, then the two chunk buffers; 8 KB chunks where they fit.
+  static constexpr int kOffConv = (kOffTask + kStages * 32 + 127) / 128 * 128;
+  static constexpr int kConvChunkBytes =
+      kOffConv + 128 + 2 * 8192 + 1024 <= kMaxSmemBytes ? 8192 : 4096;
+  static constexpr int kConvChunks = kDqBytes / kConvChunkBytes;  // chunks per dQ tile
+  static constexpr int kConvChunkRows = kConvChunkBytes / (kHeadDim * 4);
+  static constexpr int kSmemBytes = kConvertDq ? kOffConv + 128 + 2 * kConvChunkBytes + 1024
+                                               : kOffTask + kStages * 32 + 1024;  // + alignment slack
 
   struct Bars {
     u64 kv_full, kv_empty;
@@ -146,6 +158,11 @@ struct AttnBwdSm90 {
         mbarrier_init(&bars->dq_full[s], kMmaThreads);
         mbarrier_init(&bars->dq_empty[s], 1);
       }
+      if constexpr (kConvertDq) {
+        u64* conv_full = reinterpret_cast<u64*>(smem + kOffConv);
+        mbarrier_init(&conv_full[0], 1);
+        mbarrier_init(&conv_full[1], 1);
+      }
       fence_barrier_init();
     }
     __syncthreads();
@@ -156,7 +173,7 @@ struct AttnBwdSm90 {
       if (warp == 0 && lane == 0) produce(tm_q, tm_k, tm_v, tm_do, p, smem, bars, begin, end);
       if (warp == 1 && lane == 0) write_dq(p, smem, bars, begin, end);
       if constexpr (kConvertDq) {
-        if (warp >= 2) convert_dq(p, threadIdx.x - 64);
+        if (warp >= 2) convert_dq(p, smem, threadIdx.x - 64);
       }
     } else {
       setmaxnreg_inc<kMmaRegs>();
@@ -252,35 +269,60 @@ struct AttnBwdSm90 {
   // sums in the accum_col layout -> 16-bit dQ rows, the same conversion, so the same bits. The
   // tiles are dealt to the workers in the order the schedule finishes them (dashgen.runtime),
   // not by who adds last: a schedule may give one worker the last add of every tile it touches.
-  __device__ static void convert_dq(const BwdParams& p, int tid) {
+  // Chunk j of the worker's share (tile j / kConvChunks) goes through buffer j % 2; thread 0
+  // issues each copy once the tile's sum is final and the buffer has been read.
+  __device__ static void convert_dq(const BwdParams& p, char* smem, int tid) {
     constexpr int kQuads = kHeadDim / 4;  // 4 columns per 8-byte store
+    constexpr int kChunkFloats = kConvChunkBytes / 4;
+    u64* full = reinterpret_cast<u64*>(smem + kOffConv);
+    float* buf = reinterpret_cast<float*>(smem + kOffConv + 128);
     T* dq = static_cast<T*>(p.dq);
-    const int last = p.conv_offsets[blockIdx.x + 1];
-#pragma unroll 1
-    for (int k = p.conv_offsets[blockIdx.x]; k < last; ++k) {
-      const int tile = p.conv_tiles[k];
-      const int m = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
-      // Final once every contribution has landed: the writers release the counter after their
-      // add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between polls: a
-      // polling warp would take issue slots from the MMA warps of its SM sub-partition.
-      while (ld_acquire_gpu(p.dq_counters + tile) != static_cast<u32>(p.dq_counts[m])) {
-        __nanosleep(500);
+    const int first = p.conv_offsets[blockIdx.x];
+    const int chunks = (p.conv_offsets[blockIdx.x + 1] - first) * kConvChunks;
+    auto issue = [&](int j) {
+      const int tile = p.conv_tiles[first + j / kConvChunks];
+      if (j % kConvChunks == 0) {
+        // Final once every contribution has landed: the writers release the counter after
+        // their add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between
+        // polls: a polling warp would take issue slots from the MMA warps of its sub-partition.
+        while (ld_acquire_gpu(p.dq_counters + tile) !=
+               static_cast<u32>(p.dq_counts[tile % p.num_m_blocks])) {
+          __nanosleep(500);
+        }
+        fence_proxy_async_global();  // the copy below reads through the async proxy
       }
-      const int b = bh / p.heads_q, h = bh % p.heads_q;
-      const float* src = p.dq_accum + static_cast<i64>(tile) * kBlockM * kHeadDim;
-      // Four columns at a time: the producer warpgroup's 24 registers hold no more. accum_col
-      // moves 8-column chunks, so a 4-column half stays whole.
+      mbarrier_arrive_expect_tx(&full[j % 2], kConvChunkBytes);
+      bulk_load(buf + (j % 2) * kChunkFloats,
+                p.dq_accum + static_cast<i64>(tile) * kBlockM * kHeadDim +
+                    (j % kConvChunks) * kChunkFloats,
+                kConvChunkBytes, &full[j % 2]);
+    };
+    if (tid == 0) {
+      for (int j = 0; j < 2 && j < chunks; ++j) issue(j);
+    }
 #pragma unroll 1
-      for (int i = tid; i < kBlockM * kQuads; i += kConvThreads) {
-        const int r = i / kQuads, c = (i % kQuads) * 4;
+    for (int j = 0; j < chunks; ++j) {
+      const int tile = p.conv_tiles[first + j / kConvChunks];
+      const int m = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
+      const int b = bh / p.heads_q, h = bh % p.heads_q;
+      const int row0 = (j % kConvChunks) * kConvChunkRows;  // the chunk's first row in the tile
+      const float* src = buf + (j % 2) * kChunkFloats;
+      mbarrier_wait_parity(&full[j % 2], (j / 2) & 1);
+#pragma unroll 1
+      for (int i = tid; i < kConvChunkRows * kQuads; i += kConvThreads) {
+        const int r = row0 + i / kQuads, c = (i % kQuads) * 4;
         const int row = m * kBlockM + r;
         if (row >= p.seqlen_q) break;  // rows only grow with i
-        // L2 only (.cg): the sums were written through the async proxy, never this SM's L1.
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(src + r * kHeadDim + accum_col(r, c)));
+        // accum_col moves 8-column chunks, so a 4-column half stays whole.
+        const float4 v = *reinterpret_cast<const float4*>(src + (r - row0) * kHeadDim +
+                                                          accum_col(r, c));
         *reinterpret_cast<uint2*>(dq + (static_cast<i64>(b) * p.seqlen_q + row) * p.q_row_stride +
                                   static_cast<i64>(h) * kHeadDim + c) =
             make_uint2(Element<T>::pack(v.x, v.y), Element<T>::pack(v.z, v.w));
       }
+      // Both warps have read buffer j % 2 before chunk j + 2 lands in it.
+      named_barrier_sync(static_cast<u32>(Sm90Barrier::kConvert), kConvThreads);
+      if (tid == 0 && j + 2 < chunks) issue(j + 2);
     }
   }
 
