@@ -97,3 +97,22 @@ def kernel_makespan(schedule: Schedule, cost: KernelCost, ordered: bool = True) 
     if stuck:
         raise RuntimeError(f"deadlock: workers {stuck[:10]} wait on dQ counters nobody releases")
     return max((max(mma_t[w], writer_t[w]) for w in range(n)), default=0.0) + cost.overhead
+
+
+# When the Hopper backward converts dQ inside the main kernel (Sm90BwdConfig.fused_convert).
+# Measured on the H200 (docs/perf-notes.md, v3.8): the converter warps cost the main kernel
+# 1-6% (~3% typical: a fixed ~25-40 us at 1k-4k tokens a sequence), and save the convert
+# kernel, which reads the fp32 dQ sum and writes the 16-bit dQ at ~4 TB/s.
+FUSED_CONVERT_COST = 0.03          # fraction of the main kernel the converter costs
+CONVERT_BYTES_PER_US = 4.0e6       # the convert kernel's bandwidth (4 TB/s)
+TASK_US = {64: 3.00, 128: 2.54}    # main-kernel time per task (dashgen calibrate, per head_dim)
+
+
+def fuses_convert(problem, worker_tasks: int) -> bool:
+    """Whether converting dQ in the main kernel saves time: the convert kernel's estimated time
+    against the converter's cost, a fraction of the main kernel estimated from the longest
+    worker's task count. True for short sequences (at 16384 tokens: 1k-2k, and 4k causal)."""
+    convert_us = (problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim * 6
+                  / CONVERT_BYTES_PER_US)
+    main_us = worker_tasks * TASK_US.get(problem.head_dim, TASK_US[128])
+    return convert_us > FUSED_CONVERT_COST * main_us

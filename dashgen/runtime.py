@@ -20,6 +20,7 @@ from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdPara
                       ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig, Sm90FwdConfig,
                       backward_blocks, backward_kind, blocks_of, config_of, forward_config_of,
                       forward_kind, render_config)
+from .kernel_model import fuses_convert
 from .lower import TASK_WORDS, lower
 from .problem import Mask, Problem
 from .schedules import build_schedule
@@ -35,11 +36,12 @@ SM90_REGISTERS = (24, 240)
 # default for the head_dim): double_ds is an experiment (off; measured neutral at head_dim 128,
 # does not fit head_dim 64's 128-row tasks), first_dq_store is on, overlap_softmax is an
 # experiment (off; measured +1 to +6% main kernel at head_dim 64, -1 to +3% at 128),
-# staged_stats is on where it fits (head_dim 128), fused_convert is an experiment (off; a first
-# design gave the same bits with the main kernel 1.05-2x slower; the second is not yet
-# measured). Scripts switch them to compare (docs/perf-notes.md has the numbers).
+# staged_stats is on where it fits (head_dim 128), fused_convert is decided per problem in the
+# deterministic backward (None: kernel_model.fuses_convert, on for short sequences, where the
+# convert kernel's ~50 us outweigh the converter's ~3% of the main kernel). Scripts switch them
+# to compare (docs/perf-notes.md has the numbers).
 SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False,
-                    "staged_stats": None, "fused_convert": False}
+                    "staged_stats": None, "fused_convert": None}
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -340,6 +342,12 @@ def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, ca
                      device: torch.device, registers: tuple[int, int],
                      options: tuple = ()) -> _BackwardLaunch:
     problem = _problem(q_shape, k_shape, causal, kernel)
+    if kernel == "sm90" and deterministic and dict(options).get("fused_convert", False) is None:
+        # None: per problem, from the plan's longest worker (kernel_model.fuses_convert).
+        plan = _plan_tensors(problem, schedule, num_workers, device)[0]
+        worker_tasks = max(b - a for a, b in zip(plan.worker_offsets, plan.worker_offsets[1:]))
+        options = tuple((name, fuses_convert(problem, worker_tasks) if name == "fused_convert"
+                         else value) for name, value in options)
     cfg = _backward_config(kernel, dtype, q_shape[3], causal, problem.gqa, deterministic, trace,
                            registers, options)
     return _BackwardLaunch(kernel, problem, cfg, schedule, num_workers, device)

@@ -16,9 +16,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--staged-stats", action=argparse.BooleanOptionalAction, default=None,
                         help="the Hopper backward with or without Sm90BwdConfig.staged_stats "
                         "(default: dashgen's, on at head_dim 128; offered there only)")
-    parser.add_argument("--fused-convert", action="store_true",
-                        help="the Hopper backward with Sm90BwdConfig.fused_convert (an "
-                             "experiment: dQ converted in the main kernel)")
+    parser.add_argument("--fused-convert", action=argparse.BooleanOptionalAction, default=None,
+                        help="the Hopper backward with or without Sm90BwdConfig.fused_convert "
+                        "(dQ converted in the main kernel; default: dashgen's, per problem)")
     parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
                         default=None, help="the Hopper backward with or without "
                         "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
@@ -29,11 +29,10 @@ def apply(args: argparse.Namespace) -> str:
     options switched from their defaults ("" when none is)."""
     runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
     runtime.SM90_BWD_OPTIONS["overlap_softmax"] = args.overlap_softmax
-    runtime.SM90_BWD_OPTIONS["fused_convert"] = args.fused_convert
-    switched = {name: getattr(args, name) for name in ("first_dq_store", "staged_stats")
+    switched = {name: getattr(args, name) for name in ("first_dq_store", "staged_stats",
+                                                       "fused_convert")
                 if getattr(args, name) is not None}
     runtime.SM90_BWD_OPTIONS.update(switched)
     return (("_doubleds" if args.double_ds else "") +
             ("_overlapsoftmax" if args.overlap_softmax else "") +
-            ("_fusedconvert" if args.fused_convert else "") +
             "".join(f"_{name.replace('_', '')}{int(value)}" for name, value in switched.items()))

@@ -139,3 +139,27 @@ def test_calibrate_cli_reports_and_refuses_bad_files(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "calibrate", str(bench),
                            "--head-dims", "128"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no dashgen backward rows with head_dim in [128]" in proc.stderr
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fused_convert_is_chosen_for_short_sequences_at_the_protocol_sizes(head_dim):
+    """16384 tokens x hidden 2048: the convert kernel (~50 us) outweighs ~3% of the main kernel
+    up to 2k (full) and 4k (causal), where the longest worker holds at most 528 tasks."""
+    from dashgen.kernel_model import fuses_convert
+    from dashgen.lower import lower
+    from dashgen.verify import verify
+
+    block_m = 64 if head_dim == 128 else 128
+    chosen = {}
+    for causal in (False, True):
+        for seqlen in (1024, 2048, 4096, 8192, 16384):
+            p = Problem(batch=16384 // seqlen, heads_q=2048 // head_dim, seqlen_q=seqlen,
+                        head_dim=head_dim, mask="causal" if causal else "full",
+                        block_m=block_m, block_n=128)
+            s = build_schedule("symmetric_shift" if causal else "shift", p, 132)
+            verify(s)
+            offsets = lower(s).worker_offsets
+            chosen[causal, seqlen] = fuses_convert(p, max(b - a for a, b in
+                                                          zip(offsets, offsets[1:])))
+    assert [s for (c, s), on in chosen.items() if on and not c] == [1024, 2048]
+    assert [s for (c, s), on in chosen.items() if on and c] == [1024, 2048, 4096]

@@ -89,7 +89,9 @@ def inputs(heads_q, heads_kv, seqlen=200, head_dim=128):
 
 @pytest.mark.parametrize("heads_kv", [4, 1], ids=["mha", "gqa"])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_backward_launches_carry_the_right_pointers(recorder, heads_kv, deterministic):
+def test_backward_launches_carry_the_right_pointers(recorder, monkeypatch, heads_kv,
+                                                  deterministic):
+    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "fused_convert", False)  # the convert kernel
     do, q, k, v, o, lse = args = inputs(4, heads_kv)
     dq, dk, dv = runtime.backward(*args, causal=True, softmax_scale=0.1,
                                   deterministic=deterministic, schedule="fa3", num_workers=3,
@@ -210,6 +212,20 @@ def test_fused_convert_hands_dq_to_the_main_kernel(recorder, monkeypatch, seqlen
     assert list(counts) == expected_counts(seqlen_k)
     if convert:
         assert recorder.launches[2][2][0].dst == dq.data_ptr()
+
+
+@pytest.mark.parametrize("heads, num_workers, fused", [(16, 132, True), (1, 1, False)])
+def test_fused_convert_is_decided_per_problem_by_default(recorder, heads, num_workers, fused):
+    """fused_convert None (the default): on where the convert kernel would take longer than the
+    converter costs the main kernel (kernel_model.fuses_convert): few tasks per worker."""
+    assert runtime.SM90_BWD_OPTIONS["fused_convert"] is None
+    args = inputs(heads, heads)
+    for deterministic in (True, False):
+        runtime.backward(*args, causal=False, softmax_scale=0.1, deterministic=deterministic,
+                         schedule="fa3", num_workers=num_workers, kernel="sm90")
+        name = recorder.launches[1][0]
+        assert f"fusedconvert{int(fused and deterministic)}" in name
+        recorder.launches.clear()
 
 
 def test_fused_convert_leaves_the_non_deterministic_backward_alone(recorder, monkeypatch):

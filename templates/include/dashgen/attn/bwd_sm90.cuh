@@ -89,6 +89,7 @@ struct AttnBwdSm90 {
   // when a dQ sum is final; without it, the convert kernel runs after this one.
   static constexpr bool kConvertDq = kFusedConvert && kDeterministic;
   static constexpr int kConvThreads = 64;
+  static constexpr u32 kConvPollNs = 500;  // sleep between the converter's counter polls
   // The converter bulk-copies each final fp32 sum into shared memory a chunk at a time (two
   // chunks in flight: 16 KB, where one 16-byte load per thread kept 1 KB in flight and a
   // worker's share of the tiles took longer than the kernel) and writes 16-bit rows from there.
@@ -283,12 +284,14 @@ struct AttnBwdSm90 {
       const int tile = p.conv_tiles[first + j / kConvChunks];
       if (j % kConvChunks == 0) {
         // Final once every contribution has landed: the writers release the counter after
-        // their add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between
-        // polls: a polling warp would take issue slots from the MMA warps of its sub-partition.
-        while (ld_acquire_gpu(p.dq_counters + tile) !=
+        // their add is visible (fence.proxy.async, then a gpu-scope fence). Relaxed polls, then
+        // one fence: acquire polls cost the main kernel ~3% at 1k tokens a sequence. Asleep
+        // between polls: a polling warp would take issue slots from its sub-partition's MMA warps.
+        while (ld_relaxed_gpu(p.dq_counters + tile) !=
                static_cast<u32>(p.dq_counts[tile % p.num_m_blocks])) {
-          __nanosleep(500);
+          __nanosleep(kConvPollNs);
         }
+        fence_acq_rel_gpu();
         fence_proxy_async_global();  // the copy below reads through the async proxy
       }
       mbarrier_arrive_expect_tx(&full[j % 2], kConvChunkBytes);
