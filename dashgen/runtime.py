@@ -19,7 +19,7 @@ from .cache import get_or_compile
 from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdParams,
                       ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig, Sm90FwdConfig,
                       backward_blocks, backward_kind, blocks_of, config_of, forward_config_of,
-                      forward_kind, render_config)
+                      forward_kind, render_config, sm90_bwd_refusal)
 from .kernel_model import fuses_convert
 from .lower import TASK_WORDS, lower
 from .problem import Mask, Problem
@@ -346,8 +346,12 @@ def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, ca
         # None: per problem, from the plan's longest worker (kernel_model.fuses_convert).
         plan = _plan_tensors(problem, schedule, num_workers, device)[0]
         worker_tasks = max(b - a for a, b in zip(plan.worker_offsets, plan.worker_offsets[1:]))
-        options = tuple((name, fuses_convert(problem, worker_tasks) if name == "fused_convert"
-                         else value) for name, value in options)
+        fused = fuses_convert(problem, worker_tasks)
+        chosen = {name: value for name, value in options if value is not None}
+        if fused and sm90_bwd_refusal(q_shape[3], problem.gqa, **chosen, fused_convert=True):
+            fused = False  # the other options leave it no room (double_ds: shared memory)
+        options = tuple((name, fused if name == "fused_convert" else value)
+                        for name, value in options)
     cfg = _backward_config(kernel, dtype, q_shape[3], causal, problem.gqa, deterministic, trace,
                            registers, options)
     return _BackwardLaunch(kernel, problem, cfg, schedule, num_workers, device)

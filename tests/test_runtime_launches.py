@@ -228,6 +228,17 @@ def test_fused_convert_is_decided_per_problem_by_default(recorder, heads, num_wo
         recorder.launches.clear()
 
 
+def test_fused_convert_by_default_gives_way_to_double_ds(recorder, monkeypatch):
+    """Both do not fit the shared memory at head_dim 128: the per-problem choice falls back to
+    the convert kernel instead of failing."""
+    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "double_ds", True)
+    runtime.backward(*inputs(16, 16), causal=False, softmax_scale=0.1, deterministic=True,
+                     schedule="fa3", num_workers=132, kernel="sm90")
+    name = recorder.launches[1][0]
+    assert "doubleds1" in name and "fusedconvert0" in name
+    assert recorder.launches[2][0].endswith("_convert")
+
+
 def test_fused_convert_leaves_the_non_deterministic_backward_alone(recorder, monkeypatch):
     monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "fused_convert", True)
     args = inputs(4, 4)
