@@ -134,13 +134,13 @@ class Sm90BwdConfig(_Element16Config):
     # bulk-copies them with each stage's Q and dO, so the MMA warpgroups neither load them from
     # global memory nor wait at a barrier for them. None: SM90_BWD_STAGED_STATS[head_dim].
     staged_stats: bool | None = None
-    # An experiment, off: in the deterministic backward, two idle warps of the producer
-    # warpgroup convert dQ tiles to 16 bits as their sums become final (a share of the tiles per
-    # worker, in the order the schedule finishes them), so the convert kernel (~50 us at 16384
-    # tokens x hidden 2048) has nothing left to do. A first version, where the worker that adds
-    # a tile's last contribution converted it, gave the same bits but ran the main kernel
-    # 1.05-2x slower on the H200: the shift orders give some workers the last add of most of
-    # their tasks (docs/perf-notes.md, v3.7). No effect on the non-deterministic backward.
+    # In the deterministic backward, two idle warps of the producer warpgroup convert dQ tiles
+    # to 16 bits as their sums become final (a share of the tiles per worker, in the order the
+    # schedule finishes them, bulk-copied into shared memory 8 KB at a time), so the convert
+    # kernel (~50 us at 16384 tokens x hidden 2048) has nothing left to do. Measured on the H200
+    # it costs the main kernel 1-6%, so the runtime turns it on per problem where the saving
+    # wins (runtime.SM90_BWD_OPTIONS, kernel_model.fuses_convert; docs/perf-notes.md, v3.8).
+    # No effect on the non-deterministic backward.
     fused_convert: bool = False
 
     def __post_init__(self) -> None:

@@ -284,14 +284,12 @@ struct AttnBwdSm90 {
       const int tile = p.conv_tiles[first + j / kConvChunks];
       if (j % kConvChunks == 0) {
         // Final once every contribution has landed: the writers release the counter after
-        // their add is visible (fence.proxy.async, then a gpu-scope fence). Relaxed polls, then
-        // one fence: acquire polls cost the main kernel ~3% at 1k tokens a sequence. Asleep
-        // between polls: a polling warp would take issue slots from its sub-partition's MMA warps.
-        while (ld_relaxed_gpu(p.dq_counters + tile) !=
+        // their add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between
+        // polls: a polling warp would take issue slots from its sub-partition's MMA warps.
+        while (ld_acquire_gpu(p.dq_counters + tile) !=
                static_cast<u32>(p.dq_counts[tile % p.num_m_blocks])) {
           __nanosleep(kConvPollNs);
         }
-        fence_acq_rel_gpu();
         fence_proxy_async_global();  // the copy below reads through the async proxy
       }
       mbarrier_arrive_expect_tx(&full[j % 2], kConvChunkBytes);

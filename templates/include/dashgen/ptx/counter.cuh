@@ -15,19 +15,6 @@ __device__ __forceinline__ u32 ld_acquire_gpu(const u32* ptr) {
   return value;
 }
 
-// A relaxed poll: unlike an acquire load, it leaves this SM's L1 valid, so a thread that polls
-// for long does not make the other warps' cached loads go back to L2. Follow the poll that sees
-// the awaited value with fence_acq_rel_gpu to make it an acquire.
-__device__ __forceinline__ u32 ld_relaxed_gpu(const u32* ptr) {
-  u32 value;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(ptr) : "memory");
-  return value;
-}
-
-__device__ __forceinline__ void fence_acq_rel_gpu() {
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
-}
-
 // Adds `value` with release semantics at gpu scope: every write this thread has observed
 // (including completed bulk reductions, see bulk_wait_group) is visible to an acquirer first.
 __device__ __forceinline__ void red_release_gpu_add(u32* ptr, u32 value) {
