@@ -5,11 +5,12 @@
 //   warpgroup 0, warp 1: dQ writer: waits for the dQ tile's counter to reach the task's dq_rank,
 //                        bulk-reduces the fp32 partial into global memory, waits until it has
 //                        landed, then releases the next rank (2 dQ buffers in flight);
-//   warpgroup 0, warps 2-3 (kFusedConvert, deterministic): dQ converter: walks this worker's
-//                        share of the dQ tiles (p.conv_tiles, in the order they are expected
-//                        to finish), waits for each tile's counter to reach its contribution
-//                        count and writes its 16-bit dQ while the MMA warpgroups go on, so no
-//                        convert kernel runs after this one;
+//   warpgroup 0, warps 2-3 (kFusedConvert, deterministic): dQ converter: warp 3's lane 0
+//                        walks this worker's share of the dQ tiles (p.conv_tiles, in the order
+//                        they are expected to finish), waits for each tile's counter to reach
+//                        its contribution count and bulk-copies the final sum into shared
+//                        memory; warp 2 writes its 16-bit dQ while the MMA warpgroups go on, so
+//                        no convert kernel runs after this one;
 //   warpgroups 1, 2:     MMA: each owns 64 of the 128 KV rows (dK/dV in registers, wgmma).
 // S^T = K Q^T and dP^T = V dO^T come out KV-row-major, so P^T and dS^T feed dV += P^T dO and
 // dK += dS^T Q straight from registers; dQ = dS K reads dS from shared memory, each MMA
@@ -32,8 +33,7 @@
 namespace dashgen {
 
 // Named barriers: kMma joins both MMA warpgroups; kStats0 + wg one MMA warpgroup.
-// kConvert joins the two dQ converter warps.
-enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2, kConvert = 4 };
+enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
 
 enum class DqSplit { kColumns, kRows, kKvRows };
 
@@ -88,12 +88,12 @@ struct AttnBwdSm90 {
   // Only the deterministic backward counts each tile's landed contributions, so only it knows
   // when a dQ sum is final; without it, the convert kernel runs after this one.
   static constexpr bool kConvertDq = kFusedConvert && kDeterministic;
-  static constexpr int kConvThreads = 64;
   static constexpr u32 kConvPollNs = 500;  // sleep between the converter's counter polls
   // The converter bulk-copies each final fp32 sum into shared memory a chunk at a time (two
   // chunks in flight: 16 KB, where one 16-byte load per thread kept 1 KB in flight and a
   // worker's share of the tiles took longer than the kernel) and writes 16-bit rows from there.
-  // Its two full-barriers, then the two chunk buffers; 8 KB chunks where they fit.
+  // Its full and empty barriers and two ConvSlots, then the two chunk buffers; 8 KB chunks
+  // where they fit.
   static constexpr int kOffConv = (kOffTask + kStages * 32 + 127) / 128 * 128;
   static constexpr int kConvChunkBytes =
       kOffConv + 128 + 2 * 8192 + 1024 <= kMaxSmemBytes ? 8192 : 4096;
@@ -160,9 +160,8 @@ struct AttnBwdSm90 {
         mbarrier_init(&bars->dq_empty[s], 1);
       }
       if constexpr (kConvertDq) {
-        u64* conv_full = reinterpret_cast<u64*>(smem + kOffConv);
-        mbarrier_init(&conv_full[0], 1);
-        mbarrier_init(&conv_full[1], 1);
+        u64* conv_bars = reinterpret_cast<u64*>(smem + kOffConv);  // full[2], then empty[2]
+        for (int i = 0; i < 4; ++i) mbarrier_init(&conv_bars[i], 1);
       }
       fence_barrier_init();
     }
@@ -270,60 +269,74 @@ struct AttnBwdSm90 {
   // sums in the accum_col layout -> 16-bit dQ rows, the same conversion, so the same bits. The
   // tiles are dealt to the workers in the order the schedule finishes them (dashgen.runtime),
   // not by who adds last: a schedule may give one worker the last add of every tile it touches.
-  // Chunk j of the worker's share (tile j / kConvChunks) goes through buffer j % 2; thread 0
-  // issues each copy once the tile's sum is final and the buffer has been read.
+  // Chunk j of the worker's share (tile j / kConvChunks) goes through buffer j % 2. Warp 3's
+  // lane 0 issues each copy once the tile's sum is final and warp 2 has emptied the buffer, and
+  // leaves where the chunk's rows go in the buffer's ConvSlot; warp 2 converts. Two roles in
+  // two warps keep each within the producer warpgroup's 24 registers, and the converting warp
+  // decodes nothing (a tile's batch, head and m_block take two integer divisions): its few
+  // instructions per byte take few issue slots from its sub-partition's MMA warps.
+  struct ConvSlot {
+    i64 out;   // dQ element offset of the chunk's first row
+    int rows;  // rows from it inside seqlen_q (past them: padding)
+  };
+
   __device__ static void convert_dq(const BwdParams& p, char* smem, int tid) {
-    constexpr int kQuads = kHeadDim / 4;  // 4 columns per 8-byte store
     constexpr int kChunkFloats = kConvChunkBytes / 4;
     u64* full = reinterpret_cast<u64*>(smem + kOffConv);
+    u64* empty = full + 2;
+    ConvSlot* slots = reinterpret_cast<ConvSlot*>(smem + kOffConv + 32);
     float* buf = reinterpret_cast<float*>(smem + kOffConv + 128);
-    T* dq = static_cast<T*>(p.dq);
     const int first = p.conv_offsets[blockIdx.x];
     const int chunks = (p.conv_offsets[blockIdx.x + 1] - first) * kConvChunks;
-    auto issue = [&](int j) {
-      const int tile = p.conv_tiles[first + j / kConvChunks];
-      if (j % kConvChunks == 0) {
-        // Final once every contribution has landed: the writers release the counter after
-        // their add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between
-        // polls: a polling warp would take issue slots from its sub-partition's MMA warps.
-        while (ld_acquire_gpu(p.dq_counters + tile) !=
-               static_cast<u32>(p.dq_counts[tile % p.num_m_blocks])) {
-          __nanosleep(kConvPollNs);
+    if (tid == 32) {
+#pragma unroll 1
+      for (int j = 0; j < chunks; ++j) {
+        if (j >= 2) mbarrier_wait_parity(&empty[j % 2], (j / 2 - 1) & 1);
+        const int tile = p.conv_tiles[first + j / kConvChunks];
+        const int m = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
+        const int row0 = m * kBlockM + (j % kConvChunks) * kConvChunkRows;
+        if (j % kConvChunks == 0) {
+          // Final once every contribution has landed: the writers release the counter after
+          // their add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between
+          // polls: a polling warp would take issue slots from its sub-partition's MMA warps.
+          while (ld_acquire_gpu(p.dq_counters + tile) != static_cast<u32>(p.dq_counts[m])) {
+            __nanosleep(kConvPollNs);
+          }
+          fence_proxy_async_global();  // the copy below reads through the async proxy
         }
-        fence_proxy_async_global();  // the copy below reads through the async proxy
+        // Published by the arrive below (release), read after the wait on it (acquire).
+        slots[j % 2].out = (static_cast<i64>(bh / p.heads_q) * p.seqlen_q + row0) *
+                           p.q_row_stride + static_cast<i64>(bh % p.heads_q) * kHeadDim;
+        slots[j % 2].rows = p.seqlen_q - row0;
+        mbarrier_arrive_expect_tx(&full[j % 2], kConvChunkBytes);
+        bulk_load(buf + (j % 2) * kChunkFloats,
+                  p.dq_accum + static_cast<i64>(tile) * kBlockM * kHeadDim +
+                      (j % kConvChunks) * kChunkFloats,
+                  kConvChunkBytes, &full[j % 2]);
       }
-      mbarrier_arrive_expect_tx(&full[j % 2], kConvChunkBytes);
-      bulk_load(buf + (j % 2) * kChunkFloats,
-                p.dq_accum + static_cast<i64>(tile) * kBlockM * kHeadDim +
-                    (j % kConvChunks) * kChunkFloats,
-                kConvChunkBytes, &full[j % 2]);
-    };
-    if (tid == 0) {
-      for (int j = 0; j < 2 && j < chunks; ++j) issue(j);
     }
+    if (tid >= 32) return;
+    // Lane `tid` converts column quad tid % kQuads of every kPassRows-th row from tid / kQuads.
+    // Chunks start at multiples of 8 rows, so a chunk row's swizzle (accum_col) is its tile
+    // row's.
+    constexpr int kQuads = kHeadDim / 4;  // 4 columns per 8-byte store
+    constexpr int kPassRows = 32 / kQuads;
 #pragma unroll 1
     for (int j = 0; j < chunks; ++j) {
-      const int tile = p.conv_tiles[first + j / kConvChunks];
-      const int m = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
-      const int b = bh / p.heads_q, h = bh % p.heads_q;
-      const int row0 = (j % kConvChunks) * kConvChunkRows;  // the chunk's first row in the tile
-      const float* src = buf + (j % 2) * kChunkFloats;
       mbarrier_wait_parity(&full[j % 2], (j / 2) & 1);
+      const int rows = slots[j % 2].rows;
+      T* out = static_cast<T*>(p.dq) + slots[j % 2].out + (tid % kQuads) * 4;
+      const float* src = buf + (j % 2) * kChunkFloats;
+      // (Two bounds, not their min: ptxas then spills at head_dim 64, causal.)
 #pragma unroll 1
-      for (int i = tid; i < kConvChunkRows * kQuads; i += kConvThreads) {
-        const int r = row0 + i / kQuads, c = (i % kQuads) * 4;
-        const int row = m * kBlockM + r;
-        if (row >= p.seqlen_q) break;  // rows only grow with i
-        // accum_col moves 8-column chunks, so a 4-column half stays whole.
-        const float4 v = *reinterpret_cast<const float4*>(src + (r - row0) * kHeadDim +
-                                                          accum_col(r, c));
-        *reinterpret_cast<uint2*>(dq + (static_cast<i64>(b) * p.seqlen_q + row) * p.q_row_stride +
-                                  static_cast<i64>(h) * kHeadDim + c) =
+      for (int r = tid / kQuads; r < kConvChunkRows && r < rows; r += kPassRows) {
+        const float4 v = *reinterpret_cast<const float4*>(
+            src + r * kHeadDim + accum_col(r, (tid % kQuads) * 4));  // a quad stays whole
+        *reinterpret_cast<uint2*>(out + static_cast<i64>(r) * p.q_row_stride) =
             make_uint2(Element<T>::pack(v.x, v.y), Element<T>::pack(v.z, v.w));
       }
-      // Both warps have read buffer j % 2 before chunk j + 2 lands in it.
-      named_barrier_sync(static_cast<u32>(Sm90Barrier::kConvert), kConvThreads);
-      if (tid == 0 && j + 2 < chunks) issue(j + 2);
+      __syncwarp();  // every lane has read buffer j % 2 and its slot
+      if (tid == 0) mbarrier_arrive(&empty[j % 2]);
     }
   }
 
