@@ -101,8 +101,8 @@ def kernel_makespan(schedule: Schedule, cost: KernelCost, ordered: bool = True) 
 
 # When the Hopper backward converts dQ inside the main kernel (Sm90BwdConfig.fused_convert).
 # Measured on the H200 (docs/perf-notes.md, v3.8): the converter warps cost the main kernel
-# 1-6% (~3% typical: a fixed ~25-40 us at 1k-4k tokens a sequence), and save the convert
-# kernel, which reads the fp32 dQ sum and writes the 16-bit dQ at ~4 TB/s.
+# 1-4% (~3% at 1k tokens a sequence, ~2% at 4k), and save the convert kernel, which reads the
+# fp32 dQ sum and writes the 16-bit dQ at ~4 TB/s.
 FUSED_CONVERT_COST = 0.03          # fraction of the main kernel the converter costs
 CONVERT_BYTES_PER_US = 4.0e6       # the convert kernel's bandwidth (4 TB/s)
 TASK_US = {64: 3.00, 128: 2.54}    # main-kernel time per task (dashgen calibrate, per head_dim)

@@ -138,7 +138,7 @@ class Sm90BwdConfig(_Element16Config):
     # to 16 bits as their sums become final (a share of the tiles per worker, in the order the
     # schedule finishes them, bulk-copied into shared memory 8 KB at a time), so the convert
     # kernel (~50 us at 16384 tokens x hidden 2048) has nothing left to do. Measured on the H200
-    # it costs the main kernel 1-6%, so the runtime turns it on per problem where the saving
+    # it costs the main kernel 1-4%, so the runtime turns it on per problem where the saving
     # wins (runtime.SM90_BWD_OPTIONS, kernel_model.fuses_convert; docs/perf-notes.md, v3.8).
     # No effect on the non-deterministic backward.
     fused_convert: bool = False
