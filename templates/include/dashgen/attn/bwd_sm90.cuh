@@ -319,6 +319,7 @@ struct AttnBwdSm90 {
     // Lane `tid` converts column quad tid % kQuads of every kPassRows-th row from tid / kQuads.
     // Chunks start at multiples of 8 rows, so a chunk row's swizzle (accum_col) is its tile
     // row's.
+    static_assert(kConvChunkRows % 8 == 0, "a chunk row keeps its tile row's swizzle");
     constexpr int kQuads = kHeadDim / 4;  // 4 columns per 8-byte store
     constexpr int kPassRows = 32 / kQuads;
 #pragma unroll 1
