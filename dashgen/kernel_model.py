@@ -108,11 +108,12 @@ CONVERT_BYTES_PER_US = 4.0e6       # the convert kernel's bandwidth (4 TB/s)
 TASK_US = {64: 3.00, 128: 2.54}    # main-kernel time per task (dashgen calibrate, per head_dim)
 
 
-def fuses_convert(problem, worker_tasks: int) -> bool:
-    """Whether converting dQ in the main kernel saves time: the convert kernel's estimated time
-    against the converter's cost, a fraction of the main kernel estimated from the longest
-    worker's task count. True for short sequences (at 16384 tokens: 1k-2k, and 4k causal)."""
-    convert_us = (problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim * 6
-                  / CONVERT_BYTES_PER_US)
-    main_us = worker_tasks * TASK_US.get(problem.head_dim, TASK_US[128])
+def fuses_convert(plan) -> bool:
+    """Whether converting dQ in the main kernel saves time for a lowered plan (dashgen.lower):
+    the convert kernel's estimated time against the converter's cost, a fraction of the main
+    kernel estimated from the longest worker's task count. True for short sequences (at 16384
+    tokens: 1k-2k, and 4k causal)."""
+    p, offsets = plan.problem, plan.worker_offsets
+    convert_us = p.batch * p.heads_q * p.seqlen_q * p.head_dim * 6 / CONVERT_BYTES_PER_US
+    main_us = max(b - a for a, b in zip(offsets, offsets[1:])) * TASK_US[p.head_dim]
     return convert_us > FUSED_CONVERT_COST * main_us

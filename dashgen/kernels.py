@@ -193,16 +193,13 @@ class Sm90BwdConfig(_Element16Config):
         barriers = (2 + 4 * stages) * 8
         task_slots = stages * 32  # the producer's hand-off of each stage's task
         base = tiles + stats + barriers + task_slots
-        if self.converts_dq:  # the converter's two barriers and two chunk buffers
-            base = -(-base // 128) * 128 + 128 + 2 * self.conv_chunk_bytes(base)
+        if self.converts_dq:
+            # The converter's barriers and slots (128 bytes, 128-aligned), then two chunk
+            # buffers: 8 KB chunks where they fit, else 4 KB (AttnBwdSm90::kConvChunkBytes).
+            base = -(-base // 128) * 128 + 128
+            chunk = 8192 if base + 2 * 8192 + 1024 <= SM90_MAX_SMEM_BYTES else 4096
+            base += 2 * chunk
         return base + 1024  # + slack to align the base to 1 KB
-
-    @staticmethod
-    def conv_chunk_bytes(base: int) -> int:
-        """The fused converter's chunk: 8 KB where two fit beside the kernel's other `base`
-        bytes of shared memory, else 4 KB (AttnBwdSm90::kConvChunkBytes)."""
-        fits = -(-base // 128) * 128 + 128 + 2 * 8192 + 1024 <= SM90_MAX_SMEM_BYTES
-        return 8192 if fits else 4096
 
     @property
     def converts_dq(self) -> bool:

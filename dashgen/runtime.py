@@ -344,9 +344,7 @@ def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, ca
     problem = _problem(q_shape, k_shape, causal, kernel)
     if kernel == "sm90" and deterministic and dict(options).get("fused_convert", False) is None:
         # None: per problem, from the plan's longest worker (kernel_model.fuses_convert).
-        plan = _plan_tensors(problem, schedule, num_workers, device)[0]
-        worker_tasks = max(b - a for a, b in zip(plan.worker_offsets, plan.worker_offsets[1:]))
-        fused = fuses_convert(problem, worker_tasks)
+        fused = fuses_convert(_plan_tensors(problem, schedule, num_workers, device)[0])
         chosen = {name: value for name, value in options if value is not None}
         if fused and sm90_bwd_refusal(q_shape[3], problem.gqa, **chosen, fused_convert=True):
             fused = False  # the other options leave it no room (double_ds: shared memory)

@@ -158,8 +158,6 @@ def test_fused_convert_is_chosen_for_short_sequences_at_the_protocol_sizes(head_
                         block_m=block_m, block_n=128)
             s = build_schedule("symmetric_shift" if causal else "shift", p, 132)
             verify(s)
-            offsets = lower(s).worker_offsets
-            chosen[causal, seqlen] = fuses_convert(p, max(b - a for a, b in
-                                                          zip(offsets, offsets[1:])))
+            chosen[causal, seqlen] = fuses_convert(lower(s))
     assert [s for (c, s), on in chosen.items() if on and not c] == [1024, 2048]
     assert [s for (c, s), on in chosen.items() if on and c] == [1024, 2048, 4096]

@@ -145,7 +145,7 @@ SM90_CONFIGS += [dict(dtype=t, head_dim=h, causal=c, deterministic=d, trace=Fals
                       overlap_softmax=True)
                  for t in ("bf16", "fp16") for h in (64, 128) for c in (False, True)
                  for d in (True, False) for g in (False, True) if not (h == 64 and g)]
-# fused_convert (an experiment, off by default): the converter warps run within the producer
+# fused_convert (the runtime's choice per problem): the converter warps run within the producer
 # warpgroup's 24 registers; without the deterministic order the option changes nothing.
 SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=d, trace=False, gqa=g,
                       fused_convert=True)
