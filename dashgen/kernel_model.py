@@ -117,3 +117,23 @@ def fuses_convert(plan) -> bool:
     convert_us = p.batch * p.heads_q * p.seqlen_q * p.head_dim * 6 / CONVERT_BYTES_PER_US
     main_us = max(b - a for a, b in zip(offsets, offsets[1:])) * TASK_US[p.head_dim]
     return convert_us > FUSED_CONVERT_COST * main_us
+
+
+# When the Hopper backward loads a KV segment's K/V right after the previous segment's last dQ
+# MMA, its first Q/dO before them (Sm90BwdConfig.early_kv). Measured on the H200 (docs/perf-
+# notes.md, v3.9): the main kernel 1.5-3.4% faster where segments hold ~4-8 tasks (1k causal,
+# d64 full 1k), within +-1% at 8-16, and 1-2.5% slower with 16-32 (full masks at 2k-4k).
+EARLY_KV_MAX_SEGMENT_TASKS = 10
+
+
+def early_kv_pays(plan) -> bool:
+    """Whether loading each KV segment's K/V early pays for a lowered plan: where its segments
+    (runs of one worker's tasks on the same KV block) are short, so the boundaries are many."""
+    bh, nm = plan.tasks[0::4], plan.tasks[1::4]
+    segments = 0
+    for w in range(plan.num_workers):
+        a, b = plan.worker_offsets[w], plan.worker_offsets[w + 1]
+        segments += sum(1 for i in range(a, b)
+                        if i == a or bh[i] != bh[i - 1] or nm[i] >> 16 != nm[i - 1] >> 16)
+    return plan.num_tasks <= EARLY_KV_MAX_SEGMENT_TASKS * max(segments, 1)
+

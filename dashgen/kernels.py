@@ -142,6 +142,13 @@ class Sm90BwdConfig(_Element16Config):
     # wins (runtime.SM90_BWD_OPTIONS, kernel_model.fuses_convert; docs/perf-notes.md, v3.8).
     # No effect on the non-deterministic backward.
     fused_convert: bool = False
+    # A KV segment's K/V are freed once its last task's dQ MMA has landed (not after its dK/dV
+    # stores), and the producer sends the next segment's first Q/dO before them: the next
+    # segment's loads overlap the end of this one. Measured on the H200 it pays where segments
+    # are short (1k causal: main kernel -1.5 to -3.4%) and costs up to 2.5% where they are long,
+    # so the runtime turns it on per problem (runtime.SM90_BWD_OPTIONS,
+    # kernel_model.early_kv_pays; docs/perf-notes.md, v3.9).
+    early_kv: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -20,7 +20,7 @@ from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdPara
                       ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig, Sm90FwdConfig,
                       backward_blocks, backward_kind, blocks_of, config_of, forward_config_of,
                       forward_kind, render_config, sm90_bwd_refusal)
-from .kernel_model import fuses_convert
+from .kernel_model import early_kv_pays, fuses_convert
 from .lower import TASK_WORDS, lower
 from .problem import Mask, Problem
 from .schedules import build_schedule
@@ -38,10 +38,11 @@ SM90_REGISTERS = (24, 240)
 # experiment (off; measured +1 to +6% main kernel at head_dim 64, -1 to +3% at 128),
 # staged_stats is on where it fits (head_dim 128), fused_convert is decided per problem in the
 # deterministic backward (None: kernel_model.fuses_convert, on for short sequences, where the
-# convert kernel's ~50 us outweigh the converter's ~3% of the main kernel). Scripts switch them
-# to compare (docs/perf-notes.md has the numbers).
+# convert kernel's ~50 us outweigh the converter's ~3% of the main kernel), early_kv is decided
+# per problem (None: kernel_model.early_kv_pays, on where KV segments are short). Scripts
+# switch them to compare (docs/perf-notes.md has the numbers).
 SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False,
-                    "staged_stats": None, "fused_convert": None}
+                    "staged_stats": None, "fused_convert": None, "early_kv": None}
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -342,14 +343,20 @@ def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, ca
                      device: torch.device, registers: tuple[int, int],
                      options: tuple = ()) -> _BackwardLaunch:
     problem = _problem(q_shape, k_shape, causal, kernel)
-    if kernel == "sm90" and deterministic and dict(options).get("fused_convert", False) is None:
+    chosen = dict(options)
+    if kernel == "sm90" and chosen.get("early_kv", False) is None:
+        # None: per problem, from the plan's segment lengths (kernel_model.early_kv_pays).
+        chosen["early_kv"] = early_kv_pays(
+            _plan_tensors(problem, schedule, num_workers, device)[0])
+    if kernel == "sm90" and deterministic and chosen.get("fused_convert", False) is None:
         # None: per problem, from the plan's longest worker (kernel_model.fuses_convert).
         fused = fuses_convert(_plan_tensors(problem, schedule, num_workers, device)[0])
-        chosen = {name: value for name, value in options if value is not None}
-        if fused and sm90_bwd_refusal(q_shape[3], problem.gqa, **chosen, fused_convert=True):
+        others = {name: value for name, value in chosen.items()
+                  if value is not None and name != "fused_convert"}
+        if fused and sm90_bwd_refusal(q_shape[3], problem.gqa, **others, fused_convert=True):
             fused = False  # the other options leave it no room (double_ds: shared memory)
-        options = tuple((name, fused if name == "fused_convert" else value)
-                        for name, value in options)
+        chosen["fused_convert"] = fused
+    options = tuple((name, chosen[name]) for name, _ in options)
     cfg = _backward_config(kernel, dtype, q_shape[3], causal, problem.gqa, deterministic, trace,
                            registers, options)
     return _BackwardLaunch(kernel, problem, cfg, schedule, num_workers, device)

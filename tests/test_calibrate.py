@@ -141,16 +141,13 @@ def test_calibrate_cli_reports_and_refuses_bad_files(tmp_path):
     assert proc.returncode == 2 and "no dashgen backward rows with head_dim in [128]" in proc.stderr
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_fused_convert_is_chosen_for_short_sequences_at_the_protocol_sizes(head_dim):
-    """16384 tokens x hidden 2048: the convert kernel (~50 us) outweighs ~3% of the main kernel
-    up to 2k (full) and 4k (causal), where the longest worker holds at most 528 tasks."""
-    from dashgen.kernel_model import fuses_convert
+def protocol_plans(head_dim):
+    """((causal, seqlen), lowered plan) of the auto schedule at every ANCHORS.md size: 16384
+    tokens x hidden 2048, the Hopper backward's tiles, 132 workers."""
     from dashgen.lower import lower
     from dashgen.verify import verify
 
     block_m = 64 if head_dim == 128 else 128
-    chosen = {}
     for causal in (False, True):
         for seqlen in (1024, 2048, 4096, 8192, 16384):
             p = Problem(batch=16384 // seqlen, heads_q=2048 // head_dim, seqlen_q=seqlen,
@@ -158,6 +155,30 @@ def test_fused_convert_is_chosen_for_short_sequences_at_the_protocol_sizes(head_
                         block_m=block_m, block_n=128)
             s = build_schedule("symmetric_shift" if causal else "shift", p, 132)
             verify(s)
-            chosen[causal, seqlen] = fuses_convert(lower(s))
+            yield (causal, seqlen), lower(s)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fused_convert_is_chosen_for_short_sequences_at_the_protocol_sizes(head_dim):
+    """16384 tokens x hidden 2048: the convert kernel (~50 us) outweighs ~3% of the main kernel
+    up to 2k (full) and 4k (causal), where the longest worker holds at most 528 tasks."""
+    from dashgen.kernel_model import fuses_convert
+
+    chosen = {key: fuses_convert(plan) for key, plan in protocol_plans(head_dim)}
     assert [s for (c, s), on in chosen.items() if on and not c] == [1024, 2048]
     assert [s for (c, s), on in chosen.items() if on and c] == [1024, 2048, 4096]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_early_kv_is_chosen_where_segments_are_short_at_the_protocol_sizes(head_dim):
+    """16384 tokens x hidden 2048: a worker's runs of tasks on one KV block hold at most 10 tasks
+    on average at 1k causal (both head_dims), at 2k causal and 1k full with head_dim 64's
+    128-row query tiles, and nowhere longer."""
+    from dashgen.kernel_model import early_kv_pays
+
+    chosen = {key: early_kv_pays(plan) for key, plan in protocol_plans(head_dim)}
+    on = sorted((("causal" if c else "full"), s) for (c, s), v in chosen.items() if v)
+    if head_dim == 64:
+        assert on == [("causal", 1024), ("causal", 2048), ("full", 1024)]
+    else:
+        assert on == [("causal", 1024)]

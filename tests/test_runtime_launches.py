@@ -228,6 +228,19 @@ def test_fused_convert_is_decided_per_problem_by_default(recorder, heads, num_wo
         recorder.launches.clear()
 
 
+@pytest.mark.parametrize("seqlen, early", [(200, True), (1000, False)])
+def test_early_kv_is_decided_per_problem_by_default(recorder, seqlen, early):
+    """early_kv None (the default): on where a worker's runs of tasks on one KV block are short
+    (kernel_model.early_kv_pays): 4 query tiles per KV block at seqlen 200, 16 at 1000."""
+    assert runtime.SM90_BWD_OPTIONS["early_kv"] is None
+    for deterministic in (True, False):
+        runtime.backward(*inputs(4, 4, seqlen=seqlen), causal=False, softmax_scale=0.1,
+                         deterministic=deterministic, schedule="fa3", num_workers=3,
+                         kernel="sm90")
+        assert f"earlykv{int(early)}" in recorder.launches[1][0]
+        recorder.launches.clear()
+
+
 def test_fused_convert_by_default_gives_way_to_double_ds(recorder, monkeypatch):
     """Both do not fit the shared memory at head_dim 128: the per-problem choice falls back to
     the convert kernel instead of failing."""

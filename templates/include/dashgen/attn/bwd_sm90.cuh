@@ -40,7 +40,7 @@ enum class DqSplit { kColumns, kRows, kKvRows };
 template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
           int kProducerRegs, int kMmaRegs, bool kDoubleDs = false, int kBlockRows = 64,
           bool kFirstDqStore = false, bool kOverlapSoftmax = false, bool kStagedStats = false,
-          bool kFusedConvert = false>
+          bool kFusedConvert = false, bool kEarlyKv = false>
 struct AttnBwdSm90 {
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = kBlockRows;  // query rows per task
@@ -125,6 +125,13 @@ struct AttnBwdSm90 {
     return t;
   }
 
+  // Whether the task in stage s's slot ends its segment, read again where it is needed (held in
+  // a register through the task, it made ptxas spill at head_dim 64, causal). The slot is
+  // rewritten only after this thread's arrive on q_empty[s].
+  __device__ static bool seg_end_of(const char* smem, int s) {
+    return reinterpret_cast<const volatile Task*>(smem + kOffTask)[s].seg_end;
+  }
+
   __device__ static Task decode(const BwdParams& p, int i, int begin, int end) {
     const TaskEntry e = p.tasks[i];
     Task t;
@@ -191,17 +198,11 @@ struct AttnBwdSm90 {
     int segment = 0;
     for (int i = begin; i < end; ++i) {
       const Task t = decode(p, i, begin, end);
-      if (t.seg_start) {
-        // The previous segment's MMA warpgroups are done with K/V (first wait passes at once).
-        mbarrier_wait_parity(&bars->kv_empty, (segment & 1) ^ 1);
-        mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kKBytes);
-        for (int cb = 0; cb < kColBlocks; ++cb) {
-          tma_load_4d(smem + kOffK + cb * kBlockN * 128, tm_k, &bars->kv_full, cb * 64,
-                      t.h / group, t.n * kBlockN, t.b);
-          tma_load_4d(smem + kOffV + cb * kBlockN * 128, tm_v, &bars->kv_full, cb * 64,
-                      t.h / group, t.n * kBlockN, t.b);
-        }
-        ++segment;
+      // A segment's K/V go before its first task's Q/dO, or with kEarlyKv after them: then
+      // those Q/dO load while the previous segment's last task still runs, and the K/V as soon
+      // as its dQ MMA has freed them (not after its dK/dV stores).
+      if (!kEarlyKv && t.seg_start) {
+        load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, t.n * kBlockN, t.b);
       }
       const int s = (i - begin) % kStages, use = (i - begin) / kStages;
       mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
@@ -223,6 +224,23 @@ struct AttnBwdSm90 {
         tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
                     cb * 64, t.h, t.m * kBlockM, t.b);
       }
+      if (kEarlyKv && t.seg_start) {
+        load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, t.n * kBlockN, t.b);
+      }
+    }
+  }
+
+  // A segment's K and V, once the MMA warpgroups have freed them (the first wait passes at once).
+  __device__ static __forceinline__ void load_kv(const TensorMap* tm_k, const TensorMap* tm_v,
+                                                 Bars* bars, char* smem, int segment, int head,
+                                                 int row, int batch) {
+    mbarrier_wait_parity(&bars->kv_empty, (segment & 1) ^ 1);
+    mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kKBytes);
+    for (int cb = 0; cb < kColBlocks; ++cb) {
+      tma_load_4d(smem + kOffK + cb * kBlockN * 128, tm_k, &bars->kv_full, cb * 64, head, row,
+                  batch);
+      tma_load_4d(smem + kOffV + cb * kBlockN * 128, tm_v, &bars->kv_full, cb * 64, head, row,
+                  batch);
     }
   }
 
@@ -607,7 +625,9 @@ struct AttnBwdSm90 {
       }
       wgmma_commit_group();
       wgmma_wait_group<0>();
-      // Q/dO stage s and its task slot are free for the producer.
+      // After a segment's last dQ MMA K/V are free (kEarlyKv: the next segment's load overlaps
+      // the dQ hand-off and the dK/dV stores); then Q/dO stage s and its task slot are.
+      if (kEarlyKv && tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
       mbarrier_arrive(&bars->q_empty[s]);
 
       // Hand the dQ partial to the writer through buffer s.
@@ -647,7 +667,7 @@ struct AttnBwdSm90 {
             }
           }
         }
-        if (tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
+        if (!kEarlyKv && tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
         ++segment;
       }
     }
