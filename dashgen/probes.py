@@ -92,6 +92,12 @@ class SetmaxnregProbeConfig(KernelConfig):
 
 
 @dataclass(frozen=True)
+class StmatrixProbeConfig(KernelConfig):
+    prefix = "probe_stmatrix"
+    row_stride: int = 48  # bytes between stored rows: rows apart, and gaps that must stay untouched
+
+
+@dataclass(frozen=True)
 class Probe:
     """One probe: which template, with which config, launched how."""
 
@@ -135,6 +141,8 @@ def _probes() -> dict[str, Probe]:
               grid=(1, 1, 1), block=(128, 1, 1), smem_bytes=2 * 64 * 128 + SW128_ALIGN),
         Probe("setmaxnreg", "probes/probe_setmaxnreg.cu.j2", setmaxnreg,
               grid=(2, 1, 1), block=(384, 1, 1), smem_bytes=0),
+        Probe("stmatrix_trans", "probes/probe_stmatrix.cu.j2", StmatrixProbeConfig(),
+              grid=(1, 1, 1), block=(32, 1, 1), smem_bytes=0),
     ]
     # SS form, K = 64: K-major N = 32 / 128, and MN-major (transposed) A and / or B.
     for name, n, trans_a, trans_b in [

@@ -39,10 +39,12 @@ SM90_REGISTERS = (24, 240)
 # staged_stats is on where it fits (head_dim 128), fused_convert is decided per problem in the
 # deterministic backward (None: kernel_model.fuses_convert, on for short sequences, where the
 # convert kernel's ~50 us outweigh the converter's ~3% of the main kernel), early_kv is decided
-# per problem (None: kernel_model.early_kv_pays, on where KV segments are short). Scripts
-# switch them to compare (docs/perf-notes.md has the numbers).
+# per problem (None: kernel_model.early_kv_pays, on where KV segments are short), ds_stmatrix
+# is on where it fits (head_dim 128). Scripts switch them to compare (docs/perf-notes.md has
+# the numbers).
 SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False,
-                    "staged_stats": None, "fused_convert": None, "early_kv": None}
+                    "staged_stats": None, "fused_convert": None, "early_kv": None,
+                    "ds_stmatrix": None}
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -370,9 +372,11 @@ def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: 
     cfg = config_of(kernel, dtype, head_dim, causal, gqa=gqa, deterministic=deterministic,
                     trace=trace)
     if isinstance(cfg, Sm90BwdConfig):
+        # ds_stmatrix's default depends on double_ds: resolved again from the options given.
+        chosen = {"ds_stmatrix": None,
+                  **{name: value for name, value in options if value is not None}}
         cfg = dataclasses.replace(cfg, producer_registers=registers[0],
-                                  mma_registers=registers[1],
-                                  **{name: value for name, value in options if value is not None})
+                                  mma_registers=registers[1], **chosen)
     return cfg
 
 

@@ -22,6 +22,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-dq-store", action=argparse.BooleanOptionalAction,
                         default=None, help="the Hopper backward with or without "
                         "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
+    parser.add_argument("--ds-stmatrix", action=argparse.BooleanOptionalAction, default=None,
+                        help="the Hopper backward with or without Sm90BwdConfig.ds_stmatrix "
+                        "(default: dashgen's, on at head_dim 128; offered there only)")
     parser.add_argument("--early-kv", action=argparse.BooleanOptionalAction, default=None,
                         help="the Hopper backward with or without Sm90BwdConfig.early_kv "
                         "(K/V of the next KV segment loaded early; default: dashgen's, per "
@@ -34,7 +37,8 @@ def apply(args: argparse.Namespace) -> str:
     runtime.SM90_BWD_OPTIONS["double_ds"] = args.double_ds
     runtime.SM90_BWD_OPTIONS["overlap_softmax"] = args.overlap_softmax
     switched = {name: getattr(args, name) for name in ("first_dq_store", "staged_stats",
-                                                       "fused_convert", "early_kv")
+                                                       "fused_convert", "early_kv",
+                                                       "ds_stmatrix")
                 if getattr(args, name) is not None}
     runtime.SM90_BWD_OPTIONS.update(switched)
     return (("_doubleds" if args.double_ds else "") +

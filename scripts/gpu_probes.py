@@ -222,6 +222,21 @@ def check_setmaxnreg(probe: Probe) -> tuple[float, bool, str]:
     return float(wrong), wrong == 0, f"wrong threads={wrong}/{len(got)} regs={info['regs']}"
 
 
+def check_stmatrix(probe: Probe) -> tuple[float, bool, str]:
+    """Row 8i + j of the stored matrices (at stored row 31 - (8i + j)) holds column j of matrix
+    i: values i*64 + c*8 + j, c = 0..7; the rest of each row keeps the 0xffff fill."""
+    stride = probe.config.row_stride // 2  # in 16-bit elements
+    out = torch.zeros(32 * stride, device="cuda", dtype=torch.int32)  # room; a u16 view below
+    info = run_kernel(probe, [out.data_ptr()])
+    got = out.view(torch.int16)[:32 * stride].view(32, stride).cpu().to(torch.int32) & 0xFFFF
+    want = torch.full((32, stride), 0xFFFF, dtype=torch.int32)
+    for i in range(4):
+        for j in range(8):
+            want[31 - (8 * i + j), :8] = torch.tensor([i * 64 + c * 8 + j for c in range(8)])
+    bad = int((got != want).sum())
+    return float(bad), bad == 0, f"wrong elements={bad} regs={info['regs']}"
+
+
 CHECKS = {
     "mbarrier_tma_2d": check_tma,
     "mbarrier_tma_4d": check_tma,
@@ -231,6 +246,7 @@ CHECKS = {
     "wgmma_k16": check_wgmma,
     "wgmma_k64": check_wgmma,
     "setmaxnreg": check_setmaxnreg,
+    "stmatrix_trans": check_stmatrix,
     **{name: check_wgmma_ss for name in PROBES if name.startswith("wgmma_ss_")},
     **{name: check_wgmma_rs for name in PROBES if name.startswith("wgmma_rs_")},
 }

@@ -158,6 +158,16 @@ SM90_CONFIGS += [dict(dtype="bf16", head_dim=128, causal=c, deterministic=d, tra
                  for c in (False, True) for d in (True, False) for g in (False, True)
                  for o in (False, True)]
 
+# early_kv (the runtime's choice per problem, beside fused_convert where that applies).
+SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=d, trace=False, gqa=g,
+                      early_kv=True, fused_convert=d)
+                 for h in (64, 128) for c in (False, True) for d in (True, False)
+                 for g in (False, True)]
+# ds_stmatrix (an experiment, offered at head_dim 128), with and without early_kv.
+SM90_CONFIGS += [dict(dtype="bf16", head_dim=128, causal=c, deterministic=d, trace=False, gqa=g,
+                      ds_stmatrix=True, early_kv=c)
+                 for c in (False, True) for d in (True, False) for g in (False, True)]
+
 
 @pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(
     f"{k}{v if isinstance(v, str) else int(v)}" for k, v in o.items()))
@@ -184,6 +194,18 @@ def test_staged_stats_at_head_dim_64_is_refused():
         Sm90BwdConfig("bf16", 64, True, staged_stats=True)
     assert "staged_stats" in sm90_bwd_refusal(64, False, staged_stats=True)
     assert sm90_bwd_refusal(128, True, staged_stats=True, overlap_softmax=True) is None
+
+
+def test_ds_stmatrix_at_head_dim_64_is_refused():
+    from dashgen.kernels import Sm90BwdConfig, sm90_bwd_refusal
+    with pytest.raises(ValueError, match=r"ds_stmatrix spills registers at head_dim 64"):
+        Sm90BwdConfig("bf16", 64, False, ds_stmatrix=True)
+    assert sm90_bwd_refusal(128, True, ds_stmatrix=True, early_kv=True) is None
+    assert "beside double_ds" in sm90_bwd_refusal(128, False, ds_stmatrix=True, double_ds=True)
+    # Its default (None) is on at head_dim 128, and gives way to double_ds there.
+    assert Sm90BwdConfig("bf16", 128, False).ds_stmatrix
+    assert not Sm90BwdConfig("bf16", 128, False, double_ds=True).ds_stmatrix
+    assert not Sm90BwdConfig("bf16", 64, False).ds_stmatrix
 
 
 def test_overlap_softmax_where_it_spills_is_refused():

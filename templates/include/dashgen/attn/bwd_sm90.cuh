@@ -25,6 +25,7 @@
 #include "dashgen/ptx/counter.cuh"
 #include "dashgen/ptx/mbarrier.cuh"
 #include "dashgen/ptx/regs.cuh"
+#include "dashgen/ptx/stmatrix.cuh"
 #include "dashgen/ptx/tma.cuh"
 #include "dashgen/ptx/wgmma.cuh"
 #include "dashgen/attn/tiles_sm90.cuh"
@@ -40,7 +41,7 @@ enum class DqSplit { kColumns, kRows, kKvRows };
 template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
           int kProducerRegs, int kMmaRegs, bool kDoubleDs = false, int kBlockRows = 64,
           bool kFirstDqStore = false, bool kOverlapSoftmax = false, bool kStagedStats = false,
-          bool kFusedConvert = false, bool kEarlyKv = false>
+          bool kFusedConvert = false, bool kEarlyKv = false, bool kDsStmatrix = false>
 struct AttnBwdSm90 {
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = kBlockRows;  // query rows per task
@@ -569,20 +570,32 @@ struct AttnBwdSm90 {
       }
       char* ds_tile = smem + kOffDs + ((i - begin) % kDsBuffers) * kDsBytes;
       char* ds_block = ds_tile + wg * kBlockM * 128;
-      // Element ii sits at query row 8 * (ii / 4) + 2 * t4 + ii % 2 and KV row
-      // 16 * warp + g + 8 * ((ii / 2) % 2); the swizzle XOR reads the query row mod 8 only, so
-      // its offset is base[ii % 4] + 1024 * (ii / 4). Four bases and immediate offsets, where
-      // computing each address (the compiler hoists them) held 32 64-bit addresses and spilled.
-      u32 base[4];
+      if constexpr (kDsStmatrix) {
+        // dsa[kk] holds four 8x8 blocks of dS^T in the fragment layout (KV rows 16 * warp + 0..7
+        // and + 8..15, by query rows 16 kk + 0..7 and + 8..15): one transposing stmatrix writes
+        // them as dS rows. Lane l gives the address of query row 16 kk + 8 (l / 16) + l % 8, KV
+        // rows from 16 * warp + 8 ((l / 8) % 2); 16 query rows further is 2048 bytes on.
+        const u32 row = 8 * (lane / 16) + lane % 8;
+        const u32 dst = shared_address(ds_block) +
+                        sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        base[e] = sw128_byte_offset(2 * t4 + e % 2, (16 * warp + g + 8 * (e / 2)) * 2);
-      }
+        for (int kk = 0; kk < kBlockM / 16; ++kk) stmatrix_x4_trans(dst + 2048 * kk, dsa[kk]);
+      } else {
+        // Element ii sits at query row 8 * (ii / 4) + 2 * t4 + ii % 2 and KV row
+        // 16 * warp + g + 8 * ((ii / 2) % 2); the swizzle XOR reads the query row mod 8 only, so
+        // its offset is base[ii % 4] + 1024 * (ii / 4). Four bases and immediate offsets, where
+        // computing each address (the compiler hoists them) held 32 64-bit addresses and spilled.
+        u32 base[4];
 #pragma unroll
-      for (int ii = 0; ii < kBlockM / 2; ++ii) {
-        const u32 word = dsa[ii / 8][(ii % 8) / 2];
-        const u16 half = static_cast<u16>(ii % 2 == 0 ? word & 0xffffu : word >> 16);
-        *reinterpret_cast<u16*>(ds_block + base[ii % 4] + 1024 * (ii / 4)) = half;
+        for (int e = 0; e < 4; ++e) {
+          base[e] = sw128_byte_offset(2 * t4 + e % 2, (16 * warp + g + 8 * (e / 2)) * 2);
+        }
+#pragma unroll
+        for (int ii = 0; ii < kBlockM / 2; ++ii) {
+          const u32 word = dsa[ii / 8][(ii % 8) / 2];
+          const u16 half = static_cast<u16>(ii % 2 == 0 ? word & 0xffffu : word >> 16);
+          *reinterpret_cast<u16*>(ds_block + base[ii % 4] + 1024 * (ii / 4)) = half;
+        }
       }
       fence_proxy_async_shared();
       named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
