@@ -97,7 +97,8 @@ SM90_BWD_BLOCK_M = {64: 128, 128: 64}
 # (Sm90BwdConfig.staged_stats), by head_dim. Measured on the H200 at 128: main kernel -4 to -5%
 # at 1k-4k tokens per sequence, within 1% at 16k (docs/perf-notes.md, v3.7); at 64 it spills.
 SM90_BWD_STAGED_STATS = {64: False, 128: True}
-# Whether dS goes to shared memory through stmatrix, per head_dim (Sm90BwdConfig.ds_stmatrix).
+# Whether dS goes to shared memory through stmatrix, per head_dim (Sm90BwdConfig.ds_stmatrix):
+# measured at 128, not yet at 64.
 SM90_BWD_DS_STMATRIX = {64: False, 128: True}
 SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
 
@@ -151,11 +152,12 @@ class Sm90BwdConfig(_Element16Config):
     # so the runtime turns it on per problem (runtime.SM90_BWD_OPTIONS,
     # kernel_model.early_kv_pays; docs/perf-notes.md, v3.9).
     early_kv: bool = False
-    # dS goes to shared memory through transposing stmatrix (4 instructions a thread) instead of
-    # one 16-bit store per element (32), in the MMA warpgroups' stretch between the softmax and
-    # dQ's MMA. The same values in the same places, so the same bits. Measured on the H200: the
-    # main kernel 1% faster at 1k, 2-4.5% at 4k-16k (docs/perf-notes.md, v3.9). Head_dim 128
-    # only (at 64 ptxas spills). None: SM90_BWD_DS_STMATRIX[head_dim].
+    # dS goes to shared memory through transposing stmatrix (a thread's 16 query rows at a time)
+    # instead of one 16-bit store per element, in the MMA warpgroups' stretch between the softmax
+    # and dQ's MMA. The same values in the same places, so the same bits. Measured on the H200
+    # at head_dim 128: the main kernel 1% faster at 1k, 2-4.5% at 4k-16k (docs/perf-notes.md,
+    # v3.9). At head_dim 64 (128-row tasks) the stores run inside the softmax loop (after it,
+    # ptxas spilled); not yet measured there, so off. None: SM90_BWD_DS_STMATRIX[head_dim].
     ds_stmatrix: bool | None = None
 
     def __post_init__(self) -> None:
@@ -173,9 +175,6 @@ class Sm90BwdConfig(_Element16Config):
         if self.block_m == 128 and self.head_dim != 64:
             raise ValueError("block_m=128 fits the registers at head_dim 64 only, got "
                              f"head_dim={self.head_dim}")
-        if self.ds_stmatrix and self.head_dim != 128:
-            raise ValueError("ds_stmatrix spills registers at head_dim 64 (128-row tasks); it is "
-                             "offered at head_dim 128 only")
         if self.ds_stmatrix and self.double_ds:
             raise ValueError("ds_stmatrix spills registers beside double_ds; choose one")
         if self.staged_stats and self.head_dim != 128:

@@ -24,7 +24,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                         "Sm90BwdConfig.first_dq_store (default: dashgen's, on)")
     parser.add_argument("--ds-stmatrix", action=argparse.BooleanOptionalAction, default=None,
                         help="the Hopper backward with or without Sm90BwdConfig.ds_stmatrix "
-                        "(default: dashgen's, on at head_dim 128; offered there only)")
+                        "(default: dashgen's, on at head_dim 128)")
     parser.add_argument("--early-kv", action=argparse.BooleanOptionalAction, default=None,
                         help="the Hopper backward with or without Sm90BwdConfig.early_kv "
                         "(K/V of the next KV segment loaded early; default: dashgen's, per "

@@ -163,10 +163,12 @@ SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=d, trace
                       early_kv=True, fused_convert=d)
                  for h in (64, 128) for c in (False, True) for d in (True, False)
                  for g in (False, True)]
-# ds_stmatrix (an experiment, offered at head_dim 128), with and without early_kv.
-SM90_CONFIGS += [dict(dtype="bf16", head_dim=128, causal=c, deterministic=d, trace=False, gqa=g,
-                      ds_stmatrix=True, early_kv=c)
-                 for c in (False, True) for d in (True, False) for g in (False, True)]
+# ds_stmatrix (on by default at head_dim 128, which the default configs cover): at head_dim 64
+# (its stores inside the softmax loop), with early_kv and the converter.
+SM90_CONFIGS += [dict(dtype=t, head_dim=64, causal=c, deterministic=d, trace=False, gqa=g,
+                      ds_stmatrix=True, early_kv=c, fused_convert=d)
+                 for t in ("bf16", "fp16") for c in (False, True) for d in (True, False)
+                 for g in (False, True) if not (t == "fp16" and g)]
 
 
 @pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(
@@ -196,11 +198,9 @@ def test_staged_stats_at_head_dim_64_is_refused():
     assert sm90_bwd_refusal(128, True, staged_stats=True, overlap_softmax=True) is None
 
 
-def test_ds_stmatrix_at_head_dim_64_is_refused():
+def test_ds_stmatrix_beside_double_ds_is_refused():
     from dashgen.kernels import Sm90BwdConfig, sm90_bwd_refusal
-    with pytest.raises(ValueError, match=r"ds_stmatrix spills registers at head_dim 64"):
-        Sm90BwdConfig("bf16", 64, False, ds_stmatrix=True)
-    assert sm90_bwd_refusal(128, True, ds_stmatrix=True, early_kv=True) is None
+    assert sm90_bwd_refusal(64, True, ds_stmatrix=True, early_kv=True) is None
     assert "beside double_ds" in sm90_bwd_refusal(128, False, ds_stmatrix=True, double_ds=True)
     # Its default (None) is on at head_dim 128, and gives way to double_ds there.
     assert Sm90BwdConfig("bf16", 128, False).ds_stmatrix

@@ -232,7 +232,7 @@ def skip_unless_offered(shape, **options):
 @pytest.mark.parametrize("option, value", [("double_ds", True), ("first_dq_store", False),
                                            ("overlap_softmax", True), ("staged_stats", False),
                                            ("fused_convert", True), ("early_kv", True),
-                                           ("ds_stmatrix", False)])
+                                           ("ds_stmatrix", False), ("ds_stmatrix", True)])
 @pytest.mark.parametrize("shape", EXPERIMENT_CASES, ids=lambda s: "-".join(map(str, s)))
 def test_other_backward_options_match_float64_and_repeat_bitwise(
         option, value, shape, runtime, monkeypatch, sm_count, seed):
@@ -261,8 +261,8 @@ def test_reordering_options_give_the_same_bits(options, shape, runtime, monkeypa
     exchange) and staged_stats only moves where lse and D are read from (the preprocess lays
     out the same fp32 values the MMA warpgroups computed); fused_convert applies the convert
     kernel's conversion to the same final sums, inside the main kernel; early_kv only loads a
-    segment's K/V sooner; ds_stmatrix writes the same dS values to the same places. Every value comes from the same operations, so the bits must not
-    move."""
+    segment's K/V sooner; ds_stmatrix writes the same dS values to the same places. Every
+    value comes from the same operations, so the bits must not move."""
     names = options.split(",")
     skip_unless_offered(shape, **dict.fromkeys(names, True))
     case = Case(*shape)

@@ -69,6 +69,10 @@ struct AttnBwdSm90 {
   // dS while the other still reads the previous task's for dQ: one barrier less per task.
   static constexpr int kDsBuffers = kDoubleDs ? 2 : 1;
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
+  // kDsStmatrix with 128-row tasks (head_dim 64): each 16 query rows of dS are stored as soon as
+  // the softmax loop has them, the barrier that frees the dS tile passed before the loop; stored
+  // after the loop, the whole tile's fragments at once made ptxas spill.
+  static constexpr bool kDsInLoop = kDsStmatrix && kBlockM == 128 && kDsBuffers == 1;
   // Every tile starts 1024-byte aligned (128B swizzle atoms).
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
@@ -441,6 +445,16 @@ struct AttnBwdSm90 {
   }
 
   // dS^T at query row `col`: P^T (dP^T - D) * softmax_scale.
+  // kDsStmatrix: dsa[kk] holds four 8x8 blocks of dS^T in the fragment layout (KV rows
+  // 16 * warp + 0..7 and + 8..15, by query rows 16 kk + 0..7 and + 8..15), and one transposing
+  // stmatrix writes them as dS rows. Lane l gives the address of query row 8 (l / 16) + l % 8
+  // (16 kk further is 2048 bytes on), KV rows from 16 * warp + 8 ((l / 8) % 2), in the
+  // 128B-swizzled block of this warpgroup's 64 KV columns.
+  __device__ static __forceinline__ u32 ds_row_address(const char* block, int warp, int lane) {
+    const u32 row = 8 * (lane / 16) + lane % 8;
+    return shared_address(block) + sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
+  }
+
   __device__ static __forceinline__ float grad_score(const BwdParams& p, const float* stats,
                                                     float prob, float dp, int col) {
     return prob * (dp - stats[kBlockM + col]) * p.softmax_scale;
@@ -538,6 +552,12 @@ struct AttnBwdSm90 {
         wgmma_commit_group();
       } else {
       wgmma_wait_group<0>();
+      u32 ds_row = 0;  // kDsInLoop: this lane's stmatrix row address in this warpgroup's block
+      if constexpr (kDsInLoop) {
+        // Both warpgroups finished the previous task's dQ MMA (its reads of dS) before this one.
+        named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+        ds_row = ds_row_address(smem + kOffDs + wg * kBlockM * 128, warp, lane);
+      }
       // prob() and grad_score() written out: through the helpers NVVM orders this loop's index
       // arithmetic differently.
 #pragma unroll
@@ -556,6 +576,9 @@ struct AttnBwdSm90 {
         }
         pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
         dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
+        if constexpr (kDsInLoop) {
+          if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
+        }
       }
       }
 
@@ -565,16 +588,16 @@ struct AttnBwdSm90 {
       // task before the previous one, and both warpgroups finished that one before they passed
       // the previous task's second barrier (below); that barrier also keeps this warpgroup's
       // threads from rewriting the stats a slower thread still reads.
-      if constexpr (kDsBuffers == 1) {
+      if constexpr (kDsBuffers == 1 && !kDsInLoop) {
         named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
       }
       char* ds_tile = smem + kOffDs + ((i - begin) % kDsBuffers) * kDsBytes;
       char* ds_block = ds_tile + wg * kBlockM * 128;
-      if constexpr (kDsStmatrix) {
-        // dsa[kk] holds four 8x8 blocks of dS^T in the fragment layout (KV rows 16 * warp + 0..7
-        // and + 8..15, by query rows 16 kk + 0..7 and + 8..15): one transposing stmatrix writes
-        // them as dS rows. Lane l gives the address of query row 16 kk + 8 (l / 16) + l % 8, KV
-        // rows from 16 * warp + 8 ((l / 8) % 2); 16 query rows further is 2048 bytes on.
+      if constexpr (kDsInLoop) {
+        // stored in the softmax loop
+      } else if constexpr (kDsStmatrix) {
+        // ds_row_address written out: through the helper ptxas orders this kernel differently
+        // from the one measured (docs/perf-notes.md, v3.9).
         const u32 row = 8 * (lane / 16) + lane % 8;
         const u32 dst = shared_address(ds_block) +
                         sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
