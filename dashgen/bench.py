@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent  # the checkout, for the commit id
 
 PEERS = ("cudnn", "flash_det", "flex")
 BWD_OVER_FWD = 2.5  # the backward runs five matmuls of the forward's size to its two
-ROUNDS = 2  # rounds_ms: each row of a configuration is timed in two blocks, far apart
+ROUNDS = 2  # rounds_ms (--rounds): each row of a configuration is timed in two blocks, far apart
 
 
 def fwd_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
@@ -325,7 +325,8 @@ def _error_text(exc: Exception) -> str:
 
 
 def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats: int,
-                          time_once=None, extra_bytes=extra_backward_bytes) -> list[Row]:
+                          time_once=None, extra_bytes=extra_backward_bytes,
+                          rounds: int = ROUNDS) -> list[Row]:
     """Set up every row of a configuration, time them in rounds (rounds_ms), then take
     each backward's extra memory (`extra_bytes(fn)`). One failing row must not stop the sweep:
     it gets an error."""
@@ -337,7 +338,7 @@ def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats:
             row.error = _error_text(exc)
             if os.environ.get("BENCH_TRACEBACK"):
                 traceback.print_exception(exc)
-    medians, errors = rounds_ms(fns, warmup, repeats, time_once=time_once)
+    medians, errors = rounds_ms(fns, warmup, repeats, rounds=rounds, time_once=time_once)
     for index, (row, _) in enumerate(plan):
         if index in errors:
             row.error = _error_text(errors[index])
@@ -385,7 +386,7 @@ def environment(args) -> dict:
                 commit=commit_id(args.commit),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 tokens=args.tokens, hidden=args.hidden, repeats=args.repeats,
-                warmup=args.warmup, dtype="bf16", rounds=ROUNDS,
+                warmup=args.warmup, dtype="bf16", rounds=args.rounds,
                 round_order="alternating")
 
 
@@ -412,6 +413,10 @@ def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=f"comma list from {','.join(PEERS)}, or 'none'")
     p.add_argument("--repeats", type=int, default=10, help="timed runs, median (protocol: >= 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (protocol: >= 3)")
+    p.add_argument("--rounds", type=int, default=ROUNDS,
+                   help=f"blocks each row's timed calls are split into, every block after its "
+                   f"own warm-ups, rows in turn, every second round in reverse (default "
+                   f"{ROUNDS}; more spread a row over more of the configuration's time)")
     p.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen")
     p.add_argument("--hidden", type=int, default=2048, help="heads = hidden / head_dim")
     p.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse)")
@@ -438,6 +443,9 @@ def run(args: argparse.Namespace) -> int:
     unknown_masks = set(args.masks) - {"full", "causal"}
     if unknown_masks:
         raise SystemExit(f"--masks: unknown {sorted(unknown_masks)}; choose from full, causal")
+    if not 1 <= args.rounds <= args.repeats:
+        raise SystemExit(f"--rounds: {args.rounds} must be between 1 and --repeats "
+                         f"({args.repeats}): every round times each row at least once")
     if args.repeats < 10 or args.warmup < 3:
         print("note: fewer than 10 repeats or 3 warm-ups is outside the ANCHORS.md protocol",
               file=sys.stderr)
@@ -456,7 +464,8 @@ def run(args: argparse.Namespace) -> int:
                     plan = rows_for(cfg, args.schedules, peers, meta["sm_count"])
                 except Exception as exc:  # e.g. an unknown --schedules name
                     raise SystemExit(f"cannot plan {cfg}: {exc}") from None
-                for row in measure_configuration(plan, cfg, inputs, args.warmup, args.repeats):
+                for row in measure_configuration(plan, cfg, inputs, args.warmup, args.repeats,
+                                                 rounds=args.rounds):
                     rows.append(row)
                     shown = row.error or f"{row.ms:.3f} ms, {row.tflops:.1f} TFLOP/s"
                     print(f"[{seq_label(seqlen)} d{head_dim} {mask}] {row.label}: {shown}",

@@ -69,12 +69,35 @@ def test_bench_refuses_cleanly_without_a_gpu(command, tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("rounds", ["0", "11"])
+def test_bench_refuses_rounds_outside_the_repeats(rounds, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "bench", "--rounds", rounds,
+                           "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and f"--rounds: {rounds} must be between 1 and --repeats (10)" \
+        in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_configuration_is_timed_in_the_rounds_asked_for(bench):
+    """measure_configuration passes --rounds on: with 5 rounds of 10 repeats each row is timed
+    twice per round, after its own warm-up each round."""
+    cfg = bench.Config(1024, 64, "full", 16384, 2048)
+    row = bench.Row("r", "dashgen", "fa3", True, "forward", seqlen=1024, head_dim=64,
+                    mask="full", batch=16, heads=32, floor_bytes=0)
+    calls, timed = [], []
+    plan = [(row, lambda inputs: (lambda: calls.append(1)))]
+    bench.measure_configuration(plan, cfg, None, 1, 10, rounds=5,
+                                time_once=lambda f: f() or timed.append(1) or 2.0)
+    assert len(timed) == 10 and len(calls) == 5 * (1 + 2)
+
+
 def test_bench_help_lists_the_protocol_options():
     proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "bench", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: dashgen bench")
     for option in ("--seqlens", "--hdims", "--masks", "--schedules", "--peers", "--repeats",
-                   "--warmup", "--out", "--commit"):
+                   "--warmup", "--rounds", "--out", "--commit"):
         assert option in proc.stdout
 
 
