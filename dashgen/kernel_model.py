@@ -129,11 +129,11 @@ EARLY_KV_MAX_SEGMENT_TASKS = 10
 def early_kv_pays(plan) -> bool:
     """Whether loading each KV segment's K/V early pays for a lowered plan: where its segments
     (runs of one worker's tasks on the same KV block) are short, so the boundaries are many."""
-    bh, nm = plan.tasks[0::4], plan.tasks[1::4]
-    segments = 0
-    for w in range(plan.num_workers):
-        a, b = plan.worker_offsets[w], plan.worker_offsets[w + 1]
-        segments += sum(1 for i in range(a, b)
-                        if i == a or bh[i] != bh[i - 1] or nm[i] >> 16 != nm[i - 1] >> 16)
-    return plan.num_tasks <= EARLY_KV_MAX_SEGMENT_TASKS * max(segments, 1)
-
+    import torch
+    words = torch.frombuffer(plan.tasks, dtype=torch.int32).view(-1, 4).to(torch.int64)
+    block = words[:, 0] << 16 | words[:, 1] >> 16  # (batch, head, n_block) of each task
+    starts = torch.ones(len(block), dtype=torch.bool)
+    starts[1:] = block[1:] != block[:-1]
+    offsets = torch.tensor(plan.worker_offsets[:-1], dtype=torch.int64)
+    starts[offsets[offsets < len(block)]] = True  # each worker's first task starts a segment
+    return plan.num_tasks <= EARLY_KV_MAX_SEGMENT_TASKS * max(int(starts.sum()), 1)

@@ -7,7 +7,6 @@ fixes the result (problem, schedule, worker count, kernel config), never by a de
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import math
 import sys
 from functools import lru_cache
@@ -369,15 +368,14 @@ def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: 
                      deterministic: bool, trace: bool, registers: tuple[int, int],
                      options: tuple = ()):
     """`options`: (name, value) pairs of SM90_BWD_OPTIONS, hashable for the cache."""
-    cfg = config_of(kernel, dtype, head_dim, causal, gqa=gqa, deterministic=deterministic,
-                    trace=trace)
-    if isinstance(cfg, Sm90BwdConfig):
-        # ds_stmatrix's default depends on double_ds: resolved again from the options given.
-        chosen = {"ds_stmatrix": None,
-                  **{name: value for name, value in options if value is not None}}
-        cfg = dataclasses.replace(cfg, producer_registers=registers[0],
-                                  mma_registers=registers[1], **chosen)
-    return cfg
+    if kernel != "sm90":
+        return config_of(kernel, dtype, head_dim, causal, gqa=gqa, deterministic=deterministic,
+                         trace=trace)
+    # Built with its options, so the defaults left at None resolve from the others (ds_stmatrix
+    # gives way to double_ds).
+    return Sm90BwdConfig(dtype, head_dim, causal, deterministic=deterministic, trace=trace,
+                         gqa=gqa, producer_registers=registers[0], mma_registers=registers[1],
+                         **{name: value for name, value in options if value is not None})
 
 
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
