@@ -97,9 +97,10 @@ SM90_BWD_BLOCK_M = {64: 128, 128: 64}
 # (Sm90BwdConfig.staged_stats), by head_dim. Measured on the H200 at 128: main kernel -4 to -5%
 # at 1k-4k tokens per sequence, within 1% at 16k (docs/perf-notes.md, v3.7); at 64 it spills.
 SM90_BWD_STAGED_STATS = {64: False, 128: True}
-# Whether dS goes to shared memory through stmatrix, per head_dim (Sm90BwdConfig.ds_stmatrix):
-# measured at 128, not yet at 64.
-SM90_BWD_DS_STMATRIX = {64: False, 128: True}
+# Whether dS goes to shared memory through stmatrix, per (head_dim, causal)
+# (Sm90BwdConfig.ds_stmatrix). Main kernel on the H200, on / off: head_dim 128 0.96-0.99;
+# head_dim 64 causal 0.98-0.99 but full 1.02-1.03 (docs/perf-notes.md, v4.0).
+SM90_BWD_DS_STMATRIX = {(64, False): False, (64, True): True, (128, False): True, (128, True): True}
 SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
 
 
@@ -157,7 +158,8 @@ class Sm90BwdConfig(_Element16Config):
     # and dQ's MMA. The same values in the same places, so the same bits. Measured on the H200
     # at head_dim 128: the main kernel 1% faster at 1k, 2-4.5% at 4k-16k (docs/perf-notes.md,
     # v3.9). At head_dim 64 (128-row tasks) the stores run inside the softmax loop (after it,
-    # ptxas spilled); not yet measured there, so off. None: SM90_BWD_DS_STMATRIX[head_dim].
+    # ptxas spilled); there it pays with the causal mask only. None:
+    # SM90_BWD_DS_STMATRIX[head_dim, causal].
     ds_stmatrix: bool | None = None
 
     def __post_init__(self) -> None:
@@ -168,7 +170,8 @@ class Sm90BwdConfig(_Element16Config):
             object.__setattr__(self, "staged_stats", SM90_BWD_STAGED_STATS[self.head_dim])
         if self.ds_stmatrix is None:  # beside double_ds's second dS buffer ptxas spills
             object.__setattr__(self, "ds_stmatrix",
-                               SM90_BWD_DS_STMATRIX[self.head_dim] and not self.double_ds)
+                               SM90_BWD_DS_STMATRIX[self.head_dim, self.causal]
+                               and not self.double_ds)
         if self.block_n != 128 or self.block_m not in (64, 128):
             raise ValueError(f"the Hopper backward runs 64 or 128 query rows x 128 KV rows, got "
                              f"block_m={self.block_m}, block_n={self.block_n}")

@@ -163,8 +163,9 @@ SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=d, trace
                       early_kv=True, fused_convert=d)
                  for h in (64, 128) for c in (False, True) for d in (True, False)
                  for g in (False, True)]
-# ds_stmatrix (on by default at head_dim 128, which the default configs cover): at head_dim 64
-# (its stores inside the softmax loop), with early_kv and the converter.
+# ds_stmatrix (on by default at head_dim 128 and at 64 causal, which the default configs cover):
+# at head_dim 64 full and causal (its stores inside the softmax loop), with early_kv and the
+# converter.
 SM90_CONFIGS += [dict(dtype=t, head_dim=64, causal=c, deterministic=d, trace=False, gqa=g,
                       ds_stmatrix=True, early_kv=c, fused_convert=d)
                  for t in ("bf16", "fp16") for c in (False, True) for d in (True, False)
@@ -206,6 +207,7 @@ def test_ds_stmatrix_beside_double_ds_is_refused():
     assert Sm90BwdConfig("bf16", 128, False).ds_stmatrix
     assert not Sm90BwdConfig("bf16", 128, False, double_ds=True).ds_stmatrix
     assert not Sm90BwdConfig("bf16", 64, False).ds_stmatrix
+    assert Sm90BwdConfig("bf16", 64, True).ds_stmatrix
 
 
 def test_overlap_softmax_where_it_spills_is_refused():
