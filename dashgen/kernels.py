@@ -168,10 +168,11 @@ class Sm90BwdConfig(_Element16Config):
             object.__setattr__(self, "block_m", SM90_BWD_BLOCK_M[self.head_dim])
         if self.staged_stats is None:
             object.__setattr__(self, "staged_stats", SM90_BWD_STAGED_STATS[self.head_dim])
-        if self.ds_stmatrix is None:  # beside double_ds's second dS buffer ptxas spills
+        if self.ds_stmatrix is None:  # it gives way to the options it cannot run beside
             object.__setattr__(self, "ds_stmatrix",
                                SM90_BWD_DS_STMATRIX[self.head_dim, self.causal]
-                               and not self.double_ds)
+                               and not self.double_ds
+                               and not (self.overlap_softmax and self.head_dim == 64))
         if self.block_n != 128 or self.block_m not in (64, 128):
             raise ValueError(f"the Hopper backward runs 64 or 128 query rows x 128 KV rows, got "
                              f"block_m={self.block_m}, block_n={self.block_n}")
@@ -180,6 +181,12 @@ class Sm90BwdConfig(_Element16Config):
                              f"head_dim={self.head_dim}")
         if self.ds_stmatrix and self.double_ds:
             raise ValueError("ds_stmatrix spills registers beside double_ds; choose one")
+        if self.ds_stmatrix and self.overlap_softmax and self.head_dim == 64:
+            # Its dS stores inside the softmax loop assume the dS tile is free when the loop
+            # starts; overlap_softmax reorders that stretch (the pair failed the float64 and
+            # same-bits tests on the H200).
+            raise ValueError("ds_stmatrix cannot run beside overlap_softmax at head_dim 64; "
+                             "choose one")
         if self.staged_stats and self.head_dim != 128:
             raise ValueError("staged_stats spills registers at head_dim 64 in some "
                              "configurations; it is offered at head_dim 128 only")

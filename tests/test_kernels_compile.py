@@ -208,6 +208,11 @@ def test_ds_stmatrix_beside_double_ds_is_refused():
     assert not Sm90BwdConfig("bf16", 128, False, double_ds=True).ds_stmatrix
     assert not Sm90BwdConfig("bf16", 64, False).ds_stmatrix
     assert Sm90BwdConfig("bf16", 64, True).ds_stmatrix
+    # At head_dim 64 it gives way to overlap_softmax too, and the pair is refused.
+    assert not Sm90BwdConfig("bf16", 64, True, overlap_softmax=True).ds_stmatrix
+    assert "beside overlap_softmax" in sm90_bwd_refusal(64, True, ds_stmatrix=True,
+                                                        overlap_softmax=True)
+    assert Sm90BwdConfig("bf16", 128, True, overlap_softmax=True).ds_stmatrix
 
 
 def test_overlap_softmax_where_it_spills_is_refused():
