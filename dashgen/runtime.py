@@ -7,6 +7,7 @@ fixes the result (problem, schedule, worker count, kernel config), never by a de
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import sys
 from functools import lru_cache
@@ -196,6 +197,28 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def _unfilled(fn):
+    """fn with torch.empty's deterministic-mode fill off. Under
+    torch.use_deterministic_algorithms(True) torch fills every new tensor with NaN (so that a read
+    of uninitialized memory gives the same bits each run). The buffers allocated here are written
+    by the kernels before anything reads them (the outputs, the preprocess's rows, the dQ sums
+    stored or zeroed by their first writer): the fill would be pure cost, ~0.3 GB of writes and
+    four launches per backward at 16384 tokens x hidden 2048. The flag is restored on return."""
+    settings = torch.utils.deterministic
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not (torch.are_deterministic_algorithms_enabled()
+                and settings.fill_uninitialized_memory):
+            return fn(*args, **kwargs)
+        settings.fill_uninitialized_memory = False
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            settings.fill_uninitialized_memory = True
+    return call
+
+
 def forward_kernel(q: torch.Tensor, kernel: str = "auto") -> str:
     """'sm90' (TMA + wgmma) or 'mma'; 'auto' takes the Hopper forward where it serves the problem
     (Sm90FwdConfig.serves)."""
@@ -224,6 +247,7 @@ def _forward_launch(kind: str, q_shape: tuple, dtype: str, causal: bool,
                                 cfg.smem_bytes)
 
 
+@_unfilled
 def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"):
     """o and lse; q, k and v are contiguous."""
     kind = forward_kernel(q, kernel)
@@ -378,6 +402,7 @@ def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: 
                          **{name: value for name, value in options if value is not None})
 
 
+@_unfilled
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
              schedule: str, num_workers: int, trace: bool = False, kernel: str = "auto"):
     """dq, dk, dv (and the trace buffer if `trace`). q, k, v, do and o are contiguous; do and o

@@ -161,6 +161,53 @@ def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, monkeyp
     assert params.dpsum < params.stats < prep.zero
 
 
+@pytest.fixture
+def deterministic_algorithms():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+
+
+def spy_allocations(monkeypatch) -> list[bool]:
+    """The deterministic-fill setting at each torch.empty / empty_like the runtime makes."""
+    seen = []
+    settings = torch.utils.deterministic
+    for name in ("empty", "empty_like"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(runtime.torch, name, lambda *a, _real=real, **k: (
+            seen.append(settings.fill_uninitialized_memory), _real(*a, **k))[1])
+    return seen
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_buffers_skip_the_deterministic_fill(recorder, monkeypatch, deterministic_algorithms,
+                                             flag):
+    """Under torch.use_deterministic_algorithms(True) torch.empty fills with NaN; the runtime's
+    buffers are written by its kernels, so it allocates them unfilled, and puts the user's
+    setting back (also when a launch fails)."""
+    if not flag:
+        torch.use_deterministic_algorithms(False)
+    seen = spy_allocations(monkeypatch)
+    args = inputs(4, 4)
+    runtime.backward(*args, causal=True, softmax_scale=0.1, deterministic=True, schedule="fa3",
+                     num_workers=3, kernel="sm90")
+    assert len(seen) >= 4  # the workspace, dq, dk, dv
+    assert seen == [not flag] * len(seen)  # unfilled exactly when the fill would happen
+    assert torch.utils.deterministic.fill_uninitialized_memory
+    del seen[:]
+
+    def fail(*args):
+        raise RuntimeError("launch failed")
+    monkeypatch.setattr(recorder, "cuLaunchKernel", fail)
+    with pytest.raises(RuntimeError, match="launch failed"):
+        runtime.backward(*args, causal=True, softmax_scale=0.1, deterministic=True,
+                         schedule="fa3", num_workers=3, kernel="sm90")
+    assert seen and seen == [not flag] * len(seen)
+    assert torch.utils.deterministic.fill_uninitialized_memory
+
+
 def test_tensor_maps_are_looked_up_once_per_address_set(recorder, monkeypatch):
     calls = []
     encode = launch.encode_tensor_map

@@ -214,6 +214,33 @@ def test_a_fresh_thread_gets_the_same_bits(seed):
     assert all(torch.equal(a, b) for a, b in zip(here, there[0]))
 
 
+@pytest.mark.parametrize("shape", [(2, 300, 100, 4, 4, 64), (1, 257, 257, 8, 2, 128)],
+                         ids=["rows-without-keys", "gqa"])
+def test_under_deterministic_algorithms_every_output_is_written(shape, seed):
+    """torch.use_deterministic_algorithms(True) makes torch.empty fill with NaN; the runtime
+    allocates its buffers without that fill. Memory the caching allocator hands back full of
+    NaN must not reach o, dq, dk or dv: every element is written by the kernels. The bits are
+    those of the flag off, and the user's fill setting is back after the calls."""
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = shape
+    q, do = (torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda",
+                         dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda",
+                        dtype=torch.bfloat16) for _ in range(2))
+    fn = lambda q, k, v: attention(q, k, v, causal=True, deterministic=None)
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        poison = torch.full((64 << 20,), float("nan"), device="cuda")  # 256 MB back to the cache
+        del poison
+        flagged = out_and_grads(fn, q, k, v, do)
+        assert torch.utils.deterministic.fill_uninitialized_memory
+    finally:
+        torch.use_deterministic_algorithms(before)
+    plain = out_and_grads(lambda q, k, v: attention(q, k, v, causal=True), q, k, v, do)
+    assert all(bool(t.isfinite().all()) for t in flagged)
+    assert all(torch.equal(a, b) for a, b in zip(flagged, plain))
+
+
 # The backward options away from their defaults (first_dq_store off, the experiments on) must
 # be as accurate and as reproducible as the defaults. Cases: rows that see no key (seqlen_q >
 # seqlen_k, causal: their dQ tiles get no contribution), GQA, odd sizes, both head_dims where
