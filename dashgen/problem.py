@@ -6,6 +6,7 @@ impossible values here, naming the field, instead of letting them surface as wro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterator
 
 
@@ -157,7 +158,7 @@ class Problem:
 
     def m_blocks_of(self, n_block: int) -> list[int]:
         """Q tiles that KV tile n_block contributes to, ascending."""
-        return [m for m in range(self.num_m_blocks) if self.tile_kept(n_block, m)]
+        return list(_kept_m_blocks(self)[n_block])
 
     def kept_fraction(self, n_block: int, m_block: int) -> float:
         """Fraction of the tile's (query, key) pairs the mask keeps (diagonal tiles < 1)."""
@@ -174,11 +175,11 @@ class Problem:
 
     def kv_tiles(self) -> Iterator[tuple[int, int, int]]:
         """(batch, head, n_block) of every KV tile with at least one kept task, per query head."""
+        kept = [n for n, rows in enumerate(_kept_m_blocks(self)) if rows]
         for b in range(self.batch):
             for h in range(self.heads_q):
-                for n in range(self.num_n_blocks):
-                    if self.m_blocks_of(n):
-                        yield (b, h, n)
+                for n in kept:
+                    yield (b, h, n)
 
     # -- serialization ------------------------------------------------------------------------
 
@@ -204,3 +205,18 @@ class Problem:
                else f"seqlen {self.seqlen_q}/{self.seqlen_k}")
         return (f"batch {self.batch}, {heads}, {seq}, head_dim {self.head_dim}, {self.mask} mask, "
                 f"blocks {self.block_m}x{self.block_n}")
+
+
+@lru_cache(maxsize=64)
+def _kept_m_blocks(problem: Problem) -> tuple[tuple[int, ...], ...]:
+    """For each n_block, the Q tiles the mask keeps with it, ascending: the same for every batch
+    and head, so computed once per problem (the schedule builders and the verifier ask per KV
+    tile; asking tile_kept for every (n, m) pair took seconds at 16k tokens). Q tile m sees keys
+    [lo, hi], so the KV tiles lo // block_n ... hi // block_n (Problem.tile_kept, inverted)."""
+    rows: list[list[int]] = [[] for _ in range(problem.num_n_blocks)]
+    for m in range(problem.num_m_blocks):
+        keys = problem._key_range(m)
+        if keys is not None:
+            for n in range(keys[0] // problem.block_n, keys[1] // problem.block_n + 1):
+                rows[n].append(m)
+    return tuple(map(tuple, rows))

@@ -159,8 +159,9 @@ def _conversion_plan(plan) -> tuple[list[int], list[int], list[int]]:
     return per_m[0].tolist(), by_worker.tolist(), bounds.tolist()
 
 
-@lru_cache(maxsize=64)
 def _verified(problem: Problem, schedule: str, num_workers: int):
+    # Not cached: only _plan_tensors (cached) asks, and the Schedule's Task objects are ~10x
+    # the lowered table's bytes (tens of MB per signature at 16k tokens), garbage once lowered.
     s = build_schedule(schedule, problem, num_workers)
     verify(s)  # a schedule that could deadlock the kernel never reaches it
     return s

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dashgen import Mask, Problem
 
@@ -52,3 +54,23 @@ def test_mask_spellings_round_trip():
         assert str(Mask.parse(text)) == text
     assert Problem.from_dict(Problem(heads_q=4, heads_kv=2, mask="window:7,3").to_dict()) == \
         Problem(heads_q=4, heads_kv=2, mask="window:7,3")
+
+
+masks = st.one_of(st.just("full"), st.just("causal"),
+                  st.tuples(st.integers(0, 400), st.integers(0, 400)).map(
+                      lambda lr: f"window:{lr[0]},{lr[1]}"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(seqlen_q=st.integers(1, 1000), seqlen_k=st.integers(1, 1000), mask=masks,
+       block_m=st.sampled_from([16, 64, 128]), block_n=st.sampled_from([32, 64, 128]))
+def test_m_blocks_of_is_every_kept_tile(seqlen_q, seqlen_k, mask, block_m, block_n):
+    """m_blocks_of (computed once per problem from each Q tile's key range) lists exactly the
+    tiles tile_kept keeps, and kv_tiles exactly the KV tiles with one."""
+    p = Problem(batch=2, heads_q=2, seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=64,
+                mask=mask, block_m=block_m, block_n=block_n)
+    kept = {n: [m for m in range(p.num_m_blocks) if p.tile_kept(n, m)]
+            for n in range(p.num_n_blocks)}
+    assert {n: p.m_blocks_of(n) for n in range(p.num_n_blocks)} == kept
+    assert list(p.kv_tiles()) == [(b, h, n) for b in range(2) for h in range(2)
+                                  for n in range(p.num_n_blocks) if kept[n]]
