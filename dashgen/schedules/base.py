@@ -75,30 +75,36 @@ def assemble(name: str, problem: Problem, num_workers: int, units: list[Unit],
              policy: RankPolicy, depends_on_workers: bool) -> Schedule:
     """Deal the units, number dq/dkv ranks by the policy, and produce the Schedule."""
     programs = deal(units, num_workers)
-    dq: dict[tuple[int, int, int], list[tuple[tuple[int, ...], int, int]]] = {}
-    dkv: dict[tuple[int, int, int], list[tuple[tuple[int, ...], int, int]]] = {}
+    launch = policy == "launch"
+    # Contributions per dQ / dK-dV tile as (order key, worker, depth or segment): sorted, their
+    # positions are the ranks. The key is the segment's launch index, or (depth, worker), flat.
+    dq: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
+    dkv: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
     for w, program in enumerate(programs):
         depth = 0
         for seg_index, (launch_index, segment) in enumerate(program):
+            b, h = segment.batch, segment.head
             for m in segment.m_order:
-                key = (launch_index,) if policy == "launch" else (depth, w)
-                dq.setdefault((segment.batch, segment.head, m), []).append((key, w, depth))
+                dq.setdefault((b, h, m), []).append((launch_index if launch else depth, w, depth))
                 depth += 1
-            last_key = (launch_index,) if policy == "launch" else (depth - 1, w)
-            kv = (segment.batch, problem.kv_head(segment.head), segment.n_block)
-            dkv.setdefault(kv, []).append((last_key, w, seg_index))
-    dq_rank = {(w, d): r for items in dq.values()
-               for r, (_, w, d) in enumerate(sorted(items))}
-    dkv_rank = {(w, s): r for items in dkv.values()
-                for r, (_, w, s) in enumerate(sorted(items))}
+            kv = (b, problem.kv_head(h), segment.n_block)
+            dkv.setdefault(kv, []).append((launch_index if launch else depth - 1, w, seg_index))
+    dq_rank = [[0] * sum(len(seg.m_order) for _, seg in program) for program in programs]
+    for items in dq.values():
+        for r, (_, w, d) in enumerate(sorted(items)):
+            dq_rank[w][d] = r
+    dkv_rank = [[0] * len(program) for program in programs]
+    for items in dkv.values():
+        for r, (_, w, s) in enumerate(sorted(items)):
+            dkv_rank[w][s] = r
     workers: list[list[Task]] = []
     for w, program in enumerate(programs):
         tasks: list[Task] = []
+        ranks = dq_rank[w]
         for seg_index, (_, seg) in enumerate(program):
-            rank_kv = dkv_rank[(w, seg_index)] if problem.gqa else None
+            rank_kv = dkv_rank[w][seg_index] if problem.gqa else None
             for m in seg.m_order:
-                tasks.append(Task(seg.batch, seg.head, seg.n_block, m,
-                                  dq_rank[(w, len(tasks))], rank_kv))
+                tasks.append(Task(seg.batch, seg.head, seg.n_block, m, ranks[len(tasks)], rank_kv))
         workers.append(tasks)
     return Schedule(name=name, problem=problem, num_workers=num_workers, workers=workers,
                     depends_on_workers=depends_on_workers)

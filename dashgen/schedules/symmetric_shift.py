@@ -56,7 +56,8 @@ def symmetric_shift_units(problem: Problem, num_workers: int) -> list[Unit]:
         rect = problem.m_blocks_of(max(active))
         rows = problem.m_blocks_of(big)
         rotated = rect[slot % len(rect):] + rect[:slot % len(rect)]
-        extra = [m for m in rows if m not in set(rect)]
+        in_rect = set(rect)
+        extra = [m for m in rows if m not in in_rect]
         unit = [Segment(b, h, big, tuple(rotated + extra))]
         if small is not None:
             unit.append(Segment(b, h, small, tuple(reversed(problem.m_blocks_of(small)))))
