@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import torch
 
-from . import launch
+from . import launch, plan_cache
 from .cache import get_or_compile
 from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdParams,
                       ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig, Sm90FwdConfig,
@@ -117,11 +117,20 @@ def _problem(q_shape: tuple, k_shape: tuple, causal: bool, kind: str) -> Problem
                    block_n=block_n)
 
 
+def _int32_tensor(words) -> torch.Tensor:
+    """An int32 array as a tensor that owns its memory: read as a buffer (torch.tensor walks it
+    element by element, a second at 4M tasks), then cloned."""
+    if not len(words):
+        return torch.empty(0, dtype=torch.int32)
+    return torch.frombuffer(words, dtype=torch.int32).clone()
+
+
 @lru_cache(maxsize=64)
 def _plan_tensors(problem: Problem, schedule: str, num_workers: int, device: torch.device):
-    plan = lower(_verified(problem, schedule, num_workers))
-    tasks = torch.tensor(plan.tasks, dtype=torch.int32).to(device)
-    offsets = torch.tensor(plan.worker_offsets, dtype=torch.int32).to(device)
+    plan, _ = plan_cache.get_or_build(problem, schedule, num_workers,
+                                      lambda: lower(_verified(problem, schedule, num_workers)))
+    tasks = _int32_tensor(plan.tasks).to(device)
+    offsets = _int32_tensor(plan.worker_offsets).to(device)
     return plan, tasks, offsets
 
 
@@ -136,7 +145,7 @@ def _conversion_plan(plan) -> tuple[list[int], list[int], list[int]]:
     tiles[offsets[w]:offsets[w + 1]]. Dealt, not left to the worker that adds last: the shift
     orders give some workers the last add of most of their tasks."""
     p = plan.problem
-    words = torch.tensor(plan.tasks, dtype=torch.int64).view(-1, TASK_WORDS)
+    words = _int32_tensor(plan.tasks).to(torch.int64).view(-1, TASK_WORDS)
     tile = ((words[:, 0] >> 16) * p.heads_q + (words[:, 0] & 0xFFFF)) * p.num_m_blocks + (
         words[:, 1] & 0xFFFF)
     per_tile = torch.zeros(p.batch * p.heads_q * p.num_m_blocks, dtype=torch.int64)
@@ -144,7 +153,7 @@ def _conversion_plan(plan) -> tuple[list[int], list[int], list[int]]:
     per_m = per_tile.view(-1, p.num_m_blocks)
     if not torch.equal(per_m, per_m[:1].expand_as(per_m)):
         raise AssertionError("the schedule gives the query tiles of one m_block different counts")
-    offsets = torch.tensor(plan.worker_offsets, dtype=torch.int64)
+    offsets = _int32_tensor(plan.worker_offsets).to(torch.int64)
     workers = len(offsets) - 1
     position = torch.arange(len(words)) - torch.repeat_interleave(offsets[:-1], offsets.diff())
     last = words[:, 2] + 1 == per_tile[tile]
