@@ -7,10 +7,9 @@ fixes the result (problem, schedule, worker count, kernel config), never by a de
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
 import sys
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 import torch
 
@@ -216,7 +215,7 @@ def _unfilled(fn):
     four launches per backward at 16384 tokens x hidden 2048. The flag is restored on return."""
     settings = torch.utils.deterministic
 
-    @functools.wraps(fn)
+    @wraps(fn)
     def call(*args, **kwargs):
         if not (torch.are_deterministic_algorithms_enabled()
                 and settings.fill_uninitialized_memory):
