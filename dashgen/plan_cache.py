@@ -4,8 +4,10 @@ Building and verifying a schedule costs seconds per new shape at 16k tokens a se
 half a minute at 64k; a restarted training job asks for the same shapes again. An entry is
 written only after its schedule passed the verifier, and it is keyed by everything that
 decides the table: the problem, the schedule, the worker count, and the source of the code
-that builds, verifies and lowers schedules (an edit there misses). A torn or foreign entry
-fails its checksum and is rebuilt; an unwritable cache folder only costs the rebuild.
+that builds, verifies and lowers schedules, read when this module is imported (after that
+code), so an edit there misses. A torn, foreign or malformed entry is rebuilt; an unreadable or
+unwritable cache folder only costs the build. The folder is trusted as the cubins in it are: a
+hit is checked for indices the kernel could not address, not verified again.
 """
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ import hashlib
 import json
 import sys
 from array import array
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from . import __version__
+import torch
+
+from . import __version__, ir, schedules, verify
 from .cache import _atomic_write, cache_dir
 from .lower import TASK_WORDS, KernelPlan
 from .problem import Problem
@@ -28,15 +31,35 @@ _PACKAGE = Path(__file__).resolve().parent
 _PLANNING_SOURCES = ("problem.py", "ir.py", "verify.py", "lower.py", "schedules")
 
 
-@lru_cache(maxsize=1)
-def _code_digest() -> str:
-    h = hashlib.sha256()
+def _planning_files() -> list[Path]:
+    files = []
     for name in _PLANNING_SOURCES:
         path = _PACKAGE / name
-        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+        found = sorted(path.glob("*.py")) if path.is_dir() else [path]
+        files += [f for f in found if not f.name.startswith(".")]  # editors' lock files
+    return files
+
+
+def _source_digest() -> str | None:
+    """Digest of the planning code, or None where it cannot be read (then nothing is cached)."""
+    h = hashlib.sha256()
+    try:
+        for file in _planning_files():
             h.update(file.relative_to(_PACKAGE).as_posix().encode() + b"\0")
             h.update(file.read_bytes() + b"\0")
+    except OSError:
+        return None
     return h.hexdigest()
+
+
+# Read once the planning modules are loaded (imported above), so the digest names the code
+# this process runs, not a later edit of its files.
+_PLANNING_MODULES = (ir, schedules, verify)
+_CODE_DIGEST = _source_digest()
+
+
+def _code_digest() -> str | None:
+    return _CODE_DIGEST
 
 
 def plan_key(problem: Problem, schedule: str, num_workers: int) -> str:
@@ -58,13 +81,36 @@ def _load(data_path: Path, meta_path: Path, problem: Problem, schedule: str,
         data = data_path.read_bytes()
     except (OSError, ValueError):
         return None
-    if (meta.get("format") != _FORMAT or meta.get("sha256") != hashlib.sha256(data).hexdigest()
-            or meta.get("num_tasks", -1) * TASK_WORDS + num_workers + 1 != len(data) // 4):
+    num_tasks = meta.get("num_tasks") if isinstance(meta, dict) else None
+    if (not isinstance(num_tasks, int) or meta.get("format") != _FORMAT
+            or meta.get("sha256") != hashlib.sha256(data).hexdigest()
+            or len(data) != 4 * (num_tasks * TASK_WORDS + num_workers + 1)):
         return None
     words = array("i")
     words.frombytes(data)
-    split = len(words) - (num_workers + 1)
-    return KernelPlan(schedule, problem, num_workers, words[:split], words[split:])
+    split = num_tasks * TASK_WORDS
+    plan = KernelPlan(schedule, problem, num_workers, words[:split], words[split:])
+    return plan if _addressable(plan) else None
+
+
+def _addressable(plan: KernelPlan) -> bool:
+    """Whether every index in the table is one the kernel can address for this problem: worker
+    ranges in order and covering the table, tiles inside the problem, dq ranks below the KV tile
+    count (a dQ tile's most contributions), dkv ranks below the GQA group size and only under
+    GQA."""
+    p, count = plan.problem, plan.num_tasks
+    offsets = torch.frombuffer(plan.worker_offsets, dtype=torch.int32).to(torch.int64)
+    if offsets[0] != 0 or offsets[-1] != count or bool((offsets.diff() < 0).any()):
+        return False
+    if count == 0:
+        return True
+    words = torch.frombuffer(plan.tasks, dtype=torch.int32).view(-1, TASK_WORDS).to(torch.int64)
+    bh, nm, dq_rank, dkv_rank = words.unbind(1)
+    inside = ((bh >= 0) & (bh >> 16 < p.batch) & (bh & 0xFFFF < p.heads_q) & (nm >= 0)
+              & (nm >> 16 < p.num_n_blocks) & (nm & 0xFFFF < p.num_m_blocks)
+              & (dq_rank >= 0) & (dq_rank < p.num_n_blocks))
+    inside &= (dkv_rank >= 0) & (dkv_rank < p.group_size) if p.gqa else dkv_rank == -1
+    return bool(inside.all())
 
 
 def get_or_build(problem: Problem, schedule: str, num_workers: int,
@@ -72,12 +118,13 @@ def get_or_build(problem: Problem, schedule: str, num_workers: int,
                  directory: Path | None = None) -> tuple[KernelPlan, bool]:
     """The plan for (problem, schedule, num_workers), and whether it came from the cache.
     `build` makes it on a miss: it must verify the schedule before lowering it."""
+    if _code_digest() is None:
+        return build(), False
     key = plan_key(problem, schedule, num_workers)
     data_path, meta_path = _paths(key, directory)
-    if meta_path.exists():
-        cached = _load(data_path, meta_path, problem, schedule, num_workers)
-        if cached is not None:
-            return cached, True
+    cached = _load(data_path, meta_path, problem, schedule, num_workers)
+    if cached is not None:
+        return cached, True
     plan = build()
     data = plan.tasks.tobytes() + plan.worker_offsets.tobytes()
     meta = {"format": _FORMAT, "schedule": schedule, "problem": problem.to_dict(),

@@ -158,7 +158,8 @@ class Problem:
 
     def m_blocks_of(self, n_block: int) -> list[int]:
         """Q tiles that KV tile n_block contributes to, ascending."""
-        return list(_kept_m_blocks(self)[n_block])
+        kept = _kept_m_blocks(self)
+        return list(kept[n_block]) if 0 <= n_block < len(kept) else []
 
     def kept_fraction(self, n_block: int, m_block: int) -> float:
         """Fraction of the tile's (query, key) pairs the mask keeps (diagonal tiles < 1)."""

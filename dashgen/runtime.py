@@ -9,7 +9,7 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
-from functools import lru_cache, wraps
+from functools import lru_cache
 
 import torch
 
@@ -206,26 +206,29 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _unfilled(fn):
-    """fn with torch.empty's deterministic-mode fill off. Under
-    torch.use_deterministic_algorithms(True) torch fills every new tensor with NaN (so that a read
-    of uninitialized memory gives the same bits each run). The buffers allocated here are written
-    by the kernels before anything reads them (the outputs, the preprocess's rows, the dQ sums
-    stored or zeroed by their first writer): the fill would be pure cost, ~0.3 GB of writes and
-    four launches per backward at 16384 tokens x hidden 2048. The flag is restored on return."""
-    settings = torch.utils.deterministic
+def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device=device)
 
-    @wraps(fn)
-    def call(*args, **kwargs):
-        if not (torch.are_deterministic_algorithms_enabled()
-                and settings.fill_uninitialized_memory):
-            return fn(*args, **kwargs)
-        settings.fill_uninitialized_memory = False
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            settings.fill_uninitialized_memory = True
-    return call
+
+def _empty_unfilled(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.empty without the NaN fill of deterministic mode: a bare storage from the same
+    caching allocator (its constructor does not fill), viewed with the shape."""
+    storage = torch.UntypedStorage(math.prod(shape) * dtype.itemsize, device=device)
+    return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape)
+
+
+def _allocator():
+    """How this call allocates its buffers. Under torch.use_deterministic_algorithms(True)
+    torch fills every new tensor with NaN (so that a read of uninitialized memory gives the same
+    bits each run). The buffers allocated here are written by the kernels before anything reads
+    them (the outputs, the preprocess's rows, the dQ sums stored or zeroed by their first
+    writer): the fill would be pure cost, ~0.3 GB of writes and four launches per backward at
+    16384 tokens x hidden 2048. The global setting is left alone, so other threads' tensors
+    keep their fill."""
+    if (torch.are_deterministic_algorithms_enabled()
+            and torch.utils.deterministic.fill_uninitialized_memory):
+        return _empty_unfilled
+    return _empty
 
 
 def forward_kernel(q: torch.Tensor, kernel: str = "auto") -> str:
@@ -256,15 +259,15 @@ def _forward_launch(kind: str, q_shape: tuple, dtype: str, causal: bool,
                                 cfg.smem_bytes)
 
 
-@_unfilled
 def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"):
     """o and lse; q, k and v are contiguous."""
     kind = forward_kernel(q, kernel)
     cfg, launcher = _forward_launch(kind, tuple(q.shape), _DTYPES[q.dtype], bool(causal),
                                     q.device)
     batch, seqlen_q, heads_q, head_dim = q.shape
-    o = torch.empty_like(q)
-    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    empty = _allocator()
+    o = empty(q.shape, q.dtype, q.device)  # q is contiguous: o is laid out like it
+    lse = empty((batch, heads_q, seqlen_q), torch.float32, q.device)
     params = FwdParams(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                        batch, heads_q, k.shape[2], seqlen_q, k.shape[1],
                        q.stride(1), k.stride(1), o.stride(1), float(softmax_scale))
@@ -411,7 +414,6 @@ def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: 
                          **{name: value for name, value in options if value is not None})
 
 
-@_unfilled
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
              schedule: str, num_workers: int, trace: bool = False, kernel: str = "auto"):
     """dq, dk, dv (and the trace buffer if `trace`). q, k, v, do and o are contiguous; do and o
@@ -427,7 +429,8 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     stream = _stream(dev)
     q_stride = q.stride(1)
 
-    workspace = torch.empty(layout.floats, dtype=torch.float32, device=dev)
+    empty = _allocator()
+    workspace = empty((layout.floats,), torch.float32, dev)
     base = workspace.data_ptr()
     dq_accum, dpsum, stats, dk_accum, dv_accum, dq_counters, dkv_counters = (
         base + 4 * offset for offset in layout.offsets)
@@ -443,8 +446,9 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
     # short): dQ, and dK/dV under GQA, are allocated after it, for the convert kernels, unless
     # the main kernel writes dQ itself.
     gqa = p.gqa
-    dk, dv = (None, None) if gqa else (torch.empty_like(k), torch.empty_like(v))
-    dq = torch.empty_like(q) if bl.converts_dq else None
+    # q, k and v are contiguous: so are their gradients.
+    dk, dv = (None, None) if gqa else (empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev))
+    dq = empty(q.shape, q.dtype, dev) if bl.converts_dq else None
     trace_buf = (torch.full((bl.plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
                  if trace else None)
     params = BwdParams(
@@ -462,9 +466,9 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
         bl.main(stream, (ctypes.addressof(params),))
 
     if dq is None:
-        dq = torch.empty_like(q)
+        dq = empty(q.shape, q.dtype, dev)
     if gqa:
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
 
     # The Hopper backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
     if bl.runs_convert_q:

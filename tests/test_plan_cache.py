@@ -2,6 +2,10 @@
 rebuilds, and a cache folder that cannot be written never fails a call."""
 from __future__ import annotations
 
+import hashlib
+import json
+from array import array
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -58,19 +62,41 @@ def test_anything_that_decides_the_table_misses(tmp_path, monkeypatch, change):
     assert not hit and build.calls == 1 and same(plan, Builds(problem, schedule, workers)())
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "sidecar"])
+def rewrite(data_path, meta_path, data: bytes, **meta) -> None:
+    """An entry whose sidecar matches its (forged or odd) table."""
+    old = json.loads(meta_path.read_text())
+    data_path.write_bytes(data)
+    meta_path.write_text(json.dumps({**old, "sha256": hashlib.sha256(data).hexdigest(), **meta}))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "sidecar", "sidecar-list",
+                                    "sidecar-null", "count-null", "odd-length", "foreign-batch",
+                                    "negative-rank", "offsets"])
 def test_a_damaged_entry_is_rebuilt(tmp_path, damage):
     plan_cache.get_or_build(PROBLEM, "symmetric_shift", 7, Builds(), tmp_path)
     data_path, meta_path = plan_cache._paths(plan_cache.plan_key(PROBLEM, "symmetric_shift", 7),
                                              tmp_path)
     data = bytearray(data_path.read_bytes())
+    words = array("i", bytes(data))
     if damage == "flip":
         data[100] ^= 1
         data_path.write_bytes(bytes(data))
     elif damage == "truncate":
         data_path.write_bytes(bytes(data[:-4]))
-    else:
+    elif damage == "sidecar":
         meta_path.write_text("{not json")
+    elif damage == "sidecar-list":
+        meta_path.write_text("[1, 2]")
+    elif damage == "sidecar-null":
+        meta_path.write_text("null")
+    elif damage == "count-null":
+        rewrite(data_path, meta_path, bytes(data), num_tasks=None)
+    elif damage == "odd-length":
+        rewrite(data_path, meta_path, bytes(data) + b"\0")
+    else:  # self-consistent entries whose table the kernel could not address
+        index = {"foreign-batch": 0, "negative-rank": 2, "offsets": len(words) - 2}[damage]
+        words[index] = {"foreign-batch": 7 << 16, "negative-rank": -3, "offsets": 10 ** 6}[damage]
+        rewrite(data_path, meta_path, words.tobytes())
     build = Builds()
     plan, hit = plan_cache.get_or_build(PROBLEM, "symmetric_shift", 7, build, tmp_path)
     assert not hit and build.calls == 1 and same(plan, Builds()())
@@ -104,3 +130,26 @@ def test_the_runtime_reads_its_plans_from_the_cache(tmp_path, monkeypatch):
     runtime._plan_tensors.cache_clear()
     assert same(plan, again)
     assert torch.equal(tasks, tasks_again) and torch.equal(offsets, offsets_again)
+
+
+def test_unreadable_planning_code_turns_the_cache_off(tmp_path, monkeypatch):
+    monkeypatch.setattr(plan_cache, "_code_digest", lambda: None)
+    build = Builds()
+    for _ in range(2):
+        plan, hit = plan_cache.get_or_build(PROBLEM, "symmetric_shift", 7, build, tmp_path)
+        assert not hit and same(plan, Builds()())
+    assert build.calls == 2 and not list(tmp_path.rglob("*.bin"))
+
+
+def test_the_code_digest_skips_editor_lock_files(tmp_path, monkeypatch):
+    """A dangling `.#name.py` link (an editor's lock) in schedules/ neither breaks the digest
+    nor changes it."""
+    import shutil
+    package = tmp_path / "dashgen"
+    shutil.copytree(plan_cache._PACKAGE, package)
+    monkeypatch.setattr(plan_cache, "_PACKAGE", package)
+    clean = plan_cache._source_digest()
+    (package / "schedules" / ".#fa3.py").symlink_to(tmp_path / "nowhere")
+    assert clean is not None and plan_cache._source_digest() == clean
+    (package / "schedules" / "fa3.py").write_text("# edited\n")
+    assert plan_cache._source_digest() != clean

@@ -74,3 +74,4 @@ def test_m_blocks_of_is_every_kept_tile(seqlen_q, seqlen_k, mask, block_m, block
     assert {n: p.m_blocks_of(n) for n in range(p.num_n_blocks)} == kept
     assert list(p.kv_tiles()) == [(b, h, n) for b in range(2) for h in range(2)
                                   for n in range(p.num_n_blocks) if kept[n]]
+    assert p.m_blocks_of(-1) == [] and p.m_blocks_of(p.num_n_blocks) == []  # outside: none

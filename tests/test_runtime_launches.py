@@ -170,14 +170,15 @@ def deterministic_algorithms():
     torch.utils.deterministic.fill_uninitialized_memory = True
 
 
-def spy_allocations(monkeypatch) -> list[bool]:
-    """The deterministic-fill setting at each torch.empty / empty_like the runtime makes."""
+def spy_allocations(monkeypatch) -> list[tuple[str, bool]]:
+    """(which allocator, the global fill setting at that moment) for each buffer the runtime
+    allocates."""
     seen = []
-    settings = torch.utils.deterministic
-    for name in ("empty", "empty_like"):
-        real = getattr(torch, name)
-        monkeypatch.setattr(runtime.torch, name, lambda *a, _real=real, **k: (
-            seen.append(settings.fill_uninitialized_memory), _real(*a, **k))[1])
+    for name in ("_empty", "_empty_unfilled"):
+        real = getattr(runtime, name)
+        monkeypatch.setattr(runtime, name, lambda *a, _real=real, _name=name: (
+            seen.append((_name, torch.utils.deterministic.fill_uninitialized_memory)),
+            _real(*a))[1])
     return seen
 
 
@@ -185,27 +186,31 @@ def spy_allocations(monkeypatch) -> list[bool]:
 def test_buffers_skip_the_deterministic_fill(recorder, monkeypatch, deterministic_algorithms,
                                              flag):
     """Under torch.use_deterministic_algorithms(True) torch.empty fills with NaN; the runtime's
-    buffers are written by its kernels, so it allocates them unfilled, and puts the user's
-    setting back (also when a launch fails)."""
+    buffers are written by its kernels, so it allocates them without the fill, and without
+    touching the global setting (other threads' tensors keep their fill)."""
     if not flag:
         torch.use_deterministic_algorithms(False)
     seen = spy_allocations(monkeypatch)
     args = inputs(4, 4)
     runtime.backward(*args, causal=True, softmax_scale=0.1, deterministic=True, schedule="fa3",
                      num_workers=3, kernel="sm90")
+    expected = "_empty_unfilled" if flag else "_empty"
     assert len(seen) >= 4  # the workspace, dq, dk, dv
-    assert seen == [not flag] * len(seen)  # unfilled exactly when the fill would happen
-    assert torch.utils.deterministic.fill_uninitialized_memory
+    assert seen == [(expected, True)] * len(seen)
     del seen[:]
+    monkeypatch.setattr(recorder, "cuLaunchKernel", lambda *a: 0)  # it decodes backwards only
+    o, lse = runtime.forward(*args[1:4], causal=True, softmax_scale=0.1)
+    assert seen == [(expected, True)] * 2
+    assert o.shape == args[1].shape and o.dtype == args[1].dtype and o.is_contiguous()
+    assert lse.shape == (1, 4, 200) and lse.dtype == torch.float32
 
-    def fail(*args):
-        raise RuntimeError("launch failed")
-    monkeypatch.setattr(recorder, "cuLaunchKernel", fail)
-    with pytest.raises(RuntimeError, match="launch failed"):
-        runtime.backward(*args, causal=True, softmax_scale=0.1, deterministic=True,
-                         schedule="fa3", num_workers=3, kernel="sm90")
-    assert seen and seen == [not flag] * len(seen)
-    assert torch.utils.deterministic.fill_uninitialized_memory
+
+def test_an_unfilled_buffer_is_an_ordinary_tensor(deterministic_algorithms):
+    t = runtime._empty_unfilled((3, 5, 7), torch.bfloat16, torch.device("cpu"))
+    assert t.shape == (3, 5, 7) and t.dtype == torch.bfloat16 and t.is_contiguous()
+    assert t.untyped_storage().nbytes() == 3 * 5 * 7 * 2
+    t.fill_(1.5)
+    assert bool((t == 1.5).all())
 
 
 def test_tensor_maps_are_looked_up_once_per_address_set(recorder, monkeypatch):
