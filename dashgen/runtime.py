@@ -14,6 +14,7 @@ from functools import lru_cache
 import torch
 
 from . import launch, plan_cache
+from .bounded_cache import BoundedCache
 from .cache import get_or_compile
 from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdParams,
                       ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig, Sm90FwdConfig,
@@ -124,7 +125,7 @@ def _int32_tensor(words) -> torch.Tensor:
     return torch.frombuffer(words, dtype=torch.int32).clone()
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=4)  # the prepared launches keep theirs; this serves their construction
 def _plan_tensors(problem: Problem, schedule: str, num_workers: int, device: torch.device):
     plan, _ = plan_cache.get_or_build(problem, schedule, num_workers,
                                       lambda: lower(_verified(problem, schedule, num_workers)))
@@ -374,7 +375,6 @@ class _BackwardLaunch:
         return found[0]
 
 
-@lru_cache(maxsize=256)
 def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, causal: bool,
                      deterministic: bool, trace: bool, schedule: str, num_workers: int,
                      device: torch.device, registers: tuple[int, int],
@@ -397,6 +397,18 @@ def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, ca
     cfg = _backward_config(kernel, dtype, q_shape[3], causal, problem.gqa, deterministic, trace,
                            registers, options)
     return _BackwardLaunch(kernel, problem, cfg, schedule, num_workers, device)
+
+
+def _device_bytes(bl: _BackwardLaunch) -> int:
+    tables = (bl.tasks, bl.offsets, bl.dq_counts, bl.conv_tiles, bl.conv_offsets)
+    return sum(t.numel() * t.element_size() for t in tables if t is not None)
+
+
+# Prepared backward launches by signature, with their schedule tables on the GPU: at most 256,
+# and at most 1 GiB of tables (a job with many sequence lengths rebuilds the rest, from the
+# plan cache on disk in milliseconds).
+_backward_launch = BoundedCache(_backward_launch, max_entries=256, max_bytes=1 << 30,
+                                size=_device_bytes)
 
 
 @lru_cache(maxsize=256)

@@ -350,3 +350,20 @@ def test_conversion_plan_covers_each_finished_tile_once_in_order(schedule, causa
     for w in range(len(shares)):
         share = [finished[t] for t in tiles[offsets[w]:offsets[w + 1]]]
         assert share == sorted(share)
+
+
+def test_prepared_launches_are_bounded_by_their_tables_bytes(recorder, monkeypatch):
+    """Each signature's launch holds its task tables on the device; past the byte budget the
+    least recently used signature is dropped (and rebuilt if it comes back)."""
+    cache = runtime._backward_launch
+    kw = dict(causal=True, softmax_scale=0.1, deterministic=True, schedule="fa3", num_workers=3,
+              kernel="sm90")
+    runtime.backward(*inputs(4, 4, seqlen=200), **kw)
+    one = cache.cache_bytes()
+    assert len(cache) == 1 and one >= 16 * 4  # at least the task table, 16 bytes a task
+    monkeypatch.setattr(cache, "max_bytes", one)
+    runtime.backward(*inputs(4, 4, seqlen=300), **kw)
+    assert len(cache) == 1 and cache.cache_bytes() > one  # the 200-token launch went
+    monkeypatch.setattr(cache, "max_bytes", 1 << 30)
+    runtime.backward(*inputs(4, 4, seqlen=200), **kw)
+    assert len(cache) == 2 and cache.cache_bytes() > 2 * one
