@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
+import time
 from functools import lru_cache
 
 import torch
@@ -125,10 +126,21 @@ def _int32_tensor(words) -> torch.Tensor:
     return torch.frombuffer(words, dtype=torch.int32).clone()
 
 
+_clock = time.perf_counter
+
+
 @lru_cache(maxsize=4)  # the prepared launches keep theirs; this serves their construction
 def _plan_tensors(problem: Problem, schedule: str, num_workers: int, device: torch.device):
-    plan, _ = plan_cache.get_or_build(problem, schedule, num_workers,
-                                      lambda: lower(_verified(problem, schedule, num_workers)))
+    start = _clock()
+    plan, hit = plan_cache.get_or_build(problem, schedule, num_workers,
+                                        lambda: lower(_verified(problem, schedule, num_workers)))
+    seconds = _clock() - start
+    if not hit and seconds >= 1:  # long sequences: say why the first backward waits
+        p = problem
+        print(f"dashgen: built and verified the {schedule} schedule for batch {p.batch}, "
+              f"{p.heads_q} heads, seqlen {p.seqlen_q}x{p.seqlen_k} ({plan.num_tasks} tasks, "
+              f"{num_workers} workers) in {seconds:.1f} s",
+              file=sys.stderr)
     tasks = _int32_tensor(plan.tasks).to(device)
     offsets = _int32_tensor(plan.worker_offsets).to(device)
     return plan, tasks, offsets

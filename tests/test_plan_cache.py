@@ -153,3 +153,20 @@ def test_the_code_digest_skips_editor_lock_files(tmp_path, monkeypatch):
     assert clean is not None and plan_cache._source_digest() == clean
     (package / "schedules" / "fa3.py").write_text("# edited\n")
     assert plan_cache._source_digest() != clean
+
+
+@pytest.mark.parametrize("hit, seconds, said", [(False, 2.0, True), (False, 0.2, False),
+                                                (True, 2.0, False)])
+def test_a_slow_new_plan_is_announced(monkeypatch, capsys, hit, seconds, said):
+    """A long sequence's first backward waits for its plan: a line on stderr says so."""
+    plan = Builds()()
+    monkeypatch.setattr(plan_cache, "get_or_build", lambda *a: (plan, hit))
+    clock = iter([100.0, 100.0 + seconds])
+    monkeypatch.setattr(runtime, "_clock", lambda: next(clock))
+    runtime._plan_tensors.cache_clear()
+    runtime._plan_tensors(PROBLEM, "symmetric_shift", 7, torch.device("cpu"))
+    runtime._plan_tensors.cache_clear()
+    err = capsys.readouterr().err
+    assert ("built and verified the symmetric_shift schedule" in err) == said
+    if said:
+        assert f"({plan.num_tasks} tasks, 7 workers) in {seconds:.1f} s" in err
