@@ -9,6 +9,7 @@ run and is tested without a GPU.
 from __future__ import annotations
 
 import math
+import statistics
 
 # The targets, as fractions.
 FA3_GEOMEAN = 0.9      # geometric mean of auto / FA3_det over the configurations
@@ -99,7 +100,21 @@ def verdicts(summary: list[dict]) -> list[tuple[str, str]]:
         lines.append(count(f"auto's pick (its schedule's own row) within {AUTO_WITHIN:.0%} of "
                            f"the best schedule", lambda r: r >= 1 - AUTO_WITHIN,
                            [_ratio(s.get("pick"), s["best"]) for s in summary]))
+        lines.append(noise(summary))
     return lines
+
+
+def noise(summary: list[dict]) -> tuple[str, str]:
+    """Not a target: how far apart the auto row and its pick's own row measured. They run the
+    same kernel with the same schedule, timed at different moments of the configuration, so
+    their gap is the run's timing noise, the yardstick for the margins above."""
+    gaps = sorted((abs(s["auto"] / s["pick"] - 1), s) for s in summary if s.get("pick"))
+    name = "timing noise (the auto row against its pick's own row, the same kernel)"
+    if not gaps:
+        return name, "no pairs"
+    worst, at = gaps[-1]
+    return name, (f"median {statistics.median(g for g, _ in gaps):.1%}, worst {worst:.1%} "
+                  f"(d{at['head_dim']} {at['mask']} {at['seqlen']})")
 
 
 def render(summary: list[dict]) -> str:
