@@ -108,7 +108,8 @@ def noise(summary: list[dict]) -> tuple[str, str]:
     """Not a target: how far apart the auto row and its pick's own row measured. They run the
     same kernel with the same schedule, timed at different moments of the configuration, so
     their gap is the run's timing noise, the yardstick for the margins above."""
-    gaps = sorted((abs(s["auto"] / s["pick"] - 1), s) for s in summary if s.get("pick"))
+    gaps = sorted(((abs(s["auto"] / s["pick"] - 1), s) for s in summary if s.get("pick")),
+                  key=lambda gap: gap[0])
     name = "timing noise (the auto row against its pick's own row, the same kernel)"
     if not gaps:
         return name, "no pairs"

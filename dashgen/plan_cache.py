@@ -82,7 +82,7 @@ def _load(data_path: Path, meta_path: Path, problem: Problem, schedule: str,
     except (OSError, ValueError):
         return None
     num_tasks = meta.get("num_tasks") if isinstance(meta, dict) else None
-    if (not isinstance(num_tasks, int) or meta.get("format") != _FORMAT
+    if (type(num_tasks) is not int or num_tasks < 0 or meta.get("format") != _FORMAT
             or meta.get("sha256") != hashlib.sha256(data).hexdigest()
             or len(data) != 4 * (num_tasks * TASK_WORDS + num_workers + 1)):
         return None
@@ -99,6 +99,8 @@ def _addressable(plan: KernelPlan) -> bool:
     count (a dQ tile's most contributions), dkv ranks below the GQA group size and only under
     GQA."""
     p, count = plan.problem, plan.num_tasks
+    if len(plan.worker_offsets) != plan.num_workers + 1 or len(plan.tasks) % TASK_WORDS:
+        return False
     offsets = torch.frombuffer(plan.worker_offsets, dtype=torch.int32).to(torch.int64)
     if offsets[0] != 0 or offsets[-1] != count or bool((offsets.diff() < 0).any()):
         return False

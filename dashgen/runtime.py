@@ -143,7 +143,9 @@ def _plan_tensors(problem: Problem, schedule: str, num_workers: int, device: tor
               file=sys.stderr)
     tasks = _int32_tensor(plan.tasks).to(device)
     offsets = _int32_tensor(plan.worker_offsets).to(device)
-    return plan, tasks, offsets
+    # The stream they were allocated on: a call on another stream must record its use of them
+    # (several prepared launches may share these tensors, whatever stream each was built on).
+    return plan, tasks, offsets, _stream(device) if device.type == "cuda" else 0
 
 
 def _conversion_plan(plan) -> tuple[list[int], list[int], list[int]]:
@@ -339,8 +341,10 @@ class _BackwardLaunch:
         # first_dq_store: the first dQ writer of a tile stores, so the preprocess kernel does not
         # zero the accumulator and the convert kernel zeroes the tiles nobody wrote.
         self.first_dq_store = kernel == "sm90" and cfg.first_dq_store and cfg.deterministic
-        self.plan, self.tasks, self.offsets = _plan_tensors(problem, schedule, num_workers, device)
-        self.tables_stream = _stream(device) if device.type == "cuda" else 0
+        self.plan, self.tasks, self.offsets, plan_stream = _plan_tensors(problem, schedule,
+                                                                         num_workers, device)
+        # (allocation stream, tensors) of every table the kernels read: see backward's end.
+        self.tables = [(plan_stream, (self.tasks, self.offsets))]
         self.staged_stats = kernel == "sm90" and cfg.staged_stats
         # fused_convert: the main kernel writes dQ as each tile's sum becomes final. A
         # query tile no task reaches (causal, more query rows than keys) gets no contribution:
@@ -354,6 +358,8 @@ class _BackwardLaunch:
             self.dq_counts, self.conv_tiles, self.conv_offsets = (
                 torch.tensor(x, dtype=torch.int32).to(device) for x in (counts, tiles, offsets))
             self.runs_convert_q = min(counts) == 0
+            self.tables.append((_stream(device) if device.type == "cuda" else 0,
+                                (self.dq_counts, self.conv_tiles, self.conv_offsets)))
         self.layout = WorkspaceLayout(problem, self.staged_stats)
         p = problem
         kernels = _kernels(cfg, device)
@@ -505,12 +511,13 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
             convert = ConvertParams(src, dst.data_ptr(), 0, p.batch, p.heads_kv, p.seqlen_k,
                                     dst.stride(1), bl.padded_n, False, p.block_n)
             bl.convert_kv(stream, (ctypes.addressof(convert),))
-    if stream != bl.tables_stream:
-        # The schedule tables were allocated on another stream: should the cache drop them
-        # while these kernels run, that stream could reuse their memory too early.
-        current = torch.cuda.current_stream(dev)
-        bl.tasks.record_stream(current)
-        bl.offsets.record_stream(current)
+    for tables_stream, tables in bl.tables:
+        if stream != tables_stream:
+            # These tables were allocated on another stream: should the cache drop them while
+            # these kernels run, that stream could reuse their memory too early.
+            current = torch.cuda.current_stream(dev)
+            for table in tables:
+                table.record_stream(current)
     if trace:
         return dq, dk, dv, trace_buf
     return dq, dk, dv

@@ -76,3 +76,18 @@ def test_the_pick_of_auto_is_judged_by_its_schedules_own_row():
 def test_configurations_without_an_auto_row_are_left_out():
     rows = [r for r in rows_at(1024, 1, 2, 3, 4, 5, 6, 7) if r["schedule"] != "auto"]
     assert summarize(rows, ANCHORS) == [] and render([]) == ""
+
+
+def test_the_timing_noise_line_survives_equal_gaps():
+    rows = rows_at(1024, auto=200.0, shift=200.0, fa3=150.0, shift_nondet=250.0, flex=190.0,
+                   fwd=90.0, sdpa_fwd=100.0)
+    rows += rows_at(2048, auto=390.0, shift=390.0, fa3=380.0, shift_nondet=400.0, flex=300.0,
+                    fwd=110.0, sdpa_fwd=100.0)
+    for r in rows:
+        if r["schedule"] == "auto":
+            r["picked"] = "shift"
+    s = summarize(rows, ANCHORS)
+    got = dict(verdicts(s))
+    assert got["timing noise (the auto row against its pick's own row, the same kernel)"] == \
+        "median 0.0%, worst 0.0% (d64 full 2048)"
+    assert "timing noise" in render(s)

@@ -71,7 +71,7 @@ def rewrite(data_path, meta_path, data: bytes, **meta) -> None:
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "sidecar", "sidecar-list",
                                     "sidecar-null", "count-null", "odd-length", "foreign-batch",
-                                    "negative-rank", "offsets"])
+                                    "negative-rank", "offsets", "negative-count"])
 def test_a_damaged_entry_is_rebuilt(tmp_path, damage):
     plan_cache.get_or_build(PROBLEM, "symmetric_shift", 7, Builds(), tmp_path)
     data_path, meta_path = plan_cache._paths(plan_cache.plan_key(PROBLEM, "symmetric_shift", 7),
@@ -93,6 +93,8 @@ def test_a_damaged_entry_is_rebuilt(tmp_path, damage):
         rewrite(data_path, meta_path, bytes(data), num_tasks=None)
     elif damage == "odd-length":
         rewrite(data_path, meta_path, bytes(data) + b"\0")
+    elif damage == "negative-count":  # -1 tasks: the length check alone would pass 16 bytes
+        rewrite(data_path, meta_path, bytes(16), num_tasks=-1)
     else:  # self-consistent entries whose table the kernel could not address
         index = {"foreign-batch": 0, "negative-rank": 2, "offsets": len(words) - 2}[damage]
         words[index] = {"foreign-batch": 7 << 16, "negative-rank": -3, "offsets": 10 ** 6}[damage]
@@ -118,14 +120,14 @@ def test_the_runtime_reads_its_plans_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
     runtime._plan_tensors.cache_clear()
     device = torch.device("cpu")
-    plan, tasks, offsets = runtime._plan_tensors(PROBLEM, "symmetric_shift", 7, device)
+    plan, tasks, offsets, _ = runtime._plan_tensors(PROBLEM, "symmetric_shift", 7, device)
     assert list(tmp_path.glob("plans/*/*.bin"))
     runtime._plan_tensors.cache_clear()
 
     def no_build(*args):
         raise AssertionError("built again although the cache holds the plan")
     monkeypatch.setattr(runtime, "_verified", no_build)
-    again, tasks_again, offsets_again = runtime._plan_tensors(PROBLEM, "symmetric_shift", 7,
+    again, tasks_again, offsets_again, _ = runtime._plan_tensors(PROBLEM, "symmetric_shift", 7,
                                                               device)
     runtime._plan_tensors.cache_clear()
     assert same(plan, again)

@@ -367,3 +367,26 @@ def test_prepared_launches_are_bounded_by_their_tables_bytes(recorder, monkeypat
     monkeypatch.setattr(cache, "max_bytes", 1 << 30)
     runtime.backward(*inputs(4, 4, seqlen=200), **kw)
     assert len(cache) == 2 and cache.cache_bytes() > 2 * one
+
+
+@pytest.mark.parametrize("call_stream, recorded", [(0, False), (1, True)])
+def test_tables_record_their_use_on_another_stream(recorder, monkeypatch, call_stream,
+                                                   recorded):
+    """Every table the kernels read (the task table, the worker offsets and the fused
+    convert's three) is recorded on the call's stream when it was allocated on another one, so
+    a dropped launch's memory is not reused under kernels still queued."""
+    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "fused_convert", True)
+    kw = dict(causal=True, softmax_scale=0.1, deterministic=True, schedule="fa3", num_workers=3,
+              kernel="sm90")
+    runtime.backward(*inputs(4, 4), **kw)  # built on the CPU's stream 0
+    (bl,) = [value for value, _ in runtime._backward_launch._entries.values()]
+    assert bl.converts_dq
+    tables = [bl.tasks, bl.offsets, bl.dq_counts, bl.conv_tiles, bl.conv_offsets]
+    seen = []
+    monkeypatch.setattr(runtime, "_stream", lambda device: call_stream)
+    monkeypatch.setattr(runtime.torch.cuda, "current_stream", lambda device: "the call's stream")
+    monkeypatch.setattr(torch.Tensor, "record_stream",
+                        lambda self, stream: seen.append((self.data_ptr(), stream)))
+    runtime.backward(*inputs(4, 4), **kw)
+    expected = [(t.data_ptr(), "the call's stream") for t in tables] if recorded else []
+    assert sorted(seen) == sorted(expected)
