@@ -130,10 +130,11 @@ def early_kv_pays(plan) -> bool:
     """Whether loading each KV segment's K/V early pays for a lowered plan: where its segments
     (runs of one worker's tasks on the same KV block) are short, so the boundaries are many."""
     import torch
-    words = torch.frombuffer(plan.tasks, dtype=torch.int32).view(-1, 4).to(torch.int64)
+    from .lower import plan_tensors
+    words, offsets = plan_tensors(plan)
     block = words[:, 0] << 16 | words[:, 1] >> 16  # (batch, head, n_block) of each task
     starts = torch.ones(len(block), dtype=torch.bool)
     starts[1:] = block[1:] != block[:-1]
-    offsets = torch.tensor(plan.worker_offsets[:-1], dtype=torch.int64)
-    starts[offsets[offsets < len(block)]] = True  # each worker's first task starts a segment
+    firsts = offsets[:-1]
+    starts[firsts[firsts < len(block)]] = True  # each worker's first task starts a segment
     return plan.num_tasks <= EARLY_KV_MAX_SEGMENT_TASKS * max(int(starts.sum()), 1)

@@ -18,11 +18,10 @@ from array import array
 from pathlib import Path
 from typing import Callable
 
-import torch
 
 from . import __version__, ir, schedules, verify
 from .cache import _atomic_write, cache_dir
-from .lower import TASK_WORDS, KernelPlan
+from .lower import TASK_WORDS, KernelPlan, plan_tensors
 from .problem import Problem
 
 _FORMAT = 1  # bump when the file layout changes
@@ -101,12 +100,9 @@ def _addressable(plan: KernelPlan) -> bool:
     p, count = plan.problem, plan.num_tasks
     if len(plan.worker_offsets) != plan.num_workers + 1 or len(plan.tasks) % TASK_WORDS:
         return False
-    offsets = torch.frombuffer(plan.worker_offsets, dtype=torch.int32).to(torch.int64)
+    words, offsets = plan_tensors(plan)
     if offsets[0] != 0 or offsets[-1] != count or bool((offsets.diff() < 0).any()):
         return False
-    if count == 0:
-        return True
-    words = torch.frombuffer(plan.tasks, dtype=torch.int32).view(-1, TASK_WORDS).to(torch.int64)
     bh, nm, dq_rank, dkv_rank = words.unbind(1)
     inside = ((bh >= 0) & (bh >> 16 < p.batch) & (bh & 0xFFFF < p.heads_q) & (nm >= 0)
               & (nm >> 16 < p.num_n_blocks) & (nm & 0xFFFF < p.num_m_blocks)

@@ -22,7 +22,7 @@ from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdPara
                       backward_blocks, backward_kind, blocks_of, config_of, forward_config_of,
                       forward_kind, render_config, sm90_bwd_refusal)
 from .kernel_model import early_kv_pays, fuses_convert
-from .lower import TASK_WORDS, lower
+from .lower import lower, plan_tensors
 from .problem import Mask, Problem
 from .schedules import build_schedule
 from .verify import verify
@@ -145,7 +145,7 @@ def _plan_tensors(problem: Problem, schedule: str, num_workers: int, device: tor
     offsets = _int32_tensor(plan.worker_offsets).to(device)
     # The stream they were allocated on: a call on another stream must record its use of them
     # (several prepared launches may share these tensors, whatever stream each was built on).
-    return plan, tasks, offsets, _stream(device) if device.type == "cuda" else 0
+    return plan, tasks, offsets, _allocation_stream(device)
 
 
 def _conversion_plan(plan) -> tuple[list[int], list[int], list[int]]:
@@ -159,7 +159,7 @@ def _conversion_plan(plan) -> tuple[list[int], list[int], list[int]]:
     tiles[offsets[w]:offsets[w + 1]]. Dealt, not left to the worker that adds last: the shift
     orders give some workers the last add of most of their tasks."""
     p = plan.problem
-    words = _int32_tensor(plan.tasks).to(torch.int64).view(-1, TASK_WORDS)
+    words, offsets = plan_tensors(plan)
     tile = ((words[:, 0] >> 16) * p.heads_q + (words[:, 0] & 0xFFFF)) * p.num_m_blocks + (
         words[:, 1] & 0xFFFF)
     per_tile = torch.zeros(p.batch * p.heads_q * p.num_m_blocks, dtype=torch.int64)
@@ -167,7 +167,6 @@ def _conversion_plan(plan) -> tuple[list[int], list[int], list[int]]:
     per_m = per_tile.view(-1, p.num_m_blocks)
     if not torch.equal(per_m, per_m[:1].expand_as(per_m)):
         raise AssertionError("the schedule gives the query tiles of one m_block different counts")
-    offsets = _int32_tensor(plan.worker_offsets).to(torch.int64)
     workers = len(offsets) - 1
     position = torch.arange(len(words)) - torch.repeat_interleave(offsets[:-1], offsets.diff())
     last = words[:, 2] + 1 == per_tile[tile]
@@ -219,6 +218,11 @@ def _stream(device: torch.device) -> int:
     if _RAW_STREAM is not None:
         return _RAW_STREAM(device.index)
     return torch.cuda.current_stream(device).cuda_stream
+
+
+def _allocation_stream(device: torch.device) -> int:
+    """The stream tensors made now on `device` belong to (0 off CUDA), for record_stream."""
+    return _stream(device) if device.type == "cuda" else 0
 
 
 def _empty(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -358,7 +362,7 @@ class _BackwardLaunch:
             self.dq_counts, self.conv_tiles, self.conv_offsets = (
                 torch.tensor(x, dtype=torch.int32).to(device) for x in (counts, tiles, offsets))
             self.runs_convert_q = min(counts) == 0
-            self.tables.append((_stream(device) if device.type == "cuda" else 0,
+            self.tables.append((_allocation_stream(device),
                                 (self.dq_counts, self.conv_tiles, self.conv_offsets)))
         self.layout = WorkspaceLayout(problem, self.staged_stats)
         p = problem
@@ -418,8 +422,7 @@ def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, ca
 
 
 def _device_bytes(bl: _BackwardLaunch) -> int:
-    tables = (bl.tasks, bl.offsets, bl.dq_counts, bl.conv_tiles, bl.conv_offsets)
-    return sum(t.numel() * t.element_size() for t in tables if t is not None)
+    return sum(t.numel() * t.element_size() for _, tables in bl.tables for t in tables)
 
 
 # Prepared backward launches by signature, with their schedule tables on the GPU: at most 256,
