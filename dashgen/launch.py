@@ -221,10 +221,12 @@ class Launcher:
         self.dims = _dim3(grid, "grid") + _dim3(block, "block")
         self.smem = int(smem)
 
-    def __call__(self, stream_handle: int, addresses: Sequence[int]) -> None:
+    def __call__(self, stream_handle: int, addresses: Sequence[int] | ctypes.Array) -> None:
         """cuLaunchKernel with kernelParams = the addresses of the arguments, in order (the
-        driver copies the arguments during the call)."""
-        params = (ctypes.c_void_p * len(addresses))(*addresses)
+        driver copies the arguments during the call); a ctypes array of them is passed as it
+        is."""
+        params = (addresses if isinstance(addresses, ctypes.Array)
+                  else (ctypes.c_void_p * len(addresses))(*addresses))
         err = _libcuda().cuLaunchKernel(self.handle, *self.dims, self.smem, stream_handle,
                                         params, None)
         if err:

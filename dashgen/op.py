@@ -279,13 +279,17 @@ def _run_forward(q, k, v, opts: Options):
                               softmax_scale=opts.softmax_scale)
 
 
+def _backward_options(opts: Options) -> dict:
+    return dict(causal=opts.causal, softmax_scale=opts.softmax_scale,
+                deterministic=opts.deterministic, schedule=opts.schedule,
+                num_workers=opts.num_workers)
+
+
 def _run_backward(do, q, k, v, o, lse, opts: Options):
     """dq, dk, dv from the runtime. The gradient of a reduction such as o.sum() arrives expanded
     (stride 0): contiguous() copies it."""
-    return _runtime().backward(
-        _ready(do), _ready(q), _ready(k), _ready(v), _ready(o), lse,
-        causal=opts.causal, softmax_scale=opts.softmax_scale, deterministic=opts.deterministic,
-        schedule=opts.schedule, num_workers=opts.num_workers)
+    return _runtime().backward(_ready(do), _ready(q), _ready(k), _ready(v), _ready(o), lse,
+                               **_backward_options(opts))
 
 
 # -- the custom ops ----------------------------------------------------------------------------
@@ -344,19 +348,32 @@ attention_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerAttention(torch.autograd.Function):
-    """Eager autograd straight over the runtime (the custom ops' impls, minus their layers)."""
+    """Eager autograd straight over the runtime (the custom ops' impls, minus their layers).
+    The forward also prepares the backward's launches (runtime.BackwardCall) on the caller's
+    thread while the GPU runs the forward, so that autograd's device thread, which the GPU
+    waits on, has less to do."""
 
     @staticmethod
     def forward(ctx, q, k, v, opts: Options):
-        o, lse = _run_forward(q, k, v, opts)
+        rt = _runtime()
+        q, k, v = _ready(q), _ready(k), _ready(v)
+        o, lse = rt.forward(q, k, v, causal=opts.causal, softmax_scale=opts.softmax_scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.opts = opts
+        ctx.call = rt.BackwardCall(q, k, v, o, lse, **_backward_options(opts))
         return o
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the kernels have no backward of their own
     def backward(ctx, grad_o):
-        dq, dk, dv = _run_backward(grad_o, *ctx.saved_tensors, ctx.opts)
+        saved = ctx.saved_tensors
+        call = ctx.call
+        if not call.serves(*saved):
+            # Saved-tensor hooks (offloading, activation checkpointing) handed back other
+            # tensors than the forward's: prepare for these.
+            call = _runtime().BackwardCall(*(_ready(t) for t in saved),
+                                           **_backward_options(ctx.opts))
+        dq, dk, dv = call(_ready(grad_o))
         return dq, dk, dv, None
 
 

@@ -378,23 +378,17 @@ class _BackwardLaunch:
         self.convert_kv = launch.Launcher(kernels["_convert"],
                                           (-(-p.seqlen_k // rows), p.heads_kv, p.batch), 128, 0)
         self.padded_m, self.padded_n = padded_m, padded_n
-        self._maps: dict[tuple, tuple] = {}
+        self._do_maps: dict[int, object] = {}
 
-    def map_addresses(self, q, k, v, do) -> list[int]:
-        """The Hopper backward's four TMA descriptors (Q, K, V, dO) as kernel-argument addresses.
-        Shapes and dtype are the signature's; the inputs are contiguous, so their addresses and
-        row strides decide the descriptors: one lookup per call instead of four."""
-        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), q.stride(1), k.stride(1))
-        found = self._maps.get(key)
+    def do_map(self, do):
+        """dO's TMA descriptor. Shape and dtype are the signature's and dO is contiguous, so its
+        address alone decides the descriptor: one dictionary lookup per call."""
+        found = self._do_maps.get(do.data_ptr())
         if found is None:
-            if len(self._maps) >= _TENSOR_MAPS_MAX:
-                self._maps.clear()
-            p = self.problem
-            maps = tuple(_tensor_map(t, rows) for t, rows in ((q, p.block_m), (k, p.block_n),
-                                                               (v, p.block_n), (do, p.block_m)))
-            # The addresses point into the descriptor objects: keep them with the addresses.
-            found = self._maps[key] = ([int(m.getPtr()) for m in maps], maps)
-        return found[0]
+            if len(self._do_maps) >= _TENSOR_MAPS_MAX:
+                self._do_maps.clear()
+            found = self._do_maps[do.data_ptr()] = _tensor_map(do, self.problem.block_m)
+        return found
 
 
 def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, causal: bool,
@@ -447,80 +441,154 @@ def _backward_config(kernel: str, dtype: str, head_dim: int, causal: bool, gqa: 
                          **{name: value for name, value in options if value is not None})
 
 
+class BackwardCall:
+    """A backward with everything but dO and its own buffers decided: the prepared launch of
+    its signature, the parameter blocks filled with the forward's pointers, the tensor maps of
+    q, k and v. The eager autograd node builds it during the forward, on the caller's thread,
+    while the GPU runs the forward. Autograd runs the backward on its device thread, which wakes
+    cold for each backward and runs Python 2-4x slower than the caller's thread, and the GPU
+    waits on that thread until the first launch (docs/perf-notes.md): there a call only
+    allocates, writes dO's and the buffers' addresses into the blocks, and launches.
+
+    q, k, v, o and lse are contiguous; the call reads them through their addresses, so it holds
+    no reference to them: `serves` tells whether a set of tensors is the one it was built for.
+    Its parameter blocks are rewritten by each call: one call at a time."""
+
+    def __init__(self, q, k, v, o, lse, *, causal: bool, softmax_scale: float,
+                 deterministic: bool, schedule: str, num_workers: int, trace: bool = False,
+                 kernel: str = "auto"):
+        kernel = backward_kernel(q, k, kernel)
+        dev = self.device = q.device
+        bl = self.bl = _backward_launch(kernel, tuple(q.shape), tuple(k.shape), _DTYPES[q.dtype],
+                                        bool(causal), bool(deterministic), bool(trace), schedule,
+                                        num_workers, dev, SM90_REGISTERS,
+                                        tuple(sorted(SM90_BWD_OPTIONS.items())))
+        self.device_index = dev.index or 0
+        self.pointers = tuple(t.data_ptr() for t in (q, k, v, o, lse))
+        self.q_shape, self.k_shape, self.dtype = q.shape, k.shape, q.dtype
+        self.trace = trace
+        p, layout = bl.problem, bl.layout
+        self.floats = layout.floats
+        self.part_bytes = tuple(4 * offset for offset in layout.offsets)
+        self.zeroed_bytes = 4 * layout.zeroed_offset
+        # q, k, v and their gradients are contiguous: row strides from the inputs serve both.
+        q_stride, k_stride = q.stride(1), k.stride(1)
+        self.prep = PrepParams(o.data_ptr(), 0, 0, 0, 0,
+                               (layout.floats - layout.zeroed_offset) // 4, p.batch, p.heads_q,
+                               p.seqlen_q, q_stride, bl.padded_m, not bl.first_dq_store,
+                               lse.data_ptr() if bl.staged_stats else 0, 0)
+        self.params = BwdParams(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, lse.data_ptr(), 0, 0, 0, 0, 0, 0, 0, 0,
+            bl.tasks.data_ptr(), bl.offsets.data_ptr(), 0, p.batch, p.heads_q, p.heads_kv,
+            p.seqlen_q, p.seqlen_k, q_stride, k_stride, p.num_m_blocks, p.num_n_blocks,
+            float(softmax_scale), 0,
+            *((0, bl.dq_counts.data_ptr(), bl.conv_tiles.data_ptr(),
+               bl.conv_offsets.data_ptr()) if bl.converts_dq else (0, 0, 0, 0)))
+        # The Hopper backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums
+        # row-major.
+        self.convert_q = ConvertParams(0, 0, 0, p.batch, p.heads_q, p.seqlen_q, q_stride,
+                                       bl.padded_m, kernel == "sm90", p.block_m)
+        self.convert_kv = [ConvertParams(0, 0, 0, p.batch, p.heads_kv, p.seqlen_k, k_stride,
+                                         bl.padded_n, False, p.block_n) for _ in range(2)]
+        self.prep_args = _addresses(self.prep)
+        self.convert_q_args = _addresses(self.convert_q)
+        self.convert_kv_args = [_addresses(c) for c in self.convert_kv]
+        if kernel == "sm90":
+            # The descriptors stay alive with the call; dO's slot is filled per call.
+            self.maps = tuple(_tensor_map(t, rows) for t, rows in ((q, p.block_m), (k, p.block_n),
+                                                                   (v, p.block_n)))
+            self.main_args = _addresses(*(int(m.getPtr()) for m in self.maps), 0, self.params)
+        else:
+            self.maps = None
+            self.main_args = _addresses(self.params)
+
+    def serves(self, q, k, v, o, lse) -> bool:
+        """Whether these are the tensors the call was built for (autograd may hand the backward
+        other ones: saved-tensor hooks that offload or recompute them)."""
+        return (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                lse.data_ptr()) == self.pointers
+
+    def __call__(self, do):
+        """dq, dk, dv (and the trace buffer if built with `trace`); do is contiguous, shaped like
+        q. The preprocess kernel is launched first, before the gradients are allocated: until it
+        is, the GPU waits on this code."""
+        bl, dev = self.bl, self.device
+        p = bl.problem
+        launch.make_current(self.device_index)
+        stream = _stream(dev)
+        empty = _allocator()
+        workspace = empty((self.floats,), torch.float32, dev)
+        base = workspace.data_ptr()
+        dq_accum, dpsum, stats, dk_accum, dv_accum, dq_counters, dkv_counters = (
+            base + offset for offset in self.part_bytes)
+        stats = stats if bl.staged_stats else 0
+        prep, params = self.prep, self.params
+        prep.dout, prep.dpsum, prep.dq_accum, prep.zero, prep.stats = (
+            do.data_ptr(), dpsum, dq_accum, base + self.zeroed_bytes, stats)
+        bl.preprocess(stream, self.prep_args)
+
+        # Until the main kernel is launched the GPU may be waiting on this code (the preprocess
+        # is short): dQ, and dK/dV under GQA, are allocated after it, for the convert kernels,
+        # unless the main kernel writes dQ itself.
+        gqa = p.gqa
+        dk, dv = ((None, None) if gqa else
+                  (empty(self.k_shape, self.dtype, dev), empty(self.k_shape, self.dtype, dev)))
+        dq = empty(self.q_shape, self.dtype, dev) if bl.converts_dq else None
+        trace_buf = (torch.full((bl.plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
+                     if self.trace else None)
+        params.dout, params.dpsum, params.dq_accum, params.stats = (
+            prep.dout, dpsum, dq_accum, stats)
+        params.dq_counters = dq_counters
+        if gqa:
+            params.dk_accum, params.dv_accum, params.dkv_counters = (dk_accum, dv_accum,
+                                                                     dkv_counters)
+        else:
+            params.dk, params.dv = dk.data_ptr(), dv.data_ptr()
+        if dq is not None:
+            params.dq = dq.data_ptr()
+        if trace_buf is not None:
+            params.trace = trace_buf.data_ptr()
+        if self.maps is not None:
+            do_map = bl.do_map(do)  # a local reference keeps the descriptor through the launch
+            self.main_args[3] = int(do_map.getPtr())
+        bl.main(stream, self.main_args)
+
+        if dq is None:
+            dq = empty(self.q_shape, self.dtype, dev)
+        if gqa:
+            dk, dv = (empty(self.k_shape, self.dtype, dev), empty(self.k_shape, self.dtype, dev))
+        if bl.runs_convert_q:
+            convert = self.convert_q
+            convert.src, convert.dst = dq_accum, dq.data_ptr()
+            convert.counters = dq_counters if bl.first_dq_store else 0
+            bl.convert_q(stream, self.convert_q_args)
+        if gqa:
+            for convert, args, src, dst in zip(self.convert_kv, self.convert_kv_args,
+                                               (dk_accum, dv_accum), (dk, dv)):
+                convert.src, convert.dst = src, dst.data_ptr()
+                bl.convert_kv(stream, args)
+        for tables_stream, tables in bl.tables:
+            if stream != tables_stream:
+                # These tables were allocated on another stream: should the cache drop them
+                # while these kernels run, that stream could reuse their memory too early.
+                current = torch.cuda.current_stream(dev)
+                for table in tables:
+                    table.record_stream(current)
+        if self.trace:
+            return dq, dk, dv, trace_buf
+        return dq, dk, dv
+
+
+def _addresses(*args) -> ctypes.Array:
+    """kernelParams for a launch: each argument's address (an int is one already)."""
+    return (ctypes.c_void_p * len(args))(*(a if isinstance(a, int) else ctypes.addressof(a)
+                                           for a in args))
+
+
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
              schedule: str, num_workers: int, trace: bool = False, kernel: str = "auto"):
     """dq, dk, dv (and the trace buffer if `trace`). q, k, v, do and o are contiguous; do and o
-    are shaped like q. The preprocess kernel is launched first, before the gradients are
-    allocated: until it is, the GPU waits on this host code."""
-    kernel = backward_kernel(q, k, kernel)
-    dev = q.device
-    bl = _backward_launch(kernel, tuple(q.shape), tuple(k.shape), _DTYPES[q.dtype], bool(causal),
-                          bool(deterministic), bool(trace), schedule, num_workers, dev,
-                          SM90_REGISTERS, tuple(sorted(SM90_BWD_OPTIONS.items())))
-    p, layout = bl.problem, bl.layout
-    launch.make_current(dev.index or 0)
-    stream = _stream(dev)
-    q_stride = q.stride(1)
-
-    empty = _allocator()
-    workspace = empty((layout.floats,), torch.float32, dev)
-    base = workspace.data_ptr()
-    dq_accum, dpsum, stats, dk_accum, dv_accum, dq_counters, dkv_counters = (
-        base + 4 * offset for offset in layout.offsets)
-    stats = stats if bl.staged_stats else 0
-    first_store = bl.first_dq_store
-    prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum, dq_accum,
-                      base + 4 * layout.zeroed_offset, (layout.floats - layout.zeroed_offset) // 4,
-                      p.batch, p.heads_q, p.seqlen_q, q_stride, bl.padded_m, not first_store,
-                      lse.data_ptr() if stats else 0, stats)
-    bl.preprocess(stream, (ctypes.addressof(prep),))
-
-    # Until the main kernel is launched the GPU may be waiting on this code (the preprocess is
-    # short): dQ, and dK/dV under GQA, are allocated after it, for the convert kernels, unless
-    # the main kernel writes dQ itself.
-    gqa = p.gqa
-    # q, k and v are contiguous: so are their gradients.
-    dk, dv = (None, None) if gqa else (empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev))
-    dq = empty(q.shape, q.dtype, dev) if bl.converts_dq else None
-    trace_buf = (torch.full((bl.plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
-                 if trace else None)
-    params = BwdParams(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(), dpsum, dq_accum,
-        0 if gqa else dk.data_ptr(), 0 if gqa else dv.data_ptr(),
-        dk_accum if gqa else 0, dv_accum if gqa else 0, dq_counters, dkv_counters if gqa else 0,
-        bl.tasks.data_ptr(), bl.offsets.data_ptr(), trace_buf.data_ptr() if trace else 0,
-        p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k, q_stride, k.stride(1),
-        p.num_m_blocks, p.num_n_blocks, float(softmax_scale), stats,
-        *((dq.data_ptr(), bl.dq_counts.data_ptr(), bl.conv_tiles.data_ptr(),
-           bl.conv_offsets.data_ptr()) if bl.converts_dq else (0, 0, 0, 0)))
-    if kernel == "sm90":
-        bl.main(stream, bl.map_addresses(q, k, v, do) + [ctypes.addressof(params)])
-    else:
-        bl.main(stream, (ctypes.addressof(params),))
-
-    if dq is None:
-        dq = empty(q.shape, q.dtype, dev)
-    if gqa:
-        dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
-
-    # The Hopper backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
-    if bl.runs_convert_q:
-        convert = ConvertParams(dq_accum, dq.data_ptr(), dq_counters if first_store else 0,
-                                p.batch, p.heads_q, p.seqlen_q, dq.stride(1), bl.padded_m,
-                                kernel == "sm90", p.block_m)
-        bl.convert_q(stream, (ctypes.addressof(convert),))
-    if gqa:
-        for src, dst in ((dk_accum, dk), (dv_accum, dv)):
-            convert = ConvertParams(src, dst.data_ptr(), 0, p.batch, p.heads_kv, p.seqlen_k,
-                                    dst.stride(1), bl.padded_n, False, p.block_n)
-            bl.convert_kv(stream, (ctypes.addressof(convert),))
-    for tables_stream, tables in bl.tables:
-        if stream != tables_stream:
-            # These tables were allocated on another stream: should the cache drop them while
-            # these kernels run, that stream could reuse their memory too early.
-            current = torch.cuda.current_stream(dev)
-            for table in tables:
-                table.record_stream(current)
-    if trace:
-        return dq, dk, dv, trace_buf
-    return dq, dk, dv
+    are shaped like q."""
+    return BackwardCall(q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
+                        deterministic=deterministic, schedule=schedule, num_workers=num_workers,
+                        trace=trace, kernel=kernel)(do)

@@ -1,7 +1,7 @@
 """Where the host time of one backward goes, phase by phase, and on which thread: timestamps
 (time.perf_counter_ns) taken in the main thread around torch.autograd.grad, at the entry of the
-eager autograd node's backward, at runtime.backward's entry and exit, and around each kernel
-launch. The same runtime.backward is also timed called directly on the main thread and on a
+eager autograd node's backward, at the entry and exit of the backward's prepared call
+(runtime.BackwardCall, built by the forward), and around each kernel launch. The same runtime.backward is also timed called directly on the main thread and on a
 second Python thread, to tell a cost of the autograd device thread from one of our code.
 
 Medians over calls, each after a synchronize (the GPU idle, as the benchmark times them).
@@ -35,16 +35,17 @@ def mark(name: str) -> None:
 
 def instrument() -> None:
     """Wrap the functions whose entry and exit are phases (a diagnostic: never in the library)."""
-    run_backward, backward, call = op._run_backward, runtime.backward, launch.Launcher.__call__
+    node_backward = op._EagerAttention.backward
+    call_backward, call = runtime.BackwardCall.__call__, launch.Launcher.__call__
 
-    def run_backward_marked(*args, **kwargs):
+    def node_backward_marked(ctx, grad_o):
         mark("node backward entered")
-        return run_backward(*args, **kwargs)
+        return node_backward(ctx, grad_o)
 
-    def backward_marked(*args, **kwargs):
-        mark("runtime.backward entered")
-        out = backward(*args, **kwargs)
-        mark("runtime.backward returned")
+    def call_backward_marked(self, do):
+        mark("prepared backward called")
+        out = call_backward(self, do)
+        mark("prepared backward returned")
         return out
 
     def call_marked(self, stream, addresses):
@@ -53,8 +54,8 @@ def instrument() -> None:
         call(self, stream, addresses)
         mark(f"launch {kind} done")
 
-    op._run_backward = run_backward_marked
-    runtime.backward = backward_marked
+    op._EagerAttention.backward = staticmethod(node_backward_marked)
+    runtime.BackwardCall.__call__ = call_backward_marked
     launch.Launcher.__call__ = call_marked
 
 

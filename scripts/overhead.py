@@ -1,5 +1,7 @@
 """Where the time of one backward goes outside the kernels: the same head_dim-128 backward timed
-through runtime.backward, the custom op and autograd (CUDA events, median), plus the host time
+through runtime.backward, the custom op and autograd (CUDA events, median), autograd with the
+backward prepared by the forward (attention()) against prepared in the backward, alternated,
+plus the host time
 per call (no sync), the same call with its host time hidden behind a GPU sleep (what is left is
 GPU time; the difference is host time the GPU waited for) and a CUDA-graph replay (kernels
 only, no launch gaps); then the forward
@@ -20,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from dashgen import runtime  # noqa: E402
-from dashgen.bench import event_ms, median_ms  # noqa: E402  (the protocol's timing)
+from dashgen.bench import event_ms, median_ms, rounds_ms  # noqa: E402  (the protocol's timing)
 from dashgen.op import attention  # noqa: E402
 
 from time_kernels import problem_inputs  # noqa: E402  (scripts/ is on sys.path)
@@ -76,6 +78,26 @@ def main():
     def autograd():
         return torch.autograd.grad(out, (ql, kl, vl), do, retain_graph=True)
 
+    class _PreparedInBackward(torch.autograd.Function):
+        """attention()'s node with the backward prepared on autograd's device thread, as
+        runtime.backward does it, instead of by the forward: the difference is what preparing
+        in the forward saves."""
+
+        @staticmethod
+        def forward(ctx, q, k, v):
+            o, lse = runtime.forward(q, k, v, causal=args.causal, softmax_scale=scale)
+            ctx.save_for_backward(q, k, v, o, lse)
+            return o
+
+        @staticmethod
+        def backward(ctx, grad):
+            return runtime.backward(grad.contiguous(), *ctx.saved_tensors, **kw)
+
+    out_late = _PreparedInBackward.apply(ql, kl, vl)
+
+    def autograd_late():
+        return torch.autograd.grad(out_late, (ql, kl, vl), do, retain_graph=True)
+
     class _Floor(torch.autograd.Function):
         """autograd's own cost on CUDA: a backward that launches one small copy."""
 
@@ -108,6 +130,9 @@ def main():
                      ("autograd floor", floor)):
         ms = median_ms(fn, 3, 20)
         rows.append((name, ms, host_us(fn), hidden_ms(fn)))
+    # The two autograd paths alternated in rounds (as the benchmark times rows), repeated.
+    paired, _ = rounds_ms({"prepared by the forward": autograd,
+                           "prepared in the backward": autograd_late}, 3, 120, rounds=12)
     fwd_rows = [(name, median_ms(fn, 3, 20), host_us(fn))
                 for name, fn in (("runtime.forward", forward_runtime),
                                  ("attention, no_grad", forward_no_grad))]
@@ -132,6 +157,9 @@ def main():
               f"{(ms - gpu_ms) * 1e3:>16.1f}")
     if graph_ms is not None:
         print(f"{'graph replay':<20} {graph_ms:>10.3f} {flops / graph_ms / 1e9:>8.1f}")
+    print("autograd.grad, the two preparations alternated (12 rounds, 120 calls each):")
+    for name, ms in paired.items():
+        print(f"  {name:<26} {ms:>10.3f} {flops / ms / 1e9:>8.1f}")
     for name, ms, us in fwd_rows:  # forward TFLOP/s
         print(f"{name:<20} {ms:>10.3f} {fwd_flops / ms / 1e9:>8.1f} {us:>13.1f}")
     if args.profile:

@@ -46,6 +46,7 @@ class StubRuntime:
 
     def __init__(self):
         self.calls: list[tuple[str, dict]] = []
+        self.prepared: list[tuple[int, ...]] = []  # the pointers each BackwardCall was built for
 
     class KernelConfig:
         block_m = 64
@@ -86,6 +87,24 @@ class StubRuntime:
         dk = dk.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
         dv = dv.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
         return tuple(g.to(t.dtype).contiguous() for g, t in ((dq, q), (dk, k), (dv, v)))
+
+    def BackwardCall(self, q, k, v, o, lse, **options):  # noqa: N802 (the runtime's class)
+        self.prepared.append(tuple(t.data_ptr() for t in (q, k, v, o, lse)))
+        return StubCall(self, (q, k, v, o, lse), options)
+
+
+class StubCall:
+    """runtime.BackwardCall's contract over StubRuntime.backward."""
+
+    def __init__(self, runtime, tensors, options):
+        self.runtime, self.tensors, self.options = runtime, tensors, options
+        self.pointers = tuple(t.data_ptr() for t in tensors)
+
+    def serves(self, *tensors):
+        return tuple(t.data_ptr() for t in tensors) == self.pointers
+
+    def __call__(self, do):
+        return self.runtime.backward(do, *self.tensors, **self.options)
 
 
 @pytest.fixture(autouse=True)
@@ -545,3 +564,17 @@ def test_eager_and_traced_paths_agree_and_a_second_derivative_raises(on_cpu):
     # A second derivative raises; it never comes back as silent zeros.
     with pytest.raises(RuntimeError, match="does not require grad"):
         torch.autograd.grad(grads[0].sum(), q)
+
+
+def test_saved_tensor_hooks_get_a_backward_of_their_own(on_cpu, stub_runtime):
+    """Hooks that hand the backward copies (offloading): the node prepares again for the
+    copies, and the gradients are those of the plain call."""
+    q, k, v = cpu_leaves()
+    do = torch.randn_like(q)
+    plain = torch.autograd.grad(op.attention(q, k, v, causal=True), (q, k, v), do)
+    assert len(stub_runtime.prepared) == 1
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach().clone(), lambda t: t):
+        out = op.attention(q, k, v, causal=True)
+    hooked = torch.autograd.grad(out, (q, k, v), do)
+    assert len(stub_runtime.prepared) == 3 and stub_runtime.prepared[1] != stub_runtime.prepared[2]
+    assert all(torch.equal(a, b) for a, b in zip(plain, hooked))

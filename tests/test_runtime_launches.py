@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dashgen import launch, runtime  # noqa: E402
-from dashgen.kernels import BwdParams, ConvertParams, PrepParams  # noqa: E402
+from dashgen import op  # noqa: E402
+from dashgen.kernels import BwdParams, ConvertParams, FwdParams, PrepParams  # noqa: E402
 
 
 class FakeMap:
@@ -43,7 +44,9 @@ class Recorder:
     def cuLaunchKernel(self, handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):  # noqa: N802
         name = self.names[handle]
         addresses = list(params)
-        if name.endswith("_preprocess"):
+        if name.startswith("dashgen_attn_fwd"):  # tensor maps (sm90), then the block
+            args = addresses[:-1] + [FwdParams.from_address(addresses[-1])]
+        elif name.endswith("_preprocess"):
             args = [PrepParams.from_address(addresses[0])]
         elif name.endswith("_convert"):
             args = [ConvertParams.from_address(addresses[0])]
@@ -73,10 +76,12 @@ def recorder(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, "_LIBCUDA", rec)
     monkeypatch.setitem(launch._PRIMARY, 0, 1)
     monkeypatch.setattr(runtime, "_stream", lambda device: 0)
-    for cache in (runtime._load, runtime._backward_launch, runtime._backward_config):
+    for cache in (runtime._load, runtime._backward_launch, runtime._backward_config,
+                  runtime._forward_launch):
         cache.cache_clear()
     yield rec
-    for cache in (runtime._load, runtime._backward_launch, runtime._backward_config):
+    for cache in (runtime._load, runtime._backward_launch, runtime._backward_config,
+                  runtime._forward_launch):
         cache.cache_clear()
 
 
@@ -87,15 +92,25 @@ def inputs(heads_q, heads_kv, seqlen=200, head_dim=128):
     return do, q, k, v, o, lse
 
 
+@pytest.mark.parametrize("path", ["backward", "second call"])
 @pytest.mark.parametrize("heads_kv", [4, 1], ids=["mha", "gqa"])
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_backward_launches_carry_the_right_pointers(recorder, monkeypatch, heads_kv,
-                                                  deterministic):
+                                                  deterministic, path):
+    """runtime.backward, or the second call of one prepared BackwardCall with another dO: a
+    prepared call rewrites every pointer that changes between calls."""
     monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "fused_convert", False)  # the convert kernel
     do, q, k, v, o, lse = args = inputs(4, heads_kv)
-    dq, dk, dv = runtime.backward(*args, causal=True, softmax_scale=0.1,
-                                  deterministic=deterministic, schedule="fa3", num_workers=3,
-                                  kernel="sm90")
+    options = dict(causal=True, softmax_scale=0.1, deterministic=deterministic, schedule="fa3",
+                   num_workers=3, kernel="sm90")
+    if path == "backward":
+        dq, dk, dv = runtime.backward(*args, **options)
+    else:
+        call = runtime.BackwardCall(q, k, v, o, lse, **options)
+        first = call(torch.randn_like(do))  # kept: the second call's buffers are new ones
+        recorder.launches.clear()
+        dq, dk, dv = call(do)
+        assert not any(a.data_ptr() == b.data_ptr() for a, b in zip(first, (dq, dk, dv)))
     gqa = heads_kv != 4
     kinds = [name.rsplit("_", 1)[-1] if name.endswith(("_preprocess", "_convert")) else "main"
              for name, _, _ in recorder.launches]
@@ -390,3 +405,73 @@ def test_tables_record_their_use_on_another_stream(recorder, monkeypatch, call_s
     runtime.backward(*inputs(4, 4), **kw)
     expected = [(t.data_ptr(), "the call's stream") for t in tables] if recorded else []
     assert sorted(seen) == sorted(expected)
+
+
+@pytest.fixture
+def cpu_op(monkeypatch):
+    """dashgen.attention on CPU tensors (H200 facts), over the recorded driver."""
+    monkeypatch.setattr(op, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(op, "_device_facts", lambda index: (9, 0, 132, "NVIDIA H200"))
+    op._VALIDATED.clear()
+    built = []
+    real = runtime.BackwardCall
+    monkeypatch.setattr(runtime, "BackwardCall", lambda *a, **kw: built.append(a) or real(*a, **kw))
+    yield built
+    op._VALIDATED.clear()
+
+
+def leaf_inputs(seqlen=200, heads=4, head_dim=128):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, seqlen, heads, head_dim, dtype=torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    return q, k, v, torch.randn(1, seqlen, heads, head_dim, dtype=torch.bfloat16)
+
+
+def main_and_prep(launches):
+    prep = next(a[0] for name, _, a in launches if name.endswith("_preprocess"))
+    main = next(a for name, _, a in launches
+                if name.startswith("dashgen_attn_bwd") and not name.endswith(("_preprocess",
+                                                                               "_convert")))
+    return prep, main
+
+
+def test_the_eager_backward_is_prepared_by_its_forward(recorder, cpu_op):
+    """attention()'s autograd node builds the backward's launches in the forward, once; its
+    backward launches with the forward's tensors and the dO it is handed, every time."""
+    q, k, v, do = leaf_inputs()
+    out = op.attention(q, k, v, causal=True, schedule="fa3")
+    (name, _, fwd_args), = recorder.launches
+    fwd = fwd_args[-1]
+    assert len(cpu_op) == 1 and (fwd.q, fwd.o) == (q.data_ptr(), out.data_ptr())
+    for grad_out in (do, do.flip(0).contiguous()):
+        recorder.launches.clear()
+        torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True)
+        prep, main = main_and_prep(recorder.launches)
+        params = main[4]
+        assert (params.q, params.k, params.v, params.lse) == (q.data_ptr(), k.data_ptr(),
+                                                              v.data_ptr(), fwd.lse)
+        assert prep.o == fwd.o and prep.dout == params.dout == grad_out.data_ptr()
+        assert main[:4] == [FakeMap(t.data_ptr()).getPtr() for t in (q, k, v, grad_out)]
+    assert len(cpu_op) == 1  # nothing rebuilt
+
+
+def test_tensors_from_saved_tensor_hooks_get_their_own_launches(recorder, cpu_op):
+    """Offloading or checkpointing hooks hand the backward other tensors than the forward's:
+    the launches must read those, never the forward's addresses (freed by then)."""
+    q, k, v, do = leaf_inputs()
+    packed = []
+
+    def pack(t):
+        packed.append(t.detach().clone())
+        return packed[-1]
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = op.attention(q, k, v, causal=True, schedule="fa3")
+    recorder.launches.clear()
+    torch.autograd.grad(out, (q, k, v), do)
+    prep, main = main_and_prep(recorder.launches)
+    sq, sk, sv, so, slse = packed
+    assert len(cpu_op) == 2  # the forward's, and one for the tensors the hooks returned
+    assert (main[4].q, main[4].k, main[4].v, main[4].lse, prep.o) == tuple(
+        t.data_ptr() for t in (sq, sk, sv, slse, so))
+    assert q.data_ptr() not in (main[4].q, prep.o)

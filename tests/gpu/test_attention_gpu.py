@@ -214,6 +214,26 @@ def test_a_fresh_thread_gets_the_same_bits(seed):
     assert all(torch.equal(a, b) for a, b in zip(here, there[0]))
 
 
+@pytest.mark.parametrize("wrap", ["save_on_cpu", "checkpoint"])
+def test_offloaded_or_recomputed_saved_tensors_give_the_same_bits(wrap, seed):
+    """Saved-tensor hooks hand the backward other tensors than the forward's (copies brought
+    back from the CPU, or a recomputation): the backward reads those, with the plain call's
+    bits. The forward prepared its backward for its own tensors, which are gone by then."""
+    q, k, v, do = (torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(4))
+    fn = lambda q, k, v: attention(q, k, v, causal=True)
+    plain = out_and_grads(fn, q, k, v, do)
+    if wrap == "save_on_cpu":
+        def wrapped(q, k, v):
+            with torch.autograd.graph.save_on_cpu():
+                return fn(q, k, v)
+    else:
+        from torch.utils.checkpoint import checkpoint
+        wrapped = lambda q, k, v: checkpoint(fn, q, k, v, use_reentrant=False)
+    hooked = out_and_grads(wrapped, q, k, v, do)
+    assert all(torch.equal(a, b) for a, b in zip(plain, hooked))
+
+
 @pytest.mark.parametrize("shape", [(2, 300, 100, 4, 4, 64), (1, 257, 257, 8, 2, 128)],
                          ids=["rows-without-keys", "gqa"])
 def test_under_deterministic_algorithms_every_output_is_written(shape, seed):
