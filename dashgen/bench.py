@@ -27,7 +27,12 @@ REPO = Path(__file__).resolve().parent.parent  # the checkout, for the commit id
 
 PEERS = ("cudnn", "flash_det", "flex")
 BWD_OVER_FWD = 2.5  # the backward runs five matmuls of the forward's size to its two
-ROUNDS = 2  # rounds_ms (--rounds): each row of a configuration is timed in two blocks, far apart
+# rounds_ms: each row of a configuration is timed in six blocks of five calls, spread over the
+# configuration's time. With two blocks of five, two rows of the same kernel and schedule (the
+# auto row and its pick's) differed by up to 16% at 1k in one run: more blocks, so that no
+# block's state decides a row's median.
+ROUNDS = 6
+REPEATS = 30
 
 
 def fwd_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
@@ -411,7 +416,8 @@ def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="comma list of dashgen schedules (default: every one that serves the mask)")
     p.add_argument("--peers", type=_names, default=list(PEERS),
                    help=f"comma list from {','.join(PEERS)}, or 'none'")
-    p.add_argument("--repeats", type=int, default=10, help="timed runs, median (protocol: >= 10)")
+    p.add_argument("--repeats", type=int, default=REPEATS,
+                   help=f"timed runs, median (default {REPEATS}; protocol: >= 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (protocol: >= 3)")
     p.add_argument("--rounds", type=int, default=ROUNDS,
                    help=f"blocks each row's timed calls are split into, every block after its "

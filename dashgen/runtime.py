@@ -263,26 +263,48 @@ def forward_kernel(q: torch.Tensor, kernel: str = "auto") -> str:
     return kernel
 
 
+class _ForwardLaunch:
+    """The forward's config and prepared launch for a signature, with the TMA descriptors of the
+    q, k, v it has seen."""
+
+    def __init__(self, kind: str, q_shape: tuple, dtype: str, causal: bool,
+                 device: torch.device):
+        batch, seqlen_q, heads_q, head_dim = q_shape
+        self.kind = kind
+        cfg = self.cfg = forward_config_of(kind, dtype, head_dim, causal)  # validates
+        kernel = _kernels(cfg, device)[""]
+        block_m = cfg.block_m if kind == "sm90" else BLOCK_M
+        self.launcher = launch.Launcher(kernel, (-(-seqlen_q // block_m), heads_q, batch),
+                                        384 if kind == "sm90" else 128, cfg.smem_bytes)
+        self._maps: dict[tuple, tuple] = {}
+
+    def map_addresses(self, q, k, v) -> list[int]:
+        """The Hopper forward's three descriptors (Q, K, V) as kernel-argument addresses. q, k
+        and v are contiguous and q's shape is the signature's: their addresses and k's shape
+        decide the descriptors, one lookup per call instead of three."""
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), k.shape)
+        found = self._maps.get(key)
+        if found is None:
+            if len(self._maps) >= _TENSOR_MAPS_MAX:
+                self._maps.clear()
+            # Each MMA warpgroup loads its 64 query rows; K/V come in tiles of block_n keys.
+            block_n = self.cfg.block_n
+            maps = (_tensor_map(q, 64), _tensor_map(k, block_n), _tensor_map(v, block_n))
+            # The addresses point into the descriptor objects: keep them with the addresses.
+            found = self._maps[key] = ([int(m.getPtr()) for m in maps], maps)
+        return found[0]
+
+
 @lru_cache(maxsize=256)
 def _forward_launch(kind: str, q_shape: tuple, dtype: str, causal: bool,
-                    device: torch.device) -> tuple[object, launch.Launcher]:
-    """The forward's config and prepared launch for a signature (configs validate on
-    construction)."""
-    batch, seqlen_q, heads_q, head_dim = q_shape
-    cfg = forward_config_of(kind, dtype, head_dim, causal)
-    kernel = _kernels(cfg, device)[""]
-    if kind == "sm90":
-        return cfg, launch.Launcher(kernel, (-(-seqlen_q // cfg.block_m), heads_q, batch), 384,
-                                    cfg.smem_bytes)
-    return cfg, launch.Launcher(kernel, (-(-seqlen_q // BLOCK_M), heads_q, batch), 128,
-                                cfg.smem_bytes)
+                    device: torch.device) -> _ForwardLaunch:
+    return _ForwardLaunch(kind, q_shape, dtype, causal, device)
 
 
 def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"):
     """o and lse; q, k and v are contiguous."""
     kind = forward_kernel(q, kernel)
-    cfg, launcher = _forward_launch(kind, tuple(q.shape), _DTYPES[q.dtype], bool(causal),
-                                    q.device)
+    fl = _forward_launch(kind, tuple(q.shape), _DTYPES[q.dtype], bool(causal), q.device)
     batch, seqlen_q, heads_q, head_dim = q.shape
     empty = _allocator()
     o = empty(q.shape, q.dtype, q.device)  # q is contiguous: o is laid out like it
@@ -292,11 +314,9 @@ def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"
                        q.stride(1), k.stride(1), o.stride(1), float(softmax_scale))
     addresses = [ctypes.addressof(params)]
     if kind == "sm90":
-        # Each MMA warpgroup loads its 64 query rows; K/V come in tiles of block_n keys.
-        maps = (_tensor_map(q, 64), _tensor_map(k, cfg.block_n), _tensor_map(v, cfg.block_n))
-        addresses = [int(m.getPtr()) for m in maps] + addresses
+        addresses = fl.map_addresses(q, k, v) + addresses
     launch.make_current(q.device.index or 0)
-    launcher(_stream(q.device), addresses)
+    fl.launcher(_stream(q.device), addresses)
     return o, lse
 
 

@@ -47,9 +47,11 @@ def main():
     batch, heads, q, k, v, do, o, lse, scale = problem_inputs(d, args.causal, s)
     flops = 2.5 * 4 * batch * heads * s * s * d / (2 if args.causal else 1)
 
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
     def graph():
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        out = attention(*leaves, causal=args.causal, schedule=schedule)
+        out = attention(*leaves, causal=args.causal, schedule=schedule, num_workers=sms)
         return lambda: torch.autograd.grad(out, leaves, do, retain_graph=True)
 
     a, b = graph(), graph()

@@ -72,7 +72,7 @@ def test_bench_refuses_cleanly_without_a_gpu(command, tmp_path):
 @pytest.mark.parametrize("rounds", ["0", "11"])
 def test_bench_refuses_rounds_outside_the_repeats(rounds, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "bench", "--rounds", rounds,
-                           "--out", str(tmp_path / "out")],
+                           "--repeats", "10", "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and f"--rounds: {rounds} must be between 1 and --repeats (10)" \
         in proc.stderr

@@ -475,3 +475,23 @@ def test_tensors_from_saved_tensor_hooks_get_their_own_launches(recorder, cpu_op
     assert (main[4].q, main[4].k, main[4].v, main[4].lse, prep.o) == tuple(
         t.data_ptr() for t in (sq, sk, sv, slse, so))
     assert q.data_ptr() not in (main[4].q, prep.o)
+
+
+def test_forward_descriptors_are_looked_up_once_and_follow_k_shape(recorder, monkeypatch):
+    encoded = []
+    monkeypatch.setattr(launch, "encode_tensor_map",
+                        lambda ptr, dtype, shape, *a, **k: encoded.append((ptr, shape))
+                        or FakeMap(ptr))
+    runtime._TENSOR_MAPS.clear()
+    q, k, v = (torch.randn(1, 200, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    for _ in range(3):
+        runtime.forward(q, k, v, causal=False, softmax_scale=0.1)
+    assert encoded == [(t.data_ptr(), (1, 200, 4, 128)) for t in (q, k, v)]  # the first call
+    # The same addresses seen with fewer keys: other descriptors, never the cached ones.
+    short_k, short_v = k[:, :100], v[:, :100]
+    assert (short_k.data_ptr(), short_v.data_ptr()) == (k.data_ptr(), v.data_ptr())
+    runtime.forward(q, short_k, short_v, causal=False, softmax_scale=0.1)
+    assert encoded[3:] == [(t.data_ptr(), (1, 100, 4, 128)) for t in (k, v)]
+    (_, _, args), = recorder.launches[-1:]
+    assert args[:3] == [FakeMap(t.data_ptr()).getPtr() for t in (q, k, v)]
+    assert (args[3].seqlen_k, args[3].k) == (100, k.data_ptr())
