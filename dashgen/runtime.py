@@ -398,7 +398,44 @@ class _BackwardLaunch:
         self.convert_kv = launch.Launcher(kernels["_convert"],
                                           (-(-p.seqlen_k // rows), p.heads_kv, p.batch), 128, 0)
         self.padded_m, self.padded_n = padded_m, padded_n
+        self.hopper = kernel == "sm90"
+        # The workspace's parts as byte offsets from its start.
+        self.part_bytes = tuple(4 * offset for offset in self.layout.offsets)
+        self.zeroed_bytes = 4 * self.layout.zeroed_offset
+        # The parameter blocks with what the signature fixes; a BackwardCall copies them and
+        # fills in its pointers. Every tensor is contiguous, so its shape gives its row stride.
+        q_stride, k_stride = p.heads_q * p.head_dim, p.heads_kv * p.head_dim
+        self.prep_template = PrepParams(
+            0, 0, 0, 0, 0, (self.layout.floats - self.layout.zeroed_offset) // 4, p.batch,
+            p.heads_q, p.seqlen_q, q_stride, padded_m, not self.first_dq_store, 0, 0)
+        self.params_template = BwdParams(
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, self.tasks.data_ptr(),
+            self.offsets.data_ptr(), 0, p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k,
+            q_stride, k_stride, p.num_m_blocks, p.num_n_blocks, 0.0, 0,
+            *((0, self.dq_counts.data_ptr(), self.conv_tiles.data_ptr(),
+               self.conv_offsets.data_ptr()) if self.converts_dq else (0, 0, 0, 0)))
+        # The Hopper backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums
+        # row-major.
+        self.convert_q_template = ConvertParams(0, 0, 0, p.batch, p.heads_q, p.seqlen_q,
+                                                q_stride, padded_m, self.hopper, p.block_m)
+        self.convert_kv_template = ConvertParams(0, 0, 0, p.batch, p.heads_kv, p.seqlen_k,
+                                                 k_stride, padded_n, False, p.block_n)
+        self._maps: dict[tuple, tuple] = {}
         self._do_maps: dict[int, object] = {}
+
+    def qkv_maps(self, q, k, v) -> tuple:
+        """The Hopper backward's descriptors of q, k and v. Shapes and dtype are the
+        signature's and the tensors contiguous, so their addresses decide the descriptors: one
+        lookup instead of three."""
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        found = self._maps.get(key)
+        if found is None:
+            if len(self._maps) >= _TENSOR_MAPS_MAX:
+                self._maps.clear()
+            p = self.problem
+            found = self._maps[key] = (_tensor_map(q, p.block_m), _tensor_map(k, p.block_n),
+                                       _tensor_map(v, p.block_n))
+        return found
 
     def do_map(self, do):
         """dO's TMA descriptor. Shape and dtype are the signature's and dO is contiguous, so its
@@ -484,43 +521,29 @@ class BackwardCall:
                                         num_workers, dev, SM90_REGISTERS,
                                         tuple(sorted(SM90_BWD_OPTIONS.items())))
         self.device_index = dev.index or 0
-        self.pointers = tuple(t.data_ptr() for t in (q, k, v, o, lse))
+        self.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
         self.q_shape, self.k_shape, self.dtype = q.shape, k.shape, q.dtype
         self.trace = trace
-        p, layout = bl.problem, bl.layout
-        self.floats = layout.floats
-        self.part_bytes = tuple(4 * offset for offset in layout.offsets)
-        self.zeroed_bytes = 4 * layout.zeroed_offset
-        # q, k, v and their gradients are contiguous: row strides from the inputs serve both.
-        q_stride, k_stride = q.stride(1), k.stride(1)
-        self.prep = PrepParams(o.data_ptr(), 0, 0, 0, 0,
-                               (layout.floats - layout.zeroed_offset) // 4, p.batch, p.heads_q,
-                               p.seqlen_q, q_stride, bl.padded_m, not bl.first_dq_store,
-                               lse.data_ptr() if bl.staged_stats else 0, 0)
-        self.params = BwdParams(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), 0, lse.data_ptr(), 0, 0, 0, 0, 0, 0, 0, 0,
-            bl.tasks.data_ptr(), bl.offsets.data_ptr(), 0, p.batch, p.heads_q, p.heads_kv,
-            p.seqlen_q, p.seqlen_k, q_stride, k_stride, p.num_m_blocks, p.num_n_blocks,
-            float(softmax_scale), 0,
-            *((0, bl.dq_counts.data_ptr(), bl.conv_tiles.data_ptr(),
-               bl.conv_offsets.data_ptr()) if bl.converts_dq else (0, 0, 0, 0)))
-        # The Hopper backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums
-        # row-major.
-        self.convert_q = ConvertParams(0, 0, 0, p.batch, p.heads_q, p.seqlen_q, q_stride,
-                                       bl.padded_m, kernel == "sm90", p.block_m)
-        self.convert_kv = [ConvertParams(0, 0, 0, p.batch, p.heads_kv, p.seqlen_k, k_stride,
-                                         bl.padded_n, False, p.block_n) for _ in range(2)]
-        self.prep_args = _addresses(self.prep)
+        prep = self.prep = PrepParams.from_buffer_copy(bl.prep_template)
+        prep.o = self.pointers[3]
+        if bl.staged_stats:
+            prep.lse = self.pointers[4]
+        params = self.params = BwdParams.from_buffer_copy(bl.params_template)
+        params.q, params.k, params.v, _, params.lse = self.pointers
+        params.softmax_scale = softmax_scale
+        self.convert_q = ConvertParams.from_buffer_copy(bl.convert_q_template)
+        self.convert_kv = ([ConvertParams.from_buffer_copy(bl.convert_kv_template)
+                            for _ in range(2)] if bl.problem.gqa else [])
+        self.prep_args = _addresses(prep)
         self.convert_q_args = _addresses(self.convert_q)
         self.convert_kv_args = [_addresses(c) for c in self.convert_kv]
-        if kernel == "sm90":
+        if bl.hopper:
             # The descriptors stay alive with the call; dO's slot is filled per call.
-            self.maps = tuple(_tensor_map(t, rows) for t, rows in ((q, p.block_m), (k, p.block_n),
-                                                                   (v, p.block_n)))
-            self.main_args = _addresses(*(int(m.getPtr()) for m in self.maps), 0, self.params)
+            self.maps = bl.qkv_maps(q, k, v)
+            self.main_args = _addresses(*(int(m.getPtr()) for m in self.maps), 0, params)
         else:
             self.maps = None
-            self.main_args = _addresses(self.params)
+            self.main_args = _addresses(params)
 
     def serves(self, q, k, v, o, lse) -> bool:
         """Whether these are the tensors the call was built for (autograd may hand the backward
@@ -537,14 +560,14 @@ class BackwardCall:
         launch.make_current(self.device_index)
         stream = _stream(dev)
         empty = _allocator()
-        workspace = empty((self.floats,), torch.float32, dev)
+        workspace = empty((bl.layout.floats,), torch.float32, dev)
         base = workspace.data_ptr()
         dq_accum, dpsum, stats, dk_accum, dv_accum, dq_counters, dkv_counters = (
-            base + offset for offset in self.part_bytes)
+            base + offset for offset in bl.part_bytes)
         stats = stats if bl.staged_stats else 0
         prep, params = self.prep, self.params
         prep.dout, prep.dpsum, prep.dq_accum, prep.zero, prep.stats = (
-            do.data_ptr(), dpsum, dq_accum, base + self.zeroed_bytes, stats)
+            do.data_ptr(), dpsum, dq_accum, base + bl.zeroed_bytes, stats)
         bl.preprocess(stream, self.prep_args)
 
         # Until the main kernel is launched the GPU may be waiting on this code (the preprocess
