@@ -50,8 +50,10 @@ class Recorder:
             args = [PrepParams.from_address(addresses[0])]
         elif name.endswith("_convert"):
             args = [ConvertParams.from_address(addresses[0])]
-        else:  # the Hopper backward: four tensor maps, then the parameter block
+        elif "_sm90_" in name:  # the Hopper backward: four tensor maps, then the block
             args = addresses[:4] + [BwdParams.from_address(addresses[4])]
+        else:  # the mma.sync backward: the parameter block alone
+            args = [BwdParams.from_address(addresses[0])]
         # Copy the structures: their memory is gone after the call.
         args = [type(a).from_buffer_copy(a) if isinstance(a, ctypes.Structure) else a
                 for a in args]
@@ -495,3 +497,24 @@ def test_forward_descriptors_are_looked_up_once_and_follow_k_shape(recorder, mon
     (_, _, args), = recorder.launches[-1:]
     assert args[:3] == [FakeMap(t.data_ptr()).getPtr() for t in (q, k, v)]
     assert (args[3].seqlen_k, args[3].k) == (100, k.data_ptr())
+
+
+def test_the_mma_backward_launches_carry_the_right_pointers(recorder):
+    """The mma.sync backward (no tensor maps): a prepared call's second call, with another dO,
+    carries that dO, its own workspace and gradients, and the forward's tensors."""
+    do, q, k, v, o, lse = inputs(4, 4, head_dim=64)
+    call = runtime.BackwardCall(q, k, v, o, lse, causal=True, softmax_scale=0.1,
+                                deterministic=True, schedule="fa3", num_workers=3, kernel="mma")
+    first = call(torch.randn_like(do))
+    recorder.launches.clear()
+    dq, dk, dv = call(do)
+    assert not any(a.data_ptr() == b.data_ptr() for a, b in zip(first, (dq, dk, dv)))
+    (_, _, (prep,)), (name, grid, (params,)), (_, _, (convert,)) = recorder.launches
+    assert "_sm90_" not in name and grid == (3, 1, 1)
+    assert (params.q, params.k, params.v, params.dout, params.lse) == tuple(
+        t.data_ptr() for t in (q, k, v, do, lse))
+    assert (params.dk, params.dv) == (dk.data_ptr(), dv.data_ptr())
+    assert (prep.o, prep.dout, prep.dpsum, prep.dq_accum) == (o.data_ptr(), do.data_ptr(),
+                                                               params.dpsum, params.dq_accum)
+    assert convert.src == params.dq_accum and convert.dst == dq.data_ptr()
+    assert convert.swizzled == 0 and abs(params.softmax_scale - 0.1) < 1e-7
