@@ -550,6 +550,14 @@ def test_runtime_offers_what_the_op_calls():
     assert {"causal", "softmax_scale"} <= set(inspect.signature(runtime.forward).parameters)
     assert {"causal", "softmax_scale", "deterministic", "schedule", "num_workers", "trace"} <= \
         set(inspect.signature(runtime.backward).parameters)
+    # The eager node prepares its backward in the forward: the same options, then serves/call.
+    prepared = inspect.signature(runtime.BackwardCall)
+    assert list(prepared.parameters)[:5] == ["q", "k", "v", "o", "lse"]
+    assert set(op._backward_options(op.Options(True, 0.1, True, "fa3", 3))) <= \
+        set(prepared.parameters)
+    assert list(inspect.signature(runtime.BackwardCall.serves).parameters) == [
+        "self", "q", "k", "v", "o", "lse"]
+    assert list(inspect.signature(runtime.BackwardCall.__call__).parameters) == ["self", "do"]
 
 
 def test_eager_and_traced_paths_agree_and_a_second_derivative_raises(on_cpu):
