@@ -19,9 +19,10 @@ class ScheduleFormatError(ValueError):
     """A schedule file that is not valid JSON or not shaped like a dashgen schedule."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Task:
-    """One (batch, head, n_block, m_block) tile, head being the query head."""
+    """One (batch, head, n_block, m_block) tile, head being the query head. Slotted: a plan at
+    64k tokens a sequence holds millions of them."""
 
     batch: int
     head: int
