@@ -417,7 +417,9 @@ def cpu_op(monkeypatch):
     op._VALIDATED.clear()
     built = []
     real = runtime.BackwardCall
-    monkeypatch.setattr(runtime, "BackwardCall", lambda *a, **kw: built.append(a) or real(*a, **kw))
+    # The spy keeps addresses, never the tensors (a test below checks what stays alive).
+    monkeypatch.setattr(runtime, "BackwardCall", lambda *a, **kw: built.append(
+        tuple(t.data_ptr() for t in a)) or real(*a, **kw))
     yield built
     op._VALIDATED.clear()
 
@@ -518,3 +520,15 @@ def test_the_mma_backward_launches_carry_the_right_pointers(recorder):
                                                                params.dpsum, params.dq_accum)
     assert convert.src == params.dq_accum and convert.dst == dq.data_ptr()
     assert convert.swizzled == 0 and abs(params.softmax_scale - 0.1) < 1e-7
+
+
+def test_the_prepared_backward_keeps_no_tensor_alive(recorder, cpu_op):
+    """The call rides on the autograd node and holds addresses only: no reference cycle keeps a
+    forward's output (or anything saved with it) alive once the graph is dropped."""
+    import weakref
+    q, k, v, _ = leaf_inputs()
+    out = op.attention(q, k, v, causal=True, schedule="fa3")
+    assert len(cpu_op) == 1
+    gone = weakref.ref(out)
+    del out
+    assert gone() is None  # freed by reference counting, without the cycle collector
