@@ -501,6 +501,22 @@ def test_forward_descriptors_are_looked_up_once_and_follow_k_shape(recorder, mon
     assert (args[3].seqlen_k, args[3].k) == (100, k.data_ptr())
 
 
+def test_forward_parameter_block_is_whole_on_every_call(recorder):
+    """Copied from a per-input template: each call's block carries its own o, lse and scale."""
+    q = torch.randn(2, 200, 8, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 150, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    outs = [runtime.forward(q, k, v, causal=True, softmax_scale=scale) for scale in (0.5, 0.25)]
+    for (o, lse), scale, (_, grid, args) in zip(outs, (0.5, 0.25), recorder.launches):
+        block = args[3]
+        assert (block.q, block.k, block.v, block.o, block.lse) == tuple(
+            t.data_ptr() for t in (q, k, v, o, lse))
+        assert (block.batch, block.heads_q, block.heads_kv, block.seqlen_q, block.seqlen_k) == (
+            2, 8, 2, 200, 150)
+        assert (block.q_row_stride, block.k_row_stride, block.o_row_stride) == (512, 128, 512)
+        assert block.softmax_scale == scale and grid[1:] == (8, 2)
+    assert outs[0][0].data_ptr() != outs[1][0].data_ptr()
+
+
 def test_the_mma_backward_launches_carry_the_right_pointers(recorder):
     """The mma.sync backward (no tensor maps): a prepared call's second call, with another dO,
     carries that dO, its own workspace and gradients, and the forward's tensors."""
