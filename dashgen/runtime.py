@@ -193,19 +193,26 @@ _TENSOR_MAPS: dict[tuple, object] = {}
 _TENSOR_MAPS_MAX = 512
 
 
+def _memo(cache: dict, key, make, *args, **kwargs):
+    """cache[key], made by make(*args, **kwargs) on a miss. The caches keyed by tensor addresses
+    grow with a job's address sets; one is emptied when it holds _TENSOR_MAPS_MAX entries (a
+    rebuild costs microseconds). Callers keep what they got through their launch."""
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= _TENSOR_MAPS_MAX:
+            cache.clear()
+        found = cache[key] = make(*args, **kwargs)
+    return found
+
+
 def _tensor_map(t: torch.Tensor, rows: int):
     """TMA descriptor of a (batch, seqlen, heads, head_dim) tensor in boxes of `rows` rows x 64
     columns (one 128-byte swizzle row); rows past seqlen read as zeros. A descriptor is a pure
     function of address, dtype, shape, strides and box, so it is cached under exactly those:
     training reuses the caching allocator's addresses, and encoding costs host time per call."""
     key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()), rows)
-    found = _TENSOR_MAPS.get(key)
-    if found is None:
-        if len(_TENSOR_MAPS) >= _TENSOR_MAPS_MAX:
-            _TENSOR_MAPS.clear()
-        found = _TENSOR_MAPS[key] = launch.encode_tensor_map(
-            key[0], t.dtype, key[2], key[3], (1, rows, 1, 64), swizzle=128)
-    return found
+    return _memo(_TENSOR_MAPS, key, launch.encode_tensor_map, key[0], t.dtype, key[2], key[3],
+                 (1, rows, 1, 64), swizzle=128)
 
 
 # torch's raw getter is one C call; torch.cuda.current_stream builds a Stream object, host time
@@ -283,16 +290,14 @@ class _ForwardLaunch:
         and v are contiguous and q's shape is the signature's: their addresses and k's shape
         decide the descriptors, one lookup per call instead of three."""
         key = (q.data_ptr(), k.data_ptr(), v.data_ptr(), k.shape)
-        found = self._maps.get(key)
-        if found is None:
-            if len(self._maps) >= _TENSOR_MAPS_MAX:
-                self._maps.clear()
-            # Each MMA warpgroup loads its 64 query rows; K/V come in tiles of block_n keys.
-            block_n = self.cfg.block_n
-            maps = (_tensor_map(q, 64), _tensor_map(k, block_n), _tensor_map(v, block_n))
-            # The addresses point into the descriptor objects: keep them with the addresses.
-            found = self._maps[key] = ([int(m.getPtr()) for m in maps], maps)
-        return found[0]
+        return _memo(self._maps, key, self._encode, q, k, v)[0]
+
+    def _encode(self, q, k, v) -> tuple[list[int], tuple]:
+        # Each MMA warpgroup loads its 64 query rows; K/V come in tiles of block_n keys.
+        block_n = self.cfg.block_n
+        maps = (_tensor_map(q, 64), _tensor_map(k, block_n), _tensor_map(v, block_n))
+        # The addresses point into the descriptor objects: keep them with the addresses.
+        return [int(m.getPtr()) for m in maps], maps
 
 
 @lru_cache(maxsize=256)
@@ -427,25 +432,17 @@ class _BackwardLaunch:
         """The Hopper backward's descriptors of q, k and v. Shapes and dtype are the
         signature's and the tensors contiguous, so their addresses decide the descriptors: one
         lookup instead of three."""
-        key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-        found = self._maps.get(key)
-        if found is None:
-            if len(self._maps) >= _TENSOR_MAPS_MAX:
-                self._maps.clear()
-            p = self.problem
-            found = self._maps[key] = (_tensor_map(q, p.block_m), _tensor_map(k, p.block_n),
-                                       _tensor_map(v, p.block_n))
-        return found
+        return _memo(self._maps, (q.data_ptr(), k.data_ptr(), v.data_ptr()), self._encode_qkv,
+                     q, k, v)
+
+    def _encode_qkv(self, q, k, v) -> tuple:
+        p = self.problem
+        return _tensor_map(q, p.block_m), _tensor_map(k, p.block_n), _tensor_map(v, p.block_n)
 
     def do_map(self, do):
         """dO's TMA descriptor. Shape and dtype are the signature's and dO is contiguous, so its
         address alone decides the descriptor: one dictionary lookup per call."""
-        found = self._do_maps.get(do.data_ptr())
-        if found is None:
-            if len(self._do_maps) >= _TENSOR_MAPS_MAX:
-                self._do_maps.clear()
-            found = self._do_maps[do.data_ptr()] = _tensor_map(do, self.problem.block_m)
-        return found
+        return _memo(self._do_maps, do.data_ptr(), _tensor_map, do, self.problem.block_m)
 
 
 def _backward_launch(kernel: str, q_shape: tuple, k_shape: tuple, dtype: str, causal: bool,
@@ -566,8 +563,9 @@ class BackwardCall:
             base + offset for offset in bl.part_bytes)
         stats = stats if bl.staged_stats else 0
         prep, params = self.prep, self.params
+        do_ptr = do.data_ptr()
         prep.dout, prep.dpsum, prep.dq_accum, prep.zero, prep.stats = (
-            do.data_ptr(), dpsum, dq_accum, base + bl.zeroed_bytes, stats)
+            do_ptr, dpsum, dq_accum, base + bl.zeroed_bytes, stats)
         bl.preprocess(stream, self.prep_args)
 
         # Until the main kernel is launched the GPU may be waiting on this code (the preprocess
@@ -579,8 +577,7 @@ class BackwardCall:
         dq = empty(self.q_shape, self.dtype, dev) if bl.converts_dq else None
         trace_buf = (torch.full((bl.plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
                      if self.trace else None)
-        params.dout, params.dpsum, params.dq_accum, params.stats = (
-            prep.dout, dpsum, dq_accum, stats)
+        params.dout, params.dpsum, params.dq_accum, params.stats = do_ptr, dpsum, dq_accum, stats
         params.dq_counters = dq_counters
         if gqa:
             params.dk_accum, params.dv_accum, params.dkv_counters = (dk_accum, dv_accum,

@@ -548,3 +548,11 @@ def test_the_prepared_backward_keeps_no_tensor_alive(recorder, cpu_op):
     gone = weakref.ref(out)
     del out
     assert gone() is None  # freed by reference counting, without the cycle collector
+
+
+def test_address_keyed_caches_are_bounded(monkeypatch):
+    monkeypatch.setattr(runtime, "_TENSOR_MAPS_MAX", 2)
+    cache, made = {}, []
+    got = [runtime._memo(cache, key, lambda k=key: made.append(k) or -k) for key in (1, 2, 1, 3)]
+    assert got == [-1, -2, -1, -3] and made == [1, 2, 3]  # the second 1 is a hit
+    assert cache == {3: -3}  # full at the miss of 3: emptied, then 3 kept
