@@ -378,6 +378,13 @@ class FwdParams(ctypes.Structure):
                 ("o_row_stride", _I), ("softmax_scale", _F)]
 
 
+# Columns of a traced backward's rows (templates/include/dashgen/ptx/timer.cuh): b, h, n, m,
+# dq_rank, the adds the counter had seen; then the SM clock (cycles) when the dQ writer had the
+# task's partial, when the counter reached its rank and when its add had landed; then the GPU's
+# nanosecond timer at the same three points. Clocks and timer are their low 32 bits.
+TRACE_COLUMNS = 12
+
+
 class BwdParams(ctypes.Structure):
     """Mirror of dashgen::BwdParams."""
 

@@ -17,8 +17,9 @@ import torch
 from . import launch, plan_cache
 from .bounded_cache import BoundedCache
 from .cache import get_or_compile
-from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, BwdParams,
-                      ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig, Sm90FwdConfig,
+from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, TRACE_COLUMNS,
+                      BwdParams, ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig,
+                      Sm90FwdConfig,
                       backward_blocks, backward_kind, blocks_of, config_of, forward_config_of,
                       forward_kind, render_config, sm90_bwd_refusal)
 from .kernel_model import early_kv_pays, fuses_convert
@@ -575,7 +576,7 @@ class BackwardCall:
         dk, dv = ((None, None) if gqa else
                   (empty(self.k_shape, self.dtype, dev), empty(self.k_shape, self.dtype, dev)))
         dq = empty(self.q_shape, self.dtype, dev) if bl.converts_dq else None
-        trace_buf = (torch.full((bl.plan.num_tasks, 6), -1, dtype=torch.int32, device=dev)
+        trace_buf = (torch.full((bl.plan.num_tasks, TRACE_COLUMNS), -1, dtype=torch.int32, device=dev)
                      if self.trace else None)
         params.dout, params.dpsum, params.dq_accum, params.stats = do_ptr, dpsum, dq_accum, stats
         params.dq_counters = dq_counters
@@ -627,8 +628,8 @@ def _addresses(*args) -> ctypes.Array:
 
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
              schedule: str, num_workers: int, trace: bool = False, kernel: str = "auto"):
-    """dq, dk, dv (and the trace buffer if `trace`). q, k, v, do and o are contiguous; do and o
-    are shaped like q."""
+    """dq, dk, dv (and the trace buffer if `trace`: a row of kernels.TRACE_COLUMNS int32 per
+    task, in the plan's order). q, k, v, do and o are contiguous; do and o are shaped like q."""
     return BackwardCall(q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers,
                         trace=trace, kernel=kernel)(do)

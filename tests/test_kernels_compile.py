@@ -121,6 +121,9 @@ SM90_CONFIGS += [dict(head_dim=128, causal=c, deterministic=True, trace=False, g
                  for c in (False, True)]
 SM90_CONFIGS += [dict(head_dim=64, causal=c, deterministic=d, trace=False, gqa=g)
                  for c in (False, True) for d in (True, False) for g in (False, True)]
+# The traced build stamps the dQ writer's hand-offs within the producer's 24 registers.
+SM90_CONFIGS += [dict(head_dim=64, causal=c, deterministic=True, trace=True, gqa=False)
+                 for c in (False, True)]
 SM90_CONFIGS = [dict(o, dtype="bf16") for o in SM90_CONFIGS] + [
     dict(dtype="fp16", head_dim=h, causal=c, deterministic=True, trace=False, gqa=g)
     for h in (64, 128) for c in (False, True) for g in (False, True)]

@@ -8,6 +8,7 @@
 #include "dashgen/attn/tile_io.cuh"
 #include "dashgen/ptx/bulk.cuh"
 #include "dashgen/ptx/counter.cuh"
+#include "dashgen/ptx/timer.cuh"
 
 namespace dashgen {
 
@@ -138,9 +139,9 @@ struct AttnBwd {
         float* dst = p.dq_accum + (static_cast<i64>(b * p.heads_q + h) * p.num_m_blocks * kBlockM +
                                    static_cast<i64>(m) * kBlockM) * kHeadDim;
         ordered_add(dst, s_dq, kBlockM * kHeadDim * 4, p.dq_counters + tile, task.dq_rank,
-                    kTrace ? p.trace + static_cast<i64>(i) * 6 : nullptr);
+                    kTrace ? p.trace + static_cast<i64>(i) * kTraceColumns : nullptr);
         if (kTrace) {
-          i32* row = p.trace + static_cast<i64>(i) * 6;
+          i32* row = p.trace + static_cast<i64>(i) * kTraceColumns;
           row[0] = b; row[1] = h; row[2] = n; row[3] = m; row[4] = task.dq_rank;
         }
       }
@@ -173,13 +174,16 @@ struct AttnBwd {
   // .read): the next writer's add must see ours, or the sum order is not the schedule's.
   __device__ static void ordered_add(float* dst, const float* src, u32 bytes, u32* counter,
                                      int rank, i32* trace_row) {
+    if (trace_row != nullptr) trace_stamp(trace_row, kTraceReady);
     if (kDeterministic) {
       wait_counter_equals(counter, static_cast<u32>(rank));
       fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
     }
+    if (trace_row != nullptr) trace_stamp(trace_row, kTraceAcquired);
     bulk_reduce_add_f32(dst, src, bytes);
     bulk_commit_group();
     bulk_wait_group<0>();
+    if (trace_row != nullptr) trace_stamp(trace_row, kTraceLanded);
     if (kDeterministic || trace_row != nullptr) {
       fence_proxy_async_global();
       __threadfence();

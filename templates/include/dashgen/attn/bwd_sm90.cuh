@@ -26,6 +26,7 @@
 #include "dashgen/ptx/mbarrier.cuh"
 #include "dashgen/ptx/regs.cuh"
 #include "dashgen/ptx/stmatrix.cuh"
+#include "dashgen/ptx/timer.cuh"
 #include "dashgen/ptx/tma.cuh"
 #include "dashgen/ptx/wgmma.cuh"
 #include "dashgen/attn/tiles_sm90.cuh"
@@ -255,11 +256,14 @@ struct AttnBwdSm90 {
       const Task t = decode(p, i, begin, end);
       const int s = (i - begin) % kStages, use = (i - begin) / kStages;
       mbarrier_wait_parity(&bars->dq_full[s], use & 1);
+      i32* row = kTrace ? p.trace + static_cast<i64>(i) * kTraceColumns : nullptr;
+      if (kTrace) trace_stamp(row, kTraceReady);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
       if (kDeterministic) {
         wait_counter_equals(counter, static_cast<u32>(t.dq_rank));
         fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
       }
+      if (kTrace) trace_stamp(row, kTraceAcquired);
       float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
                                  static_cast<i64>(t.m) * kBlockM) * kHeadDim;
       const float* src = reinterpret_cast<const float*>(smem + kOffDq + s * kDqBytes);
@@ -273,12 +277,12 @@ struct AttnBwdSm90 {
       bulk_commit_group();
       // Released only once the add has landed in global memory, not when smem was read.
       bulk_wait_group<0>();
+      if (kTrace) trace_stamp(row, kTraceLanded);
       if (kDeterministic || kTrace) {
         fence_proxy_async_global();
         __threadfence();
         const u32 seen = atomic_fetch_add_relaxed_gpu(counter, 1u);
         if (kTrace) {
-          i32* row = p.trace + static_cast<i64>(i) * 6;
           row[0] = t.b; row[1] = t.h; row[2] = t.n; row[3] = t.m; row[4] = t.dq_rank;
           row[5] = static_cast<i32>(seen);
         }

@@ -41,7 +41,7 @@ struct BwdParams {
   u32* dkv_counters;     // (batch, heads_kv, num_n_blocks), zeroed, GQA only
   const TaskEntry* tasks;
   const i32* worker_offsets;  // worker w runs tasks[worker_offsets[w] .. worker_offsets[w + 1])
-  i32* trace;            // (total tasks, 6) when tracing, else null
+  i32* trace;            // (total tasks, kTraceColumns) when tracing, else null
   i32 batch, heads_q, heads_kv, seqlen_q, seqlen_k;
   i32 q_row_stride, k_row_stride;  // q/dout/dq share one layout, k/v/dk/dv another
   i32 num_m_blocks, num_n_blocks;
