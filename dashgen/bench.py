@@ -264,28 +264,38 @@ def setup_flex(cfg: Config, inputs):
     return lambda: torch.autograd.grad(o, (q, k, v), do_t, retain_graph=True)
 
 
-def dashgen_schedules(cfg: Config, wanted: list[str] | None) -> list[str]:
-    from dashgen import Problem, list_schedules
+def schedule_problem(cfg: Config):
+    """The schedule problem of a configuration, with the tiles of the kernel that serves it."""
+    from dashgen import Problem
     from dashgen.runtime import KernelConfig
-    from dashgen.schedules import unsupported_reason
     kc = KernelConfig.for_problem(cfg.head_dim, "bf16", False)
-    problem = Problem(batch=cfg.batch, heads_q=cfg.heads, seqlen_q=cfg.seqlen,
-                      head_dim=cfg.head_dim, mask=cfg.mask, block_m=kc.block_m,
-                      block_n=kc.block_n)
+    return Problem(batch=cfg.batch, heads_q=cfg.heads, seqlen_q=cfg.seqlen,
+                   head_dim=cfg.head_dim, mask=cfg.mask, block_m=kc.block_m,
+                   block_n=kc.block_n)
+
+
+def dashgen_schedules(cfg: Config, wanted: list[str] | None) -> list[str]:
+    from dashgen import list_schedules
+    from dashgen.schedules import unsupported_reason
+    problem = schedule_problem(cfg)
     names = list_schedules() if wanted is None else wanted
     return [n for n in names if unsupported_reason(n, problem) is None]
 
 
 def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_count: int):
-    """(Row, setup) pairs for one configuration, in table order."""
-    from dashgen.schedules import BUILDERS
+    """(Row, setup) pairs for one configuration, in table order. A schedule whose order depends
+    on the worker count runs on the count schedule="auto" gives it (schedules.balanced_workers),
+    so that the auto row and its pick's row run the same kernel on the same plan."""
+    from dashgen.schedules import BUILDERS, balanced_workers
     base = dict(seqlen=cfg.seqlen, head_dim=cfg.head_dim, mask=cfg.mask, batch=cfg.batch,
                 heads=cfg.heads, floor_bytes=cfg.floor_bytes())
     out = []
     names = dashgen_schedules(cfg, schedules)
+    problem = schedule_problem(cfg)
     for det in (True, False):
         for name in names:
-            workers = sm_count if BUILDERS[name].depends_on_workers else None
+            workers = (balanced_workers(name, problem, sm_count)
+                       if BUILDERS[name].depends_on_workers else None)
             tag = "det" if det else "nondet"
             row = Row(f"dashgen_{tag} {name}", "dashgen", name, det, "backward",
                       num_workers=workers, **base)
@@ -293,8 +303,9 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
                         setup_dashgen(cfg, inputs, n, d, w)))
     # What a user gets without choosing: schedule="auto", num_workers=None (a separate impl, so
     # `dashgen calibrate` does not take it for a schedule).
+    picked, auto_workers = auto_pick(cfg, sm_count)
     out.append((Row("dashgen_det auto", "dashgen_auto", "auto", True, "backward",
-                    picked=auto_pick(cfg, sm_count), **base),
+                    num_workers=auto_workers, picked=picked, **base),
                 lambda inputs: setup_dashgen(cfg, inputs, "auto", True, None)))
     # The forward does not depend on the schedule: one row, timed through the public op.
     out.append((Row("dashgen forward", "dashgen", None, None, "forward", **base),
@@ -314,13 +325,13 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
     return out
 
 
-def auto_pick(cfg: Config, sm_count: int) -> str | None:
-    """The schedule schedule="auto" runs for a configuration: the op's own rule (bf16, the
-    heads_q == heads_kv the benchmark uses, num_workers=None on an sm_count-SM GPU)."""
+def auto_pick(cfg: Config, sm_count: int) -> tuple[str | None, int | None]:
+    """(schedule, worker count) schedule="auto" runs for a configuration: the op's own rule
+    (bf16, the heads_q == heads_kv the benchmark uses, num_workers=None on an sm_count-SM GPU)."""
     from dashgen.op import _plan_cached
-    name, _, error = _plan_cached(cfg.batch, cfg.heads, cfg.heads, cfg.seqlen, cfg.seqlen,
-                                  cfg.head_dim, cfg.causal, "auto", None, sm_count, "bf16")
-    return None if error else name
+    name, workers, error = _plan_cached(cfg.batch, cfg.heads, cfg.heads, cfg.seqlen, cfg.seqlen,
+                                        cfg.head_dim, cfg.causal, "auto", None, sm_count, "bf16")
+    return (None, None) if error else (name, workers)
 
 
 def _error_text(exc: Exception) -> str:

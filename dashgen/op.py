@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from .problem import Mask, Problem
-from .schedules import get_builder, unsupported_reason
+from .schedules import balanced_workers, get_builder, unsupported_reason
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 REQUIRED_CAPABILITY = (9, 0)  # the kernels use wgmma/TMA/setmaxnreg, compiled for sm_90a only
@@ -30,8 +30,8 @@ _DEVICE_TYPE = "cuda"
 # (docs/bench/2026-11-30-fc766c2) and within 3% in 19 of 20 with today's faster kernels
 # (2026-11-30-d1f6cd9; the miss, head_dim 64 full at 16k, 4.6% behind fa3 in that run and 2.5%
 # behind the fastest in the run before), where fa3/spt lose up to 35% on causal masks. Their
-# order depends on the worker count, which "auto" takes from num_workers or else the device's
-# SM count.
+# order depends on the worker count, which "auto" takes from num_workers or else from the
+# device's SM count (schedules.balanced_workers: the fewest workers as busy as the SM count's).
 AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
     "full": ("shift", "fa3"),
     "causal": ("symmetric_shift", "spt"),
@@ -168,6 +168,8 @@ def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
     if schedule == "auto":
         candidates = AUTO_SCHEDULES[problem.mask.kind]
         schedule = next(s for s in candidates if unsupported_reason(s, problem) is None)
+        if num_workers is None:
+            return schedule, balanced_workers(schedule, problem, sm_count)
     elif get_builder(schedule).depends_on_workers and num_workers is None:
         raise ValueError(f"schedule={schedule!r} orders the dQ sums by the worker count, so the "
                          f"worker count decides the bits: pass num_workers explicitly (dashgen "
@@ -407,14 +409,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     schedule: a name from dashgen.list_schedules() or "auto". "auto" picks the fastest order
     measured: the DASH schedules ("shift" for a full mask, "symmetric_shift" for causal; "fa3" /
     "spt" where they cannot serve the problem). The DASH orders depend on the worker count, so
-    with "auto" the bits are a function of (problem, num_workers): identical on every GPU with
-    the same SM count (132 on H100 SXM and H200); pass num_workers to pin them across GPU
-    models. Named worker-dependent schedules need an explicit num_workers. A named schedule that
-    cannot serve the problem raises ValueError, never falls back.
+    with "auto" the bits are a function of (problem, num_workers), or with num_workers=None of
+    (problem, the GPU's SM count): identical on every GPU with the same SM count (132 on H100 SXM
+    and H200); pass num_workers to pin them across GPU models. Named worker-dependent schedules
+    need an explicit num_workers. A named schedule that cannot serve the problem raises
+    ValueError, never falls back.
 
-    num_workers: persistent CTAs; None means the device's SM count ("auto" and the schedules
-    whose order ignores it); more than the SM count raises ValueError (they could not all be
-    resident, and waiting on the dQ order would deadlock).
+    num_workers: persistent CTAs; None means the device's SM count for the schedules whose order
+    ignores it, and for "auto" the fewest workers that are as busy as the SM count's
+    (dashgen.schedules.balanced_workers: 128 on 132 SMs when the work splits into 4096 equal KV
+    tiles); more than the SM count raises ValueError (they could not all be resident, and
+    waiting on the dQ order would deadlock).
     """
     opts = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers)

@@ -29,13 +29,16 @@ def test_rows_cover_schedules_modes_auto_forwards_and_peers(bench, mask, dash):
     assert f"dashgen_det {dash}" in labels and f"dashgen_nondet {dash}" in labels
     assert "dashgen_det fa3" in labels and "dashgen_nondet fa3" in labels
     auto = rows[labels.index("dashgen_det auto")]
-    assert auto.impl == "dashgen_auto" and auto.num_workers is None and auto.deterministic
-    assert auto.picked == dash  # what the op's rule resolves "auto" to, recorded with the row
+    # What the op's rule resolves "auto" to, recorded with the row: 4 x 16 heads x 32 KV tiles
+    # (pairs under the causal mask) are whole multiples of 128, so 128 of the 132 SMs.
+    assert auto.impl == "dashgen_auto" and auto.deterministic
+    assert (auto.picked, auto.num_workers) == (dash, 128)
     assert [r.label for r in rows if r.direction == "forward"] == ["dashgen forward",
                                                                   "sdpa_flash forward"]
     assert {"sdpa_cudnn (nondet)", "sdpa_flash_det (FA2)", "flex (det)"} <= set(labels)
     worker_counts = {r.schedule: r.num_workers for r in rows if r.impl == "dashgen"}
-    assert worker_counts[dash] == 132 and worker_counts["fa3"] is None
+    # The DASH order's rows run on auto's worker count (the same plan as the auto row).
+    assert worker_counts[dash] == 128 and worker_counts["fa3"] is None
     assert len(labels) == len(set(labels))
     assert all(r.batch == 4 and r.heads == 16 for r in rows)
 

@@ -16,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from dashgen import Problem  # noqa: E402
 from dashgen import op  # noqa: E402
-from dashgen.schedules import BUILDERS  # noqa: E402
+from dashgen.schedules import BUILDERS, balanced_workers  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -324,8 +324,9 @@ def test_errors_raised_through_attention_launch_nothing(on_cpu, stub_runtime):
 # -- resolving schedule, num_workers, deterministic, softmax_scale -----------------------------
 
 @pytest.mark.parametrize("mask, num_workers, expected", [
-    ("full", None, ("shift", 132)),
-    ("causal", None, ("symmetric_shift", 132)),
+    # 2 x 4 heads x 16 KV tiles: 128 units for shift, 64 pairs for symmetric_shift, one each
+    ("full", None, ("shift", 128)),
+    ("causal", None, ("symmetric_shift", 64)),
     ("full", 7, ("shift", 7)),
     ("causal", 7, ("symmetric_shift", 7)),
 ])
@@ -335,13 +336,16 @@ def test_auto_schedule(mask, num_workers, expected):
 
 
 def test_auto_bits_are_pinned_by_the_worker_count():
-    """auto without num_workers is auto with num_workers = the SM count: same (schedule, count),
-    so the same bits, on every GPU with that many SMs."""
+    """auto without num_workers is auto with num_workers = balanced_workers(the SM count): same
+    (schedule, count), so the same bits, on every GPU with that many SMs; an explicit count is
+    kept as given."""
     for mask in ("full", "causal"):
         problem = Problem(batch=2, heads_q=4, seqlen_q=1000, mask=mask, block_m=64, block_n=128)
         for sms in (114, 132):
-            assert op.resolve_schedule(problem, "auto", None, sms) == \
-                op.resolve_schedule(problem, "auto", sms, sms)
+            name, workers = op.resolve_schedule(problem, "auto", None, sms)
+            assert workers == balanced_workers(name, problem, sms) <= sms
+            assert op.resolve_schedule(problem, "auto", workers, sms) == (name, workers)
+            assert op.resolve_schedule(problem, "auto", sms, sms) == (name, sms)
     for candidates in op.AUTO_SCHEDULES.values():
         assert BUILDERS[candidates[0]].depends_on_workers  # a DASH order first
         assert not BUILDERS[candidates[-1]].depends_on_workers  # a fallback that serves all
@@ -356,8 +360,9 @@ def test_worker_independent_schedules_default_to_the_sm_count(name):
 
 def test_check_inputs_resolves_the_defaults(fake_cuda):
     opts = op.check_inputs(*qkv(device="cuda"), causal=True)
+    # batch 2 x 8 query heads x one KV tile (70 keys): 16 units, one a worker
     assert opts == op.Options(causal=True, softmax_scale=1 / 8, deterministic=True,
-                              schedule="symmetric_shift", num_workers=132)
+                              schedule="symmetric_shift", num_workers=16)
     assert op.check_inputs(*qkv(device="cuda"), softmax_scale=2).softmax_scale == 2.0
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..ir import Schedule
 from ..problem import Problem
-from .base import Builder, UnsupportedProblem, assemble
+from .base import Builder, UnsupportedProblem, Unit, assemble
 from .descending import descending_units
 from .fa3 import fa3_units
 from .shift import shift_supports, shift_units
@@ -45,6 +45,63 @@ def unsupported_reason(name: str, problem: Problem) -> str | None:
     return get_builder(name).supports(problem)
 
 
+def _longest_load(sizes: list[int], num_workers: int) -> int:
+    """Tasks of the busiest worker when units of these sizes are dealt round-robin (base.deal)."""
+    loads = [0] * num_workers
+    for i, size in enumerate(sizes):
+        loads[i % num_workers] += size
+    return max(loads)
+
+
+def _two_at_one_depth(units: list[Unit], num_workers: int) -> bool:
+    """Whether two workers, dealt these units, reach one dQ tile at the same depth (task index
+    in their program): the only way an arrival-ranked order makes a writer wait when tasks cost
+    alike and a dQ add takes less than a task."""
+    depth = [0] * num_workers
+    seen: set[tuple[int, int, int, int]] = set()
+    for i, unit in enumerate(units):
+        w = i % num_workers
+        d = depth[w]
+        for seg in unit:
+            for m in seg.m_order:
+                key = (seg.batch, seg.head, m, d)
+                if key in seen:
+                    return True
+                seen.add(key)
+                d += 1
+        depth[w] = d
+    return False
+
+
+def balanced_workers(name: str, problem: Problem, num_workers: int) -> int:
+    """The worker count schedule="auto" runs an arrival-ranked (DASH) schedule with on
+    `num_workers` SMs: the fewest workers whose busiest one carries no more tasks than with
+    `num_workers`, if no two of them reach one dQ tile at one depth; else `num_workers`, as for
+    the other schedules.
+
+    Why: with no such meeting an arrival-ranked order makes no worker wait when tasks cost alike
+    (Lemma 1), so the kernel model's makespan is the busiest worker's load, never more with the
+    fewer workers (tests/test_schedules_workers.py checks it against kernel_model). Measured on
+    the H200 (docs/perf-notes.md, v4.2), 4096 units on 128 workers instead of 132 (32 units
+    each either way) ran shift and symmetric_shift 0.3-4.8% faster at 1k-16k: no head split
+    across two waves and no 4-worker tail. fa3 and spt are not arrival-ranked: their fill
+    costs depend on the worker count, and the kernel model predicts them slower with fewer
+    (measured so too).
+    """
+    builder = get_builder(name)
+    if builder.rank_policy != "arrival":
+        return num_workers
+    units = builder.units(problem, num_workers)
+    sizes = [sum(len(seg.m_order) for seg in unit) for unit in units]
+    if not sizes:
+        return num_workers
+    fewest = -(-len(sizes) // -(-len(sizes) // num_workers))  # units / waves, rounded up
+    if fewest == num_workers or _longest_load(sizes, fewest) > _longest_load(sizes, num_workers):
+        return num_workers
+    # The units themselves may depend on the worker count (symmetric_shift's rotation).
+    return num_workers if _two_at_one_depth(builder.units(problem, fewest), fewest) else fewest
+
+
 def build_schedule(name: str, problem: Problem, num_workers: int) -> Schedule:
     """Build the named schedule. Raises UnsupportedProblem (never falls back to another one)."""
     builder = get_builder(name)
@@ -60,5 +117,5 @@ def build_schedule(name: str, problem: Problem, num_workers: int) -> Schedule:
                     builder.depends_on_workers)
 
 
-__all__ = ["BUILDERS", "Builder", "UnsupportedProblem", "build_schedule", "get_builder",
-           "list_schedules", "unsupported_reason"]
+__all__ = ["BUILDERS", "Builder", "UnsupportedProblem", "balanced_workers", "build_schedule",
+           "get_builder", "list_schedules", "unsupported_reason"]

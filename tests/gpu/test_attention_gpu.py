@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dashgen import Problem, build_schedule, list_schedules  # noqa: E402
-from dashgen.kernels import Sm90BwdConfig, sm90_bwd_refusal  # noqa: E402
+from dashgen.kernels import TRACE_COLUMNS, Sm90BwdConfig, sm90_bwd_refusal  # noqa: E402
 from dashgen.op import attention  # noqa: E402
-from dashgen.schedules import BUILDERS, unsupported_reason  # noqa: E402
+from dashgen.schedules import BUILDERS, balanced_workers, unsupported_reason  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -324,6 +324,22 @@ def test_reordering_options_give_the_same_bits(options, shape, runtime, monkeypa
 
 # -- (b) bitwise determinism -------------------------------------------------------------------
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_auto_defaults_are_its_schedule_on_balanced_workers(causal, runtime, sm_count, seed):
+    """attention() with schedule="auto", num_workers=None gives the bits of its schedule run on
+    schedules.balanced_workers(SM count) workers: what the README promises users who pin them."""
+    q, k, v = (torch.randn(2, 1024, 8, 64, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+    problem = runtime.problem_of(q, k, causal)
+    name = "symmetric_shift" if causal else "shift"
+    workers = balanced_workers(name, problem, sm_count)
+    assert workers <= sm_count
+    grads = [torch.autograd.grad(attention(q, k, v, causal=causal, **kw), (q, k, v), do)
+             for kw in ({}, dict(schedule=name, num_workers=workers))]
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
 REPEATS = 1000
 
 
@@ -398,13 +414,43 @@ def test_trace_equals_schedule_ir(shape, runtime, sm_count, seed):
                                          num_workers=workers, trace=True)
             trace = trace.cpu()
             where = f"{name} with {workers} workers"
-            assert trace.shape == (len(expected), 6), where
+            assert trace.shape == (len(expected), TRACE_COLUMNS), where
             rows = (trace[:, :5] != expected).any(1).nonzero().flatten().tolist()
             assert not rows, (f"{where}: {len(rows)} trace rows differ from the IR, first row "
                               f"{rows[0]}: ran {trace[rows[0]].tolist()}, "
                               f"IR {expected[rows[0]].tolist()}")
             assert torch.equal(trace[:, 5], trace[:, 4]), \
                 f"{where}: a dQ add saw a counter other than its dq_rank"
+            check_trace_times(trace, schedule, where)
+
+
+def _since(later: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
+    """later - earlier for the low 32 bits of a clock (wrapping), as signed 64-bit."""
+    return (later.long() - earlier.long()) % 2**32
+
+
+def check_trace_times(trace: torch.Tensor, schedule, where: str) -> None:
+    """The trace's stamps (kernels.TRACE_COLUMNS) tell the dQ hand-offs' story in order: each
+    writer had a partial, then the counter, then its add landed, task after task; and no add
+    acquired its counter before the add ranked just before it (on another SM) had landed."""
+    ready, acquired, landed = 6, 7, 8
+    for first, second in ((ready, acquired), (acquired, landed)):
+        for offset, name in ((0, "SM clock"), (3, "global timer")):
+            gap = _since(trace[:, second + offset], trace[:, first + offset])
+            assert int(gap.max()) < 2**31, f"{where}: {name} runs backwards within a hand-off"
+    start = 0
+    for tasks in schedule.workers:  # each writer hands its tasks off one after another
+        rows = trace[start:start + len(tasks)]
+        start += len(tasks)
+        if len(tasks) > 1:
+            gap = _since(rows[1:, ready + 3], rows[:-1, landed + 3])
+            assert int(gap.max()) < 2**31, f"{where}: a writer took a task before the last landed"
+    previous = {(int(b), int(h), int(m), int(r)): i
+                for i, (b, h, _, m, r) in enumerate(trace[:, :5].tolist())}
+    late = [i for i, (b, h, _, m, r) in enumerate(trace[:, :5].tolist()) if r > 0 and
+            int(_since(trace[i, acquired + 3], trace[previous[(b, h, m, r - 1)], landed + 3]))
+            >= 2**31]
+    assert not late, f"{where}: {len(late)} adds acquired their counter before rank - 1 landed"
 
 
 # -- (d) torch.compile and the op registration -------------------------------------------------
