@@ -264,6 +264,9 @@ class Sm90FwdConfig(_Element16Config):
     causal: bool
     block_m: int = 128
     block_n: int = 128
+    # A grid of fewer CTAs (runtime: as few as keep the busiest as busy as one per SM would),
+    # each walking query tiles and loading the next one's Q and K/V while it finishes the last.
+    persistent: bool = False
 
     @staticmethod
     def supports(dtype: str, head_dim: int) -> bool:
@@ -277,7 +280,7 @@ class Sm90FwdConfig(_Element16Config):
     @property
     def smem_bytes(self) -> int:
         d, bm, bn, stages = self.head_dim, self.block_m, self.block_n, 2
-        return bm * d * 2 + 2 * stages * bn * d * 2 + (1 + 4 * stages) * 8 + 1024
+        return bm * d * 2 + 2 * stages * bn * d * 2 + (2 + 4 * stages) * 8 + 1024
 
     @property
     def params_bytes(self) -> int:
@@ -315,10 +318,13 @@ def forward_kind(dtype: str, head_dim: int, hopper: bool = True) -> str:
     return "sm90" if hopper and Sm90FwdConfig.serves(dtype, head_dim) else "mma"
 
 
-def forward_config_of(kind: str, dtype: str, head_dim: int,
-                      causal: bool) -> FwdConfig | Sm90FwdConfig:
-    """The config of forward kernel `kind` ('sm90' or 'mma') for a problem."""
-    return (Sm90FwdConfig if kind == "sm90" else FwdConfig)(dtype, head_dim, causal)
+def forward_config_of(kind: str, dtype: str, head_dim: int, causal: bool,
+                      persistent: bool = False) -> FwdConfig | Sm90FwdConfig:
+    """The config of forward kernel `kind` ('sm90' or 'mma') for a problem (`persistent`: the
+    Hopper forward's, Sm90FwdConfig.persistent)."""
+    if kind == "sm90":
+        return Sm90FwdConfig(dtype, head_dim, causal, persistent=persistent)
+    return FwdConfig(dtype, head_dim, causal)
 
 
 def forward_config(dtype: str, head_dim: int, causal: bool,

@@ -22,10 +22,11 @@ from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, TRACE_C
                       Sm90FwdConfig,
                       backward_blocks, backward_kind, blocks_of, config_of, forward_config_of,
                       forward_kind, render_config, sm90_bwd_refusal)
-from .kernel_model import early_kv_pays, fuses_convert
+from .kernel_model import early_kv_pays, forward_persistent_pays, fuses_convert
 from .lower import lower, plan_tensors
 from .problem import Mask, Problem
 from .schedules import build_schedule
+from .schedules.base import fewest_workers
 from .verify import verify
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -47,6 +48,10 @@ SM90_REGISTERS = (24, 240)
 SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False,
                     "staged_stats": None, "fused_convert": None, "early_kv": None,
                     "ds_stmatrix": None}
+# The Hopper forward on persistent CTAs under a full mask (Sm90FwdConfig.persistent): None
+# decides per problem (kernel_model.forward_persistent_pays: short KV loops); scripts set True
+# or False to compare.
+SM90_FWD_PERSISTENT: bool | None = None
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -276,14 +281,21 @@ class _ForwardLaunch:
     q, k, v it has seen."""
 
     def __init__(self, kind: str, q_shape: tuple, dtype: str, causal: bool,
-                 device: torch.device):
+                 device: torch.device, persistent: bool = False):
         batch, seqlen_q, heads_q, head_dim = q_shape
         self.kind = kind
-        cfg = self.cfg = forward_config_of(kind, dtype, head_dim, causal)  # validates
+        # Persistent CTAs walk the query tiles in a fixed order, which balances equal tiles
+        # only: under a causal mask the hardware's one-CTA-a-tile dispatch stays.
+        persistent = persistent and kind == "sm90" and not causal
+        cfg = self.cfg = forward_config_of(kind, dtype, head_dim, causal, persistent)  # validates
         kernel = _kernels(cfg, device)[""]
         block_m = cfg.block_m if kind == "sm90" else BLOCK_M
-        self.launcher = launch.Launcher(kernel, (-(-seqlen_q // block_m), heads_q, batch),
-                                        384 if kind == "sm90" else 128, cfg.smem_bytes)
+        grid = (-(-seqlen_q // block_m), heads_q, batch)
+        if persistent:
+            tiles = grid[0] * heads_q * batch
+            grid = (fewest_workers(tiles, min(tiles, _sm_count(device))), 1, 1)
+        self.launcher = launch.Launcher(kernel, grid, 384 if kind == "sm90" else 128,
+                                        cfg.smem_bytes)
         self._maps: dict[tuple, tuple] = {}
 
     def map_addresses(self, q, k, v) -> list[int]:
@@ -303,14 +315,23 @@ class _ForwardLaunch:
 
 @lru_cache(maxsize=256)
 def _forward_launch(kind: str, q_shape: tuple, dtype: str, causal: bool,
-                    device: torch.device) -> _ForwardLaunch:
-    return _ForwardLaunch(kind, q_shape, dtype, causal, device)
+                    device: torch.device, persistent: bool) -> _ForwardLaunch:
+    return _ForwardLaunch(kind, q_shape, dtype, causal, device, persistent)
+
+
+@lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"):
     """o and lse; q, k and v are contiguous."""
     kind = forward_kernel(q, kernel)
-    fl = _forward_launch(kind, tuple(q.shape), _DTYPES[q.dtype], bool(causal), q.device)
+    persistent = SM90_FWD_PERSISTENT
+    if persistent is None:
+        persistent = forward_persistent_pays(k.shape[1], q.shape[3])
+    fl = _forward_launch(kind, tuple(q.shape), _DTYPES[q.dtype], bool(causal), q.device,
+                         persistent)
     batch, seqlen_q, heads_q, head_dim = q.shape
     empty = _allocator()
     o = empty(q.shape, q.dtype, q.device)  # q is contiguous: o is laid out like it

@@ -252,13 +252,15 @@ def test_backward_config_is_the_serving_kernel(dtype, head_dim, gqa, hopper):
     assert (cfg.block_m, cfg.block_n) == blocks
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim,causal", [(64, False), (64, True), (128, False), (128, True)])
-def test_sm90_forward_compiles_without_spills(dtype, head_dim, causal, tmp_path, monkeypatch):
+def test_sm90_forward_compiles_without_spills(dtype, head_dim, causal, persistent, tmp_path,
+                                              monkeypatch):
     from dashgen.kernels import Sm90FwdConfig, render_fwd_sm90
 
     monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
-    cfg = Sm90FwdConfig(dtype, head_dim, causal)
+    cfg = Sm90FwdConfig(dtype, head_dim, causal, persistent=persistent)
     main = compile_kernel(render_fwd_sm90(cfg)).resources[cfg.kernel_name]
     assert main.registers == 168 and main.spill_bytes == 0
     assert not main.warnings, main.warnings

@@ -78,6 +78,7 @@ def recorder(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, "_LIBCUDA", rec)
     monkeypatch.setitem(launch._PRIMARY, 0, 1)
     monkeypatch.setattr(runtime, "_stream", lambda device: 0)
+    monkeypatch.setattr(runtime, "_sm_count", lambda device: 132)
     for cache in (runtime._load, runtime._backward_launch, runtime._backward_config,
                   runtime._forward_launch):
         cache.cache_clear()
@@ -499,6 +500,34 @@ def test_forward_descriptors_are_looked_up_once_and_follow_k_shape(recorder, mon
     (_, _, args), = recorder.launches[-1:]
     assert args[:3] == [FakeMap(t.data_ptr()).getPtr() for t in (q, k, v)]
     assert (args[3].seqlen_k, args[3].k) == (100, k.data_ptr())
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_grid(recorder, monkeypatch, causal, persistent):
+    """Full masks on persistent CTAs, as few as 132 SMs need for the query tiles; causal masks
+    (and the switch off) one CTA a query tile."""
+    monkeypatch.setattr(runtime, "SM90_FWD_PERSISTENT", persistent)
+    for batch, seqlen, heads, ctas in ((16, 1024, 32, 128), (1, 300, 2, 6), (3, 1000, 11, 132)):
+        q = torch.randn(batch, seqlen, heads, 64, dtype=torch.bfloat16)
+        runtime.forward(q, q, q, causal=causal, softmax_scale=0.1)
+        name, grid, _ = recorder.launches[-1]
+        tiles = -(-seqlen // 128)
+        if persistent and not causal:
+            assert name.endswith("_persistent1") and grid == (ctas, 1, 1)
+        else:
+            assert name.endswith("_persistent0") and grid == (tiles, heads, batch)
+
+
+@pytest.mark.parametrize("head_dim, seqlen_k, persistent", [
+    (64, 4096, True), (64, 4097, False), (64, 16384, False), (128, 2048, True),
+    (128, 4096, False)])
+def test_forward_takes_persistent_ctas_where_the_kv_loop_is_short(recorder, head_dim, seqlen_k,
+                                                                  persistent):
+    q = torch.randn(1, 128, 2, head_dim, dtype=torch.bfloat16)
+    k = torch.randn(1, seqlen_k, 2, head_dim, dtype=torch.bfloat16)
+    runtime.forward(q, k, k, causal=False, softmax_scale=0.1)
+    assert recorder.launches[-1][0].endswith(f"_persistent{int(persistent)}")
 
 
 def test_forward_parameter_block_is_whole_on_every_call(recorder):

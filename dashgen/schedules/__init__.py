@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..ir import Schedule
 from ..problem import Problem
-from .base import Builder, UnsupportedProblem, Unit, assemble
+from .base import Builder, UnsupportedProblem, Unit, assemble, fewest_workers
 from .descending import descending_units
 from .fa3 import fa3_units
 from .shift import shift_supports, shift_units
@@ -95,7 +95,7 @@ def balanced_workers(name: str, problem: Problem, num_workers: int) -> int:
     sizes = [sum(len(seg.m_order) for seg in unit) for unit in units]
     if not sizes:
         return num_workers
-    fewest = -(-len(sizes) // -(-len(sizes) // num_workers))  # units / waves, rounded up
+    fewest = fewest_workers(len(sizes), num_workers)
     if fewest == num_workers or _longest_load(sizes, fewest) > _longest_load(sizes, num_workers):
         return num_workers
     # The units themselves may depend on the worker count (symmetric_shift's rotation).

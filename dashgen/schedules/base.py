@@ -66,6 +66,13 @@ def deal(units: list[Unit], num_workers: int) -> list[list[tuple[int, Segment]]]
     return programs
 
 
+def fewest_workers(units: int, num_workers: int) -> int:
+    """The fewest workers that deal `units` in as many rounds as `num_workers` do."""
+    if units <= 0:
+        return num_workers
+    return -(-units // -(-units // num_workers))
+
+
 def wave_of(unit_index: int, num_workers: int) -> tuple[int, int]:
     """(wave, worker) of a unit under :func:`deal`."""
     return divmod(unit_index, num_workers)

@@ -6,6 +6,10 @@
 // and its softmax runs while P V of tile n is on the tensor cores. K and V stages are released
 // separately (K once its S is done, V once its P V is), so K of tile n + 1 can land while V of
 // tile n is still read. Deterministic by construction: no cross-CTA reduction.
+// kPersistent: a grid of fewer CTAs, each walking query tiles blockIdx.x, + gridDim.x, ...; the
+// producer loads the next tile's Q as soon as both MMA warpgroups have issued their last S, and
+// streams its K/V on through the same stages, so the loads overlap the previous tile's last
+// P V and its O/lse stores instead of starting cold in a new CTA.
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/params.cuh"
@@ -18,7 +22,7 @@
 
 namespace dashgen {
 
-template <class T, int kHeadDim, bool kCausal>
+template <class T, int kHeadDim, bool kCausal, bool kPersistent>
 struct AttnFwdSm90 {
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = 128;  // query rows per CTA: 64 per MMA warpgroup
@@ -34,11 +38,11 @@ struct AttnFwdSm90 {
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kOffBar = kOffV + kStages * kKBytes;
-  static constexpr int kNumBars = 1 + 4 * kStages;
+  static constexpr int kNumBars = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
 
   struct Bars {
-    u64 q_full;
+    u64 q_full, q_empty;
     u64 k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
   };
 
@@ -49,14 +53,33 @@ struct AttnFwdSm90 {
     return (key_end + kBlockN - 1) / kBlockN;
   }
 
+  struct Tile {
+    int m, h, b;
+  };
+
+  // The CTA's i-th query tile, or m < 0 past its last. Persistent: tile t of the
+  // batch * heads_q * num_m_blocks, m fastest, so that the CTAs running at once share their
+  // heads' K/V in L2; under a causal mask a head's longest tiles first.
+  __device__ static Tile tile_at(const FwdParams& p, int i) {
+    if constexpr (!kPersistent) {
+      return i == 0 ? Tile{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                           static_cast<int>(blockIdx.z)}
+                    : Tile{-1, 0, 0};
+    }
+    const int num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    const int t = blockIdx.x + i * gridDim.x;
+    if (t >= num_m * p.heads_q * p.batch) return Tile{-1, 0, 0};
+    const int bh = t / num_m, m = t % num_m;
+    return Tile{kCausal ? num_m - 1 - m : m, bh % p.heads_q, bh / p.heads_q};
+  }
+
   __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k, const TensorMap* tm_v,
                              const FwdParams& p, char* smem_raw) {
     char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     Bars* bars = reinterpret_cast<Bars*>(smem + kOffBar);
-    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int n_tiles = num_kv_tiles(p, m);
     if (threadIdx.x == 0) {
       mbarrier_init(&bars->q_full, 1);
+      mbarrier_init(&bars->q_empty, 2);  // one arrive per MMA warpgroup
       for (int s = 0; s < kStages; ++s) {
         mbarrier_init(&bars->k_full[s], 1);
         mbarrier_init(&bars->v_full[s], 1);
@@ -70,35 +93,52 @@ struct AttnFwdSm90 {
     if (threadIdx.x / 128 == 0) {
       setmaxnreg_dec<24>();
       if (threadIdx.x == 0) {
-        const int hk = h / (p.heads_q / p.heads_kv);
-        // Tensor-map coordinates run innermost first: (column, head, row, batch).
-        mbarrier_arrive_expect_tx(&bars->q_full, kQBytes);
-        for (int half = 0; half < 2; ++half) {
-          for (int cb = 0; cb < kColBlocks; ++cb) {
-            tma_load_4d(smem + kOffQ + half * (kQBytes / 2) + cb * 64 * 128, tm_q, &bars->q_full,
-                        cb * 64, h, m * kBlockM + 64 * half, b);
+        // K/V tiles loaded so far: their stages and phases run on from one query tile to the
+        // next.
+        int kv = 0;
+        for (int i = 0;; ++i) {
+          const Tile t = tile_at(p, i);
+          if (t.m < 0) break;
+          const int hk = t.h / (p.heads_q / p.heads_kv);
+          // Q's buffer is free once both MMA warpgroups issued the previous tile's last S.
+          mbarrier_wait_parity(&bars->q_empty, (i & 1) ^ 1);
+          // Tensor-map coordinates run innermost first: (column, head, row, batch).
+          mbarrier_arrive_expect_tx(&bars->q_full, kQBytes);
+          for (int half = 0; half < 2; ++half) {
+            for (int cb = 0; cb < kColBlocks; ++cb) {
+              tma_load_4d(smem + kOffQ + half * (kQBytes / 2) + cb * 64 * 128, tm_q,
+                          &bars->q_full, cb * 64, t.h, t.m * kBlockM + 64 * half, t.b);
+            }
           }
-        }
-        for (int n = 0; n < n_tiles; ++n) {
-          const int s = n % kStages, use = n / kStages;
-          mbarrier_wait_parity(&bars->k_empty[s], (use & 1) ^ 1);
-          mbarrier_arrive_expect_tx(&bars->k_full[s], kKBytes);
-          for (int cb = 0; cb < kColBlocks; ++cb) {
-            tma_load_4d(smem + kOffK + s * kKBytes + cb * kBlockN * 128, tm_k, &bars->k_full[s],
-                        cb * 64, hk, n * kBlockN, b);
-          }
-          mbarrier_wait_parity(&bars->v_empty[s], (use & 1) ^ 1);
-          mbarrier_arrive_expect_tx(&bars->v_full[s], kKBytes);
-          for (int cb = 0; cb < kColBlocks; ++cb) {
-            tma_load_4d(smem + kOffV + s * kKBytes + cb * kBlockN * 128, tm_v, &bars->v_full[s],
-                        cb * 64, hk, n * kBlockN, b);
+          const int n_tiles = num_kv_tiles(p, t.m);
+          for (int n = 0; n < n_tiles; ++n, ++kv) {
+            const int s = kv % kStages, use = kv / kStages;
+            mbarrier_wait_parity(&bars->k_empty[s], (use & 1) ^ 1);
+            mbarrier_arrive_expect_tx(&bars->k_full[s], kKBytes);
+            for (int cb = 0; cb < kColBlocks; ++cb) {
+              tma_load_4d(smem + kOffK + s * kKBytes + cb * kBlockN * 128, tm_k,
+                          &bars->k_full[s], cb * 64, hk, n * kBlockN, t.b);
+            }
+            mbarrier_wait_parity(&bars->v_empty[s], (use & 1) ^ 1);
+            mbarrier_arrive_expect_tx(&bars->v_full[s], kKBytes);
+            for (int cb = 0; cb < kColBlocks; ++cb) {
+              tma_load_4d(smem + kOffV + s * kKBytes + cb * kBlockN * 128, tm_v,
+                          &bars->v_full[s], cb * 64, hk, n * kBlockN, t.b);
+            }
           }
         }
       }
       return;
     }
     setmaxnreg_inc<240>();
-    consume(p, smem, bars, m, h, b, n_tiles, threadIdx.x / 128 - 1, threadIdx.x % 128);
+    int kv = 0;
+    for (int i = 0;; ++i) {
+      const Tile t = tile_at(p, i);
+      if (t.m < 0) break;
+      const int n_tiles = num_kv_tiles(p, t.m);
+      consume(p, smem, bars, t, n_tiles, kv, i, threadIdx.x / 128 - 1, threadIdx.x % 128);
+      kv += n_tiles;
+    }
   }
 
 
@@ -110,11 +150,11 @@ struct AttnFwdSm90 {
     }
   }
 
-  // S = Q K^T of tile n into sc (issued and committed, not waited for).
+  // S = Q K^T into sc of the K tile the CTA loaded g-th (issued and committed, not waited for).
   __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, Bars* bars,
-                                 int n) {
-    const int s = n % kStages;
-    mbarrier_wait_parity(&bars->k_full[s], (n / kStages) & 1);
+                                 int g) {
+    const int s = g % kStages;
+    mbarrier_wait_parity(&bars->k_full[s], (g / kStages) & 1);
     const char* k_tile = smem + kOffK + s * kKBytes;
     wgmma_fence();
 #pragma unroll
@@ -156,20 +196,22 @@ struct AttnFwdSm90 {
     for (int i = 0; i < 64; i += 2) pa[i / 8][(i % 8) / 2] = Element<T>::pack(sc[i], sc[i + 1]);
   }
 
-  // Tile n: P V with the probabilities in pa; with kNext, S of tile n + 1 goes first and its
-  // softmax runs while P V is on the tensor cores, leaving its probabilities in pa.
+  // Tile n (the CTA's g-th K/V load): P V with the probabilities in pa; with kNext, S of tile
+  // n + 1 goes first and its softmax runs while P V is on the tensor cores, leaving its
+  // probabilities in pa. Q is released once S of the query tile's last K/V tile is done.
   template <bool kNext>
   __device__ static void step(float (&sc)[64], u32 (&pa)[kBlockN / 16][4],
                               float (&o)[kHeadDim / 2], float (&row_max)[2], float (&row_sum)[2],
                               float (&correction)[2], const FwdParams& p, char* smem, Bars* bars,
-                              const char* q_tile, int n, int row0, int t4, int tid) {
+                              const char* q_tile, int n, int g, int n_tiles, int row0, int t4,
+                              int tid) {
     // O is rescaled before any wgmma is in flight: ptxas serializes the pipeline if O is
     // touched between two wgmmas that are not separated by a wait.
 #pragma unroll
     for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= correction[(j / 2) % 2];
-    if constexpr (kNext) issue_s(sc, q_tile, smem, bars, n + 1);  // sc's probabilities are in pa
-    const int s = n % kStages;
-    mbarrier_wait_parity(&bars->v_full[s], (n / kStages) & 1);
+    if constexpr (kNext) issue_s(sc, q_tile, smem, bars, g + 1);  // sc's probabilities are in pa
+    const int s = g % kStages;
+    mbarrier_wait_parity(&bars->v_full[s], (g / kStages) & 1);
     const char* v_tile = smem + kOffV + s * kKBytes;
     wgmma_fence();
 #pragma unroll
@@ -181,7 +223,10 @@ struct AttnFwdSm90 {
     if constexpr (kNext) {
       // S of tile n + 1 (committed first) is done; P V of tile n may still run.
       wgmma_wait_group<1>();
-      if (tid == 0) mbarrier_arrive(&bars->k_empty[(n + 1) % kStages]);
+      if (tid == 0) {
+        mbarrier_arrive(&bars->k_empty[(g + 1) % kStages]);
+        if (n + 2 == n_tiles) mbarrier_arrive(&bars->q_empty);
+      }
       softmax_tile(sc, row_max, row_sum, correction, p, n + 1, row0, t4);
     }
     wgmma_wait_group<0>();  // P V of tile n: pa and V's stage are free
@@ -189,8 +234,10 @@ struct AttnFwdSm90 {
     if constexpr (kNext) pack_probs(sc, pa);
   }
 
-  __device__ static void consume(const FwdParams& p, char* smem, Bars* bars, int m, int h, int b,
-                                 int n_tiles, int wg, int tid) {
+  // Query tile t, whose K/V tiles the CTA loads as its kv-th onwards; it is the CTA's i-th.
+  __device__ static void consume(const FwdParams& p, char* smem, Bars* bars, const Tile& t,
+                                 int n_tiles, int kv, int i, int wg, int tid) {
+    const int m = t.m, h = t.h, b = t.b;
     const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
     // This thread's two query rows (accumulator rows g and g + 8 of its warp).
     const int row0 = m * kBlockM + 64 * wg + 16 * warp + g;
@@ -200,26 +247,32 @@ struct AttnFwdSm90 {
     for (int j = 0; j < kHeadDim / 2; ++j) o[j] = 0.f;
     float row_max[2] = {-DASHGEN_INF, -DASHGEN_INF}, row_sum[2] = {0.f, 0.f};
 
-    mbarrier_wait_parity(&bars->q_full, 0);
+    mbarrier_wait_parity(&bars->q_full, i & 1);
     float sc[64];                 // S of the next tile, then its probabilities
     u32 pa[kBlockN / 16][4];      // P of the current tile, the A operand of P V
     float correction[2];
     if (n_tiles > 0) {
-      issue_s(sc, q_tile, smem, bars, 0);
+      issue_s(sc, q_tile, smem, bars, kv);
       wgmma_wait_group<0>();
-      if (tid == 0) mbarrier_arrive(&bars->k_empty[0]);
+      if (tid == 0) {
+        mbarrier_arrive(&bars->k_empty[kv % kStages]);
+        if (n_tiles == 1) mbarrier_arrive(&bars->q_empty);
+      }
       softmax_tile(sc, row_max, row_sum, correction, p, 0, row0, t4);
       pack_probs(sc, pa);
+    } else if (tid == 0) {
+      mbarrier_arrive(&bars->q_empty);  // a tile that sees no key never reads its Q
     }
     // Every tile but the last has a successor; the last runs the same step without it. Both
     // are straight-line code: ptxas follows which wgmma group a wait retires only there, and
     // would serialize the wgmmas otherwise.
     for (int n = 0; n + 1 < n_tiles; ++n) {
-      step<true>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile, n, row0, t4, tid);
+      step<true>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile, n, kv + n,
+                 n_tiles, row0, t4, tid);
     }
     if (n_tiles > 0) {
       step<false>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile, n_tiles - 1,
-                  row0, t4, tid);
+                  kv + n_tiles - 1, n_tiles, row0, t4, tid);
     }
 
     T* out = static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDim;
