@@ -141,15 +141,16 @@ def early_kv_pays(plan) -> bool:
 
 
 # When the Hopper forward runs on persistent CTAs (Sm90FwdConfig.persistent, full masks).
-# Measured on the H200 (docs/perf-notes.md, v4.3; scripts/forward_ab.py, same bits either way):
-# +2.9 / +1.8 / +1.7% at head_dim 64 with 1k / 2k / 4k keys, +9.8 / +4.2% at head_dim 128 with
-# 1k / 2k: a query tile's fixed costs (its CTA's start, Q's load, the O/lse stores) overlap
-# the next tile's loads, which pays where the KV loop is short. With longer loops it stops
-# paying (+0.6% at d64 16k) and turns (-1.2% at d128 4k, -3.6% at 16k).
-FWD_PERSISTENT_MAX_LOOP = 32 * 64  # KV tiles a query tile visits x head_dim
+# Measured on the H200 against one CTA a query tile, alternated in one call, same outputs
+# (docs/perf-notes.md, v4.3): at head_dim 64 +15 to +19% with 1k-16k keys; at head_dim 128
+# +12 to +16% with 1k, +4% with 2k, then -1% with 4k and -4% with 16k. A query tile's fixed
+# costs (its CTA's start, Q's load, the O/lse stores) overlap the next tile's loads; at
+# head_dim 128 the longer tiles leave less to hide, and 128 CTAs of 2048 tiles lose to the
+# hardware's dispatch on 132 SMs. The most KV tiles a query tile visits where persistent CTAs
+# pay, per head_dim (measured through 16384 keys).
+FWD_PERSISTENT_MAX_KV_TILES = {64: 128, 128: 16}
 
 
 def forward_persistent_pays(seqlen_k: int, head_dim: int, block_n: int = 128) -> bool:
-    """Whether persistent CTAs pay for a full-mask forward: where each query tile's KV loop
-    (its KV tiles x head_dim) is at most FWD_PERSISTENT_MAX_LOOP."""
-    return -(-seqlen_k // block_n) * head_dim <= FWD_PERSISTENT_MAX_LOOP
+    """Whether persistent CTAs pay for a full-mask forward with seqlen_k keys."""
+    return -(-seqlen_k // block_n) <= FWD_PERSISTENT_MAX_KV_TILES.get(head_dim, 0)

@@ -265,8 +265,16 @@ class Sm90FwdConfig(_Element16Config):
     block_m: int = 128
     block_n: int = 128
     # A grid of fewer CTAs (runtime: as few as keep the busiest as busy as one per SM would),
-    # each walking query tiles and loading the next one's Q and K/V while it finishes the last.
+    # each walking query tiles and loading the next one's Q and K/V while it finishes the last
+    # (fwd_sm90_persistent.cuh; the runtime decides per problem, kernel_model).
     persistent: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.persistent and self.causal:
+            raise ValueError("persistent=True serves full masks only: its CTAs take query tiles "
+                             "in a fixed order, which balances equal tiles, not a causal "
+                             "mask's (use persistent=False)")
 
     @staticmethod
     def supports(dtype: str, head_dim: int) -> bool:
@@ -280,7 +288,8 @@ class Sm90FwdConfig(_Element16Config):
     @property
     def smem_bytes(self) -> int:
         d, bm, bn, stages = self.head_dim, self.block_m, self.block_n, 2
-        return bm * d * 2 + 2 * stages * bn * d * 2 + (2 + 4 * stages) * 8 + 1024
+        barriers = (2 if self.persistent else 1) + 4 * stages  # Q's empty barrier if persistent
+        return bm * d * 2 + 2 * stages * bn * d * 2 + barriers * 8 + 1024
 
     @property
     def params_bytes(self) -> int:

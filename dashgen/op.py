@@ -26,12 +26,12 @@ _DEVICE_TYPE = "cuda"
 
 # schedule="auto": mask -> candidates, the first that serves the problem wins. The DASH orders
 # come first: the simulator and the kernel model calibrated on the H200 rank them first, and the
-# benchmark measured them within 1.2% of the fastest schedule in all 20 configurations
-# (docs/bench/2026-11-30-fc766c2) and within 3% in 19 of 20 with today's faster kernels
-# (2026-11-30-d1f6cd9; the miss, head_dim 64 full at 16k, 4.6% behind fa3 in that run and 2.5%
-# behind the fastest in the run before), where fa3/spt lose up to 35% on causal masks. Their
-# order depends on the worker count, which "auto" takes from num_workers or else from the
-# device's SM count (schedules.balanced_workers: the fewest workers as busy as the SM count's).
+# benchmark measured them within 3% of the fastest schedule in all 20 configurations on the
+# worker counts auto gives them (docs/bench/2026-11-30-c9bfde1 and -52533ed; the nearest,
+# head_dim 64 full at 16k, 0.1% ahead of fa3 in one run and 2.8% behind in the other), where
+# fa3/spt lose up to 35% on causal masks. Their order depends on the worker count, which "auto"
+# takes from num_workers or else from the device's SM count (schedules.balanced_workers: the
+# fewest workers as busy as the SM count's).
 AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
     "full": ("shift", "fa3"),
     "causal": ("symmetric_shift", "spt"),

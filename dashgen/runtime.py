@@ -285,7 +285,7 @@ class _ForwardLaunch:
         batch, seqlen_q, heads_q, head_dim = q_shape
         self.kind = kind
         # Persistent CTAs walk the query tiles in a fixed order, which balances equal tiles
-        # only: under a causal mask the hardware's one-CTA-a-tile dispatch stays.
+        # only (Sm90FwdConfig refuses a causal mask): there the hardware's dispatch stays.
         persistent = persistent and kind == "sm90" and not causal
         cfg = self.cfg = forward_config_of(kind, dtype, head_dim, causal, persistent)  # validates
         kernel = _kernels(cfg, device)[""]

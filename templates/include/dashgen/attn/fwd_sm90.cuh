@@ -6,10 +6,6 @@
 // and its softmax runs while P V of tile n is on the tensor cores. K and V stages are released
 // separately (K once its S is done, V once its P V is), so K of tile n + 1 can land while V of
 // tile n is still read. Deterministic by construction: no cross-CTA reduction.
-// kPersistent: a grid of fewer CTAs, each walking query tiles blockIdx.x, + gridDim.x, ...; the
-// producer loads the next tile's Q as soon as both MMA warpgroups have issued their last S, and
-// streams its K/V on through the same stages, so the loads overlap the previous tile's last
-// P V and its O/lse stores instead of starting cold in a new CTA.
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/params.cuh"
@@ -22,7 +18,7 @@
 
 namespace dashgen {
 
-template <class T, int kHeadDim, bool kCausal, bool kPersistent>
+template <class T, int kHeadDim, bool kCausal>
 struct AttnFwdSm90 {
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kBlockM = 128;  // query rows per CTA: 64 per MMA warpgroup
@@ -38,11 +34,11 @@ struct AttnFwdSm90 {
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   static constexpr int kOffBar = kOffV + kStages * kKBytes;
-  static constexpr int kNumBars = 2 + 4 * kStages;
+  static constexpr int kNumBars = 1 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
 
   struct Bars {
-    u64 q_full, q_empty;
+    u64 q_full;
     u64 k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
   };
 
@@ -53,91 +49,70 @@ struct AttnFwdSm90 {
     return (key_end + kBlockN - 1) / kBlockN;
   }
 
-  struct Tile {
-    int m, h, b;
-  };
-
-  // The CTA's i-th query tile, or m < 0 past its last. Persistent: tile t of the
-  // batch * heads_q * num_m_blocks, m fastest, so that the CTAs running at once share their
-  // heads' K/V in L2; under a causal mask a head's longest tiles first.
-  __device__ static Tile tile_at(const FwdParams& p, int i) {
-    if constexpr (!kPersistent) {
-      return i == 0 ? Tile{static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                           static_cast<int>(blockIdx.z)}
-                    : Tile{-1, 0, 0};
-    }
-    const int num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    const int t = blockIdx.x + i * gridDim.x;
-    if (t >= num_m * p.heads_q * p.batch) return Tile{-1, 0, 0};
-    const int bh = t / num_m, m = t % num_m;
-    return Tile{kCausal ? num_m - 1 - m : m, bh % p.heads_q, bh / p.heads_q};
-  }
-
   __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k, const TensorMap* tm_v,
                              const FwdParams& p, char* smem_raw) {
     char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     Bars* bars = reinterpret_cast<Bars*>(smem + kOffBar);
-    if (threadIdx.x == 0) {
-      mbarrier_init(&bars->q_full, 1);
-      mbarrier_init(&bars->q_empty, 2);  // one arrive per MMA warpgroup
-      for (int s = 0; s < kStages; ++s) {
-        mbarrier_init(&bars->k_full[s], 1);
-        mbarrier_init(&bars->v_full[s], 1);
-        mbarrier_init(&bars->k_empty[s], 2);  // one arrive per MMA warpgroup
-        mbarrier_init(&bars->v_empty[s], 2);
-      }
-      fence_barrier_init();
-    }
+    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int n_tiles = num_kv_tiles(p, m);
+    if (threadIdx.x == 0) init_barriers<false>(bars);
     __syncthreads();
 
     if (threadIdx.x / 128 == 0) {
       setmaxnreg_dec<24>();
-      if (threadIdx.x == 0) {
-        // K/V tiles loaded so far: their stages and phases run on from one query tile to the
-        // next.
-        int kv = 0;
-        for (int i = 0;; ++i) {
-          const Tile t = tile_at(p, i);
-          if (t.m < 0) break;
-          const int hk = t.h / (p.heads_q / p.heads_kv);
-          // Q's buffer is free once both MMA warpgroups issued the previous tile's last S.
-          mbarrier_wait_parity(&bars->q_empty, (i & 1) ^ 1);
-          // Tensor-map coordinates run innermost first: (column, head, row, batch).
-          mbarrier_arrive_expect_tx(&bars->q_full, kQBytes);
-          for (int half = 0; half < 2; ++half) {
-            for (int cb = 0; cb < kColBlocks; ++cb) {
-              tma_load_4d(smem + kOffQ + half * (kQBytes / 2) + cb * 64 * 128, tm_q,
-                          &bars->q_full, cb * 64, t.h, t.m * kBlockM + 64 * half, t.b);
-            }
-          }
-          const int n_tiles = num_kv_tiles(p, t.m);
-          for (int n = 0; n < n_tiles; ++n, ++kv) {
-            const int s = kv % kStages, use = kv / kStages;
-            mbarrier_wait_parity(&bars->k_empty[s], (use & 1) ^ 1);
-            mbarrier_arrive_expect_tx(&bars->k_full[s], kKBytes);
-            for (int cb = 0; cb < kColBlocks; ++cb) {
-              tma_load_4d(smem + kOffK + s * kKBytes + cb * kBlockN * 128, tm_k,
-                          &bars->k_full[s], cb * 64, hk, n * kBlockN, t.b);
-            }
-            mbarrier_wait_parity(&bars->v_empty[s], (use & 1) ^ 1);
-            mbarrier_arrive_expect_tx(&bars->v_full[s], kKBytes);
-            for (int cb = 0; cb < kColBlocks; ++cb) {
-              tma_load_4d(smem + kOffV + s * kKBytes + cb * kBlockN * 128, tm_v,
-                          &bars->v_full[s], cb * 64, hk, n * kBlockN, t.b);
-            }
-          }
-        }
-      }
+      if (threadIdx.x == 0) produce<false>(tm_q, tm_k, tm_v, p, smem, bars, m, h, b, n_tiles, 0, 0);
       return;
     }
     setmaxnreg_inc<240>();
-    int kv = 0;
-    for (int i = 0;; ++i) {
-      const Tile t = tile_at(p, i);
-      if (t.m < 0) break;
-      const int n_tiles = num_kv_tiles(p, t.m);
-      consume(p, smem, bars, t, n_tiles, kv, i, threadIdx.x / 128 - 1, threadIdx.x % 128);
-      kv += n_tiles;
+    consume<false>(p, smem, bars, m, h, b, n_tiles, 0, 0, threadIdx.x / 128 - 1,
+                   threadIdx.x % 128);
+  }
+
+  // kQEmpty: the barriers include Q's empty one (persistent CTAs).
+  template <bool kQEmpty, class B>
+  __device__ static void init_barriers(B* bars) {
+    mbarrier_init(&bars->q_full, 1);
+    if constexpr (kQEmpty) mbarrier_init(&bars->q_empty, 2);  // one arrive per MMA warpgroup
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&bars->k_full[s], 1);
+      mbarrier_init(&bars->v_full[s], 1);
+      mbarrier_init(&bars->k_empty[s], 2);  // one arrive per MMA warpgroup
+      mbarrier_init(&bars->v_empty[s], 2);
+    }
+    fence_barrier_init();
+  }
+
+  // The producer's loads for query tile (m, h, b), the CTA's i-th, whose K/V tiles are its
+  // kv-th on. kWaitQ (persistent CTAs, fwd_sm90_persistent.cuh): Q's buffer is reused, free once
+  // both MMA warpgroups issued the previous tile's last S. B: the kernel's barriers.
+  template <bool kWaitQ, class B>
+  __device__ static void produce(const TensorMap* tm_q, const TensorMap* tm_k,
+                                 const TensorMap* tm_v, const FwdParams& p, char* smem, B* bars,
+                                 int m, int h, int b, int n_tiles, int i, int kv) {
+    const int hk = h / (p.heads_q / p.heads_kv);
+    if constexpr (kWaitQ) mbarrier_wait_parity(&bars->q_empty, (i & 1) ^ 1);
+    // Tensor-map coordinates run innermost first: (column, head, row, batch).
+    mbarrier_arrive_expect_tx(&bars->q_full, kQBytes);
+    for (int half = 0; half < 2; ++half) {
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        tma_load_4d(smem + kOffQ + half * (kQBytes / 2) + cb * 64 * 128, tm_q, &bars->q_full,
+                    cb * 64, h, m * kBlockM + 64 * half, b);
+      }
+    }
+    for (int n = 0; n < n_tiles; ++n) {
+      const int s = (kv + n) % kStages, use = (kv + n) / kStages;
+      mbarrier_wait_parity(&bars->k_empty[s], (use & 1) ^ 1);
+      mbarrier_arrive_expect_tx(&bars->k_full[s], kKBytes);
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        tma_load_4d(smem + kOffK + s * kKBytes + cb * kBlockN * 128, tm_k, &bars->k_full[s],
+                    cb * 64, hk, n * kBlockN, b);
+      }
+      mbarrier_wait_parity(&bars->v_empty[s], (use & 1) ^ 1);
+      mbarrier_arrive_expect_tx(&bars->v_full[s], kKBytes);
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        tma_load_4d(smem + kOffV + s * kKBytes + cb * kBlockN * 128, tm_v, &bars->v_full[s],
+                    cb * 64, hk, n * kBlockN, b);
+      }
     }
   }
 
@@ -151,7 +126,8 @@ struct AttnFwdSm90 {
   }
 
   // S = Q K^T into sc of the K tile the CTA loaded g-th (issued and committed, not waited for).
-  __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, Bars* bars,
+  template <class B>
+  __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, B* bars,
                                  int g) {
     const int s = g % kStages;
     mbarrier_wait_parity(&bars->k_full[s], (g / kStages) & 1);
@@ -198,11 +174,11 @@ struct AttnFwdSm90 {
 
   // Tile n (the CTA's g-th K/V load): P V with the probabilities in pa; with kNext, S of tile
   // n + 1 goes first and its softmax runs while P V is on the tensor cores, leaving its
-  // probabilities in pa. Q is released once S of the query tile's last K/V tile is done.
-  template <bool kNext>
+  // probabilities in pa. kReleaseQ: Q is released once S of the last of n_tiles is done.
+  template <bool kNext, bool kReleaseQ, class B>
   __device__ static void step(float (&sc)[64], u32 (&pa)[kBlockN / 16][4],
                               float (&o)[kHeadDim / 2], float (&row_max)[2], float (&row_sum)[2],
-                              float (&correction)[2], const FwdParams& p, char* smem, Bars* bars,
+                              float (&correction)[2], const FwdParams& p, char* smem, B* bars,
                               const char* q_tile, int n, int g, int n_tiles, int row0, int t4,
                               int tid) {
     // O is rescaled before any wgmma is in flight: ptxas serializes the pipeline if O is
@@ -225,7 +201,9 @@ struct AttnFwdSm90 {
       wgmma_wait_group<1>();
       if (tid == 0) {
         mbarrier_arrive(&bars->k_empty[(g + 1) % kStages]);
-        if (n + 2 == n_tiles) mbarrier_arrive(&bars->q_empty);
+        if constexpr (kReleaseQ) {
+          if (n + 2 == n_tiles) mbarrier_arrive(&bars->q_empty);
+        }
       }
       softmax_tile(sc, row_max, row_sum, correction, p, n + 1, row0, t4);
     }
@@ -234,10 +212,11 @@ struct AttnFwdSm90 {
     if constexpr (kNext) pack_probs(sc, pa);
   }
 
-  // Query tile t, whose K/V tiles the CTA loads as its kv-th onwards; it is the CTA's i-th.
-  __device__ static void consume(const FwdParams& p, char* smem, Bars* bars, const Tile& t,
+  // Query tile (m, h, b), whose K/V tiles the CTA loads as its kv-th onwards; it is the CTA's
+  // i-th. kReleaseQ (persistent CTAs): release Q's buffer once its last S is issued.
+  template <bool kReleaseQ, class B>
+  __device__ static void consume(const FwdParams& p, char* smem, B* bars, int m, int h, int b,
                                  int n_tiles, int kv, int i, int wg, int tid) {
-    const int m = t.m, h = t.h, b = t.b;
     const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
     // This thread's two query rows (accumulator rows g and g + 8 of its warp).
     const int row0 = m * kBlockM + 64 * wg + 16 * warp + g;
@@ -256,25 +235,34 @@ struct AttnFwdSm90 {
       wgmma_wait_group<0>();
       if (tid == 0) {
         mbarrier_arrive(&bars->k_empty[kv % kStages]);
-        if (n_tiles == 1) mbarrier_arrive(&bars->q_empty);
+        if constexpr (kReleaseQ) {
+          if (n_tiles == 1) mbarrier_arrive(&bars->q_empty);
+        }
       }
       softmax_tile(sc, row_max, row_sum, correction, p, 0, row0, t4);
       pack_probs(sc, pa);
-    } else if (tid == 0) {
-      mbarrier_arrive(&bars->q_empty);  // a tile that sees no key never reads its Q
+    } else if constexpr (kReleaseQ) {
+      if (tid == 0) mbarrier_arrive(&bars->q_empty);  // a tile that sees no key never reads Q
     }
     // Every tile but the last has a successor; the last runs the same step without it. Both
     // are straight-line code: ptxas follows which wgmma group a wait retires only there, and
     // would serialize the wgmmas otherwise.
     for (int n = 0; n + 1 < n_tiles; ++n) {
-      step<true>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile, n, kv + n,
-                 n_tiles, row0, t4, tid);
+      step<true, kReleaseQ>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile, n,
+                            kv + n, n_tiles, row0, t4, tid);
     }
     if (n_tiles > 0) {
-      step<false>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile, n_tiles - 1,
-                  kv + n_tiles - 1, n_tiles, row0, t4, tid);
+      step<false, kReleaseQ>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile,
+                             n_tiles - 1, kv + n_tiles - 1, n_tiles, row0, t4, tid);
     }
 
+    store_o_lse(p, o, row_max, row_sum, m, h, b, row0, t4);
+  }
+
+  // O (normalized by the row sums) and the logsumexp of this thread's two query rows.
+  __device__ static void store_o_lse(const FwdParams& p, const float (&o)[kHeadDim / 2],
+                                     const float (&row_max)[2], float (&row_sum)[2], int m, int h,
+                                     int b, int row0, int t4) {
     T* out = static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDim;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
