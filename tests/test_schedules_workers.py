@@ -69,3 +69,40 @@ def test_fewer_workers_never_cost_time_in_the_kernel_model(batch, heads, seqlen_
     assert 1 <= fewer <= sms
     assert kernel_makespan(build_schedule(name, problem, fewer), cost) <= \
         kernel_makespan(build_schedule(name, problem, sms), cost) * (1 + 1e-9)
+
+
+def meets_at_one_depth(units, num_workers) -> bool:
+    """The definition, task by task: the reference for the vectorized check."""
+    depth = [0] * num_workers
+    seen = set()
+    for i, unit in enumerate(units):
+        w = i % num_workers
+        for seg in unit:
+            for m in seg.m_order:
+                key = (seg.batch, seg.head, m, depth[w])
+                if key in seen:
+                    return True
+                seen.add(key)
+                depth[w] += 1
+    return False
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=st.integers(1, 3), heads=st.integers(1, 4), seqlen_q=st.integers(1, 900),
+       extra_k=st.integers(0, 400), causal=st.booleans(), workers=st.integers(1, 40))
+def test_the_meeting_check_is_its_definition(batch, heads, seqlen_q, extra_k, causal, workers):
+    from dashgen.schedules import BUILDERS, _two_at_one_depth
+    problem = Problem(batch=batch, heads_q=heads, seqlen_q=seqlen_q, seqlen_k=seqlen_q + extra_k,
+                      mask="causal" if causal else "full", block_m=64, block_n=64)
+    for name in ("symmetric_shift", "spt") if causal else ("shift", "fa3"):
+        units = BUILDERS[name].units(problem, workers)
+        assert _two_at_one_depth(units, workers) == meets_at_one_depth(units, workers)
+
+
+def test_the_meeting_check_finds_a_meeting():
+    # shift with more KV tiles than Q tiles in a wave: tiles 0 and 9 of one head start on Q 0.
+    from dashgen.schedules import BUILDERS, _two_at_one_depth
+    problem = Problem(batch=1, heads_q=1, seqlen_q=554, seqlen_k=577, mask="full", block_m=64,
+                      block_n=64)
+    units = BUILDERS["shift"].units(problem, 10)
+    assert meets_at_one_depth(units, 10) and _two_at_one_depth(units, 10)
