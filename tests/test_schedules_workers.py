@@ -72,7 +72,7 @@ def test_fewer_workers_never_cost_time_in_the_kernel_model(batch, heads, seqlen_
 
 
 def meets_at_one_depth(units, num_workers) -> bool:
-    """The definition, task by task: the reference for the vectorized check."""
+    """The definition, task by task (tuples as keys): the reference for the check's int keys."""
     depth = [0] * num_workers
     seen = set()
     for i, unit in enumerate(units):
@@ -96,7 +96,7 @@ def test_the_meeting_check_is_its_definition(batch, heads, seqlen_q, extra_k, ca
                       mask="causal" if causal else "full", block_m=64, block_n=64)
     for name in ("symmetric_shift", "spt") if causal else ("shift", "fa3"):
         units = BUILDERS[name].units(problem, workers)
-        assert _two_at_one_depth(units, workers) == meets_at_one_depth(units, workers)
+        assert _two_at_one_depth(problem, units, workers) == meets_at_one_depth(units, workers)
 
 
 def test_the_meeting_check_finds_a_meeting():
@@ -105,4 +105,4 @@ def test_the_meeting_check_finds_a_meeting():
     problem = Problem(batch=1, heads_q=1, seqlen_q=554, seqlen_k=577, mask="full", block_m=64,
                       block_n=64)
     units = BUILDERS["shift"].units(problem, 10)
-    assert meets_at_one_depth(units, 10) and _two_at_one_depth(units, 10)
+    assert meets_at_one_depth(units, 10) and _two_at_one_depth(problem, units, 10)

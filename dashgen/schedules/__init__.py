@@ -53,32 +53,27 @@ def _longest_load(sizes: list[int], num_workers: int) -> int:
     return max(loads)
 
 
-def _two_at_one_depth(units: list[Unit], num_workers: int) -> bool:
+def _two_at_one_depth(problem: Problem, units: list[Unit], num_workers: int) -> bool:
     """Whether two workers, dealt these units, reach one dQ tile at the same depth (task index
     in their program): the only way an arrival-ranked order makes a writer wait when tasks cost
-    alike and a dQ add takes less than a task. Vectorized: a 64k-token plan has 8M tasks."""
-    import torch
-    segs = [seg for unit in units for seg in unit]
-    if not segs:
-        return False
-    seg_len = torch.tensor([len(seg.m_order) for seg in segs])
-    unit_len = torch.tensor([sum(len(seg.m_order) for seg in unit) for unit in units])
-    # The depth each unit starts at on its worker: the tasks of the units dealt to it before.
-    waves = -(-len(units) // num_workers)
-    dealt = torch.zeros(waves * num_workers, dtype=torch.int64)
-    dealt[:len(units)] = unit_len
-    dealt = dealt.view(waves, num_workers)
-    unit_depth = (dealt.cumsum(0) - dealt).flatten()[:len(units)]
-    unit_first = unit_len.cumsum(0) - unit_len  # each unit's first task in the flat order
-    depth = (torch.repeat_interleave(unit_depth - unit_first, unit_len) +
-             torch.arange(int(unit_len.sum())))
-    heads = 1 + max(seg.head for seg in segs)
-    head = torch.repeat_interleave(torch.tensor([seg.batch * heads + seg.head for seg in segs]),
-                                   seg_len)
-    m = torch.tensor([m for seg in segs for m in seg.m_order])
-    key = (head * (int(m.max()) + 1) + m) * (int(depth.max()) + 1) + depth
-    ordered = key.sort().values
-    return bool((ordered[1:] == ordered[:-1]).any())
+    alike and a dQ add takes less than a task. Plain Python: it runs while torch.compile traces
+    the op, where tensors would be fake. One int a task (a 64k-token plan has 8M)."""
+    depths = sum(len(seg.m_order) for unit in units for seg in unit) + 1
+    depth = [0] * num_workers
+    seen: set[int] = set()
+    for i, unit in enumerate(units):
+        w = i % num_workers
+        d = depth[w]
+        for seg in unit:
+            tile = (seg.batch * problem.heads_q + seg.head) * problem.num_m_blocks
+            for m in seg.m_order:
+                key = (tile + m) * depths + d
+                if key in seen:
+                    return True
+                seen.add(key)
+                d += 1
+        depth[w] = d
+    return False
 
 
 def balanced_workers(name: str, problem: Problem, num_workers: int) -> int:
@@ -107,7 +102,8 @@ def balanced_workers(name: str, problem: Problem, num_workers: int) -> int:
     if fewest == num_workers or _longest_load(sizes, fewest) > _longest_load(sizes, num_workers):
         return num_workers
     # The units themselves may depend on the worker count (symmetric_shift's rotation).
-    return num_workers if _two_at_one_depth(builder.units(problem, fewest), fewest) else fewest
+    meet = _two_at_one_depth(problem, builder.units(problem, fewest), fewest)
+    return num_workers if meet else fewest
 
 
 def build_schedule(name: str, problem: Problem, num_workers: int) -> Schedule:
