@@ -266,15 +266,10 @@ class Sm90FwdConfig(_Element16Config):
     block_n: int = 128
     # A grid of fewer CTAs (runtime: as few as keep the busiest as busy as one per SM would),
     # each walking query tiles and loading the next one's Q and K/V while it finishes the last
-    # (fwd_sm90_persistent.cuh; the runtime decides per problem, kernel_model).
+    # (fwd_sm90_persistent.cuh; the runtime decides per problem, kernel_model). Under a causal
+    # mask an experiment, off, not yet run on a GPU, whose grid must hold whole heads' tiles
+    # (runtime.SM90_FWD_PERSISTENT_CAUSAL).
     persistent: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.persistent and self.causal:
-            raise ValueError("persistent=True serves full masks only: its CTAs take query tiles "
-                             "in a fixed order, which balances equal tiles, not a causal "
-                             "mask's (use persistent=False)")
 
     @staticmethod
     def supports(dtype: str, head_dim: int) -> bool:

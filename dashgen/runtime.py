@@ -52,6 +52,9 @@ SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax
 # decides per problem (kernel_model.forward_persistent_pays: short KV loops); scripts set True
 # or False to compare.
 SM90_FWD_PERSISTENT: bool | None = None
+# An experiment, off, not yet run on a GPU: persistent CTAs under a causal mask too, in rounds
+# of whole heads with the tiles rotated over each head's CTAs (fwd_sm90_persistent.cuh).
+SM90_FWD_PERSISTENT_CAUSAL = False
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -284,16 +287,17 @@ class _ForwardLaunch:
                  device: torch.device, persistent: bool = False):
         batch, seqlen_q, heads_q, head_dim = q_shape
         self.kind = kind
-        # Persistent CTAs walk the query tiles in a fixed order, which balances equal tiles
-        # only (Sm90FwdConfig refuses a causal mask): there the hardware's dispatch stays.
-        persistent = persistent and kind == "sm90" and not causal
+        block_m = Sm90FwdConfig.block_m if kind == "sm90" else BLOCK_M
+        grid = (-(-seqlen_q // block_m), heads_q, batch)
+        sms = _sm_count(device) if persistent and kind == "sm90" else 0
+        # Under a causal mask the hardware's one-CTA-a-tile dispatch balances the unequal
+        # tiles; the persistent experiment needs whole heads a round (grid[0] tiles each).
+        persistent = persistent and sms > 0 and (
+            not causal or (SM90_FWD_PERSISTENT_CAUSAL and grid[0] <= sms))
         cfg = self.cfg = forward_config_of(kind, dtype, head_dim, causal, persistent)  # validates
         kernel = _kernels(cfg, device)[""]
-        block_m = cfg.block_m if kind == "sm90" else BLOCK_M
-        grid = (-(-seqlen_q // block_m), heads_q, batch)
         if persistent:
-            tiles = grid[0] * heads_q * batch
-            grid = (fewest_workers(tiles, min(tiles, _sm_count(device))), 1, 1)
+            grid = (forward_ctas(grid[0], heads_q * batch, sms, causal), 1, 1)
         self.launcher = launch.Launcher(kernel, grid, 384 if kind == "sm90" else 128,
                                         cfg.smem_bytes)
         self._maps: dict[tuple, tuple] = {}
@@ -317,6 +321,16 @@ class _ForwardLaunch:
 def _forward_launch(kind: str, q_shape: tuple, dtype: str, causal: bool,
                     device: torch.device, persistent: bool) -> _ForwardLaunch:
     return _ForwardLaunch(kind, q_shape, dtype, causal, device, persistent)
+
+
+def forward_ctas(m_tiles: int, heads: int, sms: int, causal: bool) -> int:
+    """The persistent forward's grid for heads (batch x heads_q) of m_tiles query tiles each on
+    `sms` SMs: as few CTAs as keep the busiest as busy as one a SM would (full mask), or whole
+    heads' tiles a round (causal mask, m_tiles <= sms)."""
+    tiles = m_tiles * heads
+    if causal:
+        return m_tiles * min(heads, sms // m_tiles)
+    return fewest_workers(tiles, min(tiles, sms))
 
 
 @lru_cache(maxsize=16)

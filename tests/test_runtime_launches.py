@@ -519,6 +519,18 @@ def test_forward_grid(recorder, monkeypatch, causal, persistent):
             assert name.endswith("_persistent0") and grid == (tiles, heads, batch)
 
 
+def test_the_causal_persistent_experiment_takes_whole_heads_a_round(recorder, monkeypatch):
+    monkeypatch.setattr(runtime, "SM90_FWD_PERSISTENT_CAUSAL", True)
+    for batch, seqlen, heads, ctas in ((16, 1024, 32, 128), (1, 300, 2, 6), (1, 17000, 1, None)):
+        q = torch.randn(batch, seqlen, heads, 64, dtype=torch.bfloat16)
+        runtime.forward(q, q, q, causal=True, softmax_scale=0.1)
+        name, grid, _ = recorder.launches[-1]
+        if ctas is None:  # 133 query tiles (more than the SMs, and a long loop): one CTA a tile
+            assert name.endswith("_persistent0") and grid == (133, heads, batch)
+        else:
+            assert name.endswith("_persistent1") and grid == (ctas, 1, 1)
+
+
 @pytest.mark.parametrize("head_dim, seqlen_k, persistent", [
     (64, 1024, True), (64, 16384, True), (64, 16385, False), (128, 2048, True),
     (128, 2049, False), (128, 16384, False)])

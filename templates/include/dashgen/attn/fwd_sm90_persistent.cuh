@@ -33,15 +33,28 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<T, kHeadDim, kCausal> {
     int m, h, b;
   };
 
-  // The CTA's i-th query tile, or m < 0 past its last: tile t of the
+  // The CTA's i-th query tile, or m < 0 past its last. Full mask: tile t of the
   // batch * heads_q * num_m_blocks, m fastest, so that the CTAs running at once share their
-  // heads' K/V in L2.
+  // heads' K/V in L2. Causal mask (an experiment, not yet run on a GPU; the grid is a whole
+  // number of heads' tiles, runtime.SM90_FWD_PERSISTENT_CAUSAL): round i gives each group of
+  // num_m CTAs one head, all of its tiles at once, and rotates which CTA of the group takes
+  // which tile by `stride` a round, so that over its rounds every CTA visits long and short
+  // tiles alike (tests/test_forward_order.py checks the order's mirror in Python).
   __device__ static Tile tile_at(const FwdParams& p, int i) {
     const int num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    if constexpr (kCausal) {
+      const int heads = p.heads_q * p.batch, per_round = gridDim.x / num_m;
+      const int bh = i * per_round + blockIdx.x / num_m;
+      if (bh >= heads) return Tile{-1, 0, 0};
+      const int rounds = (heads + per_round - 1) / per_round;
+      const int stride = max(1, num_m / rounds);
+      const int pos = (blockIdx.x + i * stride) % num_m;
+      return Tile{num_m - 1 - pos, bh % p.heads_q, bh / p.heads_q};
+    }
     const int t = blockIdx.x + i * gridDim.x;
     if (t >= num_m * p.heads_q * p.batch) return Tile{-1, 0, 0};
     const int bh = t / num_m, m = t % num_m;
-    return Tile{kCausal ? num_m - 1 - m : m, bh % p.heads_q, bh / p.heads_q};
+    return Tile{m, bh % p.heads_q, bh / p.heads_q};
   }
 
   __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k, const TensorMap* tm_v,
