@@ -292,10 +292,11 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
     out = []
     names = dashgen_schedules(cfg, schedules)
     problem = schedule_problem(cfg)
+    worker_counts = {name: balanced_workers(name, problem, sm_count)
+                     if BUILDERS[name].depends_on_workers else None for name in names}
     for det in (True, False):
         for name in names:
-            workers = (balanced_workers(name, problem, sm_count)
-                       if BUILDERS[name].depends_on_workers else None)
+            workers = worker_counts[name]
             tag = "det" if det else "nondet"
             row = Row(f"dashgen_{tag} {name}", "dashgen", name, det, "backward",
                       num_workers=workers, **base)

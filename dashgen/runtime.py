@@ -19,9 +19,8 @@ from .bounded_cache import BoundedCache
 from .cache import get_or_compile
 from .kernels import (BLOCK_M, PREP_ROWS_PER_BLOCK, SUPPORTED_HEAD_DIMS, TRACE_COLUMNS,
                       BwdParams, ConvertParams, FwdConfig, FwdParams, PrepParams, Sm90BwdConfig,
-                      Sm90FwdConfig,
-                      backward_blocks, backward_kind, blocks_of, config_of, forward_config_of,
-                      forward_kind, render_config, sm90_bwd_refusal)
+                      Sm90FwdConfig, backward_blocks, backward_kind, blocks_of, config_of,
+                      forward_config_of, forward_kind, render_config, sm90_bwd_refusal)
 from .kernel_model import early_kv_pays, forward_persistent_pays, fuses_convert
 from .lower import lower, plan_tensors
 from .problem import Mask, Problem
@@ -611,8 +610,8 @@ class BackwardCall:
         dk, dv = ((None, None) if gqa else
                   (empty(self.k_shape, self.dtype, dev), empty(self.k_shape, self.dtype, dev)))
         dq = empty(self.q_shape, self.dtype, dev) if bl.converts_dq else None
-        trace_buf = (torch.full((bl.plan.num_tasks, TRACE_COLUMNS), -1, dtype=torch.int32, device=dev)
-                     if self.trace else None)
+        trace_buf = (torch.full((bl.plan.num_tasks, TRACE_COLUMNS), -1, dtype=torch.int32,
+                                device=dev) if self.trace else None)
         params.dout, params.dpsum, params.dq_accum, params.stats = do_ptr, dpsum, dq_accum, stats
         params.dq_counters = dq_counters
         if gqa:

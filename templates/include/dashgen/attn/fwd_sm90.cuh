@@ -60,7 +60,9 @@ struct AttnFwdSm90 {
 
     if (threadIdx.x / 128 == 0) {
       setmaxnreg_dec<24>();
-      if (threadIdx.x == 0) produce<false>(tm_q, tm_k, tm_v, p, smem, bars, m, h, b, n_tiles, 0, 0);
+      if (threadIdx.x == 0) {
+        produce<false>(tm_q, tm_k, tm_v, p, smem, bars, m, h, b, n_tiles, 0, 0);
+      }
       return;
     }
     setmaxnreg_inc<240>();
