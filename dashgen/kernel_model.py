@@ -140,17 +140,22 @@ def early_kv_pays(plan) -> bool:
     return plan.num_tasks <= EARLY_KV_MAX_SEGMENT_TASKS * max(int(starts.sum()), 1)
 
 
-# When the Hopper forward runs on persistent CTAs (Sm90FwdConfig.persistent, full masks).
-# Measured on the H200 against one CTA a query tile, alternated in one call, same outputs
-# (docs/perf-notes.md, v4.3): at head_dim 64 +15 to +19% with 1k-16k keys; at head_dim 128
+# When the Hopper forward runs on persistent CTAs (Sm90FwdConfig.persistent). Measured on the
+# H200 against one CTA a query tile, alternated in one call, same outputs (docs/perf-notes.md,
+# v4.3 and v4.4). Full mask: at head_dim 64 +15 to +19% with 1k-16k keys; at head_dim 128
 # +12 to +16% with 1k, +4% with 2k, then -1% with 4k and -4% with 16k. A query tile's fixed
 # costs (its CTA's start, Q's load, the O/lse stores) overlap the next tile's loads; at
 # head_dim 128 the longer tiles leave less to hide, and 128 CTAs of 2048 tiles lose to the
-# hardware's dispatch on 132 SMs. The most KV tiles a query tile visits where persistent CTAs
-# pay, per head_dim (measured through 16384 keys).
-FWD_PERSISTENT_MAX_KV_TILES = {64: 128, 128: 16}
+# hardware's dispatch on 132 SMs. Causal mask (whole heads a round, tiles rotated): at head_dim
+# 64 +11% with 1k, then -3% with 2k, -8% with 4k, -14% with 16k, where rounds of unequal tiles
+# leave the short ones' CTAs idle; at head_dim 128 +14% with 1k, +11% with 2k, +4% with 4k,
+# +1% with 16k. The most KV tiles a query tile visits where persistent CTAs pay, per
+# (head_dim, causal), measured through 16384 keys.
+FWD_PERSISTENT_MAX_KV_TILES = {(64, False): 128, (128, False): 16,
+                               (64, True): 8, (128, True): 128}
 
 
-def forward_persistent_pays(seqlen_k: int, head_dim: int, block_n: int = 128) -> bool:
-    """Whether persistent CTAs pay for a full-mask forward with seqlen_k keys."""
-    return -(-seqlen_k // block_n) <= FWD_PERSISTENT_MAX_KV_TILES.get(head_dim, 0)
+def forward_persistent_pays(seqlen_k: int, head_dim: int, causal: bool,
+                            block_n: int = 128) -> bool:
+    """Whether persistent CTAs pay for a forward with seqlen_k keys."""
+    return -(-seqlen_k // block_n) <= FWD_PERSISTENT_MAX_KV_TILES.get((head_dim, causal), 0)

@@ -267,8 +267,7 @@ class Sm90FwdConfig(_Element16Config):
     # A grid of fewer CTAs (runtime: as few as keep the busiest as busy as one per SM would),
     # each walking query tiles and loading the next one's Q and K/V while it finishes the last
     # (fwd_sm90_persistent.cuh; the runtime decides per problem, kernel_model). Under a causal
-    # mask an experiment, off, not yet run on a GPU, whose grid must hold whole heads' tiles
-    # (runtime.SM90_FWD_PERSISTENT_CAUSAL).
+    # mask the grid holds whole heads' tiles (runtime.forward_ctas).
     persistent: bool = False
 
     @staticmethod

@@ -47,13 +47,9 @@ SM90_REGISTERS = (24, 240)
 SM90_BWD_OPTIONS = {"double_ds": False, "first_dq_store": True, "overlap_softmax": False,
                     "staged_stats": None, "fused_convert": None, "early_kv": None,
                     "ds_stmatrix": None}
-# The Hopper forward on persistent CTAs under a full mask (Sm90FwdConfig.persistent): None
-# decides per problem (kernel_model.forward_persistent_pays: short KV loops); scripts set True
-# or False to compare.
+# The Hopper forward on persistent CTAs (Sm90FwdConfig.persistent): None decides per problem
+# (kernel_model.forward_persistent_pays: short KV loops); scripts set True or False to compare.
 SM90_FWD_PERSISTENT: bool | None = None
-# An experiment, off, not yet run on a GPU: persistent CTAs under a causal mask too, in rounds
-# of whole heads with the tiles rotated over each head's CTAs (fwd_sm90_persistent.cuh).
-SM90_FWD_PERSISTENT_CAUSAL = False
 
 
 def supported_head_dims() -> tuple[int, ...]:
@@ -289,10 +285,9 @@ class _ForwardLaunch:
         block_m = Sm90FwdConfig.block_m if kind == "sm90" else BLOCK_M
         grid = (-(-seqlen_q // block_m), heads_q, batch)
         sms = _sm_count(device) if persistent and kind == "sm90" else 0
-        # Under a causal mask the hardware's one-CTA-a-tile dispatch balances the unequal
-        # tiles; the persistent experiment needs whole heads a round (grid[0] tiles each).
-        persistent = persistent and sms > 0 and (
-            not causal or (SM90_FWD_PERSISTENT_CAUSAL and grid[0] <= sms))
+        # Under a causal mask the persistent order takes whole heads a round (grid[0] tiles
+        # each); past the SM count the hardware's one-CTA-a-tile dispatch balances the tiles.
+        persistent = persistent and sms > 0 and (not causal or grid[0] <= sms)
         cfg = self.cfg = forward_config_of(kind, dtype, head_dim, causal, persistent)  # validates
         kernel = _kernels(cfg, device)[""]
         if persistent:
@@ -342,7 +337,7 @@ def forward(q, k, v, *, causal: bool, softmax_scale: float, kernel: str = "auto"
     kind = forward_kernel(q, kernel)
     persistent = SM90_FWD_PERSISTENT
     if persistent is None:
-        persistent = forward_persistent_pays(k.shape[1], q.shape[3])
+        persistent = forward_persistent_pays(k.shape[1], q.shape[3], bool(causal))
     fl = _forward_launch(kind, tuple(q.shape), _DTYPES[q.dtype], bool(causal), q.device,
                          persistent)
     batch, seqlen_q, heads_q, head_dim = q.shape

@@ -36,11 +36,7 @@ def main():
     parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 16384])
     parser.add_argument("--blocks", type=int, default=6)
-    parser.add_argument("--causal-persistent", action="store_true",
-                        help="the persistent column under causal masks too "
-                             "(runtime.SM90_FWD_PERSISTENT_CAUSAL, an experiment)")
     args = parser.parse_args()
-    runtime.SM90_FWD_PERSISTENT_CAUSAL = args.causal_persistent
     print(f"{'config':<22} {'one a tile':>10} {'persistent':>10} {'ratio':>6} {'same bits':>9} "
           f"{'o err':>8} {'lse err':>8}")
     for d in args.hdims:

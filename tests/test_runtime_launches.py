@@ -505,40 +505,34 @@ def test_forward_descriptors_are_looked_up_once_and_follow_k_shape(recorder, mon
 @pytest.mark.parametrize("persistent", [True, False])
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_grid(recorder, monkeypatch, causal, persistent):
-    """Full masks on persistent CTAs, as few as 132 SMs need for the query tiles; causal masks
-    (and the switch off) one CTA a query tile."""
+    """Persistent CTAs: under a full mask as few as keep 132 SMs' busiest as busy (133 tiles:
+    2 each, 67 CTAs), under a causal mask whole heads' tiles a round (one CTA a tile past 132
+    query tiles). The switch off: one CTA a query tile."""
     monkeypatch.setattr(runtime, "SM90_FWD_PERSISTENT", persistent)
-    for batch, seqlen, heads, ctas in ((16, 1024, 32, 128), (1, 300, 2, 6), (3, 1000, 11, 132)):
+    for batch, seqlen, heads, full, causal_ctas in (
+            (16, 1024, 32, 128, 128), (1, 300, 2, 6, 6), (3, 1000, 11, 132, 128),
+            (1, 17000, 1, 67, None)):
         q = torch.randn(batch, seqlen, heads, 64, dtype=torch.bfloat16)
         runtime.forward(q, q, q, causal=causal, softmax_scale=0.1)
         name, grid, _ = recorder.launches[-1]
         tiles = -(-seqlen // 128)
-        if persistent and not causal:
+        ctas = causal_ctas if causal else full
+        if persistent and ctas is not None:
             assert name.endswith("_persistent1") and grid == (ctas, 1, 1)
         else:
             assert name.endswith("_persistent0") and grid == (tiles, heads, batch)
 
 
-def test_the_causal_persistent_experiment_takes_whole_heads_a_round(recorder, monkeypatch):
-    monkeypatch.setattr(runtime, "SM90_FWD_PERSISTENT_CAUSAL", True)
-    for batch, seqlen, heads, ctas in ((16, 1024, 32, 128), (1, 300, 2, 6), (1, 17000, 1, None)):
-        q = torch.randn(batch, seqlen, heads, 64, dtype=torch.bfloat16)
-        runtime.forward(q, q, q, causal=True, softmax_scale=0.1)
-        name, grid, _ = recorder.launches[-1]
-        if ctas is None:  # 133 query tiles (more than the SMs, and a long loop): one CTA a tile
-            assert name.endswith("_persistent0") and grid == (133, heads, batch)
-        else:
-            assert name.endswith("_persistent1") and grid == (ctas, 1, 1)
-
-
-@pytest.mark.parametrize("head_dim, seqlen_k, persistent", [
-    (64, 1024, True), (64, 16384, True), (64, 16385, False), (128, 2048, True),
-    (128, 2049, False), (128, 16384, False)])
-def test_forward_takes_persistent_ctas_where_the_kv_loop_is_short(recorder, head_dim, seqlen_k,
-                                                                  persistent):
+@pytest.mark.parametrize("head_dim, causal, seqlen_k, persistent", [
+    (64, False, 1024, True), (64, False, 16384, True), (64, False, 16385, False),
+    (128, False, 2048, True), (128, False, 2049, False), (128, False, 16384, False),
+    (64, True, 1024, True), (64, True, 1025, False), (64, True, 2048, False),
+    (128, True, 2048, True), (128, True, 16384, True), (128, True, 16385, False)])
+def test_forward_takes_persistent_ctas_where_they_pay(recorder, head_dim, causal, seqlen_k,
+                                                      persistent):
     q = torch.randn(1, 128, 2, head_dim, dtype=torch.bfloat16)
     k = torch.randn(1, seqlen_k, 2, head_dim, dtype=torch.bfloat16)
-    runtime.forward(q, k, k, causal=False, softmax_scale=0.1)
+    runtime.forward(q, k, k, causal=causal, softmax_scale=0.1)
     assert recorder.launches[-1][0].endswith(f"_persistent{int(persistent)}")
 
 
@@ -554,7 +548,7 @@ def test_forward_parameter_block_is_whole_on_every_call(recorder):
         assert (block.batch, block.heads_q, block.heads_kv, block.seqlen_q, block.seqlen_k) == (
             2, 8, 2, 200, 150)
         assert (block.q_row_stride, block.k_row_stride, block.o_row_stride) == (512, 128, 512)
-        assert block.softmax_scale == scale and grid[1:] == (8, 2)
+        assert block.softmax_scale == scale and grid == (2 * 16, 1, 1)  # 2 tiles x 16 heads
     assert outs[0][0].data_ptr() != outs[1][0].data_ptr()
 
 

@@ -35,11 +35,10 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<T, kHeadDim, kCausal> {
 
   // The CTA's i-th query tile, or m < 0 past its last. Full mask: tile t of the
   // batch * heads_q * num_m_blocks, m fastest, so that the CTAs running at once share their
-  // heads' K/V in L2. Causal mask (an experiment, not yet run on a GPU; the grid is a whole
-  // number of heads' tiles, runtime.SM90_FWD_PERSISTENT_CAUSAL): round i gives each group of
-  // num_m CTAs one head, all of its tiles at once, and rotates which CTA of the group takes
-  // which tile by `stride` a round, so that over its rounds every CTA visits long and short
-  // tiles alike (tests/test_forward_order.py checks the order's mirror in Python).
+  // heads' K/V in L2. Causal mask (the grid is a whole number of heads' tiles,
+  // runtime.forward_ctas): round i gives each group of num_m CTAs one head, all of its tiles
+  // at once, and rotates which CTA of the group takes which tile by `stride` a round, so that
+  // over its rounds every CTA visits long and short tiles alike (tests/test_forward_order.py checks the order's mirror in Python).
   __device__ static Tile tile_at(const FwdParams& p, int i) {
     const int num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
     if constexpr (kCausal) {
