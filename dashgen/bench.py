@@ -33,6 +33,13 @@ BWD_OVER_FWD = 2.5  # the backward runs five matmuls of the forward's size to it
 # block's state decides a row's median.
 ROUNDS = 6
 REPEATS = 30
+# warmup_ms: after its warm-up calls, each row runs on for this much GPU time before its timed
+# calls, every round. A slow row leaves the GPU below its power limit and the next row's first
+# ~60 ms run at higher clocks: on the H200 symmetric_shift (d128 causal 16k) measured 497
+# TFLOP/s for its 3rd-12th calls after three calls of fa3's slower kernel and 473 after its own
+# (scripts/row_order.py), so a fast row that followed a slow one measured up to 5% above the
+# same kernel timed after a fast one.
+WARMUP_MS = 80.0
 
 
 def fwd_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
@@ -118,9 +125,10 @@ def median_ms(fn, warmup: int, repeats: int) -> float:
 
 
 def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
-              time_once=None) -> tuple[dict, dict]:
+              time_once=None, warmup_ms: float = 0.0) -> tuple[dict, dict]:
     """Median ms of every fn over `rounds` rounds: in each round every fn in turn gets `warmup`
-    calls, then its share of the `repeats` timed calls back to back (ceil(repeats / rounds),
+    calls and then untimed-for-the-median calls until they add up to `warmup_ms` of its own
+    time, then its share of the `repeats` timed calls back to back (ceil(repeats / rounds),
     so at least `repeats` in all). Each timed call follows a call of the same fn, as in the
     ANCHORS.md protocol (timing calls round-robin, each after another library's kernels, cost
     every 1k row 10-20%), while drift over the run (clocks, allocator state) falls on every row
@@ -140,6 +148,9 @@ def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
             try:
                 for _ in range(warmup):
                     fn()
+                spent = 0.0
+                while spent < warmup_ms:
+                    spent += max(time_once(fn), 1e-3)  # a 0 ms fake clock still ends
                 for _ in range(per_round):
                     times[key].append(time_once(fn))
             except Exception as exc:
@@ -343,7 +354,7 @@ def _error_text(exc: Exception) -> str:
 
 def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats: int,
                           time_once=None, extra_bytes=extra_backward_bytes,
-                          rounds: int = ROUNDS) -> list[Row]:
+                          rounds: int = ROUNDS, warmup_ms: float = WARMUP_MS) -> list[Row]:
     """Set up every row of a configuration, time them in rounds (rounds_ms), then take
     each backward's extra memory (`extra_bytes(fn)`). One failing row must not stop the sweep:
     it gets an error."""
@@ -355,7 +366,8 @@ def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats:
             row.error = _error_text(exc)
             if os.environ.get("BENCH_TRACEBACK"):
                 traceback.print_exception(exc)
-    medians, errors = rounds_ms(fns, warmup, repeats, rounds=rounds, time_once=time_once)
+    medians, errors = rounds_ms(fns, warmup, repeats, rounds=rounds, time_once=time_once,
+                                warmup_ms=warmup_ms)
     for index, (row, _) in enumerate(plan):
         if index in errors:
             row.error = _error_text(errors[index])
@@ -403,7 +415,7 @@ def environment(args) -> dict:
                 commit=commit_id(args.commit),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 tokens=args.tokens, hidden=args.hidden, repeats=args.repeats,
-                warmup=args.warmup, dtype="bf16", rounds=args.rounds,
+                warmup=args.warmup, warmup_ms=args.warmup_ms, dtype="bf16", rounds=args.rounds,
                 round_order="alternating")
 
 
@@ -431,6 +443,9 @@ def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=REPEATS,
                    help=f"timed runs, median (default {REPEATS}; protocol: >= 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs first (protocol: >= 3)")
+    p.add_argument("--warmup-ms", type=float, default=WARMUP_MS,
+                   help=f"then each row runs this much more GPU time untimed, every round "
+                   f"(default {WARMUP_MS:g}: the clocks settle after the previous row)")
     p.add_argument("--rounds", type=int, default=ROUNDS,
                    help=f"blocks each row's timed calls are split into, every block after its "
                    f"own warm-ups, rows in turn, every second round in reverse (default "
@@ -461,6 +476,8 @@ def run(args: argparse.Namespace) -> int:
     unknown_masks = set(args.masks) - {"full", "causal"}
     if unknown_masks:
         raise SystemExit(f"--masks: unknown {sorted(unknown_masks)}; choose from full, causal")
+    if not 0 <= args.warmup_ms <= 10_000:
+        raise SystemExit(f"--warmup-ms: {args.warmup_ms} must be between 0 and 10000")
     if not 1 <= args.rounds <= args.repeats:
         raise SystemExit(f"--rounds: {args.rounds} must be between 1 and --repeats "
                          f"({args.repeats}): every round times each row at least once")
@@ -483,7 +500,7 @@ def run(args: argparse.Namespace) -> int:
                 except Exception as exc:  # e.g. an unknown --schedules name
                     raise SystemExit(f"cannot plan {cfg}: {exc}") from None
                 for row in measure_configuration(plan, cfg, inputs, args.warmup, args.repeats,
-                                                 rounds=args.rounds):
+                                                 rounds=args.rounds, warmup_ms=args.warmup_ms):
                     rows.append(row)
                     shown = row.error or f"{row.ms:.3f} ms, {row.tflops:.1f} TFLOP/s"
                     print(f"[{seq_label(seqlen)} d{head_dim} {mask}] {row.label}: {shown}",

@@ -50,6 +50,7 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
              f"torch {meta['torch']}, CUDA {meta['torch_cuda']}, NVRTC {meta['nvrtc']}, "
              f"commit {meta['commit']}; {meta['tokens']} tokens, hidden {meta['hidden']}, bf16; "
              f"median of {meta['repeats']} after {meta['warmup']} warm-ups"
+             f"{' and ' + format(meta['warmup_ms'], 'g') + ' ms' if meta.get('warmup_ms') else ''}"
              f"{_timing_note(meta)}"
              f". Backward TFLOP/s "
              f"(forward row: forward TFLOP/s); anchors from ANCHORS.md (2026-11-30, not re-run).",

@@ -90,9 +90,30 @@ def test_a_configuration_is_timed_in_the_rounds_asked_for(bench):
                     mask="full", batch=16, heads=32, floor_bytes=0)
     calls, timed = [], []
     plan = [(row, lambda inputs: (lambda: calls.append(1)))]
-    bench.measure_configuration(plan, cfg, None, 1, 10, rounds=5,
+    bench.measure_configuration(plan, cfg, None, 1, 10, rounds=5, warmup_ms=0,
                                 time_once=lambda f: f() or timed.append(1) or 2.0)
     assert len(timed) == 10 and len(calls) == 5 * (1 + 2)
+
+
+def test_each_row_runs_warmup_ms_of_its_own_time_before_its_timed_calls(bench):
+    """After its warm-up calls a row keeps running, untimed for the median, until its calls add
+    up to warmup_ms, every round: the clocks settle after the previous row."""
+    fake_ms = {"a": [3.0] * 3 + [50.0, 40.0] + [3.0] * 3 + [60.0, 70.0],
+               "b": [1.0] * 9 + [5.0, 6.0] + [1.0] * 9 + [7.0, 8.0]}
+    order = []
+
+    def time_once(f):
+        f()
+        return fake_ms[order[-1]].pop(0)
+
+    fns = {name: (lambda n=name: order.append(n)) for name in "ab"}
+    medians, _ = bench.rounds_ms(fns, warmup=1, repeats=4, rounds=2, time_once=time_once,
+                                 warmup_ms=9.0)
+    # Round 1: a's one warm-up call, three 3 ms calls to reach 9 ms, then two for the median;
+    # b's warm-up, nine 1 ms calls, then two. Round 2 (in reverse) likewise.
+    assert order[:6] == ["a"] * 6 and order[6:18] == ["b"] * 12
+    assert order[18:30] == ["b"] * 12 and order[30:] == ["a"] * 6
+    assert medians == {"a": 55.0, "b": 6.5}
 
 
 def test_bench_help_lists_the_protocol_options():
