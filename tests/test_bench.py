@@ -33,6 +33,8 @@ def test_rows_cover_schedules_modes_auto_forwards_and_peers(bench, mask, dash):
     # (pairs under the causal mask) are whole multiples of 128, so 128 of the 132 SMs.
     assert auto.impl == "dashgen_auto" and auto.deterministic
     assert (auto.picked, auto.num_workers) == (dash, 128)
+    # Timed next to its pick's row (rounds alternate, so each follows the other half the time).
+    assert labels.index("dashgen_det auto") == labels.index(f"dashgen_det {dash}") + 1
     assert [r.label for r in rows if r.direction == "forward"] == ["dashgen forward",
                                                                   "sdpa_flash forward"]
     assert {"sdpa_cudnn (nondet)", "sdpa_flash_det (FA2)", "flex (det)"} <= set(labels)
@@ -46,6 +48,9 @@ def test_rows_cover_schedules_modes_auto_forwards_and_peers(bench, mask, dash):
 def test_markdown_table_and_memory_floor(bench):
     cfg = bench.Config(1024, 64, "causal", 16384, 2048)
     rows = [row for row, _ in bench.rows_for(cfg, ["symmetric_shift"], ["flex"], 132)]
+    # Auto's pick not among the schedules asked for: the auto row after the deterministic rows.
+    assert [r.label for r, _ in bench.rows_for(cfg, ["fa3"], [], 132)][:3] == [
+        "dashgen_det fa3", "dashgen_det auto", "dashgen_nondet fa3"]
     for i, row in enumerate(rows):
         row.ms, row.tflops = 1.0 + i, 100.0 + i
         row.extra_bytes = cfg.floor_bytes() if row.direction == "backward" else None
