@@ -97,6 +97,7 @@ class Row:
     floor_bytes: int | None = None
     error: str | None = None
     picked: str | None = None  # schedule="auto" rows: the schedule auto resolves to
+    times: list | None = None  # ms of the timed calls, one list per round (the run's noise)
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -125,7 +126,8 @@ def median_ms(fn, warmup: int, repeats: int) -> float:
 
 
 def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
-              time_once=None, warmup_ms: float = 0.0) -> tuple[dict, dict]:
+              time_once=None, warmup_ms: float = 0.0,
+              blocks: dict | None = None) -> tuple[dict, dict]:
     """Median ms of every fn over `rounds` rounds: in each round every fn in turn gets `warmup`
     calls and then untimed-for-the-median calls until they add up to `warmup_ms` of its own
     time, then its share of the `repeats` timed calls back to back (ceil(repeats / rounds),
@@ -135,7 +137,8 @@ def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
     of a configuration alike instead of on whichever row ran last. Odd rounds take the fns in
     reverse, so no row always runs last: in one run the row timed last measured 6% below a row
     of the same kernel and schedule timed fifth. Returns (medians, errors) keyed like `fns`; a
-    fn that raises gets no more calls."""
+    fn that raises gets no more calls. `blocks`, if given, receives each fn's timed calls as
+    one list per round."""
     time_once = time_once or event_ms
     per_round = -(-repeats // rounds)
     errors = {}
@@ -151,8 +154,10 @@ def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
                 spent = 0.0
                 while spent < warmup_ms:
                     spent += max(time_once(fn), 1e-3)  # a 0 ms fake clock still ends
-                for _ in range(per_round):
-                    times[key].append(time_once(fn))
+                block = [time_once(fn) for _ in range(per_round)]
+                times[key] += block
+                if blocks is not None:
+                    blocks.setdefault(key, []).append(block)
             except Exception as exc:
                 errors[key] = exc
     return {key: statistics.median(t) for key, t in times.items()
@@ -373,13 +378,15 @@ def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats:
             row.error = _error_text(exc)
             if os.environ.get("BENCH_TRACEBACK"):
                 traceback.print_exception(exc)
+    blocks: dict = {}
     medians, errors = rounds_ms(fns, warmup, repeats, rounds=rounds, time_once=time_once,
-                                warmup_ms=warmup_ms)
+                                warmup_ms=warmup_ms, blocks=blocks)
     for index, (row, _) in enumerate(plan):
         if index in errors:
             row.error = _error_text(errors[index])
         elif index in medians:
             row.ms = medians[index]
+            row.times = [[round(t, 4) for t in block] for block in blocks[index]]
             row.tflops = cfg.flops(row.direction == "backward") / (row.ms * 1e-3) / 1e12
             if row.direction == "backward":
                 try:

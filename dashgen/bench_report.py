@@ -82,7 +82,7 @@ def render_markdown(meta: dict, rows: list[dict]) -> str:
         lines.append("| floor b*h*s*(4d+8) | " + " | ".join(
             _mib(floor.get(s), "floor_bytes") for s in seqlens) + " |")
         lines.append("")
-    lines.append(bench_summary.render(bench_summary.summarize(rows, PUBLISHED_ANCHORS)))
+    lines.append(bench_summary.render(bench_summary.summarize(rows, PUBLISHED_ANCHORS), rows))
     errors = [r for r in rows if r.get("error")]
     if errors:
         lines += ["## Rows that did not run", ""]

@@ -104,6 +104,24 @@ def verdicts(summary: list[dict]) -> list[tuple[str, str]]:
     return lines
 
 
+def block_spread(rows: list[dict]) -> tuple[str, str] | None:
+    """Not a target: how far one row's figure moves between its rounds, over every backward
+    row that kept its timed calls (bench.json of runs before carry none): the spread of the
+    row's round medians, max / min - 1. A gap between two rows smaller than this is noise."""
+    spreads = []
+    for r in rows:
+        rounds = [b for b in r.get("times") or [] if b]
+        if r.get("direction") == "backward" and len(rounds) > 1:
+            medians = [statistics.median(b) for b in rounds]
+            spreads.append((max(medians) / min(medians) - 1, r))
+    if not spreads:
+        return None
+    worst, at = max(spreads, key=lambda s: s[0])
+    return ("block spread (a backward row's round medians, max / min - 1)",
+            f"median {statistics.median(s for s, _ in spreads):.1%}, worst {worst:.1%} "
+            f"({at['label']}, d{at['head_dim']} {at['mask']} {at['seqlen']})")
+
+
 def noise(summary: list[dict]) -> tuple[str, str]:
     """Not a target: how far apart the auto row and its pick's own row measured. They run the
     same kernel with the same schedule, timed at different moments of the configuration, so
@@ -118,8 +136,8 @@ def noise(summary: list[dict]) -> tuple[str, str]:
                   f"(d{at['head_dim']} {at['mask']} {at['seqlen']})")
 
 
-def render(summary: list[dict]) -> str:
-    """The markdown section bench.md ends with."""
+def render(summary: list[dict], rows: list[dict] | None = None) -> str:
+    """The markdown section bench.md ends with (`rows`: bench.json's, for the block spread)."""
     if not summary:
         return ""
     def f(v, spec=".1f"):
@@ -138,5 +156,6 @@ def render(summary: list[dict]) -> str:
             f"{f(s['forward'])} / {f(s['sdpa_forward'])} | "
             f"{'-' if s['price'] is None else format(s['price'], '.1%')} | "
             f"{f(s['memory'], '.3f')} |")
-    lines += [""] + [f"- {name}: {result}" for name, result in verdicts(summary)] + [""]
+    found = verdicts(summary) + [line for line in [block_spread(rows or [])] if line]
+    lines += [""] + [f"- {name}: {result}" for name, result in found] + [""]
     return "\n".join(lines)

@@ -95,9 +95,10 @@ def test_a_configuration_is_timed_in_the_rounds_asked_for(bench):
                     mask="full", batch=16, heads=32, floor_bytes=0)
     calls, timed = [], []
     plan = [(row, lambda inputs: (lambda: calls.append(1)))]
-    bench.measure_configuration(plan, cfg, None, 1, 10, rounds=5, warmup_ms=0,
-                                time_once=lambda f: f() or timed.append(1) or 2.0)
+    rows = bench.measure_configuration(plan, cfg, None, 1, 10, rounds=5, warmup_ms=0,
+                                       time_once=lambda f: f() or timed.append(1) or 2.0)
     assert len(timed) == 10 and len(calls) == 5 * (1 + 2)
+    assert rows[0].times == [[2.0, 2.0]] * 5  # each round's timed calls, kept for bench.json
 
 
 def test_each_row_runs_warmup_ms_of_its_own_time_before_its_timed_calls(bench):
@@ -112,13 +113,15 @@ def test_each_row_runs_warmup_ms_of_its_own_time_before_its_timed_calls(bench):
         return fake_ms[order[-1]].pop(0)
 
     fns = {name: (lambda n=name: order.append(n)) for name in "ab"}
+    blocks = {}
     medians, _ = bench.rounds_ms(fns, warmup=1, repeats=4, rounds=2, time_once=time_once,
-                                 warmup_ms=9.0)
+                                 warmup_ms=9.0, blocks=blocks)
     # Round 1: a's one warm-up call, three 3 ms calls to reach 9 ms, then two for the median;
     # b's warm-up, nine 1 ms calls, then two. Round 2 (in reverse) likewise.
     assert order[:6] == ["a"] * 6 and order[6:18] == ["b"] * 12
     assert order[18:30] == ["b"] * 12 and order[30:] == ["a"] * 6
     assert medians == {"a": 55.0, "b": 6.5}
+    assert blocks == {"a": [[50.0, 40.0], [60.0, 70.0]], "b": [[5.0, 6.0], [7.0, 8.0]]}
 
 
 def test_bench_help_lists_the_protocol_options():

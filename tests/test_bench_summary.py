@@ -91,3 +91,20 @@ def test_the_timing_noise_line_survives_equal_gaps():
     assert got["timing noise (the auto row against its pick's own row, the same kernel)"] == \
         "median 0.0%, worst 0.0% (d64 full 2048)"
     assert "timing noise" in render(s)
+
+
+def test_block_spread_reports_how_far_a_rows_rounds_move():
+    """The spread of each backward row's round medians (max / min - 1): the worst row named, the
+    forward rows and rows without their timed calls (older runs) left out."""
+    rows = rows_at(1024, auto=180.0, shift=200.0, fa3=150.0, shift_nondet=250.0, flex=190.0,
+                   fwd=90.0, sdpa_fwd=100.0)
+    rows[0]["times"] = [[1.0, 1.0, 9.0], [1.1, 1.2, 1.1]]   # medians 1.0, 1.1: 10%
+    rows[1]["times"] = [[2.0, 2.0], [2.0, 2.04], [2.06]]    # 2.0, 2.02, 2.06: 3%
+    rows[2]["times"] = [[3.0]]                              # one round: no spread
+    rows[-2]["times"] = [[1.0], [5.0]]                      # a forward row
+    text = render(summarize(rows, ANCHORS), rows)
+    assert ("- block spread (a backward row's round medians, max / min - 1): median 6.5%, "
+            "worst 10.0% (dashgen_det shift, d64 full 1024)") in text
+    assert "block spread" not in render(summarize(rows_at(
+        1024, 180.0, 200.0, 150.0, 250.0, 190.0, 90.0, 100.0), ANCHORS), rows_at(
+        1024, 180.0, 200.0, 150.0, 250.0, 190.0, 90.0, 100.0))
