@@ -142,7 +142,7 @@ def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
     time_once = time_once or event_ms
     per_round = -(-repeats // rounds)
     errors = {}
-    times = {key: [] for key in fns}
+    blocks = {} if blocks is None else blocks
     for round_index in range(rounds):
         order = list(fns.items())
         for key, fn in (order[::-1] if round_index % 2 else order):
@@ -154,14 +154,11 @@ def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
                 spent = 0.0
                 while spent < warmup_ms:
                     spent += max(time_once(fn), 1e-3)  # a 0 ms fake clock still ends
-                block = [time_once(fn) for _ in range(per_round)]
-                times[key] += block
-                if blocks is not None:
-                    blocks.setdefault(key, []).append(block)
+                blocks.setdefault(key, []).append([time_once(fn) for _ in range(per_round)])
             except Exception as exc:
                 errors[key] = exc
-    return {key: statistics.median(t) for key, t in times.items()
-            if key not in errors and t}, errors
+    return {key: statistics.median(t for block in b for t in block) for key, b in blocks.items()
+            if key not in errors}, errors
 
 
 def extra_backward_bytes(backward) -> int:

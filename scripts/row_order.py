@@ -15,9 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from dashgen.bench import (Config, auto_pick, event_ms, make_inputs,  # noqa: E402
-                           schedule_problem, setup_dashgen)
-from dashgen.schedules import balanced_workers  # noqa: E402
+from dashgen.bench import Config, event_ms, make_inputs, rows_for  # noqa: E402
 
 
 def main():
@@ -34,14 +32,14 @@ def main():
     import torch
     cfg = Config(args.seqlen, args.hdim, args.mask, 16384, 2048)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    problem = schedule_problem(cfg)
     inputs = make_inputs(cfg)
-    fns = {name: setup_dashgen(cfg, inputs, name, True,
-                               balanced_workers(name, problem, sms))
-           for name in (args.measured, args.before)}
-    fns["auto"] = setup_dashgen(cfg, inputs, "auto", True, None)
-    print(f"auto runs {auto_pick(cfg, sms)}; {args.measured} on "
-          f"{balanced_workers(args.measured, problem, sms)} workers")
+    # The benchmark's own rows (worker counts included), set up for the three we time.
+    plan = {row.label: (row, setup) for row, setup in
+            rows_for(cfg, [args.measured, args.before], [], sms)}
+    rows = {name: plan[f"dashgen_det {name}"] for name in (args.measured, args.before, "auto")}
+    fns = {name: setup(inputs) for name, (_, setup) in rows.items()}
+    print(f"auto runs {rows['auto'][0].picked} on {rows['auto'][0].num_workers} workers; "
+          f"{args.measured} on {rows[args.measured][0].num_workers}")
     times = {}  # (measured, predecessor) -> [[ms at position 0..timed-1] per block]
     for block in range(args.blocks):
         for measured in (args.measured, "auto"):
