@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from .ir import Schedule, ScheduleFormatError
-from .problem import Mask, Problem
-from .schedules import BUILDERS, UnsupportedProblem, build_schedule, list_schedules
-
-DEFAULT_WORKERS = 132  # SMs of an H100 SXM / H200; pass --workers for anything else
+from . import __version__
+from .codegen.variants import HEAD_DIMS, backward_tiles
+from .runtime.select import DEFAULT_SM_COUNT, AUTO_SCHEDULES
+from .schedule.builders import (BUILDERS, UnsupportedProblem, balanced_workers, build_schedule,
+                                get_builder, list_schedules)
+from .schedule.ir import Schedule, ScheduleFormatError
+from .schedule.problem import Mask, Problem
 
 
 class CliError(Exception):
@@ -29,20 +32,50 @@ def _problem_options(parser: argparse.ArgumentParser, helps: dict[str, str] | No
     g.add_argument("--hdim", type=int, default=128, help="head_dim (default 128)")
     g.add_argument("--mask", default="full",
                    help=helps.get("mask", "full, causal or window:LEFT,RIGHT (default full)"))
-    g.add_argument("--block-m", type=int, default=128, help=helps.get("block_m"))
-    g.add_argument("--block-n", type=int, default=128, help=helps.get("block_n"))
-    g.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
-                   help=f"persistent workers, one per SM (default {DEFAULT_WORKERS})")
+    tiles = ", ".join(f"{backward_tiles(d)[0]}x{backward_tiles(d)[1]} at head_dim {d}"
+                      for d in HEAD_DIMS)
+    g.add_argument("--block-m", type=int, default=None, help=helps.get(
+        "block_m", f"query rows per tile (default: the backward kernel's, {tiles}; 128 at "
+                   "other head_dims)"))
+    g.add_argument("--block-n", type=int, default=None,
+                   help=helps.get("block_n", "KV rows per tile (default: the kernel's, 128)"))
+    g.add_argument("--workers", type=int, default=None, help=helps.get(
+        "workers", f"persistent workers, one per SM (default: the count the kernels would run "
+                   f"on a {DEFAULT_SM_COUNT}-SM H100/H200: for shift and symmetric_shift the "
+                   f"fewest as busy as {DEFAULT_SM_COUNT}, as schedule=auto picks, else "
+                   f"{DEFAULT_SM_COUNT})"))
 
 
 def _problem(args: argparse.Namespace) -> Problem:
+    """The problem of the options, in the backward kernel's tiles unless --block-m/-n say."""
+    default_m, default_n = backward_tiles(args.hdim) if args.hdim in HEAD_DIMS else (128, 128)
     try:
         return Problem(batch=args.batch, heads_q=args.heads, heads_kv=args.heads_kv,
                        seqlen_q=args.seqlen_q or args.seqlen, seqlen_k=args.seqlen_k or args.seqlen,
                        head_dim=args.hdim, mask=Mask.parse(args.mask),
-                       block_m=args.block_m, block_n=args.block_n)
+                       block_m=default_m if args.block_m is None else args.block_m,
+                       block_n=default_n if args.block_n is None else args.block_n)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+
+
+def _workers(args: argparse.Namespace, name: str, problem: Problem) -> int:
+    """--workers, else the count the kernels would run `name` on (dashgen.runtime.select)."""
+    if args.workers is not None:
+        return args.workers
+    if get_builder(name).depends_on_workers and name in sum(AUTO_SCHEDULES.values(), ()):
+        try:
+            return balanced_workers(name, problem, DEFAULT_SM_COUNT)
+        except ValueError:
+            pass  # a problem the schedule cannot serve: build_schedule says why
+    return DEFAULT_SM_COUNT
+
+
+def _write_file(option: str, path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise CliError(f"{option} {path}: {exc.strerror or exc}") from None
 
 
 def _build(name: str, problem: Problem, workers: int) -> Schedule:
@@ -60,17 +93,20 @@ def cmd_schedules(args: argparse.Namespace) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> None:
-    from .show import format_schedule
+    from .schedule.show import format_schedule
 
-    schedule = _build(args.schedule, _problem(args), args.workers)
+    if args.json:
+        _check_writable("--json", args.json)
+    problem = _problem(args)
+    schedule = _build(args.schedule, problem, _workers(args, args.schedule, problem))
     print(format_schedule(schedule))
     if args.json:
-        Path(args.json).write_text(schedule.to_json())
+        _write_file("--json", args.json, schedule.to_json())
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from .simulate import Cost, simulate
-    from .verify import verify
+    from .schedule.simulate import Cost, simulate
+    from .schedule.verify import verify
 
     problem = _problem(args)
     names = list_schedules() if args.schedule == "all" else [args.schedule]
@@ -79,15 +115,19 @@ def cmd_plan(args: argparse.Namespace) -> None:
                 else Cost(c=args.c, r=args.r, signal_latency=args.signal_latency))
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    print(f"plan: {problem.describe()}; {args.workers} workers; "
+    if args.png:
+        _check_writable("--png", args.png)
+    print(f"plan: {problem.describe()}; "
           f"cost c={args.c:g} r={args.r:g} signal_latency={args.signal_latency:g}"
           + (" (c scaled by the kept fraction of each tile)" if args.masked_cost else ""))
-    header = f"{'schedule':<16} {'makespan':>10} {'lower bound':>12} {'efficiency':>11} {'conflicts':>10}"
+    header = (f"{'schedule':<16} {'workers':>7} {'makespan':>10} {'lower bound':>12} "
+              f"{'efficiency':>11} {'conflicts':>10}")
     print(header + (f" {'kernel model':>13}" if args.kernel_model else ""))
     results = []
     for name in names:
+        workers = _workers(args, name, problem)
         try:
-            schedule = build_schedule(name, problem, args.workers)
+            schedule = build_schedule(name, problem, workers)
         except UnsupportedProblem as exc:
             print(f"{name:<16} skipped: {exc.reason}")
             continue
@@ -96,29 +136,30 @@ def cmd_plan(args: argparse.Namespace) -> None:
         report = verify(schedule)
         result = simulate(schedule, cost)
         results.append((name, result))
-        row = (f"{name:<16} {result.makespan:>10.2f} {result.lower_bound:>12.2f} "
+        row = (f"{name:<16} {workers:>7} {result.makespan:>10.2f} {result.lower_bound:>12.2f} "
                f"{result.efficiency:>10.1%} {report.num_conflicts:>10}")
         if args.kernel_model:
             row += f" {_kernel_model_makespan(schedule, args):>13}"
         print(row)
     if args.text:
-        from .gantt import text_gantt
+        from .schedule.gantt import text_gantt
 
         for name, result in results:
             print(f"\n{name}:\n{text_gantt(result)}")
     if args.png and results:
-        from .gantt import draw_gantt
+        from .schedule.gantt import draw_gantt
 
         try:
-            draw_gantt(results, args.png, title=f"dashgen plan: {problem.describe()}; "
-                                                 f"{args.workers} workers")
+            draw_gantt(results, args.png, title=f"dashgen plan: {problem.describe()}")
         except RuntimeError as exc:
             raise CliError(str(exc)) from None
+        except OSError as exc:
+            raise CliError(f"--png {args.png}: {exc.strerror or exc}") from None
         print(f"wrote {args.png}")
 
 
 def _kernel_model_makespan(schedule: Schedule, args: argparse.Namespace) -> str:
-    from .kernel_model import KernelCost, kernel_makespan
+    from .tools.kernel_model import KernelCost, kernel_makespan
 
     if schedule.problem.gqa:
         return "n/a (GQA)"
@@ -127,7 +168,7 @@ def _kernel_model_makespan(schedule: Schedule, args: argparse.Namespace) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    from .verify import VerificationError, verify
+    from .schedule.verify import VerificationError, verify
 
     try:
         schedule = Schedule.from_json(Path(args.file).read_text())
@@ -146,9 +187,9 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 def _emit_problem(args: argparse.Namespace) -> Problem:
     """The problem of `dashgen emit`: the schedule's own mask by default, and the tiles of the
-    backward kernel that serves the configuration (dashgen.kernels.backward_blocks)."""
-    from .emit import default_mask, tile_error
-    from .kernels import backward_blocks
+    backward kernel (dashgen.runtime.select.check_kernel_problem refuses others)."""
+    from .codegen.emit import default_mask
+    from .runtime.select import check_kernel_problem
 
     if args.mask is None:
         args.mask = default_mask(args.schedule)
@@ -158,25 +199,43 @@ def _emit_problem(args: argparse.Namespace) -> Problem:
         if args.heads_kv >= args.heads:
             raise CliError(f"--gqa needs fewer KV heads than query heads, got --heads {args.heads} "
                            f"and --heads-kv {args.heads_kv} (try --heads 4 --heads-kv 1)")
-    gqa = args.heads_kv is not None and args.heads_kv != args.heads
-    hopper = args.kernel == "hopper"
-    block_m, block_n = backward_blocks(args.dtype, args.hdim, gqa, hopper)
-    args.block_m = block_m if args.block_m is None else args.block_m
-    args.block_n = block_n if args.block_n is None else args.block_n
-    for flag, value in (("--block-m", args.block_m), ("--block-n", args.block_n)):
-        message = tile_error(flag, value, args.dtype, args.hdim, gqa, hopper)
-        if message is not None:
-            raise CliError(message)
-    return _problem(args)
+    if args.hdim not in HEAD_DIMS:
+        raise CliError(f"--hdim must be one of {', '.join(map(str, HEAD_DIMS))} for the "
+                       f"kernels, got {args.hdim}")
+    problem = _problem(args)
+    try:
+        check_kernel_problem(problem)
+    except ValueError as exc:
+        raise CliError("--" + str(exc).replace("block_", "block-", 1)) from None
+    return problem
+
+
+def _check_writable(option: str, path: str) -> None:
+    """Refuse an output path whose folder does not exist or is a file, before any work."""
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise CliError(f"{option} {path}: no such directory {parent}")
+    if Path(path).is_dir():
+        raise CliError(f"{option} {path}: is a directory")
+
+
+def _out_dir(path: Path) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliError(f"--out {path}: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise CliError(f"--out {path}: not a directory")
+    return path
 
 
 def cmd_emit(args: argparse.Namespace) -> None:
-    from .compile import CompileError
-    from .emit import GOLDEN_DIR, check_kernel_problem, emit, report_lines, write_golden
-    from .verify import VerificationError
+    from .codegen.compile import CompileError
+    from .codegen.emit import GOLDEN_DIR, emit, report_lines, write_golden
+    from .schedule.verify import VerificationError
 
     if args.golden:
-        directory = Path(args.out) if args.out else GOLDEN_DIR
+        directory = _out_dir(Path(args.out) if args.out else GOLDEN_DIR)
         written, removed = write_golden(directory)
         print(f"wrote {len(written)} golden files to {directory}"
               + (f"; removed stale {', '.join(removed)}" if removed else ""))
@@ -184,18 +243,14 @@ def cmd_emit(args: argparse.Namespace) -> None:
     if args.schedule is None:
         raise CliError("--schedule is required (or --golden to rewrite generated/)")
     problem = _emit_problem(args)
-    try:
-        check_kernel_problem(problem, args.dtype, args.kernel == "hopper")
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    schedule = _build(args.schedule, problem, args.workers)
-    out = Path(args.out or "dashgen-out")
+    workers = _workers(args, args.schedule, problem)
+    schedule = _build(args.schedule, problem, workers)
+    out = _out_dir(Path(args.out or "dashgen-out"))
     mode = "non-deterministic" if args.nondeterministic else "deterministic"
-    print(f"emit {schedule.name}: {problem.describe()}; {args.workers} workers; "
-          f"{args.dtype}, {mode}{', GQA' if problem.gqa else ''}, {args.kernel} kernels")
+    print(f"emit {schedule.name}: {problem.describe()}; {workers} workers; "
+          f"{args.dtype}, {mode}{', GQA' if problem.gqa else ''}")
     try:
-        emission = emit(schedule, out, dtype=args.dtype, deterministic=not args.nondeterministic,
-                        hopper=args.kernel == "hopper")
+        emission = emit(schedule, out, dtype=args.dtype, deterministic=not args.nondeterministic)
     except VerificationError as exc:
         print(f"dashgen emit: schedule failed verification:\n{exc}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -207,13 +262,14 @@ def cmd_emit(args: argparse.Namespace) -> None:
         raise CliError(str(exc)) from None
     print(f"wrote {emission.tasks_path} ({emission.plan.num_tasks} tasks)")
     for kernel in emission.kernels:
-        print(f"wrote {kernel.source_path} and {kernel.cubin_path}")
+        print(f"wrote {kernel.source_path}")
+        print(f"  and {kernel.cubin_path}")
     for line in report_lines(emission.kernels):
         print(line)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from .calibrate import load_measurements, report
+    from .tools.calibrate import load_measurements, report
 
     try:
         measurements = load_measurements([Path(f) for f in args.files])
@@ -231,7 +287,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from .bench import run
+    from .tools.bench import run
     try:
         status = run(args)
     except SystemExit as exc:  # the benchmark's own refusals: bad options, no GPU
@@ -243,10 +299,9 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .kernels import BLOCK_M, BLOCK_N, Sm90BwdConfig
-
     parser = argparse.ArgumentParser(
         prog="dashgen", description="Deterministic attention backward schedules for Hopper.")
+    parser.add_argument("--version", action="version", version=f"dashgen {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("schedules", help="list the schedule builders",
@@ -291,13 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "backward kernel walks (<schedule>_<problem>.tasks.json) and "
                                    "the cubins (compiled for sm_90a with NVRTC, through the "
                                    "cache; no GPU needed), and print ptxas's figures per kernel "
-                                   "function. The kernel sources do not depend on the schedule.")
+                                   "function. The kernels are the ones dashgen.attention would "
+                                   "run for the problem; their sources do not depend on the "
+                                   "schedule.")
     p.add_argument("--schedule", choices=list_schedules(), help="the schedule to emit")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16",
                    help="element type of q, k, v (default bf16)")
-    p.add_argument("--kernel", choices=["hopper", "mma"], default="hopper",
-                   help="hopper: the TMA + wgmma kernels dashgen.attention runs (default); mma: "
-                        "the portable mma.sync kernels (runtime kernel='mma')")
     p.add_argument("--out", metavar="DIR",
                    help="output folder (default ./dashgen-out; with --golden: generated/)")
     p.add_argument("--nondeterministic", action="store_true",
@@ -311,18 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
     _problem_options(p, helps={
         "mask": "full or causal (default: the mask the schedule serves: causal for "
                 "symmetric_shift, full otherwise)",
-        "block_m": "must be the tile of the backward kernel that serves the configuration "
-                   "(default): for the Hopper backward "
-                   f"{Sm90BwdConfig.blocks_for(64)[0]} at head_dim 64 and "
-                   f"{Sm90BwdConfig.blocks_for(128)[0]} at 128, {BLOCK_M} for the mma.sync "
-                   "backward (--kernel mma)",
-        "block_n": f"likewise: {Sm90BwdConfig.block_n} for the Hopper backward, {BLOCK_N} "
-                   "for the mma.sync one",
+        "block_m": "must be the backward kernel's tile (the default): "
+                   + ", ".join(f"{backward_tiles(d)[0]} at head_dim {d}" for d in HEAD_DIMS),
+        "block_n": f"likewise: {backward_tiles(HEAD_DIMS[0])[1]}",
     })
-    # The tiles are the serving backward's (filled in once dtype, head_dim and GQA are known),
-    # and the schedule's own mask beats the shared "full".
-    p.set_defaults(func=cmd_emit, mask=None, block_m=None, block_n=None)
-    from . import bench
+    # The schedule's own mask beats the shared "full".
+    p.set_defaults(func=cmd_emit, mask=None)
+    from .tools import bench
     p = sub.add_parser("bench", help="benchmark the kernels against PyTorch's (needs an sm_90 GPU)",
                        description=bench.__doc__.splitlines()[0] + " " + " ".join(
                            bench.__doc__.splitlines()[1:2]))
@@ -348,8 +397,16 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
     except CliError as exc:
         print(f"dashgen {args.command}: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except BrokenPipeError:
+        # `dashgen show ... | head`: the reader left. Point stdout at /dev/null so the flush at
+        # exit cannot raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        print(f"dashgen {args.command}: error: standard output closed before the end",
+              file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -9,34 +9,21 @@ kernel launches; errors name the argument.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
 import torch
 
-from .problem import Mask, Problem
-from .schedules import balanced_workers, get_builder, unsupported_reason
+from ..caches import Memo, memo
+from ..codegen.variants import HEAD_DIMS
+from ..schedule.builders import get_builder
+from .select import problem_for, resolve_schedule
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 REQUIRED_CAPABILITY = (9, 0)  # the kernels use wgmma/TMA/setmaxnreg, compiled for sm_90a only
 
 # Tests point this at "cpu" to run the whole op against a stand-in runtime.
 _DEVICE_TYPE = "cuda"
-
-# schedule="auto": mask -> candidates, the first that serves the problem wins. The DASH orders
-# come first: the simulator and the kernel model calibrated on the H200 rank them first, and the
-# benchmark measured them within 3% of the fastest schedule in all 20 configurations on the
-# worker counts auto gives them (docs/bench/2026-11-30-c9bfde1 and -52533ed; the nearest,
-# head_dim 64 full at 16k, 0.1% ahead of fa3 in one run and 2.8% behind in the other), where
-# fa3/spt lose up to 35% on causal masks. Their order depends on the worker count, which "auto"
-# takes from num_workers or else from the device's SM count (schedules.balanced_workers: the
-# fewest workers as busy as the SM count's).
-AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
-    "full": ("shift", "fa3"),
-    "causal": ("symmetric_shift", "spt"),
-}
-
 
 class Options(NamedTuple):
     """The resolved arguments the custom ops receive (a NamedTuple so torch.compile folds it)."""
@@ -48,21 +35,23 @@ class Options(NamedTuple):
     num_workers: int
 
 
-_RUNTIME = None
+class _Kernels(NamedTuple):
+    forward: object
+    backward: object
+    BackwardCall: type
 
 
-def _runtime():
-    # Imported on first use so that `import dashgen.op` needs neither a GPU nor the driver.
-    global _RUNTIME
-    if _RUNTIME is None:
-        from . import runtime
-        _RUNTIME = runtime
-    return _RUNTIME
+_KERNELS: _Kernels | None = None
 
 
-@torch.compiler.assume_constant_result
-def _supported_head_dims() -> tuple[int, ...]:
-    return tuple(_runtime().supported_head_dims())
+def _kernels() -> _Kernels:
+    # Imported on first use so that `import dashgen.runtime.op` loads no driver binding.
+    global _KERNELS
+    if _KERNELS is None:
+        from .backward import BackwardCall, backward
+        from .forward import forward
+        _KERNELS = _Kernels(forward, backward, BackwardCall)
+    return _KERNELS
 
 
 @torch.compiler.assume_constant_result
@@ -105,9 +94,8 @@ def _check_tensors(q, k, v) -> None:
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"k has {k.shape[2]} heads, which does not divide q's {q.shape[2]} heads "
                          f"(heads_q must be a multiple of heads_kv for GQA/MQA)")
-    supported = _supported_head_dims()
-    if q.shape[3] not in supported:
-        raise ValueError(f"q has head_dim {q.shape[3]}; supported head_dims: {supported}")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"q has head_dim {q.shape[3]}; supported head_dims: {HEAD_DIMS}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         # Other strides are fixed with .contiguous(); a strided last dim would mean a silent
         # full copy of the tensor, so the caller has to decide.
@@ -155,31 +143,6 @@ def _check_device(q, k, v) -> int:
     return sm_count
 
 
-def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
-                     sm_count: int) -> tuple[str, int]:
-    """(schedule name, worker count) for the kernels; raises ValueError naming the argument.
-
-    Pure (no device access), so every branch is testable on a CPU.
-    """
-    if num_workers is not None and num_workers > sm_count:
-        raise ValueError(f"num_workers={num_workers} exceeds this GPU's {sm_count} SMs: persistent "
-                         f"workers that cannot all be resident at once would deadlock on the "
-                         f"dQ order")
-    if schedule == "auto":
-        candidates = AUTO_SCHEDULES[problem.mask.kind]
-        schedule = next(s for s in candidates if unsupported_reason(s, problem) is None)
-        if num_workers is None:
-            return schedule, balanced_workers(schedule, problem, sm_count)
-    elif get_builder(schedule).depends_on_workers and num_workers is None:
-        raise ValueError(f"schedule={schedule!r} orders the dQ sums by the worker count, so the "
-                         f"worker count decides the bits: pass num_workers explicitly (dashgen "
-                         f"never reads it from the device silently)")
-    reason = unsupported_reason(schedule, problem)
-    if reason is not None:
-        raise ValueError(f"schedule={schedule!r} cannot serve this problem: {reason}")
-    return schedule, sm_count if num_workers is None else num_workers
-
-
 @torch.compiler.assume_constant_result
 def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
           causal: bool, schedule: str, num_workers: int | None,
@@ -191,15 +154,11 @@ def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
                         schedule, num_workers, sm_count, dtype)
 
 
-@functools.lru_cache(maxsize=256)  # eager calls repeat the same shapes; keep them cheap
+@memo(max_entries=256)  # eager calls repeat the same shapes; keep them cheap
 def _plan_cached(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, schedule,
                  num_workers, sm_count, dtype) -> tuple[str, int, str]:
-    # The tile sizes, and so the tiles a schedule covers, are those of the kernel that will run.
-    cfg = _runtime().KernelConfig.for_problem(head_dim, dtype, heads_q != heads_kv)
-    problem = Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
-                      seqlen_k=seqlen_k, head_dim=head_dim,
-                      mask=Mask.causal() if causal else Mask.full(),
-                      block_m=cfg.block_m, block_n=cfg.block_n)
+    # The problem in the tiles of the backward that will run: the tiles a schedule covers.
+    problem = problem_for(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
     try:
         return (*resolve_schedule(problem, schedule, num_workers, sm_count), "")
     except ValueError as exc:
@@ -218,13 +177,11 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Tru
     query stubbed); finally whether the schedule serves the problem.
     """
     key = _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers)
-    opts = _VALIDATED.get(key) if key is not None else None
-    if opts is None:
+    if key is None:
         opts = _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers)
-        if key is not None:
-            if len(_VALIDATED) >= 1024:
-                _VALIDATED.clear()
-            _VALIDATED[key] = opts
+    else:
+        opts = _VALIDATED.get(key, lambda: _check_all(q, k, v, causal, softmax_scale,
+                                                      deterministic, schedule, num_workers))
     if deterministic is None:  # follows the flag at call time, never a cached answer
         opts = opts._replace(deterministic=torch.are_deterministic_algorithms_enabled())
     return opts
@@ -232,7 +189,7 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Tru
 
 # Options of argument signatures that passed every check: a training loop repeats the same
 # shapes, and the checks' host time would delay every forward kernel.
-_VALIDATED: dict[tuple, Options] = {}
+_VALIDATED: Memo[Options] = Memo(None, max_entries=1024)
 
 
 def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers):
@@ -277,7 +234,7 @@ def _ready(t: torch.Tensor) -> torch.Tensor:
 
 def _run_forward(q, k, v, opts: Options):
     """o and lse from the runtime."""
-    return _runtime().forward(_ready(q), _ready(k), _ready(v), causal=opts.causal,
+    return _kernels().forward(_ready(q), _ready(k), _ready(v), causal=opts.causal,
                               softmax_scale=opts.softmax_scale)
 
 
@@ -290,7 +247,7 @@ def _backward_options(opts: Options) -> dict:
 def _run_backward(do, q, k, v, o, lse, opts: Options):
     """dq, dk, dv from the runtime. The gradient of a reduction such as o.sum() arrives expanded
     (stride 0): contiguous() copies it."""
-    return _runtime().backward(_ready(do), _ready(q), _ready(k), _ready(v), _ready(o), lse,
+    return _kernels().backward(_ready(do), _ready(q), _ready(k), _ready(v), _ready(o), lse,
                                **_backward_options(opts))
 
 
@@ -357,7 +314,7 @@ class _EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, opts: Options):
-        rt = _runtime()
+        rt = _kernels()
         q, k, v = _ready(q), _ready(k), _ready(v)
         o, lse = rt.forward(q, k, v, causal=opts.causal, softmax_scale=opts.softmax_scale)
         ctx.save_for_backward(q, k, v, o, lse)
@@ -373,7 +330,7 @@ class _EagerAttention(torch.autograd.Function):
         if not call.serves(*saved):
             # Saved-tensor hooks (offloading, activation checkpointing) handed back other
             # tensors than the forward's: prepare for these.
-            call = _runtime().BackwardCall(*(_ready(t) for t in saved),
+            call = _kernels().BackwardCall(*(_ready(t) for t in saved),
                                            **_backward_options(ctx.opts))
         dq, dk, dv = call(_ready(grad_o))
         return dq, dk, dv, None
@@ -417,7 +374,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 
     num_workers: persistent CTAs; None means the device's SM count for the schedules whose order
     ignores it, and for "auto" the fewest workers that are as busy as the SM count's
-    (dashgen.schedules.balanced_workers: 128 on 132 SMs when the work splits into 4096 equal KV
+    (dashgen.schedule.builders.balanced_workers: 128 on 132 SMs when the work splits into 4096 equal KV
     tiles); more than the SM count raises ValueError (they could not all be resident, and
     waiting on the dQ order would deadlock).
     """

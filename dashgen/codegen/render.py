@@ -1,23 +1,23 @@
 """Render Jinja entry templates into CUDA source: one strict environment, one typed context.
 
-Templates live in the repository's top-level templates/ folder; the PTX wrappers they include are
-plain .cuh headers under templates/include/, found by the compiler, not by Jinja.
+The entry templates live in the package (dashgen/templates, package data, so an installed
+dashgen finds them wherever it runs); the headers they include are plain .cuh files under
+templates/include/, found by the compiler, not by Jinja.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
 import jinja2
 
-from . import __version__
+from .. import __version__
+from ..caches import memo
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
-INCLUDE_DIR = TEMPLATES_DIR / "include"
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,17 @@ class KernelSource:
 
 def templates_dir() -> Path:
     if not TEMPLATES_DIR.is_dir():
-        raise FileNotFoundError(
-            f"dashgen templates not found at {TEMPLATES_DIR}: dashgen expects the repository layout "
-            "with templates/ next to the dashgen/ package"
-        )
+        raise FileNotFoundError(f"dashgen's templates are missing from {TEMPLATES_DIR}: "
+                                "reinstall dashgen")
     return TEMPLATES_DIR
 
 
-@lru_cache(maxsize=1)
+def include_dir() -> Path:
+    """The folder of the kernels' .cuh headers (the compiler's -I)."""
+    return templates_dir() / "include"
+
+
+@memo(max_entries=1)
 def environment() -> jinja2.Environment:
     """The one Jinja environment: undefined names raise, block tags leave no stray whitespace."""
     return jinja2.Environment(
@@ -89,6 +92,11 @@ def kernel_name(template: str, cfg: Any) -> str:
         return str(own)
     stem = Path(template).name.split(".", 1)[0]
     return derive_kernel_name(stem, cfg)
+
+
+def render_variant(variant: Any) -> KernelSource:
+    """The source of a kernel variant (dashgen.codegen.variants), from its own template."""
+    return render(variant.template, variant)
 
 
 def render(template: str, cfg: Any) -> KernelSource:

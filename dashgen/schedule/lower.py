@@ -30,18 +30,6 @@ class KernelPlan:
         return len(self.tasks) // TASK_WORDS
 
 
-def plan_tensors(plan: KernelPlan):
-    """(words, offsets): the task table as an int64 tensor of shape (num_tasks, TASK_WORDS) and
-    the worker offsets as int64, read through the arrays' buffers (torch.tensor walks them
-    element by element, a second at 4M tasks). CPU tensors; torch is imported on first use."""
-    import torch
-    words = (torch.frombuffer(plan.tasks, dtype=torch.int32) if len(plan.tasks)
-             else torch.empty(0, dtype=torch.int32))
-    offsets = torch.frombuffer(plan.worker_offsets, dtype=torch.int32)
-    return (words.to(torch.int64).view(-1, TASK_WORDS),  # .to copies: nothing aliases the arrays
-            offsets.to(torch.int64))
-
-
 def _check_range(problem: Problem) -> None:
     for name, value in (("batch", problem.batch), ("heads_q", problem.heads_q),
                         ("num_n_blocks", problem.num_n_blocks),

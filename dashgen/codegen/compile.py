@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import struct
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
 from cuda.bindings import nvrtc
 
-from .render import INCLUDE_DIR, KernelSource
+from ..caches import memo
+from .render import KernelSource, include_dir
 
 DEFAULT_ARCH = "sm_90a"
 BASE_OPTIONS = ("-std=c++17", "--ptxas-options=-v", "-lineinfo", "--use_fast_math")
@@ -70,6 +71,35 @@ class Cubin:
     def warnings(self) -> tuple[str, ...]:
         return tuple(line.strip() for line in self.log.splitlines() if _is_diagnostic(line))
 
+    def constant(self, symbol: str) -> int:
+        """The int32 value of an initialized `extern "C" __constant__ int` in the cubin, read
+        from its ELF symbol table (the kernels export their shared-memory sizes this way, so
+        the host reads the C++ layout instead of repeating it)."""
+        return elf_int_constant(self.data, symbol)
+
+
+def elf_int_constant(data: bytes, symbol: str) -> int:
+    """The int32 an ELF64 image stores at `symbol` (an initialized constant); KeyError if the
+    image has no such symbol."""
+    if data[:4] != b"\x7fELF" or data[4] != 2:
+        raise ValueError("not an ELF64 cubin")
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    # (name, type, flags, addr, offset, size, link, info, addralign, entsize) per section
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                for i in range(shnum)]
+    wanted = symbol.encode()
+    for section in sections:
+        if section[1] != 2:  # SHT_SYMTAB
+            continue
+        strings = sections[section[6]][4]
+        for entry in range(section[4], section[4] + section[5], section[9]):
+            name, _, _, index, value, _ = struct.unpack_from("<IBBHQQ", data, entry)
+            start = strings + name
+            if data[start:data.index(b"\0", start)] == wanted:
+                return struct.unpack_from("<i", data, sections[index][4] + value)[0]
+    raise KeyError(f"the cubin has no symbol {symbol!r}")
+
 
 def _check(result: tuple, call: str) -> tuple:
     err = result[0]
@@ -84,7 +114,7 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-@lru_cache(maxsize=1)
+@memo(max_entries=1)
 def cuda_include_dir() -> Path:
     """<site-packages>/nvidia/cu13/include from the nvidia-cuda-runtime wheel (never /usr/local/cuda)."""
     spec = importlib.util.find_spec("nvidia")
@@ -103,7 +133,7 @@ def cuda_include_dir() -> Path:
 def compile_options(arch: str = DEFAULT_ARCH, extra_options: Sequence[str] = ()) -> tuple[str, ...]:
     """The full NVRTC option list, include paths included (part of the cache key)."""
     return (f"--gpu-architecture={arch}", *BASE_OPTIONS, f"-I{cuda_include_dir()}",
-            f"-I{INCLUDE_DIR}", *extra_options)
+            f"-I{include_dir()}", *extra_options)
 
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .render import KernelConfig, KernelSource, render
+from ..codegen.render import KernelConfig, KernelSource, render
 
 SW128_ALIGN = 1024  # slack for aligning a 128B-swizzled tile inside dynamic shared memory
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
-from .ir import Schedule
+from ..schedule.ir import Schedule
 from .kernel_model import KernelCost, kernel_makespan
-from .kernels import backward_blocks
-from .problem import Problem
-from .schedules import build_schedule
+from ..codegen.variants import backward_tiles
+from ..schedule.problem import Problem
+from ..schedule.builders import build_schedule
 
 # r and the signal latency as fractions of c: the grid the fit searches.
 R_RATIOS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6)
@@ -42,7 +42,7 @@ class Measurement:
         return (self.head_dim, self.mask, self.seqlen)
 
     def problem(self) -> Problem:
-        block_m, block_n = backward_blocks("bf16", self.head_dim, False)
+        block_m, block_n = backward_tiles(self.head_dim)
         return Problem(batch=self.batch, heads_q=self.heads, seqlen_q=self.seqlen,
                        head_dim=self.head_dim, mask=self.mask, block_m=block_m, block_n=block_n)
 

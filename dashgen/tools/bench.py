@@ -202,7 +202,7 @@ def leaves(inputs):
 
 def setup_dashgen(cfg: Config, inputs, schedule: str, deterministic: bool, num_workers):
     import torch
-    from dashgen.op import attention
+    from dashgen.runtime.op import attention
     (q, k, v), do = leaves(inputs)
     o = attention(q, k, v, causal=cfg.causal, deterministic=deterministic, schedule=schedule,
                   num_workers=num_workers)
@@ -211,7 +211,7 @@ def setup_dashgen(cfg: Config, inputs, schedule: str, deterministic: bool, num_w
 
 def setup_dashgen_forward(cfg: Config, inputs):
     import torch
-    from dashgen.op import attention
+    from dashgen.runtime.op import attention
     q, k, v, _ = inputs
 
     def forward():
@@ -279,17 +279,14 @@ def setup_flex(cfg: Config, inputs):
 
 def schedule_problem(cfg: Config):
     """The schedule problem of a configuration, with the tiles of the kernel that serves it."""
-    from dashgen import Problem
-    from dashgen.runtime import KernelConfig
-    kc = KernelConfig.for_problem(cfg.head_dim, "bf16", False)
-    return Problem(batch=cfg.batch, heads_q=cfg.heads, seqlen_q=cfg.seqlen,
-                   head_dim=cfg.head_dim, mask=cfg.mask, block_m=kc.block_m,
-                   block_n=kc.block_n)
+    from dashgen.runtime.select import problem_for
+    return problem_for(cfg.batch, cfg.heads, cfg.heads, cfg.seqlen, cfg.seqlen, cfg.head_dim,
+                       cfg.causal)
 
 
 def dashgen_schedules(cfg: Config, wanted: list[str] | None) -> list[str]:
     from dashgen import list_schedules
-    from dashgen.schedules import unsupported_reason
+    from dashgen.schedule.builders import unsupported_reason
     problem = schedule_problem(cfg)
     names = list_schedules() if wanted is None else wanted
     return [n for n in names if unsupported_reason(n, problem) is None]
@@ -299,7 +296,7 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
     """(Row, setup) pairs for one configuration, in table order. A schedule whose order depends
     on the worker count runs on the count schedule="auto" gives it (schedules.balanced_workers),
     so that the auto row and its pick's row run the same kernel on the same plan."""
-    from dashgen.schedules import BUILDERS, balanced_workers
+    from dashgen.schedule.builders import BUILDERS, balanced_workers
     base = dict(seqlen=cfg.seqlen, head_dim=cfg.head_dim, mask=cfg.mask, batch=cfg.batch,
                 heads=cfg.heads, floor_bytes=cfg.floor_bytes())
     out = []
@@ -349,10 +346,11 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
 def auto_pick(cfg: Config, sm_count: int) -> tuple[str | None, int | None]:
     """(schedule, worker count) schedule="auto" runs for a configuration: the op's own rule
     (bf16, the heads_q == heads_kv the benchmark uses, num_workers=None on an sm_count-SM GPU)."""
-    from dashgen.op import _plan_cached
-    name, workers, error = _plan_cached(cfg.batch, cfg.heads, cfg.heads, cfg.seqlen, cfg.seqlen,
-                                        cfg.head_dim, cfg.causal, "auto", None, sm_count, "bf16")
-    return (None, None) if error else (name, workers)
+    from dashgen.runtime.select import resolve_schedule
+    try:
+        return resolve_schedule(schedule_problem(cfg), "auto", None, sm_count)
+    except ValueError:
+        return None, None
 
 
 def _error_text(exc: Exception) -> str:

@@ -1,0 +1,264 @@
+"""Emit what a schedule runs as: the rendered kernel sources, the lowered task table as JSON, and
+the compiled cubins with ptxas's figures; and the golden renders in generated/ that a test checks.
+
+The kernels are the ones dashgen.runtime.select picks for the problem (the one place that
+chooses), and the schedule is built in that backward's tiles. The kernel sources do not depend
+on the schedule (it reaches the kernel as a task table), so a schedule changes the .tasks.json
+file, never the .cu files.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..runtime.select import DEFAULT_SM_COUNT, Selection, problem_for, select
+from ..schedule.builders import build_schedule, list_schedules, unsupported_reason
+from ..schedule.ir import Schedule
+from ..schedule.lower import TASK_WORDS, KernelPlan, lower
+from ..schedule.problem import Problem
+from ..schedule.verify import verify
+from .compile import Cubin
+from .cubins import get_or_compile
+from .render import TEMPLATES_DIR, KernelSource, render_variant
+from .variants import BackwardVariant, ForwardVariant, backward_tiles
+
+KERNEL_MASKS = ("full", "causal")  # what the kernels implement
+TASKS_FORMAT = "dashgen.tasks/1"
+TASK_WORDS_LEGEND = ("batch << 16 | head", "n_block << 16 | m_block", "dq_rank",
+                     "dkv_rank (-1: none)")
+
+GOLDEN_DIR = TEMPLATES_DIR.parent / "generated"
+GOLDEN_COMMAND = "dashgen emit --golden"
+GOLDEN_DTYPE = "bf16"
+GOLDEN_HEAD_DIMS = (64, 128)
+# The canonical problem of the golden task tables: 2 heads of 512 rows, in the backward's tiles:
+# 4 KV tiles of 128 rows per head. Six workers (fewer than the 8 KV tiles) so that workers walk
+# several segments and a head straddles two waves: the cases where a table walk or a wave-aware
+# order can go wrong, in files still small enough to read (at most 128 tasks).
+GOLDEN_BATCH = 1
+GOLDEN_HEADS = 2
+GOLDEN_SEQLEN = 512
+GOLDEN_WORKERS = 6
+# The golden kernels: every variant `select` picks on the benchmark's sweep (16384 tokens,
+# hidden 2048, seqlen 1k-16k, both masks, both modes), so the files show what runs.
+GOLDEN_SWEEP_SEQLENS = (1024, 2048, 4096, 8192, 16384)
+_GOLDEN_PATTERNS = ("*.cu", "*.tasks.json", "README.md")  # what write_golden owns in its folder
+
+
+def masks_served(schedule: str) -> tuple[str, ...]:
+    """The kernel masks (of full, causal) the named builder serves, in that order."""
+    return tuple(kind for kind in KERNEL_MASKS
+                 if unsupported_reason(schedule, Problem(mask=kind)) is None)
+
+
+def default_mask(schedule: str) -> str:
+    """The mask a schedule is meant for: causal for symmetric_shift, full for the others."""
+    served = masks_served(schedule)
+    if not served:
+        raise ValueError(f"schedule {schedule!r} serves none of the kernel masks {KERNEL_MASKS}")
+    return served[0]
+
+
+def problem_tag(problem: Problem, num_workers: int) -> str:
+    """A short file-name tag: b1_h16kv4_s4096_d128_causal_w132 (kv and x only when they differ)."""
+    heads = f"h{problem.heads_q}" + (f"kv{problem.heads_kv}" if problem.gqa else "")
+    seq = f"s{problem.seqlen_q}" + (f"x{problem.seqlen_k}" if problem.seqlen_k != problem.seqlen_q
+                                    else "")
+    return f"b{problem.batch}_{heads}_{seq}_d{problem.head_dim}_{problem.mask.kind}_w{num_workers}"
+
+
+# -- the task table as a file ---------------------------------------------------------------------
+
+def tasks_json(plan: KernelPlan) -> str:
+    """The task table exactly as the kernel reads it, one task per line so a diff reads per task."""
+    head = {
+        "format": TASKS_FORMAT,
+        "schedule": plan.schedule_name,
+        "problem": plan.problem.to_dict(),
+        "num_workers": plan.num_workers,
+        "num_tasks": plan.num_tasks,
+        "task_words": list(TASK_WORDS_LEGEND),
+        "worker_offsets": list(plan.worker_offsets),
+    }
+    lines = ["{"] + [f"  {json.dumps(key)}: {json.dumps(value)}," for key, value in head.items()]
+    words = plan.tasks
+    rows = [json.dumps(list(words[i:i + TASK_WORDS])) for i in range(0, len(words), TASK_WORDS)]
+    lines.append('  "tasks": [\n    ' + ",\n    ".join(rows) + "\n  ]" if rows else '  "tasks": []')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# -- emit ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EmittedKernel:
+    source: KernelSource
+    source_path: Path
+    variant: ForwardVariant | BackwardVariant
+    cubin: Cubin | None = None
+    cubin_path: Path | None = None
+    cached: bool = False
+
+    @property
+    def dynamic_smem_bytes(self) -> int | None:
+        """The main kernel's dynamic shared memory, as the compiled C++ layout says."""
+        return None if self.cubin is None else self.cubin.constant(self.variant.smem_symbol)
+
+
+@dataclass(frozen=True)
+class Emission:
+    schedule: Schedule
+    selection: Selection
+    plan: KernelPlan
+    tasks_path: Path
+    kernels: tuple[EmittedKernel, ...]
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
+         deterministic: bool = True, compile: bool = True) -> Emission:
+    """Verify and lower `schedule`, write its task table and the sources of the kernels that
+    run it (dashgen.runtime.select) to `out_dir`, then compile them (through the cache) and
+    write the cubins.
+
+    Sources are written before compiling, so a CompileError leaves them on disk to read.
+    Raises VerificationError, ValueError (a problem the kernels cannot run) or CompileError.
+    """
+    verify(schedule)
+    plan = lower(schedule)
+    sel = select(schedule.problem, dtype, deterministic=deterministic, schedule=schedule.name,
+                 num_workers=schedule.num_workers,
+                 sm_count=max(DEFAULT_SM_COUNT, schedule.num_workers),
+                 plan_of=lambda *_: plan)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{schedule.name}_{problem_tag(schedule.problem, schedule.num_workers)}.tasks.json"
+    tasks_path = _write(out_dir / name, tasks_json(plan).encode())
+    kernels = []
+    for variant in (sel.forward, sel.backward):
+        src = render_variant(variant)
+        kernels.append(EmittedKernel(src, _write(out_dir / f"{src.name}.cu", src.text.encode()),
+                                     variant))
+    if compile:
+        for i, kernel in enumerate(kernels):
+            cubin, cached = get_or_compile(kernel.source)
+            path = _write(out_dir / f"{kernel.source.name}.cubin", cubin.data)
+            kernels[i] = EmittedKernel(kernel.source, kernel.source_path, kernel.variant, cubin,
+                                       path, cached)
+    return Emission(schedule, sel, plan, tasks_path, tuple(kernels))
+
+
+def report_lines(kernels: tuple[EmittedKernel, ...]) -> list[str]:
+    """One line per kernel function (registers, spills, shared memory, compile time), each
+    ptxas diagnostic on a line of its own below its function."""
+    rows: list[tuple[str, str, tuple[str, ...]]] = []
+    for kernel in kernels:
+        if kernel.cubin is None:
+            continue
+        main_name = kernel.source.name
+        when = "cached" if kernel.cached else f"{kernel.cubin.compile_seconds:.1f} s"
+        names = sorted(kernel.cubin.resources, key=lambda n: (n != main_name, n))
+        for name in names:
+            usage = kernel.cubin.resources[name]
+            dynamic = kernel.dynamic_smem_bytes if name == main_name else 0
+            smem = f"{usage.shared_bytes}+{dynamic}"
+            rows.append((name, f"{usage.registers:>3} regs  {usage.spill_bytes} spills  "
+                               f"smem {smem:>8}  {when}", usage.warnings))
+    width = max((len(name) for name, _, _ in rows), default=0)
+    lines = []
+    for name, text, warnings in rows:
+        lines.append(f"{name:<{width}}  {text}")
+        lines += [f"  ptxas: {w}" for w in warnings]
+    return lines
+
+
+# -- golden renders ----------------------------------------------------------------------------
+
+def golden_problem(head_dim: int, mask: str) -> Problem:
+    """The canonical problem of the task tables, in the backward's tiles."""
+    block_m, block_n = backward_tiles(head_dim)
+    return Problem(batch=GOLDEN_BATCH, heads_q=GOLDEN_HEADS, seqlen_q=GOLDEN_SEQLEN,
+                   head_dim=head_dim, mask=mask, block_m=block_m, block_n=block_n)
+
+
+def golden_variants() -> list[ForwardVariant | BackwardVariant]:
+    """Every kernel variant `select` picks on the benchmark's sweep, in a stable order."""
+    found: dict[ForwardVariant | BackwardVariant, None] = {}
+    for head_dim in GOLDEN_HEAD_DIMS:
+        heads = 2048 // head_dim
+        for causal in (False, True):
+            for seqlen in GOLDEN_SWEEP_SEQLENS:
+                problem = problem_for(16384 // seqlen, heads, heads, seqlen, seqlen, head_dim,
+                                      causal)
+                for deterministic in (True, False):
+                    sel = select(problem, GOLDEN_DTYPE, deterministic=deterministic)
+                    found.setdefault(sel.forward)
+                    found.setdefault(sel.backward)
+    return sorted(found, key=lambda v: v.kernel_name)
+
+
+def _golden_readme(variants) -> str:
+    tiles = [f"  - head_dim {d}: blocks {backward_tiles(d)[0]}x{backward_tiles(d)[1]} "
+             f"({GOLDEN_SEQLEN // backward_tiles(d)[1]} KV tiles per head)"
+             for d in GOLDEN_HEAD_DIMS]
+    return "\n".join([
+        "# generated/: golden renders, written by the emitter (do not edit)",
+        "",
+        f"Regenerate with `{GOLDEN_COMMAND}`; tests/test_golden.py compares a fresh",
+        "render with these files byte for byte.",
+        "",
+        f"- `<kernel>.cu`: the {len(variants)} kernel variants that dashgen.runtime.select "
+        "picks on the",
+        f"  benchmark's sweep ({GOLDEN_DTYPE}, 16384 tokens, hidden 2048, seqlen 1k-16k, full "
+        "and causal,",
+        "  deterministic and not). They do not depend on the schedule, which reaches the",
+        "  backward kernel as a task table.",
+        "- `<schedule>_hdim<d>_<mask>.tasks.json`: the task table of every schedule, for every",
+        f"  mask it serves, on batch {GOLDEN_BATCH}, {GOLDEN_HEADS} heads, seqlen {GOLDEN_SEQLEN}, "
+        f"{GOLDEN_WORKERS} workers, in the backward's tiles:",
+        *tiles,
+        "  Fewer workers than KV tiles, so workers walk several segments and a head straddles",
+        "  two waves.",
+        "",
+    ])
+
+
+def golden_files() -> dict[str, str]:
+    """File name -> text of every golden render."""
+    files: dict[str, str] = {}
+    variants = golden_variants()
+    for variant in variants:
+        src = render_variant(variant)
+        files[f"{src.name}.cu"] = src.text
+    for head_dim in GOLDEN_HEAD_DIMS:
+        for mask in KERNEL_MASKS:
+            problem = golden_problem(head_dim, mask)
+            for name in list_schedules():
+                if mask in masks_served(name):
+                    schedule = build_schedule(name, problem, GOLDEN_WORKERS)
+                    verify(schedule)
+                    files[f"{name}_hdim{head_dim}_{mask}.tasks.json"] = tasks_json(lower(schedule))
+    files["README.md"] = _golden_readme(variants)
+    return files
+
+
+def write_golden(directory: Path = GOLDEN_DIR) -> tuple[list[str], list[str]]:
+    """Rewrite the golden renders in `directory`; returns (written, removed) file names.
+
+    Removes the stale files it owns (sources, task tables, README) that no render produces.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = golden_files()
+    removed = sorted({p.name for pattern in _GOLDEN_PATTERNS for p in directory.glob(pattern)
+                      if p.is_file()} - set(files))
+    for name in removed:
+        (directory / name).unlink()
+    for name, text in files.items():
+        _write(directory / name, text.encode())
+    return sorted(files), removed

@@ -1,0 +1,237 @@
+"""The kernel variants: the typed values the Hopper (sm_90a) templates are rendered from, and the
+host's mirrors of the kernels' parameter blocks.
+
+A variant holds only the fields that vary between kernels that run; everything that is a
+constant of (head_dim, causal) sits in one table, BACKWARD_CONSTANTS. A variant's name is built
+from its fields and is its kernel symbol, its file name and (with the source) its cache key.
+Which variant runs for a problem is decided in dashgen.runtime.select, nowhere else.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import ClassVar
+
+ELEMENT_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}  # dtype -> CUDA type
+HEAD_DIMS = (64, 128)
+SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
+THREADS = 384  # both main kernels: a producer warpgroup and two MMA warpgroups
+AUX_THREADS = 128  # the backward's preprocess and convert kernels
+PREP_ROWS_PER_BLOCK = 16  # AttnPreprocess / AttnConvert::kRowsPerBlock
+
+
+@dataclass(frozen=True)
+class BackwardConstants:
+    """What the Hopper backward fixes per (head_dim, causal) (docs/design.md names each
+    decision: bwd-tiles, staged-stats, ds-stmatrix)."""
+
+    block_m: int  # query rows per task
+    block_n: int  # KV rows per task
+    staged_stats: bool  # lse and D staged per query tile for the producer's bulk copies
+    ds_stmatrix: bool  # dS to shared memory through transposing stmatrix
+
+
+BACKWARD_CONSTANTS = {
+    (64, False): BackwardConstants(block_m=128, block_n=128, staged_stats=False,
+                                   ds_stmatrix=False),
+    (64, True): BackwardConstants(block_m=128, block_n=128, staged_stats=False,
+                                  ds_stmatrix=True),
+    (128, False): BackwardConstants(block_m=64, block_n=128, staged_stats=True,
+                                    ds_stmatrix=True),
+    (128, True): BackwardConstants(block_m=64, block_n=128, staged_stats=True,
+                                   ds_stmatrix=True),
+}
+FORWARD_BLOCK_M = 128  # query rows per CTA (64 per MMA warpgroup)
+FORWARD_BLOCK_N = 128  # keys per pipeline stage
+
+
+def check_dtype_head_dim(dtype: str, head_dim: int) -> None:
+    """Raise ValueError naming dtype or head_dim where no kernel exists for them."""
+    if dtype not in ELEMENT_TYPES:
+        raise ValueError(f"dtype must be one of {sorted(ELEMENT_TYPES)}, got {dtype!r}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim!r}")
+
+
+def backward_tiles(head_dim: int) -> tuple[int, int]:
+    """(block_m, block_n) of the backward at a head_dim: the tiles its schedules are built in."""
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim!r}")
+    c = BACKWARD_CONSTANTS[head_dim, False]
+    return c.block_m, c.block_n
+
+
+def _mask_name(causal: bool) -> str:
+    return "causal" if causal else "full"
+
+
+class _Variant:
+    """What both variants share: a checked 16-bit dtype and head_dim, and the sizes of the
+    parameter blocks the entry templates assert against."""
+
+    template: ClassVar[str]
+    dtype: str
+    head_dim: int
+    causal: bool
+
+    def __post_init__(self) -> None:
+        check_dtype_head_dim(self.dtype, self.head_dim)
+        for name in ("causal", "deterministic", "gqa", "fused_convert", "early_kv", "trace",
+                     "persistent"):
+            value = getattr(self, name, False)
+            if not isinstance(value, bool):
+                raise TypeError(f"{name} must be a bool, got {value!r}")
+
+    @property
+    def cuda_type(self) -> str:
+        return ELEMENT_TYPES[self.dtype]
+
+    @property
+    def prep_params_bytes(self) -> int:
+        return ctypes.sizeof(PrepParams)
+
+    @property
+    def convert_params_bytes(self) -> int:
+        return ctypes.sizeof(ConvertParams)
+
+    @property
+    def smem_symbol(self) -> str:
+        """The cubin's constant holding the main kernel's dynamic shared memory in bytes (the
+        C++ layout is its one source; dashgen.codegen.compile.Cubin.constant reads it)."""
+        return f"{self.kernel_name}_smem_bytes"
+
+
+@dataclass(frozen=True)
+class ForwardVariant(_Variant):
+    """The Hopper forward (TMA + wgmma, 128 query rows a CTA); `persistent`: fewer CTAs, each
+    walking query tiles and loading the next one's Q and K/V while it finishes the last."""
+
+    template: ClassVar[str] = "attn_fwd_sm90.cu.j2"
+    dtype: str
+    head_dim: int
+    causal: bool
+    persistent: bool = False
+
+    block_m: ClassVar[int] = FORWARD_BLOCK_M
+    block_n: ClassVar[int] = FORWARD_BLOCK_N
+
+    @property
+    def kernel_name(self) -> str:
+        name = f"dashgen_fwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}"
+        return name + ("_persistent" if self.persistent else "")
+
+    @property
+    def params_bytes(self) -> int:
+        return ctypes.sizeof(FwdParams)
+
+
+@dataclass(frozen=True)
+class BackwardVariant(_Variant):
+    """The Hopper backward (persistent, warp-specialized: a producer warp, a dQ writer warp, two
+    wgmma warpgroups), with its preprocess and convert kernels in the same module.
+
+    fused_convert: in the deterministic backward, two idle producer-warpgroup warps convert dQ
+    tiles to 16 bits as their sums become final, so the convert kernel has nothing left to do.
+    early_kv: a KV segment's K/V are freed once its last dQ MMA has landed and the next
+    segment's loads start then. trace: the dQ writer records each task's hand-off times.
+    """
+
+    template: ClassVar[str] = "attn_bwd_sm90.cu.j2"
+    dtype: str
+    head_dim: int
+    causal: bool
+    deterministic: bool = True
+    gqa: bool = False
+    fused_convert: bool = False
+    early_kv: bool = False
+    trace: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.fused_convert and not self.deterministic:
+            raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
+                             "backward cannot tell when a dQ sum is final")
+
+    @property
+    def constants(self) -> BackwardConstants:
+        return BACKWARD_CONSTANTS[self.head_dim, self.causal]
+
+    @property
+    def block_m(self) -> int:
+        return self.constants.block_m
+
+    @property
+    def block_n(self) -> int:
+        return self.constants.block_n
+
+    @property
+    def staged_stats(self) -> bool:
+        return self.constants.staged_stats
+
+    @property
+    def ds_stmatrix(self) -> bool:
+        return self.constants.ds_stmatrix
+
+    @property
+    def kernel_name(self) -> str:
+        mode = "det" if self.deterministic else "nondet"
+        name = f"dashgen_bwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}_{mode}"
+        for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
+                          (self.early_kv, "ekv"), (self.trace, "trace")):
+            if flag:
+                name += "_" + tag
+        return name
+
+    @property
+    def params_bytes(self) -> int:
+        return ctypes.sizeof(BwdParams)
+
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int32
+_F = ctypes.c_float
+
+
+class FwdParams(ctypes.Structure):
+    """Mirror of dashgen::FwdParams (templates/include/dashgen/attn/params.cuh)."""
+
+    _fields_ = [("q", _P), ("k", _P), ("v", _P), ("o", _P), ("lse", _P),
+                ("batch", _I), ("heads_q", _I), ("heads_kv", _I), ("seqlen_q", _I),
+                ("seqlen_k", _I), ("q_row_stride", _I), ("k_row_stride", _I),
+                ("o_row_stride", _I), ("softmax_scale", _F)]
+
+
+# Columns of a traced backward's rows (templates/include/dashgen/ptx/timer.cuh): b, h, n, m,
+# dq_rank, the adds the counter had seen; then the SM clock (cycles) when the dQ writer had the
+# task's partial, when the counter reached its rank and when its add had landed; then the GPU's
+# nanosecond timer at the same three points. Clocks and timer are their low 32 bits.
+TRACE_COLUMNS = 12
+
+
+class BwdParams(ctypes.Structure):
+    """Mirror of dashgen::BwdParams."""
+
+    _fields_ = [(name, _P) for name in (
+        "q", "k", "v", "dout", "lse", "dpsum", "dq_accum", "dk", "dv", "dk_accum", "dv_accum",
+        "dq_counters", "dkv_counters", "tasks", "worker_offsets", "trace")] + [
+        (name, _I) for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
+                                "q_row_stride", "k_row_stride", "num_m_blocks", "num_n_blocks")] + [
+        ("softmax_scale", _F), ("stats", _P), ("dq", _P), ("dq_counts", _P), ("conv_tiles", _P),
+        ("conv_offsets", _P)]
+
+
+class PrepParams(ctypes.Structure):
+    """Mirror of dashgen::PrepParams."""
+
+    _fields_ = [("o", _P), ("dout", _P), ("dpsum", _P), ("dq_accum", _P), ("zero", _P),
+                ("zero_vec4s", ctypes.c_int64),
+                ("batch", _I), ("heads", _I), ("seqlen", _I), ("row_stride", _I),
+                ("padded_rows", _I), ("zero_dq", _I), ("lse", _P), ("stats", _P)]
+
+
+class ConvertParams(ctypes.Structure):
+    """Mirror of dashgen::ConvertParams."""
+
+    _fields_ = [("src", _P), ("dst", _P), ("counters", _P), ("batch", _I), ("heads", _I),
+                ("seqlen", _I), ("row_stride", _I), ("padded_rows", _I), ("swizzled", _I),
+                ("block_m", _I)]

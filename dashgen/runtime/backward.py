@@ -1,0 +1,249 @@
+"""The backward call: dq, dk, dv from dO and the forward's tensors, on PyTorch's current stream.
+
+A signature's launches are prepared once (`BackwardLaunch`); the eager autograd node builds a
+`BackwardCall` during the forward, so the backward itself only allocates and launches.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..caches import Memo, memo
+from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, TRACE_COLUMNS,
+                                BwdParams, ConvertParams, PrepParams)
+from . import launch
+from .device import addresses, allocation_stream, kernels, sm_count, stream, tensor_map
+from .plans import cached_plan, conversion_plan, device_tables
+from .select import Overrides, Selection, problem_for, select
+from .workspace import WorkspaceLayout, allocator
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@memo(max_entries=256)
+def selection(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, deterministic: bool,
+              trace: bool, schedule: str, num_workers: int | None, sms: int,
+              overrides: Overrides) -> Selection:
+    """dashgen.runtime.select.select for a call's shapes, with the runtime's cached plans."""
+    batch, seqlen_q, heads_q, head_dim = q_shape
+    problem = problem_for(batch, heads_q, k_shape[2], seqlen_q, k_shape[1], head_dim, causal)
+    return select(problem, dtype, deterministic=deterministic, trace=trace, schedule=schedule,
+                  num_workers=num_workers, sm_count=sms, overrides=overrides,
+                  plan_of=cached_plan)
+
+
+class BackwardLaunch:
+    """Everything a backward call needs that its selection fixes: the verified plan and its
+    device tables, the workspace layout and the prepared launches. Built once per signature,
+    so a call only allocates, fills three parameter blocks and launches."""
+
+    def __init__(self, sel: Selection, device: torch.device):
+        p = self.problem = sel.problem
+        variant = self.variant = sel.backward
+        self.plan = cached_plan(p, sel.schedule, sel.num_workers)
+        self.tasks, self.offsets, tables_stream = device_tables(p, sel.schedule, sel.num_workers,
+                                                                device)
+        # (allocation stream, tensors) of every table the kernels read: see BackwardCall's end.
+        self.tables = [(tables_stream, (self.tasks, self.offsets))]
+        # The deterministic backward's first dQ writer of a tile stores instead of adding
+        # (docs/design.md, first-dq-store), so the preprocess kernel zeroes the accumulator only
+        # for the non-deterministic one, and the convert kernel zeroes the tiles nobody wrote.
+        self.first_dq_store = variant.deterministic
+        self.staged_stats = variant.staged_stats
+        # fused_convert: the main kernel writes dQ as each tile's sum becomes final. A query
+        # tile no task reaches (causal, more query rows than keys) gets no contribution: then
+        # the convert kernel still runs, and writes its zeros or the same bits again.
+        self.converts_dq = variant.fused_convert
+        self.dq_counts = self.conv_tiles = self.conv_offsets = None
+        self.runs_convert_q = True
+        if self.converts_dq:
+            counts, tiles, offsets = conversion_plan(self.plan)
+            self.dq_counts, self.conv_tiles, self.conv_offsets = (
+                torch.tensor(x, dtype=torch.int32).to(device) for x in (counts, tiles, offsets))
+            self.runs_convert_q = min(counts) == 0
+            self.tables.append((allocation_stream(device),
+                                (self.dq_counts, self.conv_tiles, self.conv_offsets)))
+        self.layout = WorkspaceLayout(p, self.staged_stats)
+        loaded = kernels(variant, device)
+        padded_m, padded_n = p.num_m_blocks * p.block_m, p.num_n_blocks * p.block_n
+        rows = PREP_ROWS_PER_BLOCK
+        self.preprocess = launch.Launcher(loaded.preprocess,
+                                          (-(-padded_m // rows), p.heads_q, p.batch),
+                                          AUX_THREADS, 0)
+        self.main = launch.Launcher(loaded.main, sel.num_workers, THREADS, loaded.smem_bytes)
+        self.convert_q = launch.Launcher(loaded.convert,
+                                         (-(-p.seqlen_q // rows), p.heads_q, p.batch),
+                                         AUX_THREADS, 0)
+        self.convert_kv = launch.Launcher(loaded.convert,
+                                          (-(-p.seqlen_k // rows), p.heads_kv, p.batch),
+                                          AUX_THREADS, 0)
+        # The workspace's parts as byte offsets from its start.
+        self.part_bytes = tuple(4 * offset for offset in self.layout.offsets)
+        self.zeroed_bytes = 4 * self.layout.zeroed_offset
+        # The parameter blocks with what the signature fixes; a BackwardCall copies them and
+        # fills in its pointers. Every tensor is contiguous, so its shape gives its row stride.
+        q_stride, k_stride = p.heads_q * p.head_dim, p.heads_kv * p.head_dim
+        self.prep_template = PrepParams(
+            0, 0, 0, 0, 0, (self.layout.floats - self.layout.zeroed_offset) // 4, p.batch,
+            p.heads_q, p.seqlen_q, q_stride, padded_m, not self.first_dq_store, 0, 0)
+        self.params_template = BwdParams(
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, self.tasks.data_ptr(),
+            self.offsets.data_ptr(), 0, p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k,
+            q_stride, k_stride, p.num_m_blocks, p.num_n_blocks, 0.0, 0,
+            *((0, self.dq_counts.data_ptr(), self.conv_tiles.data_ptr(),
+               self.conv_offsets.data_ptr()) if self.converts_dq else (0, 0, 0, 0)))
+        # The backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
+        self.convert_q_template = ConvertParams(0, 0, 0, p.batch, p.heads_q, p.seqlen_q,
+                                                q_stride, padded_m, True, p.block_m)
+        self.convert_kv_template = ConvertParams(0, 0, 0, p.batch, p.heads_kv, p.seqlen_k,
+                                                 k_stride, padded_n, False, p.block_n)
+        self._maps = Memo(None, max_entries=512)
+        self._do_maps = Memo(None, max_entries=512)
+
+    def qkv_maps(self, q, k, v) -> tuple:
+        """The descriptors of q, k and v. Shapes and dtype are the signature's and the tensors
+        contiguous, so their addresses decide the descriptors: one lookup instead of three."""
+        p = self.problem
+        return self._maps.get((q.data_ptr(), k.data_ptr(), v.data_ptr()), lambda: (
+            tensor_map(q, p.block_m), tensor_map(k, p.block_n), tensor_map(v, p.block_n)))
+
+    def do_map(self, do):
+        """dO's descriptor: its address alone decides it (one dictionary lookup per call)."""
+        return self._do_maps.get(do.data_ptr(), lambda: tensor_map(do, self.problem.block_m))
+
+    def device_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for _, tables in self.tables for t in tables)
+
+
+# Prepared backward launches by selection, with their schedule tables on the GPU: at most 256,
+# and at most 1 GiB of tables (a job with many sequence lengths rebuilds the rest, from the
+# plan cache on disk in milliseconds).
+_backward_launch = Memo(BackwardLaunch, max_entries=256, max_bytes=1 << 30,
+                        size=BackwardLaunch.device_bytes)
+
+
+class BackwardCall:
+    """A backward with everything but dO and its own buffers decided: the prepared launch of
+    its signature, the parameter blocks filled with the forward's pointers, the tensor maps of
+    q, k and v. The eager autograd node builds it during the forward, on the caller's thread,
+    while the GPU runs the forward. Autograd runs the backward on its device thread, which wakes
+    cold for each backward and runs Python 2-4x slower than the caller's thread, and the GPU
+    waits on that thread until the first launch (docs/design.md, eager-backward-call): there a
+    call only allocates, writes dO's and the buffers' addresses into the blocks, and launches.
+
+    q, k, v, o and lse are contiguous; the call reads them through their addresses, so it holds
+    no reference to them: `serves` tells whether a set of tensors is the one it was built for.
+    Its parameter blocks are rewritten by each call: one call at a time."""
+
+    def __init__(self, q, k, v, o, lse, *, causal: bool, softmax_scale: float,
+                 deterministic: bool, schedule: str, num_workers: int | None,
+                 trace: bool = False, overrides: Overrides = Overrides()):
+        dev = self.device = q.device
+        sel = self.selection = selection(tuple(q.shape), tuple(k.shape), _DTYPES[q.dtype],
+                                         bool(causal), bool(deterministic), bool(trace),
+                                         schedule, num_workers, sm_count(dev), overrides)
+        bl = self.bl = _backward_launch(sel, dev)
+        self.device_index = dev.index or 0
+        self.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        self.q_shape, self.k_shape, self.dtype = q.shape, k.shape, q.dtype
+        self.trace = trace
+        prep = self.prep = PrepParams.from_buffer_copy(bl.prep_template)
+        prep.o = self.pointers[3]
+        if bl.staged_stats:
+            prep.lse = self.pointers[4]
+        params = self.params = BwdParams.from_buffer_copy(bl.params_template)
+        params.q, params.k, params.v, _, params.lse = self.pointers
+        params.softmax_scale = softmax_scale
+        self.convert_q = ConvertParams.from_buffer_copy(bl.convert_q_template)
+        self.convert_kv = ([ConvertParams.from_buffer_copy(bl.convert_kv_template)
+                            for _ in range(2)] if bl.problem.gqa else [])
+        self.prep_args = addresses(prep)
+        self.convert_q_args = addresses(self.convert_q)
+        self.convert_kv_args = [addresses(c) for c in self.convert_kv]
+        # The descriptors stay alive with the call; dO's slot is filled per call.
+        self.maps = bl.qkv_maps(q, k, v)
+        self.main_args = addresses(*(int(m.getPtr()) for m in self.maps), 0, params)
+
+    def serves(self, q, k, v, o, lse) -> bool:
+        """Whether these are the tensors the call was built for (autograd may hand the backward
+        other ones: saved-tensor hooks that offload or recompute them)."""
+        return (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                lse.data_ptr()) == self.pointers
+
+    def __call__(self, do):
+        """dq, dk, dv (and the trace buffer if built with `trace`); do is contiguous, shaped like
+        q. The preprocess kernel is launched first, before the gradients are allocated: until it
+        is, the GPU waits on this code."""
+        bl, dev = self.bl, self.device
+        p = bl.problem
+        launch.make_current(self.device_index)
+        strm = stream(dev)
+        empty = allocator()
+        workspace = empty((bl.layout.floats,), torch.float32, dev)
+        base = workspace.data_ptr()
+        dq_accum, dpsum, stats, dk_accum, dv_accum, dq_counters, dkv_counters = (
+            base + offset for offset in bl.part_bytes)
+        stats = stats if bl.staged_stats else 0
+        prep, params = self.prep, self.params
+        do_ptr = do.data_ptr()
+        prep.dout, prep.dpsum, prep.dq_accum, prep.zero, prep.stats = (
+            do_ptr, dpsum, dq_accum, base + bl.zeroed_bytes, stats)
+        bl.preprocess(strm, self.prep_args)
+
+        # Until the main kernel is launched the GPU may be waiting on this code (the preprocess
+        # is short): dQ, and dK/dV under GQA, are allocated after it, for the convert kernels,
+        # unless the main kernel writes dQ itself.
+        gqa = p.gqa
+        dk, dv = ((None, None) if gqa else
+                  (empty(self.k_shape, self.dtype, dev), empty(self.k_shape, self.dtype, dev)))
+        dq = empty(self.q_shape, self.dtype, dev) if bl.converts_dq else None
+        trace_buf = (torch.full((bl.plan.num_tasks, TRACE_COLUMNS), -1, dtype=torch.int32,
+                                device=dev) if self.trace else None)
+        params.dout, params.dpsum, params.dq_accum, params.stats = do_ptr, dpsum, dq_accum, stats
+        params.dq_counters = dq_counters
+        if gqa:
+            params.dk_accum, params.dv_accum, params.dkv_counters = (dk_accum, dv_accum,
+                                                                     dkv_counters)
+        else:
+            params.dk, params.dv = dk.data_ptr(), dv.data_ptr()
+        if dq is not None:
+            params.dq = dq.data_ptr()
+        if trace_buf is not None:
+            params.trace = trace_buf.data_ptr()
+        do_map = bl.do_map(do)  # a local reference keeps the descriptor through the launch
+        self.main_args[3] = int(do_map.getPtr())
+        bl.main(strm, self.main_args)
+
+        if dq is None:
+            dq = empty(self.q_shape, self.dtype, dev)
+        if gqa:
+            dk, dv = (empty(self.k_shape, self.dtype, dev), empty(self.k_shape, self.dtype, dev))
+        if bl.runs_convert_q:
+            convert = self.convert_q
+            convert.src, convert.dst = dq_accum, dq.data_ptr()
+            convert.counters = dq_counters if bl.first_dq_store else 0
+            bl.convert_q(strm, self.convert_q_args)
+        if gqa:
+            for convert, args, src, dst in zip(self.convert_kv, self.convert_kv_args,
+                                               (dk_accum, dv_accum), (dk, dv)):
+                convert.src, convert.dst = src, dst.data_ptr()
+                bl.convert_kv(strm, args)
+        for tables_stream, tables in bl.tables:
+            if strm != tables_stream:
+                # These tables were allocated on another stream: should the cache drop them
+                # while these kernels run, that stream could reuse their memory too early.
+                current = torch.cuda.current_stream(dev)
+                for table in tables:
+                    table.record_stream(current)
+        if self.trace:
+            return dq, dk, dv, trace_buf
+        return dq, dk, dv
+
+
+def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
+             schedule: str, num_workers: int | None, trace: bool = False,
+             overrides: Overrides = Overrides()):
+    """dq, dk, dv (and the trace buffer if `trace`: a row of TRACE_COLUMNS int32 per task, in
+    the plan's order). q, k, v, do and o are contiguous; do and o are shaped like q."""
+    return BackwardCall(q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
+                        deterministic=deterministic, schedule=schedule, num_workers=num_workers,
+                        trace=trace, overrides=overrides)(do)
