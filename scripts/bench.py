@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dashgen.bench import main, median_ms  # noqa: E402
+from dashgen.tools.bench import main, median_ms  # noqa: E402
 
 __all__ = ["main", "median_ms"]
 

@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from dashgen import build_schedule, runtime
+from dashgen import build_schedule
+from dashgen.runtime import backward as runtime
 
 import backward_options  # scripts/ (the script's own folder is on sys.path)
 

@@ -13,9 +13,9 @@ import traceback
 
 import torch
 
-from dashgen.cache import get_or_compile
-from dashgen.launch import encode_tensor_map, launch, load_kernel
-from dashgen.probes import PROBES, Probe, render_probe
+from dashgen.codegen.cubins import get_or_compile
+from dashgen.runtime.launch import encode_tensor_map, launch, load_kernel
+from dashgen.tools.probes import PROBES, Probe, render_probe
 
 HANG_SECONDS = 20.0
 U32 = 0xFFFFFFFF

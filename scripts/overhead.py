@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from dashgen import runtime  # noqa: E402
-from dashgen.bench import event_ms, median_ms, rounds_ms  # noqa: E402  (the protocol's timing)
-from dashgen.op import attention  # noqa: E402
+from dashgen.runtime import backward as runtime# noqa: E402
+from dashgen.tools.bench import event_ms, median_ms, rounds_ms  # noqa: E402  (the protocol's timing)
+from dashgen.runtime.op import attention  # noqa: E402
 
 from time_kernels import problem_inputs  # noqa: E402  (scripts/ is on sys.path)
 

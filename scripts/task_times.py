@@ -1,5 +1,5 @@
 """The dQ hand-offs of the deterministic backward in time, from a traced run per configuration
-(dashgen.handoffs): the writers' waits for their rank, each worker's pace, how late a release
+(dashgen.tools.handoffs): the writers' waits for their rank, each worker's pace, how late a release
 reaches the next writer. For modelling why one schedule's order costs more than another's.
 
 PYTHONPATH=. python3 scripts/task_times.py --hdim 64 --seqlens 8192 16384 \
@@ -16,8 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from dashgen import build_schedule, runtime  # noqa: E402
-from dashgen.handoffs import handoffs, summarize  # noqa: E402
+from dashgen import build_schedule
+from dashgen.runtime import backward as runtime# noqa: E402
+from dashgen.tools.handoffs import handoffs, summarize  # noqa: E402
 
 from time_kernels import kernel_us, problem_inputs  # noqa: E402  (scripts/)
 

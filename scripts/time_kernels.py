@@ -15,9 +15,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from dashgen import runtime  # noqa: E402
-from dashgen.bench import median_ms  # noqa: E402  (the protocol's timing)
-from dashgen.kernels import SM90_BWD_BLOCK_M, Sm90BwdConfig, sm90_bwd_refusal  # noqa: E402
+from dashgen.runtime import backward as runtime# noqa: E402
+from dashgen.tools.bench import median_ms  # noqa: E402  (the protocol's timing)
+from dashgen.codegen.variants import SM90_BWD_BLOCK_M, Sm90BwdConfig, sm90_bwd_refusal  # noqa: E402
 
 import backward_options  # noqa: E402  (scripts/, the script's own folder, is on sys.path)
 

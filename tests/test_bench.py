@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench():
-    from dashgen import bench as module
+    from dashgen.tools import bench as module
     return module
 
 

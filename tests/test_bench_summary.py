@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from dashgen.bench_summary import render, summarize, verdicts
+from dashgen.tools.bench_summary import render, summarize, verdicts
 
 ANCHORS = {(64, "full"): {"FA3_det": {1024: 200.0, 2048: 400.0}}}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from dashgen.bounded_cache import BoundedCache
+from dashgen.caches import BoundedCache
 
 
 def sized_cache(max_entries=3, max_bytes=100):

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from dashgen import Problem, build_schedule
-from dashgen.calibrate import Measurement, _fit_scale, fit, load_measurements, predict_ms, rankings
-from dashgen.ir import Task
-from dashgen.kernel_model import KernelCost, kernel_makespan
+from dashgen.tools.calibrate import Measurement, _fit_scale, fit, load_measurements, predict_ms, rankings
+from dashgen.schedule.ir import Task
+from dashgen.tools.kernel_model import KernelCost, kernel_makespan
 
 
 def full_problem(n: int) -> Problem:
@@ -144,8 +144,8 @@ def test_calibrate_cli_reports_and_refuses_bad_files(tmp_path):
 def protocol_plans(head_dim):
     """((causal, seqlen), lowered plan) of the auto schedule at every ANCHORS.md size: 16384
     tokens x hidden 2048, the Hopper backward's tiles, 132 workers."""
-    from dashgen.lower import lower
-    from dashgen.verify import verify
+    from dashgen.schedule.lower import lower
+    from dashgen.schedule.verify import verify
 
     block_m = 64 if head_dim == 128 else 128
     for causal in (False, True):
@@ -162,7 +162,7 @@ def protocol_plans(head_dim):
 def test_fused_convert_is_chosen_for_short_sequences_at_the_protocol_sizes(head_dim):
     """16384 tokens x hidden 2048: the convert kernel (~50 us) outweighs ~3% of the main kernel
     up to 2k (full) and 4k (causal), where the longest worker holds at most 528 tasks."""
-    from dashgen.kernel_model import fuses_convert
+    from dashgen.tools.kernel_model import fuses_convert
 
     chosen = {key: fuses_convert(plan) for key, plan in protocol_plans(head_dim)}
     assert [s for (c, s), on in chosen.items() if on and not c] == [1024, 2048]
@@ -174,7 +174,7 @@ def test_early_kv_is_chosen_where_segments_are_short_at_the_protocol_sizes(head_
     """16384 tokens x hidden 2048: a worker's runs of tasks on one KV block hold at most 10 tasks
     on average at 1k causal (both head_dims), at 2k causal and 1k full with head_dim 64's
     128-row query tiles, and nowhere longer."""
-    from dashgen.kernel_model import early_kv_pays
+    from dashgen.tools.kernel_model import early_kv_pays
 
     chosen = {key: early_kv_pays(plan) for key, plan in protocol_plans(head_dim)}
     on = sorted((("causal" if c else "full"), s) for (c, s), v in chosen.items() if v)

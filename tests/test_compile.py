@@ -13,11 +13,11 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from dashgen.cache import cache_key, get_or_compile
-from dashgen.compile import (SETMAXNREG_IGNORED, CompileError, compile_kernel, nvrtc_version,
+from dashgen.codegen.cubins import cache_key, get_or_compile
+from dashgen.codegen.compile import (SETMAXNREG_IGNORED, CompileError, compile_kernel, nvrtc_version,
                              parse_resource_usage)
-from dashgen.probes import PROBES, render_probe
-from dashgen.render import KernelConfig, KernelSource, render
+from dashgen.tools.probes import PROBES, render_probe
+from dashgen.codegen.render import KernelConfig, KernelSource, render
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -137,8 +137,8 @@ def test_cache_torn_entry_recompiles(tmp_path):
 _CHILD = """
 import hashlib, sys, time
 from pathlib import Path
-from dashgen.cache import get_or_compile
-from dashgen.probes import render_probe
+from dashgen.codegen.cubins import get_or_compile
+from dashgen.tools.probes import render_probe
 source = render_probe("setmaxnreg")
 while time.time() < float(sys.argv[2]):
     time.sleep(0.001)
@@ -166,7 +166,7 @@ def test_cache_concurrent_processes(tmp_path):
 def test_launch_module_imports_without_gpu():
     import ctypes
 
-    from dashgen import launch
+    from dashgen.runtime import launch
 
     pointers, keep = launch.pack_args([0x1000, ctypes.c_int32(7)])
     assert ctypes.c_uint64.from_address(pointers[0]).value == 0x1000

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 
 from dashgen import Problem, build_schedule
-from dashgen import emit as emit_module
-from dashgen.cache import CACHE_ENV
+from dashgen.codegen import emit as emit_module
+from dashgen.codegen.cubins import CACHE_ENV
 from dashgen.cli import main
-from dashgen.compile import WGMMA_ARRIVE_INJECTED
-from dashgen.emit import (check_kernel_problem, default_mask, golden_files, kernel_configs,
+from dashgen.codegen.compile import WGMMA_ARRIVE_INJECTED
+from dashgen.codegen.emit import (check_kernel_problem, default_mask, golden_files, kernel_configs,
                           masks_served, problem_tag, tasks_json)
-from dashgen.kernels import BwdConfig, FwdConfig, Sm90BwdConfig, Sm90FwdConfig, backward_blocks
-from dashgen.lower import lower
-from dashgen.render import KernelSource
+from dashgen.codegen.variants import BwdConfig, FwdConfig, Sm90BwdConfig, Sm90FwdConfig, backward_blocks
+from dashgen.schedule.lower import lower
+from dashgen.codegen.render import KernelSource
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -127,7 +127,7 @@ def test_kernel_configs_follow_the_serving_backward(dtype, head_dim, gqa, hopper
 
 @pytest.mark.parametrize("hopper", [True, False])
 def test_emit_and_runtime_pick_the_same_tiles(hopper, monkeypatch):
-    runtime = pytest.importorskip("dashgen.runtime")
+    runtime = pytest.importorskip("dashgen.runtime.backward")
     monkeypatch.setattr(runtime, "SM90_DEFAULT", hopper)
     for dtype in ("bf16", "fp16"):
         for head_dim in (64, 128):
@@ -260,7 +260,7 @@ def test_python_m_dashgen_emit_golden(tmp_path):
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     (tmp_path / "stale_hdim64_full.tasks.json").write_text("{}")
-    proc = subprocess.run([sys.executable, "-m", "dashgen.emit", "--golden", "--out",
+    proc = subprocess.run([sys.executable, "-m", "dashgen.codegen.emit", "--golden", "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"wrote {len(golden_files())} golden files to {tmp_path}")

@@ -3,7 +3,7 @@ Python of fwd_sm90_persistent.cuh's tile_at on runtime.forward_ctas' grid. Every
 once, a head's tiles in one round, and every CTA about as busy as the others."""
 import pytest
 
-from dashgen.runtime import forward_ctas
+from dashgen.runtime.backward import forward_ctas
 
 
 def causal_order(m_tiles: int, heads: int, ctas: int) -> list[list[tuple[int, int]]]:

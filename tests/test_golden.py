@@ -8,11 +8,11 @@ from itertools import product
 
 import pytest
 
-from dashgen.emit import (GOLDEN_COMMAND, GOLDEN_DIR, GOLDEN_WORKERS, golden_files, golden_problem,
+from dashgen.codegen.emit import (GOLDEN_COMMAND, GOLDEN_DIR, GOLDEN_WORKERS, golden_files, golden_problem,
                           write_golden)
-from dashgen.kernels import Sm90BwdConfig, Sm90FwdConfig
-from dashgen.lower import KernelPlan, decode
-from dashgen.schedules import build_schedule
+from dashgen.codegen.variants import Sm90BwdConfig, Sm90FwdConfig
+from dashgen.schedule.lower import KernelPlan, decode
+from dashgen.schedule.builders import build_schedule
 
 DIFF_LINES = 60
 

@@ -1,10 +1,10 @@
-"""dashgen.handoffs: the timed trace's stamps read back as waits, pace and release latency."""
+"""dashgen.tools.handoffs: the timed trace's stamps read back as waits, pace and release latency."""
 import pytest
 import torch
 
 from dashgen import Problem, build_schedule
-from dashgen.handoffs import handoffs, summarize
-from dashgen.kernels import TRACE_COLUMNS
+from dashgen.tools.handoffs import handoffs, summarize
+from dashgen.codegen.variants import TRACE_COLUMNS
 
 
 def timed_trace(schedule, ready, acquired, landed, base=0):

@@ -13,13 +13,13 @@ from itertools import product
 import jinja2
 import pytest
 
-from dashgen.cache import CACHE_ENV, get_or_compile
-from dashgen.compile import (SETMAXNREG_IGNORED, WGMMA_ARRIVE_INJECTED, WGMMA_SERIALIZED,
+from dashgen.codegen.cubins import CACHE_ENV, get_or_compile
+from dashgen.codegen.compile import (SETMAXNREG_IGNORED, WGMMA_ARRIVE_INJECTED, WGMMA_SERIALIZED,
                              WGMMA_WAIT_INJECTED, compile_kernel)
-from dashgen.kernels import (BLOCK_M, BLOCK_N, BwdConfig, FwdConfig, Sm90BwdConfig,
+from dashgen.codegen.variants import (BLOCK_M, BLOCK_N, BwdConfig, FwdConfig, Sm90BwdConfig,
                              backward_blocks, backward_config, backward_kind, render_bwd,
                              render_bwd_sm90, render_fwd)
-from dashgen.render import KernelConfig, render
+from dashgen.codegen.render import KernelConfig, render
 
 MAX_REGISTERS = 255  # the per-thread ceiling of sm_90; more cannot be allocated at all
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_ARRIVE_INJECTED, WGMMA_WAIT_INJECTED)
@@ -178,7 +178,7 @@ SM90_CONFIGS += [dict(dtype=t, head_dim=64, causal=c, deterministic=d, trace=Fal
 @pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(
     f"{k}{v if isinstance(v, str) else int(v)}" for k, v in o.items()))
 def test_sm90_backward_compiles_within_register_budget(options, tmp_path, monkeypatch):
-    from dashgen.kernels import Sm90BwdConfig, render_bwd_sm90
+    from dashgen.codegen.variants import Sm90BwdConfig, render_bwd_sm90
 
     monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
     cfg = Sm90BwdConfig(**options)
@@ -195,7 +195,7 @@ def test_sm90_backward_compiles_within_register_budget(options, tmp_path, monkey
 
 
 def test_staged_stats_at_head_dim_64_is_refused():
-    from dashgen.kernels import Sm90BwdConfig, sm90_bwd_refusal
+    from dashgen.codegen.variants import Sm90BwdConfig, sm90_bwd_refusal
     with pytest.raises(ValueError, match=r"staged_stats spills registers at head_dim 64"):
         Sm90BwdConfig("bf16", 64, True, staged_stats=True)
     assert "staged_stats" in sm90_bwd_refusal(64, False, staged_stats=True)
@@ -203,7 +203,7 @@ def test_staged_stats_at_head_dim_64_is_refused():
 
 
 def test_ds_stmatrix_beside_double_ds_is_refused():
-    from dashgen.kernels import Sm90BwdConfig, sm90_bwd_refusal
+    from dashgen.codegen.variants import Sm90BwdConfig, sm90_bwd_refusal
     assert sm90_bwd_refusal(64, True, ds_stmatrix=True, early_kv=True) is None
     assert "beside double_ds" in sm90_bwd_refusal(128, False, ds_stmatrix=True, double_ds=True)
     # Its default (None) is on at head_dim 128, and gives way to double_ds there.
@@ -219,13 +219,13 @@ def test_ds_stmatrix_beside_double_ds_is_refused():
 
 
 def test_overlap_softmax_where_it_spills_is_refused():
-    from dashgen.kernels import Sm90BwdConfig
+    from dashgen.codegen.variants import Sm90BwdConfig
     with pytest.raises(ValueError, match=r"overlap_softmax spills registers at head_dim 64"):
         Sm90BwdConfig("bf16", 64, False, gqa=True, overlap_softmax=True)
 
 
 def test_double_ds_that_does_not_fit_is_refused():
-    from dashgen.kernels import Sm90BwdConfig
+    from dashgen.codegen.variants import Sm90BwdConfig
     with pytest.raises(ValueError, match=r"bytes of shared memory exceed the 232448"):
         Sm90BwdConfig("bf16", 64, True, block_m=128, double_ds=True)
 
@@ -257,7 +257,7 @@ def test_backward_config_is_the_serving_kernel(dtype, head_dim, gqa, hopper):
 @pytest.mark.parametrize("head_dim,causal", [(64, False), (64, True), (128, False), (128, True)])
 def test_sm90_forward_compiles_without_spills(dtype, head_dim, causal, persistent, tmp_path,
                                               monkeypatch):
-    from dashgen.kernels import Sm90FwdConfig, render_fwd_sm90
+    from dashgen.codegen.variants import Sm90FwdConfig, render_fwd_sm90
 
     monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
     cfg = Sm90FwdConfig(dtype, head_dim, causal, persistent=persistent)
@@ -268,7 +268,7 @@ def test_sm90_forward_compiles_without_spills(dtype, head_dim, causal, persisten
 
 def test_fused_convert_beside_double_ds_at_head_dim_128_is_refused():
     # The converter's two 8 KB chunk buffers take the shared memory double_ds would need.
-    from dashgen.kernels import Sm90BwdConfig
+    from dashgen.codegen.variants import Sm90BwdConfig
     with pytest.raises(ValueError, match=r"exceed the 232448.*fused_convert=True"):
         Sm90BwdConfig("bf16", 128, True, fused_convert=True, double_ds=True)
     assert Sm90BwdConfig("bf16", 128, True, fused_convert=True).smem_bytes <= 232448

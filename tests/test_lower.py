@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dashgen import Mask, Problem, Schedule, Task, build_schedule, list_schedules
-from dashgen.lower import TASK_WORDS, decode, lower
-from dashgen.schedules import unsupported_reason
+from dashgen.schedule.lower import TASK_WORDS, decode, lower
+from dashgen.schedule.builders import unsupported_reason
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MASKS = {"full": Mask.full(), "causal": Mask.causal(), "window": Mask.window(100, 30)}

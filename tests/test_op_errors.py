@@ -14,14 +14,14 @@ torch = pytest.importorskip("torch")
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from dashgen import Problem  # noqa: E402
-from dashgen import op  # noqa: E402
-from dashgen.schedules import BUILDERS, balanced_workers  # noqa: E402
+from dashgen import Problem# noqa: E402
+from dashgen.runtime import op# noqa: E402
+from dashgen.schedule.builders import BUILDERS, balanced_workers  # noqa: E402
 
 BF16 = torch.bfloat16
 
 
-# -- a stand-in for dashgen.runtime ------------------------------------------------------------
+# -- a stand-in for dashgen.runtime.backward ------------------------------------------------------------
 
 def _probs(q, k, causal, scale):
     """Softmax of the scaled scores, (batch, heads, seqlen_q, seqlen_k), bottom-right causal."""
@@ -531,24 +531,24 @@ def test_torch_compile_still_raises_value_errors(on_cpu):
     torch._dynamo.reset()
 
 
-# -- the contract with dashgen.runtime ---------------------------------------------------------
+# -- the contract with dashgen.runtime.backward ---------------------------------------------------------
 
 def test_importing_the_op_does_not_import_the_runtime():
-    code = "import sys, dashgen.op; assert 'dashgen.runtime' not in sys.modules"
+    code = "import sys, dashgen.runtime.op; assert 'dashgen.runtime.backward' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_dashgen_exports_attention_lazily():
     code = ("import sys, dashgen; assert 'torch' not in sys.modules, 'dashgen loaded torch'; "
-            "import dashgen.op; assert dashgen.attention is dashgen.op.attention")
+            "import dashgen.runtime.op; assert dashgen.attention is dashgen.runtime.op.attention")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_runtime_offers_what_the_op_calls():
     try:
-        from dashgen import runtime
+        from dashgen.runtime import backward as runtime
     except ImportError as exc:  # the driver bindings are missing on this machine
-        pytest.skip(f"dashgen.runtime does not import here: {exc}")
+        pytest.skip(f"dashgen.runtime.backward does not import here: {exc}")
     assert set(runtime.supported_head_dims()) >= {64, 128}
     cfg = runtime.KernelConfig.for_problem(64)
     assert isinstance(cfg.block_m, int) and isinstance(cfg.block_n, int)

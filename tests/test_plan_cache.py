@@ -10,8 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dashgen import Mask, Problem, build_schedule, plan_cache, runtime, verify  # noqa: E402
-from dashgen.lower import lower  # noqa: E402
+from dashgen import Mask, Problem, build_schedule, verify  # noqa: E402
+from dashgen.runtime import plans as plan_cache
+from dashgen.runtime import backward as runtime
+from dashgen.schedule.lower import lower  # noqa: E402
 
 PROBLEM = Problem(batch=2, heads_q=4, heads_kv=2, seqlen_q=700, seqlen_k=500, head_dim=128,
                   mask=Mask.causal(), block_m=64, block_n=128)
@@ -144,16 +146,16 @@ def test_unreadable_planning_code_turns_the_cache_off(tmp_path, monkeypatch):
 
 
 def test_the_code_digest_skips_editor_lock_files(tmp_path, monkeypatch):
-    """A dangling `.#name.py` link (an editor's lock) in schedules/ neither breaks the digest
+    """A dangling `.#name.py` link (an editor's lock) in builders/ neither breaks the digest
     nor changes it."""
     import shutil
     package = tmp_path / "dashgen"
     shutil.copytree(plan_cache._PACKAGE, package)
     monkeypatch.setattr(plan_cache, "_PACKAGE", package)
     clean = plan_cache._source_digest()
-    (package / "schedules" / ".#fa3.py").symlink_to(tmp_path / "nowhere")
+    (package / "builders" / ".#fa3.py").symlink_to(tmp_path / "nowhere")
     assert clean is not None and plan_cache._source_digest() == clean
-    (package / "schedules" / "fa3.py").write_text("# edited\n")
+    (package / "builders" / "fa3.py").write_text("# edited\n")
     assert plan_cache._source_digest() != clean
 
 

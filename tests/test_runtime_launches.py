@@ -11,9 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dashgen import launch, runtime  # noqa: E402
-from dashgen import op  # noqa: E402
-from dashgen.kernels import BwdParams, ConvertParams, FwdParams, PrepParams  # noqa: E402
+from dashgen.runtime import launch
+from dashgen.runtime import backward as runtime# noqa: E402
+from dashgen.runtime import op# noqa: E402
+from dashgen.codegen.variants import BwdParams, ConvertParams, FwdParams, PrepParams  # noqa: E402
 
 
 class FakeMap:
@@ -341,8 +342,8 @@ def test_conversion_plan_covers_each_finished_tile_once_in_order(schedule, causa
     Every tile some task reaches is converted by exactly one worker, the workers' shares differ
     by at most one tile, and each share runs in the order the schedule finishes its tiles."""
     from dashgen import Mask, Problem, build_schedule
-    from dashgen.lower import lower
-    from dashgen.schedules import unsupported_reason
+    from dashgen.schedule.lower import lower
+    from dashgen.schedule.builders import unsupported_reason
     problem = Problem(batch=2, heads_q=3, seqlen_q=seqlens[0], seqlen_k=seqlens[1], head_dim=128,
                       mask=Mask.causal() if causal else Mask.full(), block_m=64, block_n=128)
     if unsupported_reason(schedule, problem) is not None:

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dashgen import runtime  # noqa: E402
-from dashgen.kernels import Sm90BwdConfig, Sm90FwdConfig  # noqa: E402
+from dashgen.runtime import backward as runtime# noqa: E402
+from dashgen.codegen.variants import Sm90BwdConfig, Sm90FwdConfig  # noqa: E402
 
 
 def tensors(head_dim=128, heads_q=4, heads_kv=4, dtype=torch.bfloat16):

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dashgen import Problem, Schedule, ScheduleFormatError, UnsupportedProblem, build_schedule
-from dashgen.schedules import BUILDERS, list_schedules
+from dashgen.schedule.builders import BUILDERS, list_schedules
 
 
 def dq_orders(schedule: Schedule) -> dict[tuple[int, int, int], list[int]]:

@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dashgen import Problem, build_schedule
-from dashgen.kernel_model import KernelCost, kernel_makespan
-from dashgen.schedules import balanced_workers
+from dashgen.tools.kernel_model import KernelCost, kernel_makespan
+from dashgen.schedule.builders import balanced_workers
 
 # r/c as calibrated on the H200 (docs/bench/*/calibration-hdim*.md: 0.45 at head_dim 64), and a
 # writer twice as slow.
@@ -91,7 +91,7 @@ def meets_at_one_depth(units, num_workers) -> bool:
 @given(batch=st.integers(1, 3), heads=st.integers(1, 4), seqlen_q=st.integers(1, 900),
        extra_k=st.integers(0, 400), causal=st.booleans(), workers=st.integers(1, 40))
 def test_the_meeting_check_is_its_definition(batch, heads, seqlen_q, extra_k, causal, workers):
-    from dashgen.schedules import BUILDERS, _two_at_one_depth
+    from dashgen.schedule.builders import BUILDERS, _two_at_one_depth
     problem = Problem(batch=batch, heads_q=heads, seqlen_q=seqlen_q, seqlen_k=seqlen_q + extra_k,
                       mask="causal" if causal else "full", block_m=64, block_n=64)
     for name in ("symmetric_shift", "spt") if causal else ("shift", "fa3"):
@@ -101,7 +101,7 @@ def test_the_meeting_check_is_its_definition(batch, heads, seqlen_q, extra_k, ca
 
 def test_the_meeting_check_finds_a_meeting():
     # shift with more KV tiles than Q tiles in a wave: tiles 0 and 9 of one head start on Q 0.
-    from dashgen.schedules import BUILDERS, _two_at_one_depth
+    from dashgen.schedule.builders import BUILDERS, _two_at_one_depth
     problem = Problem(batch=1, heads_q=1, seqlen_q=554, seqlen_k=577, mask="full", block_m=64,
                       block_n=64)
     units = BUILDERS["shift"].units(problem, 10)

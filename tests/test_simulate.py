@@ -6,10 +6,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dashgen.ir import Schedule, Task
-from dashgen.problem import Mask, Problem
-from dashgen.schedules import UnsupportedProblem, build_schedule, list_schedules
-from dashgen.simulate import Cost, SimulationDeadlock, simulate
+from dashgen.schedule.ir import Schedule, Task
+from dashgen.schedule.problem import Mask, Problem
+from dashgen.schedule.builders import UnsupportedProblem, build_schedule, list_schedules
+from dashgen.schedule.simulate import Cost, SimulationDeadlock, simulate
 
 COSTS = [(1.0, 0.25), (3.0, 1.0), (1.0, 0.2)]
 BLOCK = 128
@@ -293,7 +293,7 @@ def test_efficiency_of_empty_and_perfect_schedules():
 
 def test_draw_gantt_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
-    from dashgen.gantt import draw_gantt
+    from dashgen.schedule.gantt import draw_gantt
 
     problem = Problem(heads_q=3, heads_kv=1, seqlen_q=512, mask="causal")
     results = [(n, simulate(build_schedule(n, problem, 6), Cost(1, 0.25, 0.1)))
@@ -306,7 +306,7 @@ def test_draw_gantt_writes_a_png(tmp_path):
 
 @pytest.mark.parametrize("workers,shown", [(4, 4), (20, 16)])
 def test_text_gantt(workers, shown):
-    from dashgen.gantt import text_gantt
+    from dashgen.schedule.gantt import text_gantt
 
     res = simulate(build_schedule("fa3", full(workers, 1), workers), Cost(1, 0.25))
     text = text_gantt(res, width=60)

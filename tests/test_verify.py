@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dashgen import (Mask, Problem, Schedule, Task, UnsupportedProblem, VerificationError,
-                     VerificationReport, Violation, build_schedule, list_schedules, verify)
-from dashgen.verify import KINDS
+from dashgen import Mask, Problem, Schedule, Task, UnsupportedProblem, VerificationError, VerificationReport, Violation, build_schedule, list_schedules
+from dashgen import verify
+from dashgen.schedule.verify import KINDS
 
 FAST = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

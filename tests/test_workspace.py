@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dashgen import Problem  # noqa: E402
-from dashgen.runtime import WorkspaceLayout  # noqa: E402
+from dashgen import Problem# noqa: E402
+from dashgen.runtime.backward import WorkspaceLayout  # noqa: E402
 
 
 @pytest.mark.parametrize("staged_stats", [False, True])

@@ -38,7 +38,7 @@ def sm_count() -> int:
 
 @pytest.fixture(scope="session")
 def runtime():
-    from dashgen import runtime
+    from dashgen.runtime import backward as runtime
     return runtime
 
 

@@ -13,8 +13,8 @@ import sys
 
 import torch
 
-from dashgen import runtime
-from dashgen.kernels import sm90_bwd_refusal
+from dashgen.runtime import backward as runtime
+from dashgen.codegen.variants import sm90_bwd_refusal
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, schedule, workers,
 # kernel): odd seqlens so the tails of every tile are exercised; GQA for the ordered dK/dV adds;

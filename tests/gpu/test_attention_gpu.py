@@ -11,10 +11,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dashgen import Problem, build_schedule, list_schedules  # noqa: E402
-from dashgen.kernels import TRACE_COLUMNS, Sm90BwdConfig, sm90_bwd_refusal  # noqa: E402
-from dashgen.op import attention  # noqa: E402
-from dashgen.schedules import BUILDERS, balanced_workers, unsupported_reason  # noqa: E402
+from dashgen import Problem, build_schedule, list_schedules# noqa: E402
+from dashgen.codegen.variants import TRACE_COLUMNS, Sm90BwdConfig, sm90_bwd_refusal  # noqa: E402
+from dashgen.runtime.op import attention  # noqa: E402
+from dashgen.schedule.builders import BUILDERS, balanced_workers, unsupported_reason  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -109,7 +109,7 @@ class Case:
 
 def block_sizes(head_dim, dtype=torch.bfloat16, gqa=False) -> dict:
     """Tile sizes of the backward kernel that will run (schedules are built with them)."""
-    from dashgen import runtime
+    from dashgen.runtime import backward as runtime
     cfg = runtime.KernelConfig.for_problem(head_dim, "bf16" if dtype == torch.bfloat16 else "fp16",
                                            gqa)
     return dict(block_m=cfg.block_m, block_n=cfg.block_n)
