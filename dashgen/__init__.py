@@ -1,20 +1,25 @@
 """dashgen: deterministic attention backward for Hopper, with the dQ order as a verified schedule."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
+from .caches import clear_caches
 from .schedule.ir import Schedule, ScheduleFormatError, Task
 from .schedule.problem import Mask, Problem
 from .schedule.builders import UnsupportedProblem, build_schedule, list_schedules
 from .schedule.simulate import Cost, SimResult, SimulationDeadlock, simulate
 from .schedule.verify import VerificationError, VerificationReport, Violation, verify
 
-
-
 def __getattr__(name: str):
     # The torch op loads torch (and on first call the driver) only when asked for, so that
     # `import dashgen` stays light for the schedule tools.
     if name == "attention":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise ImportError("dashgen.attention needs PyTorch 2.11 or newer (pip install "
+                              "'torch>=2.11'); the schedule and kernel tools work without "
+                              "it") from None
         from .runtime.op import attention
         return attention
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -23,5 +28,6 @@ def __getattr__(name: str):
 __all__ = [
     "Cost", "Mask", "attention", "Problem", "Schedule", "ScheduleFormatError", "SimResult",
     "SimulationDeadlock", "Task", "UnsupportedProblem", "VerificationError",
-    "VerificationReport", "Violation", "build_schedule", "list_schedules", "simulate", "verify",
+    "VerificationReport", "Violation", "build_schedule", "clear_caches", "list_schedules",
+    "simulate", "verify",
 ]
