@@ -1,5 +1,5 @@
 // dashgen/attn/bwd_sm90.cuh: the Hopper-native persistent attention backward.
-// Warp-specialized, one CTA per SM, walking the schedule's task table like AttnBwd:
+// Warp-specialized, one CTA per SM, walking its worker's share of the schedule's task table:
 //   warpgroup 0, warp 0: producer: TMA loads of K/V once per segment, Q/dO per task (2 stages;
 //                        with kStagedStats also the task's lse and D rows);
 //   warpgroup 0, warp 1: dQ writer: waits for the dQ tile's counter to reach the task's dq_rank,
