@@ -39,12 +39,24 @@ enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
 
 enum class DqSplit { kColumns, kRows, kKvRows };
 
-template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
-          int kBlockRows, bool kStagedStats, bool kFusedConvert, bool kEarlyKv, bool kDsStmatrix>
+// Cfg: the configuration the entry template renders (attn_bwd_sm90.cu.j2); its members are
+// named here as the kernel uses them.
+template <class Cfg>
 struct AttnBwdSm90 {
+  using T = typename Cfg::Element;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kBlockM = Cfg::kBlockM;  // query rows per task
+  static constexpr int kBlockN = Cfg::kBlockN;  // KV rows per task
+  static constexpr bool kCausal = Cfg::kCausal;
+  static constexpr bool kDeterministic = Cfg::kDeterministic;  // dQ adds in dq_rank order
+  static constexpr bool kTrace = Cfg::kTrace;
+  static constexpr bool kGqa = Cfg::kGqa;
+  static constexpr bool kStagedStats = Cfg::kStagedStats;
+  static constexpr bool kFusedConvert = Cfg::kFusedConvert;
+  static constexpr bool kEarlyKv = Cfg::kEarlyKv;
+  static constexpr bool kDsStmatrix = Cfg::kDsStmatrix;
+
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
-  static constexpr int kBlockM = kBlockRows;  // query rows per task
-  static constexpr int kBlockN = 128;
   static constexpr int kThreads = 384;
   static constexpr int kMmaThreads = 256;
   // setmaxnreg split of the SM's 65536 registers: the producer warpgroup's jobs are single
@@ -57,6 +69,7 @@ struct AttnBwdSm90 {
   static constexpr int kMaxSmemBytes = 232448;  // dynamic shared memory an sm_90 block may use
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(kBlockN == 128, "128 KV rows: 64 per MMA warpgroup");
   // 128 query rows hold 64 more S^T/dP^T accumulators per thread: room for them only beside
   // head_dim 64's dK/dV.
   static_assert(kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64), "block_m 64, or 128 at d64");

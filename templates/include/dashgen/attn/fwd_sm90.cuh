@@ -18,11 +18,18 @@
 
 namespace dashgen {
 
-template <class T, int kHeadDim, bool kCausal>
+// Cfg: the configuration the entry template renders (attn_fwd_sm90.cu.j2); its members are
+// named here as the kernel uses them.
+template <class Cfg>
 struct AttnFwdSm90 {
+  using T = typename Cfg::Element;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr bool kCausal = Cfg::kCausal;
+  static constexpr int kBlockM = Cfg::kBlockM;  // query rows per CTA: 64 per MMA warpgroup
+  static constexpr int kBlockN = Cfg::kBlockN;  // keys per K/V tile
+  static_assert(kBlockM == 128 && kBlockN == 128, "128 query rows x 128-key tiles");
+
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
-  static constexpr int kBlockM = 128;  // query rows per CTA: 64 per MMA warpgroup
-  static constexpr int kBlockN = 128;  // keys per K/V tile
   static constexpr int kThreads = 384;
   static constexpr int kStages = 2;
   static constexpr int kColBlocks = kHeadDim / 64;

@@ -13,10 +13,11 @@
 
 namespace dashgen {
 
-template <class T, int kHeadDim, bool kCausal>
-struct AttnFwdSm90Persistent : AttnFwdSm90<T, kHeadDim, kCausal> {
-  using Base = AttnFwdSm90<T, kHeadDim, kCausal>;
+template <class Cfg>
+struct AttnFwdSm90Persistent : AttnFwdSm90<Cfg> {
+  using Base = AttnFwdSm90<Cfg>;
   using Base::kBlockM;
+  using Base::kCausal;
   using Base::kOffBar;
   using Base::kStages;
   using Base::num_kv_tiles;
