@@ -31,6 +31,12 @@ struct AttnFwdSm90 {
 
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kThreads = 384;
+  // setmaxnreg split of the SM's 65536 registers: the producer warpgroup only issues TMA loads
+  // from one lane and fits the minimum, which leaves each MMA warpgroup the largest multiple of
+  // 8 that fits beside it, for O and the S/P tiles.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kMmaRegs = 240;
+  static_assert(128 * kProducerRegs + 256 * kMmaRegs <= 65536, "register file");
   static constexpr int kStages = 2;
   static constexpr int kColBlocks = kHeadDim / 64;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
@@ -66,13 +72,13 @@ struct AttnFwdSm90 {
     __syncthreads();
 
     if (threadIdx.x / 128 == 0) {
-      setmaxnreg_dec<24>();
+      setmaxnreg_dec<kProducerRegs>();
       if (threadIdx.x == 0) {
         produce<false>(tm_q, tm_k, tm_v, p, smem, bars, m, h, b, n_tiles, 0, 0);
       }
       return;
     }
-    setmaxnreg_inc<240>();
+    setmaxnreg_inc<kMmaRegs>();
     consume<false>(p, smem, bars, m, h, b, n_tiles, 0, 0, threadIdx.x / 128 - 1,
                    threadIdx.x % 128);
   }

@@ -18,7 +18,9 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<Cfg> {
   using Base = AttnFwdSm90<Cfg>;
   using Base::kBlockM;
   using Base::kCausal;
+  using Base::kMmaRegs;
   using Base::kOffBar;
+  using Base::kProducerRegs;
   using Base::kStages;
   using Base::num_kv_tiles;
 
@@ -65,7 +67,7 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<Cfg> {
     __syncthreads();
 
     if (threadIdx.x / 128 == 0) {
-      setmaxnreg_dec<24>();
+      setmaxnreg_dec<kProducerRegs>();
       if (threadIdx.x == 0) {
         // K/V tiles loaded so far: their stages and phases run on from one query tile to the
         // next.
@@ -80,7 +82,7 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<Cfg> {
       }
       return;
     }
-    setmaxnreg_inc<240>();
+    setmaxnreg_inc<kMmaRegs>();
     const int wg = threadIdx.x / 128 - 1, tid = threadIdx.x % 128;
     int kv = 0;
     for (int i = 0;; ++i) {
