@@ -66,7 +66,6 @@ struct AttnBwdSm90 {
   static constexpr int kMmaRegs = 240;
   static_assert(128 * kProducerRegs + kMmaThreads * kMmaRegs <= 65536, "register file");
   static constexpr int kStages = 2;
-  static constexpr int kMaxSmemBytes = 232448;  // dynamic shared memory an sm_90 block may use
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
   static_assert(kBlockN == 128, "128 KV rows: 64 per MMA warpgroup");
@@ -116,11 +115,12 @@ struct AttnBwdSm90 {
   // where they fit.
   static constexpr int kOffConv = (kOffTask + kStages * 32 + 127) / 128 * 128;
   static constexpr int kConvChunkBytes =
-      kOffConv + 128 + 2 * 8192 + 1024 <= kMaxSmemBytes ? 8192 : 4096;
+      kOffConv + 128 + 2 * 8192 + 1024 <= kSm90MaxSmemBytes ? 8192 : 4096;
   static constexpr int kConvChunks = kDqBytes / kConvChunkBytes;  // chunks per dQ tile
   static constexpr int kConvChunkRows = kConvChunkBytes / (kHeadDim * 4);
   static constexpr int kSmemBytes = kConvertDq ? kOffConv + 128 + 2 * kConvChunkBytes + 1024
                                                : kOffTask + kStages * 32 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
 
   struct Bars {
     u64 kv_full, kv_empty;

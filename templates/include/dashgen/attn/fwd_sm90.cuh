@@ -49,6 +49,7 @@ struct AttnFwdSm90 {
   static constexpr int kOffBar = kOffV + kStages * kKBytes;
   static constexpr int kNumBars = 1 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
 
   struct Bars {
     u64 q_full;

@@ -26,6 +26,7 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<Cfg> {
 
   static constexpr int kNumBars = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
 
   struct Bars {
     u64 q_full, q_empty;
