@@ -1,5 +1,5 @@
 // dashgen/attn/bwd_sm90.cuh: the Hopper-native persistent attention backward.
-// Warp-specialized, one CTA per SM, walking the schedule's task table like AttnBwd:
+// Warp-specialized, one CTA per SM, walking its worker's share of the schedule's task table:
 //   warpgroup 0, warp 0: producer: TMA loads of K/V once per segment, Q/dO per task (2 stages;
 //                        with kStagedStats also the task's lse and D rows);
 //   warpgroup 0, warp 1: dQ writer: waits for the dQ tile's counter to reach the task's dq_rank,
@@ -39,20 +39,36 @@ enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
 
 enum class DqSplit { kColumns, kRows, kKvRows };
 
-template <class T, int kHeadDim, bool kCausal, bool kDeterministic, bool kTrace, bool kGqa,
-          int kProducerRegs, int kMmaRegs, bool kDoubleDs = false, int kBlockRows = 64,
-          bool kFirstDqStore = false, bool kOverlapSoftmax = false, bool kStagedStats = false,
-          bool kFusedConvert = false, bool kEarlyKv = false, bool kDsStmatrix = false>
+// Cfg: the configuration the entry template renders (attn_bwd_sm90.cu.j2); its members are
+// named here as the kernel uses them.
+template <class Cfg>
 struct AttnBwdSm90 {
+  using T = typename Cfg::Element;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kBlockM = Cfg::kBlockM;  // query rows per task
+  static constexpr int kBlockN = Cfg::kBlockN;  // KV rows per task
+  static constexpr bool kCausal = Cfg::kCausal;
+  static constexpr bool kDeterministic = Cfg::kDeterministic;  // dQ adds in dq_rank order
+  static constexpr bool kTrace = Cfg::kTrace;
+  static constexpr bool kGqa = Cfg::kGqa;
+  static constexpr bool kStagedStats = Cfg::kStagedStats;
+  static constexpr bool kFusedConvert = Cfg::kFusedConvert;
+  static constexpr bool kEarlyKv = Cfg::kEarlyKv;
+  static constexpr bool kDsStmatrix = Cfg::kDsStmatrix;
+
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
-  static constexpr int kBlockM = kBlockRows;  // query rows per task
-  static constexpr int kBlockN = 128;
   static constexpr int kThreads = 384;
   static constexpr int kMmaThreads = 256;
+  // setmaxnreg split of the SM's 65536 registers: the producer warpgroup's jobs are single
+  // lanes issuing copies and polling counters and fit the minimum, which leaves each MMA
+  // warpgroup the largest multiple of 8 that fits beside it, for dK/dV and the S^T/dP^T tiles.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kMmaRegs = 240;
+  static_assert(128 * kProducerRegs + kMmaThreads * kMmaRegs <= 65536, "register file");
   static constexpr int kStages = 2;
-  static constexpr int kMaxSmemBytes = 232448;  // dynamic shared memory an sm_90 block may use
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(kBlockN == 128, "128 KV rows: 64 per MMA warpgroup");
   // 128 query rows hold 64 more S^T/dP^T accumulators per thread: room for them only beside
   // head_dim 64's dK/dV.
   static_assert(kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64), "block_m 64, or 128 at d64");
@@ -66,21 +82,18 @@ struct AttnBwdSm90 {
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one Q or dO tile
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;
-  // kDoubleDs: dS alternates between two buffers by task, so a warpgroup may write this task's
-  // dS while the other still reads the previous task's for dQ: one barrier less per task.
-  static constexpr int kDsBuffers = kDoubleDs ? 2 : 1;
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
   // kDsStmatrix with 128-row tasks (head_dim 64): each 16 query rows of dS are stored as soon as
   // the softmax loop has them, the barrier that frees the dS tile passed before the loop; stored
   // after the loop, the whole tile's fragments at once made ptxas spill.
-  static constexpr bool kDsInLoop = kDsStmatrix && kBlockM == 128 && kDsBuffers == 1;
+  static constexpr bool kDsInLoop = kDsStmatrix && kBlockM == 128;
   // Every tile starts 1024-byte aligned (128B swizzle atoms).
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
   static constexpr int kOffQ = kOffV + kKBytes;
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
-  static constexpr int kOffDq = kOffDs + kDsBuffers * kDsBytes;
+  static constexpr int kOffDq = kOffDs + kDsBytes;
   // The task's softmax statistics (kBlockM lse rows as log2, then kBlockM D rows): one copy per
   // MMA warpgroup, or with kStagedStats one per stage, loaded with the stage's Q and dO.
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
@@ -102,11 +115,12 @@ struct AttnBwdSm90 {
   // where they fit.
   static constexpr int kOffConv = (kOffTask + kStages * 32 + 127) / 128 * 128;
   static constexpr int kConvChunkBytes =
-      kOffConv + 128 + 2 * 8192 + 1024 <= kMaxSmemBytes ? 8192 : 4096;
+      kOffConv + 128 + 2 * 8192 + 1024 <= kSm90MaxSmemBytes ? 8192 : 4096;
   static constexpr int kConvChunks = kDqBytes / kConvChunkBytes;  // chunks per dQ tile
   static constexpr int kConvChunkRows = kConvChunkBytes / (kHeadDim * 4);
   static constexpr int kSmemBytes = kConvertDq ? kOffConv + 128 + 2 * kConvChunkBytes + 1024
                                                : kOffTask + kStages * 32 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
 
   struct Bars {
     u64 kv_full, kv_empty;
@@ -267,9 +281,10 @@ struct AttnBwdSm90 {
       float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
                                  static_cast<i64>(t.m) * kBlockM) * kHeadDim;
       const float* src = reinterpret_cast<const float*>(smem + kOffDq + s * kDqBytes);
-      if (kFirstDqStore && kDeterministic && t.dq_rank == 0) {
+      if (kDeterministic && t.dq_rank == 0) {
         // The first contribution in dq_rank order: the tile holds nothing yet (the preprocess
-        // kernel did not zero it), so the partial is stored, not added.
+        // kernel does not zero it: 134 MB less HBM traffic at 16384 tokens x hidden 2048), so
+        // the partial is stored, not added.
         bulk_store_f32(dst, src, kDqBytes);
       } else {
         bulk_reduce_add_f32(dst, src, kDqBytes);
@@ -433,22 +448,6 @@ struct AttnBwdSm90 {
     if (kDeterministic && tid == 0) atomic_fetch_add_relaxed_gpu(counter, 1u);
   }
 
-  // Query row (within the task) of element ii of an S^T / dP^T accumulator: its fragment column.
-  __device__ static __forceinline__ int query_col(int ii, int t4) {
-    return 8 * (ii / 4) + 2 * t4 + (ii % 2);
-  }
-
-  // P^T at query row `col` of the task and key row `key` (score s): exp2(s * scale - lse), 0
-  // for keys past the end and, under the causal mask, keys after the query row.
-  __device__ static __forceinline__ float prob(const BwdParams& p, const Task& t,
-                                               const float* stats, float s, int col, int key,
-                                               float scale_log2, int causal_offset) {
-    const int qrow = t.m * kBlockM + col;
-    const bool masked = key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
-    return masked ? 0.f : exp2f(s * scale_log2 - stats[col]);
-  }
-
-  // dS^T at query row `col`: P^T (dP^T - D) * softmax_scale.
   // kDsStmatrix: dsa[kk] holds four 8x8 blocks of dS^T in the fragment layout (KV rows
   // 16 * warp + 0..7 and + 8..15, by query rows 16 kk + 0..7 and + 8..15), and one transposing
   // stmatrix writes them as dS rows. Lane l gives the address of query row 8 (l / 16) + l % 8
@@ -457,11 +456,6 @@ struct AttnBwdSm90 {
   __device__ static __forceinline__ u32 ds_row_address(const char* block, int warp, int lane) {
     const u32 row = 8 * (lane / 16) + lane % 8;
     return shared_address(block) + sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
-  }
-
-  __device__ static __forceinline__ float grad_score(const BwdParams& p, const float* stats,
-                                                    float prob, float dp, int col) {
-    return prob * (dp - stats[kBlockM + col]) * p.softmax_scale;
   }
 
   __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
@@ -495,8 +489,6 @@ struct AttnBwdSm90 {
         wgmma_ss<kIn, kBlockM>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
                           tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
       }
-      // kOverlapSoftmax: S^T in a commit group of its own, so P^T is computed while dP^T runs.
-      if constexpr (kOverlapSoftmax) wgmma_commit_group();
 #pragma unroll
       for (int k = 0; k < kHeadDim / 16; ++k) {
         wgmma_ss<kIn, kBlockM>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
@@ -525,36 +517,6 @@ struct AttnBwdSm90 {
 
       // P^T and dS^T in registers, packed to 16-bit A fragments for the RS wgmmas.
       u32 pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-      if constexpr (kOverlapSoftmax) {
-        // P^T over S^T's registers (fp32) once S^T has landed, while dP^T is still on the
-        // tensor cores; then dS^T = P^T (dP^T - D), both packed as below.
-        wgmma_wait_group<1>();
-#pragma unroll
-        for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
-          const int key = t.n * kBlockN + 64 * wg + 16 * warp + g + 8 * ((i2 / 2) % 2);
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            st[i2 + e] = prob(p, t, stats, st[i2 + e], query_col(i2 + e, t4), key, scale_log2,
-                              causal_offset);
-          }
-        }
-        wgmma_wait_group<0>();
-#pragma unroll
-        for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
-          pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(st[i2], st[i2 + 1]);
-          dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(
-              grad_score(p, stats, st[i2], dpt[i2], query_col(i2, t4)),
-              grad_score(p, stats, st[i2 + 1], dpt[i2 + 1], query_col(i2 + 1, t4)));
-        }
-        // dV += P^T dO needs nothing of the dS exchange below: it runs through it.
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) {
-          rs_mma(dv, pa[kk], wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
-                                                      kBlockM * 128));
-        }
-        wgmma_commit_group();
-      } else {
       wgmma_wait_group<0>();
       u32 ds_row = 0;  // kDsInLoop: this lane's stmatrix row address in this warpgroup's block
       if constexpr (kDsInLoop) {
@@ -562,8 +524,9 @@ struct AttnBwdSm90 {
         named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
         ds_row = ds_row_address(smem + kOffDs + wg * kBlockM * 128, warp, lane);
       }
-      // prob() and grad_score() written out: through the helpers NVVM orders this loop's index
-      // arithmetic differently.
+      // P^T = exp2(S^T * scale - lse), 0 for keys past the end and, under the causal mask, keys
+      // after the query row; dS^T = P^T (dP^T - D) * softmax_scale. Written out in the loop: with
+      // the mask and the exponent in helper functions NVVM orders its index arithmetic differently.
 #pragma unroll
       for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
         const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
@@ -584,18 +547,14 @@ struct AttnBwdSm90 {
           if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
         }
       }
-      }
 
       // dS (query rows x KV columns, K-major for dQ's A operand): this warpgroup writes column
-      // block wg. With one buffer, both warpgroups first pass the barrier, so the previous
-      // task's dQ reads are done. With two, the buffer this task writes was last read by the
-      // task before the previous one, and both warpgroups finished that one before they passed
-      // the previous task's second barrier (below); that barrier also keeps this warpgroup's
-      // threads from rewriting the stats a slower thread still reads.
-      if constexpr (kDsBuffers == 1 && !kDsInLoop) {
+      // block wg, once both warpgroups have passed the barrier, so the previous task's dQ reads
+      // of the tile are done (kDsInLoop passed it before the softmax loop).
+      if constexpr (!kDsInLoop) {
         named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
       }
-      char* ds_tile = smem + kOffDs + ((i - begin) % kDsBuffers) * kDsBytes;
+      char* ds_tile = smem + kOffDs;
       char* ds_block = ds_tile + wg * kBlockM * 128;
       if constexpr (kDsInLoop) {
         // stored in the softmax loop
@@ -627,16 +586,13 @@ struct AttnBwdSm90 {
       fence_proxy_async_shared();
       named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
 
-      // dV += P^T dO (unless issued above) and dK += dS^T Q: B operands MN-major (head_dim
-      // contiguous).
+      // dV += P^T dO and dK += dS^T Q: B operands MN-major (head_dim contiguous).
       wgmma_fence();
-      if constexpr (!kOverlapSoftmax) {
 #pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) {
-          const u64 b_do = wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
-                                                     kBlockM * 128);
-          rs_mma(dv, pa[kk], b_do);
-        }
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        const u64 b_do = wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
+                                                   kBlockM * 128);
+        rs_mma(dv, pa[kk], b_do);
       }
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk) {

@@ -4,7 +4,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include "dashgen/types.cuh"
-#include "dashgen/ptx/mma.cuh"
 #include "dashgen/ptx/wgmma.cuh"
 
 namespace dashgen {
@@ -32,9 +31,6 @@ struct Element<__nv_bfloat16> {
   __device__ static __forceinline__ u32 pack(float lo, float hi) {
     return static_cast<u32>(bits(from_float(lo))) | (static_cast<u32>(bits(from_float(hi))) << 16);
   }
-  __device__ static __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-    mma_m16n8k16_bf16(d, a, b);
-  }
 };
 
 template <>
@@ -45,9 +41,6 @@ struct Element<__half> {
   __device__ static __forceinline__ float to_float(__half x) { return __half2float(x); }
   __device__ static __forceinline__ u32 pack(float lo, float hi) {
     return static_cast<u32>(bits(from_float(lo))) | (static_cast<u32>(bits(from_float(hi))) << 16);
-  }
-  __device__ static __forceinline__ void mma(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-    mma_m16n8k16_f16(d, a, b);
   }
 };
 

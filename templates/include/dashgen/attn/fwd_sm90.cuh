@@ -18,12 +18,25 @@
 
 namespace dashgen {
 
-template <class T, int kHeadDim, bool kCausal>
+// Cfg: the configuration the entry template renders (attn_fwd_sm90.cu.j2); its members are
+// named here as the kernel uses them.
+template <class Cfg>
 struct AttnFwdSm90 {
+  using T = typename Cfg::Element;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr bool kCausal = Cfg::kCausal;
+  static constexpr int kBlockM = Cfg::kBlockM;  // query rows per CTA: 64 per MMA warpgroup
+  static constexpr int kBlockN = Cfg::kBlockN;  // keys per K/V tile
+  static_assert(kBlockM == 128 && kBlockN == 128, "128 query rows x 128-key tiles");
+
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
-  static constexpr int kBlockM = 128;  // query rows per CTA: 64 per MMA warpgroup
-  static constexpr int kBlockN = 128;  // keys per K/V tile
   static constexpr int kThreads = 384;
+  // setmaxnreg split of the SM's 65536 registers: the producer warpgroup only issues TMA loads
+  // from one lane and fits the minimum, which leaves each MMA warpgroup the largest multiple of
+  // 8 that fits beside it, for O and the S/P tiles.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kMmaRegs = 240;
+  static_assert(128 * kProducerRegs + 256 * kMmaRegs <= 65536, "register file");
   static constexpr int kStages = 2;
   static constexpr int kColBlocks = kHeadDim / 64;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
@@ -36,6 +49,7 @@ struct AttnFwdSm90 {
   static constexpr int kOffBar = kOffV + kStages * kKBytes;
   static constexpr int kNumBars = 1 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
 
   struct Bars {
     u64 q_full;
@@ -59,13 +73,13 @@ struct AttnFwdSm90 {
     __syncthreads();
 
     if (threadIdx.x / 128 == 0) {
-      setmaxnreg_dec<24>();
+      setmaxnreg_dec<kProducerRegs>();
       if (threadIdx.x == 0) {
         produce<false>(tm_q, tm_k, tm_v, p, smem, bars, m, h, b, n_tiles, 0, 0);
       }
       return;
     }
-    setmaxnreg_inc<240>();
+    setmaxnreg_inc<kMmaRegs>();
     consume<false>(p, smem, bars, m, h, b, n_tiles, 0, 0, threadIdx.x / 128 - 1,
                    threadIdx.x % 128);
   }

@@ -13,16 +13,20 @@
 
 namespace dashgen {
 
-template <class T, int kHeadDim, bool kCausal>
-struct AttnFwdSm90Persistent : AttnFwdSm90<T, kHeadDim, kCausal> {
-  using Base = AttnFwdSm90<T, kHeadDim, kCausal>;
+template <class Cfg>
+struct AttnFwdSm90Persistent : AttnFwdSm90<Cfg> {
+  using Base = AttnFwdSm90<Cfg>;
   using Base::kBlockM;
+  using Base::kCausal;
+  using Base::kMmaRegs;
   using Base::kOffBar;
+  using Base::kProducerRegs;
   using Base::kStages;
   using Base::num_kv_tiles;
 
   static constexpr int kNumBars = 2 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
+  static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
 
   struct Bars {
     u64 q_full, q_empty;
@@ -64,7 +68,7 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<T, kHeadDim, kCausal> {
     __syncthreads();
 
     if (threadIdx.x / 128 == 0) {
-      setmaxnreg_dec<24>();
+      setmaxnreg_dec<kProducerRegs>();
       if (threadIdx.x == 0) {
         // K/V tiles loaded so far: their stages and phases run on from one query tile to the
         // next.
@@ -79,7 +83,7 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<T, kHeadDim, kCausal> {
       }
       return;
     }
-    setmaxnreg_inc<240>();
+    setmaxnreg_inc<kMmaRegs>();
     const int wg = threadIdx.x / 128 - 1, tid = threadIdx.x % 128;
     int kv = 0;
     for (int i = 0;; ++i) {

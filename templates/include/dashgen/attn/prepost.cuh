@@ -22,12 +22,15 @@ struct RowLanes {
                 "head_dim 64 or 128: a row's lanes sit inside one warp");
 };
 
-// kStatsBlockM > 0: also lay lse (as log2) and D out per query tile of that many rows for the
-// Hopper backward's producer (BwdParams::stats), the same values its MMA warpgroups compute
-// from lse and dpsum otherwise.
-template <class T, int kHeadDim, int kStatsBlockM = 0>
-struct AttnPreprocess : RowLanes<kHeadDim> {
-  using L = RowLanes<kHeadDim>;
+// Cfg: the backward's configuration (AttnBwdSm90). With Cfg::kStagedStats it also lays lse (as
+// log2) and D out per query tile of kStatsBlockM rows for the backward's producer
+// (BwdParams::stats), the same values its MMA warpgroups compute from lse and dpsum otherwise.
+template <class Cfg>
+struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
+  using L = RowLanes<Cfg::kHeadDim>;
+  using T = typename Cfg::Element;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kStatsBlockM = Cfg::kStagedStats ? Cfg::kBlockM : 0;
 
   __device__ static void run(const PrepParams& p) {
     // The workspace, grid-stride over all blocks: it has no row structure.
@@ -77,9 +80,11 @@ struct AttnPreprocess : RowLanes<kHeadDim> {
   }
 };
 
-template <class T, int kHeadDim>
-struct AttnConvert : RowLanes<kHeadDim> {
-  using L = RowLanes<kHeadDim>;
+template <class Cfg>
+struct AttnConvert : RowLanes<Cfg::kHeadDim> {
+  using L = RowLanes<Cfg::kHeadDim>;
+  using T = typename Cfg::Element;
+  static constexpr int kHeadDim = Cfg::kHeadDim;
 
   __device__ static void run(const ConvertParams& p) {
     const int lane = threadIdx.x % L::kLanes, sub = threadIdx.x / L::kLanes;

@@ -6,6 +6,9 @@
 
 namespace dashgen {
 
+// Dynamic shared memory one sm_90 block may opt into (227 KB).
+constexpr int kSm90MaxSmemBytes = 232448;
+
 // wgmma descriptor of k16 step `k` of a K-major operand: rows row0.. of a tile of `rows` rows.
 __device__ __forceinline__ u64 tile_desc_k_major(const char* tile, int rows, int row0, int k) {
   const char* block = tile + (k / 4) * rows * 128 + row0 * 128;
