@@ -22,8 +22,8 @@ PREP_ROWS_PER_BLOCK = 16  # AttnPreprocess / AttnConvert::kRowsPerBlock
 
 @dataclass(frozen=True)
 class BackwardConstants:
-    """What the Hopper backward fixes per (head_dim, causal) (docs/design.md names each
-    decision: bwd-tiles, staged-stats, ds-stmatrix)."""
+    """What the Hopper backward fixes per (head_dim, causal); docs/design.md holds the
+    measurements behind each: `bwd-block-m`, `staged-stats`, `ds-stmatrix`."""
 
     block_m: int  # query rows per task
     block_n: int  # KV rows per task

@@ -45,7 +45,7 @@ class BackwardLaunch:
         # (allocation stream, tensors) of every table the kernels read: see BackwardCall's end.
         self.tables = [(tables_stream, (self.tasks, self.offsets))]
         # The deterministic backward's first dQ writer of a tile stores instead of adding
-        # (docs/design.md, first-dq-store), so the preprocess kernel zeroes the accumulator only
+        # (docs/design.md, `first-dq-store`), so the preprocess kernel zeroes the accumulator only
         # for the non-deterministic one, and the convert kernel zeroes the tiles nobody wrote.
         self.first_dq_store = variant.deterministic
         self.staged_stats = variant.staged_stats
@@ -127,7 +127,7 @@ class BackwardCall:
     q, k and v. The eager autograd node builds it during the forward, on the caller's thread,
     while the GPU runs the forward. Autograd runs the backward on its device thread, which wakes
     cold for each backward and runs Python 2-4x slower than the caller's thread, and the GPU
-    waits on that thread until the first launch (docs/design.md, eager-backward-call): there a
+    waits on that thread until the first launch (docs/design.md, `backward-prepared-by-forward`): there a
     call only allocates, writes dO's and the buffers' addresses into the blocks, and launches.
 
     q, k, v, o and lse are contiguous; the call reads them through their addresses, so it holds

@@ -21,21 +21,21 @@ from ..schedule.verify import verify
 DEFAULT_SM_COUNT = 132  # H100 SXM and H200: the worker count `show`, `plan` and `emit` assume
 
 # schedule="auto": the candidates per mask, the first that serves the problem wins
-# (docs/design.md, auto-schedule).
+# (docs/design.md, `auto-schedule`).
 AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
     "full": ("shift", "fa3"),
     "causal": ("symmetric_shift", "spt"),
 }
 
 # fused_convert pays where the convert kernel's time beats the converter warps' share of the
-# main kernel (docs/design.md, fused-convert).
+# main kernel (docs/design.md, `fused-convert`).
 FUSED_CONVERT_COST = 0.03          # fraction of the main kernel the converter costs
 CONVERT_BYTES_PER_US = 4.0e6       # the convert kernel's bandwidth (4 TB/s)
 TASK_US = {64: 3.00, 128: 2.54}    # main-kernel time per task (dashgen calibrate, per head_dim)
-# early_kv pays where KV segments are short (docs/design.md, early-kv).
+# early_kv pays where KV segments are short (docs/design.md, `early-kv`).
 EARLY_KV_MAX_SEGMENT_TASKS = 10
 # The most KV tiles a query tile visits where the persistent forward pays, per (head_dim,
-# causal), measured through 16384 keys (docs/design.md, persistent-forward).
+# causal), measured through 16384 keys (docs/design.md, `fwd-persistent`).
 FWD_PERSISTENT_MAX_KV_TILES = {(64, False): 128, (128, False): 16,
                                (64, True): 8, (128, True): 128}
 
@@ -97,7 +97,7 @@ def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
         candidates = AUTO_SCHEDULES[problem.mask.kind]
         schedule = next(s for s in candidates if unsupported_reason(s, problem) is None)
         if num_workers is None:
-            # The fewest workers as busy as the SM count's (docs/design.md, balanced-workers).
+            # The fewest workers as busy as the SM count's (docs/design.md, `balanced-workers`).
             return schedule, balanced_workers(schedule, problem, sm_count)
     elif get_builder(schedule).depends_on_workers and num_workers is None:
         raise ValueError(f"schedule={schedule!r} orders the dQ sums by the worker count, so the "

@@ -60,7 +60,7 @@ def allocator():
     bits each run). The buffers allocated here are written by the kernels before anything reads
     them (the outputs, the preprocess's rows, the dQ sums stored or zeroed by their first
     writer): the fill would be pure cost, ~0.3 GB of writes and four launches per backward at
-    16384 tokens x hidden 2048 (docs/design.md, unfilled-buffers). The global setting is left
+    16384 tokens x hidden 2048 (docs/design.md, `deterministic-flag-buffers`). The global setting is left
     alone, so other threads' tensors keep their fill."""
     if (torch.are_deterministic_algorithms_enabled()
             and torch.utils.deterministic.fill_uninitialized_memory):

@@ -37,7 +37,7 @@ REPEATS = 30
 # calls, every round. A slow row leaves the GPU below its power limit and the next row's first
 # ~60 ms run at higher clocks: on the H200 symmetric_shift (d128 causal 16k) measured 497
 # TFLOP/s for its 3rd-12th calls after three calls of fa3's slower kernel and 473 after its own
-# (scripts/row_order.py), so a fast row that followed a slow one measured up to 5% above the
+# (docs/design.md, `bench-warmup-ms`), so a fast row that followed a slow one measured up to 5% above the
 # same kernel timed after a fast one.
 WARMUP_MS = 80.0
 
@@ -317,7 +317,7 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
     # deterministic row: rounds alternate direction, so each of the two rows of the same kernel
     # follows the other in half the rounds and the rows before them in the other half. Placed
     # last, it followed only fast rows while its pick followed slow ones, and measured 2-5%
-    # below it at d128 causal 16k in 8 of 10 runs (docs/perf-notes.md, v4.4).
+    # below it at d128 causal 16k in 8 of 10 runs (docs/design.md, `bench-auto-row-order`).
     picked, auto_workers = auto_pick(cfg, sm_count)
     auto_row = (Row("dashgen_det auto", "dashgen_auto", "auto", True, "backward",
                     num_workers=auto_workers, picked=picked, **base),

@@ -85,7 +85,7 @@ def balanced_workers(name: str, problem: Problem, num_workers: int) -> int:
     Why: with no such meeting an arrival-ranked order makes no worker wait when tasks cost alike
     (Lemma 1), so the kernel model's makespan is the busiest worker's load, never more with the
     fewer workers (tests/test_schedules_workers.py checks it against kernel_model). Measured on
-    the H200 (docs/perf-notes.md, v4.2), 4096 units on 128 workers instead of 132 (32 units
+    the H200 (docs/design.md, `balanced-workers`), 4096 units on 128 workers instead of 132 (32 units
     each either way) ran shift and symmetric_shift 0.3-4.8% faster at 1k-16k: no head split
     across two waves (shorter writer waits, measured with timed traces) and no 4-worker tail.
     fa3 and spt are not arrival-ranked: their fill costs depend on the worker count, and the
