@@ -137,7 +137,7 @@ def get_or_build(problem: Problem, schedule: str, num_workers: int,
 _clock = time.perf_counter
 
 
-@memo(max_entries=16)
+@memo(max_entries=4)  # a 64k-token causal plan holds ~67 MB of table
 def cached_plan(problem: Problem, schedule: str, num_workers: int) -> KernelPlan:
     """The verified plan, from memory, the disk cache, or built (saying so when that is slow)."""
     start = _clock()

@@ -6,8 +6,9 @@ impossible values here, naming the field, instead of letting them surface as wro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Iterator
+
+from ..caches import memo
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ class Problem:
                 f"blocks {self.block_m}x{self.block_n}")
 
 
-@lru_cache(maxsize=64)
+@memo(max_entries=64)
 def _kept_m_blocks(problem: Problem) -> tuple[tuple[int, ...], ...]:
     """For each n_block, the Q tiles the mask keeps with it, ascending: the same for every batch
     and head, so computed once per problem (the schedule builders and the verifier ask per KV

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable, Union
 
+from ..caches import memo
 from .ir import Schedule, Task
 from .problem import Problem
 
@@ -35,7 +35,7 @@ def _resolve(name: str, value: CostValue, task: Task, problem: Problem) -> float
     return float(result)
 
 
-@lru_cache(maxsize=1 << 16)
+@memo(max_entries=1 << 16)
 def _kept_fraction(problem: Problem, n_block: int, m_block: int) -> float:
     # Problem.kept_fraction loops over rows; large schedules ask for the same few tiles per head.
     return problem.kept_fraction(n_block, m_block)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 
+from ..caches import memo
 from ..schedule.ir import Schedule
 from .kernel_model import KernelCost, kernel_makespan
 from ..codegen.variants import backward_tiles
@@ -67,7 +67,7 @@ def load_measurements(paths: list[Path]) -> list[Measurement]:
     return rows
 
 
-@lru_cache(maxsize=256)
+@memo(max_entries=256)
 def _schedule(problem: Problem, name: str, workers: int) -> Schedule:
     return build_schedule(name, problem, workers)
 
