@@ -34,8 +34,11 @@
 
 namespace dashgen {
 
-// Named barriers: kMma joins both MMA warpgroups; kStats0 + wg one MMA warpgroup.
-enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
+// Named barrier ids (bar.sync; 0 is __syncthreads'): kMma joins both MMA warpgroups, kStats0 + wg
+// (2 or 3) the 128 threads of MMA warpgroup wg around its own statistics buffer.
+enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2, kStats1 = 3 };
+static_assert(static_cast<u32>(Sm90Barrier::kStats1) == static_cast<u32>(Sm90Barrier::kStats0) + 1,
+              "kStats0 + wg names each MMA warpgroup's barrier");
 
 enum class DqSplit { kColumns, kRows, kKvRows };
 
@@ -434,6 +437,11 @@ struct AttnBwdSm90 {
   // moved into inlined member functions, they make NVVM number the dK/dV accumulators' registers
   // differently and ptxas schedule the kernel differently from the one measured.
 
+  // Both MMA warpgroups meet (the producer warpgroup does not take part).
+  __device__ static __forceinline__ void sync_mma_warpgroups() {
+    named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+  }
+
   // An MMA thread's place: its warpgroup (KV rows 64 * wg.. of every task), its index over both
   // MMA warpgroups, and the warp, lane, quad row g and column t4 within its warpgroup that the
   // wgmma fragment layouts use.
@@ -476,7 +484,7 @@ struct AttnBwdSm90 {
       u32 ds_row = 0;  // kDsInLoop: this lane's stmatrix row address in this warpgroup's block
       if constexpr (kDsInLoop) {
         // Both warpgroups finished the previous task's dQ MMA (its reads of dS) before this one.
-        named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+        sync_mma_warpgroups();
         ds_row = ds_row_address(smem + kOffDs + wg * kBlockM * 128, warp, lane);
       }
       // P^T = exp2(S^T * scale - lse), 0 for keys past the end and, under the causal mask, keys
@@ -508,7 +516,7 @@ struct AttnBwdSm90 {
       // previous task's dQ reads of the tile are done (kDsInLoop passed it before the softmax
       // loop). After the second barrier both halves are visible to the wgmmas.
       if constexpr (!kDsInLoop) {
-        named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+        sync_mma_warpgroups();
       }
       char* ds_tile = smem + kOffDs;
       char* ds_block = ds_tile + wg * kBlockM * 128;
@@ -540,7 +548,7 @@ struct AttnBwdSm90 {
         }
       }
       fence_proxy_async_shared();
-      named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+      sync_mma_warpgroups();
 
       dkv_mma(dk, dv, pa, dsa, q_tile, do_tile);
       float dq[32];
@@ -682,7 +690,7 @@ struct AttnBwdSm90 {
       // Warpgroup 0 stores its partial, then warpgroup 1 adds its own onto it: P0 + P1 in
       // that order for every element, whatever the timing.
       if (me.wg == 0) store_dq(dq_buf, dq, 0, me.warp, me.g, me.t4);
-      named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+      sync_mma_warpgroups();
       if (me.wg == 1) add_dq(dq_buf, dq, me.warp, me.g, me.t4);
     } else if constexpr (kDqSplit == DqSplit::kRows) {
       store_dq(dq_buf + 64 * me.wg * kHeadDim, dq, 0, me.warp, me.g, me.t4);
@@ -752,7 +760,7 @@ struct AttnBwdSm90 {
     const int hk = t.h / (p.heads_q / p.heads_kv);
     u32* counter = p.dkv_counters + (t.b * p.heads_kv + hk) * p.num_n_blocks + t.n;
     if (kDeterministic && me.tid == 0) wait_counter_equals(counter, static_cast<u32>(t.dkv_rank));
-    named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+    sync_mma_warpgroups();
     // Padded rows (keys past seqlen_k) carry zeros into the padded accumulator rows.
     const i64 tile = (static_cast<i64>(t.b * p.heads_kv + hk) * p.num_n_blocks + t.n) * kBlockN;
     float* dk_acc = p.dk_accum + (tile + 64 * me.wg) * kHeadDim;
@@ -765,7 +773,7 @@ struct AttnBwdSm90 {
       atomicAdd(dv_acc + row * kHeadDim + col, dv[ii]);
     }
     __threadfence();
-    named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+    sync_mma_warpgroups();
     if (kDeterministic && me.tid == 0) atomic_fetch_add_relaxed_gpu(counter, 1u);
   }
 };
