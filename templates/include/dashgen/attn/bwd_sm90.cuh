@@ -124,7 +124,8 @@ struct AttnBwdSm90 {
   static constexpr int kConvChunkRows = kConvChunkBytes / (kHeadDim * 4);
   static constexpr int kSmemBytes = kConvertDq ? kOffConv + 128 + 2 * kConvChunkBytes + 1024
                                                : kOffTask + kStages * 32 + 1024;  // + alignment slack
-  static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
+  static_assert(kSmemBytes <= kSm90MaxSmemBytes,
+                "shared memory exceeds what an sm_90 block may use");
 
   struct Bars {
     u64 kv_full, kv_empty;
@@ -489,7 +490,8 @@ struct AttnBwdSm90 {
       }
       // P^T = exp2(S^T * scale - lse), 0 for keys past the end and, under the causal mask, keys
       // after the query row; dS^T = P^T (dP^T - D) * softmax_scale. Written out in the loop: with
-      // the mask and the exponent in helper functions NVVM orders its index arithmetic differently.
+      // the mask and the exponent in functions of their own, NVVM orders its index arithmetic
+      // differently.
 #pragma unroll
       for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
         const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
@@ -523,8 +525,8 @@ struct AttnBwdSm90 {
       if constexpr (kDsInLoop) {
         // stored in the softmax loop
       } else if constexpr (kDsStmatrix) {
-        // ds_row_address written out: through the helper ptxas orders this kernel differently
-        // from the one measured (docs/perf-notes.md, v3.9).
+        // ds_row_address written out: called, it makes ptxas order this kernel differently from
+        // the one measured (docs/perf-notes.md, v3.9).
         const u32 row = 8 * (lane / 16) + lane % 8;
         const u32 dst = shared_address(ds_block) +
                         sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
