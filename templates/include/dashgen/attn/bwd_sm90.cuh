@@ -34,8 +34,11 @@
 
 namespace dashgen {
 
-// Named barriers: kMma joins both MMA warpgroups; kStats0 + wg one MMA warpgroup.
-enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2 };
+// Named barrier ids (bar.sync; 0 is __syncthreads'): kMma joins both MMA warpgroups, kStats0 + wg
+// (2 or 3) the 128 threads of MMA warpgroup wg around its own statistics buffer.
+enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2, kStats1 = 3 };
+static_assert(static_cast<u32>(Sm90Barrier::kStats1) == static_cast<u32>(Sm90Barrier::kStats0) + 1,
+              "kStats0 + wg names each MMA warpgroup's barrier");
 
 enum class DqSplit { kColumns, kRows, kKvRows };
 
@@ -78,6 +81,7 @@ struct AttnBwdSm90 {
   // a fixed order.
   static constexpr DqSplit kDqSplit = kHeadDim == 128 ? DqSplit::kColumns
                                       : kBlockM == 128 ? DqSplit::kRows : DqSplit::kKvRows;
+  static constexpr bool kDqByKv = kDqSplit == DqSplit::kKvRows;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one Q or dO tile
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
@@ -120,7 +124,8 @@ struct AttnBwdSm90 {
   static constexpr int kConvChunkRows = kConvChunkBytes / (kHeadDim * 4);
   static constexpr int kSmemBytes = kConvertDq ? kOffConv + 128 + 2 * kConvChunkBytes + 1024
                                                : kOffTask + kStages * 32 + 1024;  // + alignment slack
-  static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
+  static_assert(kSmemBytes <= kSm90MaxSmemBytes,
+                "shared memory exceeds what an sm_90 block may use");
 
   struct Bars {
     u64 kv_full, kv_empty;
@@ -152,6 +157,9 @@ struct AttnBwdSm90 {
     return reinterpret_cast<const volatile Task*>(smem + kOffTask)[s].seg_end;
   }
 
+  // Task i of this worker's tasks [begin, end) of the schedule's table: the one place that reads
+  // the packed TaskEntry format (dashgen.lower). The producer and the dQ writer both walk the
+  // table through it; the MMA warpgroups read the producer's decoded copy from the stage's slot.
   __device__ static Task decode(const BwdParams& p, int i, int begin, int end) {
     const TaskEntry e = p.tasks[i];
     Task t;
@@ -161,6 +169,8 @@ struct AttnBwdSm90 {
     t.m = e.n_m & 0xffff;
     t.dq_rank = e.dq_rank;
     t.dkv_rank = e.dkv_rank;
+    // A segment: consecutive tasks of one (batch, query head) and KV block, which share K/V
+    // and the dK/dV accumulators.
     t.seg_start = i == begin || p.tasks[i - 1].batch_head != e.batch_head ||
                   (p.tasks[i - 1].n_m >> 16) != t.n;
     t.seg_end = i + 1 == end || p.tasks[i + 1].batch_head != e.batch_head ||
@@ -225,28 +235,36 @@ struct AttnBwdSm90 {
         load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, t.n * kBlockN, t.b);
       }
       const int s = (i - begin) % kStages, use = (i - begin) / kStages;
-      mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
-      // Published by the arrive below (release), read after the consumers' wait (acquire).
-      reinterpret_cast<Task*>(smem + kOffTask)[s] = t;
-      if constexpr (kStagedStats) {
-        mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes + kStatsBytes);
-        // The preprocess kernel laid the statistics out per query tile (BwdParams::stats).
-        bulk_load(smem + kOffStats + s * kStatsBytes,
-                  p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *
-                                (2 * kBlockM),
-                  kStatsBytes, &bars->q_full[s]);
-      } else {
-        mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes);
-      }
-      for (int cb = 0; cb < kColBlocks; ++cb) {
-        tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
-                    cb * 64, t.h, t.m * kBlockM, t.b);
-        tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
-                    cb * 64, t.h, t.m * kBlockM, t.b);
-      }
+      load_task(tm_q, tm_do, p, t, bars, smem, s, use);
       if (kEarlyKv && t.seg_start) {
         load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, t.n * kBlockN, t.b);
       }
+    }
+  }
+
+  // A task into stage s, once the MMA warpgroups have freed it: its decoded entry into the
+  // stage's slot, its Q and dO tiles and, with kStagedStats, its softmax statistics.
+  __device__ static __forceinline__ void load_task(const TensorMap* tm_q, const TensorMap* tm_do,
+                                                   const BwdParams& p, const Task& t, Bars* bars,
+                                                   char* smem, int s, int use) {
+    mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
+    // Published by the arrive below (release), read after the consumers' wait (acquire).
+    reinterpret_cast<Task*>(smem + kOffTask)[s] = t;
+    if constexpr (kStagedStats) {
+      mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes + kStatsBytes);
+      // The preprocess kernel laid the statistics out per query tile (BwdParams::stats).
+      bulk_load(smem + kOffStats + s * kStatsBytes,
+                p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *
+                              (2 * kBlockM),
+                kStatsBytes, &bars->q_full[s]);
+    } else {
+      mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes);
+    }
+    for (int cb = 0; cb < kColBlocks; ++cb) {
+      tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
+                  cb * 64, t.h, t.m * kBlockM, t.b);
+      tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
+                  cb * 64, t.h, t.m * kBlockM, t.b);
     }
   }
 
@@ -278,31 +296,42 @@ struct AttnBwdSm90 {
         fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
       }
       if (kTrace) trace_stamp(row, kTraceAcquired);
-      float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
-                                 static_cast<i64>(t.m) * kBlockM) * kHeadDim;
-      const float* src = reinterpret_cast<const float*>(smem + kOffDq + s * kDqBytes);
-      if (kDeterministic && t.dq_rank == 0) {
-        // The first contribution in dq_rank order: the tile holds nothing yet (the preprocess
-        // kernel does not zero it: 134 MB less HBM traffic at 16384 tokens x hidden 2048), so
-        // the partial is stored, not added.
-        bulk_store_f32(dst, src, kDqBytes);
-      } else {
-        bulk_reduce_add_f32(dst, src, kDqBytes);
-      }
-      bulk_commit_group();
-      // Released only once the add has landed in global memory, not when smem was read.
-      bulk_wait_group<0>();
+      land_dq_partial(p, t, smem, s);
       if (kTrace) trace_stamp(row, kTraceLanded);
-      if (kDeterministic || kTrace) {
-        fence_proxy_async_global();
-        __threadfence();
-        const u32 seen = atomic_fetch_add_relaxed_gpu(counter, 1u);
-        if (kTrace) {
-          row[0] = t.b; row[1] = t.h; row[2] = t.n; row[3] = t.m; row[4] = t.dq_rank;
-          row[5] = static_cast<i32>(seen);
-        }
-      }
+      if (kDeterministic || kTrace) pass_dq_turn(t, counter, row);
       mbarrier_arrive(&bars->dq_empty[s]);
+    }
+  }
+
+  // Stage s's dQ partial onto the task's fp32 tile in global memory, returning once it has
+  // landed there (not when shared memory was read): only then may the next rank's add start.
+  __device__ static __forceinline__ void land_dq_partial(const BwdParams& p, const Task& t,
+                                                         const char* smem, int s) {
+    float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
+                               static_cast<i64>(t.m) * kBlockM) * kHeadDim;
+    const float* src = reinterpret_cast<const float*>(smem + kOffDq + s * kDqBytes);
+    if (kDeterministic && t.dq_rank == 0) {
+      // The first contribution in dq_rank order: the tile holds nothing yet (the preprocess
+      // kernel does not zero it: 134 MB less HBM traffic at 16384 tokens x hidden 2048), so
+      // the partial is stored, not added.
+      bulk_store_f32(dst, src, kDqBytes);
+    } else {
+      bulk_reduce_add_f32(dst, src, kDqBytes);
+    }
+    bulk_commit_group();
+    bulk_wait_group<0>();
+  }
+
+  // The tile's counter moves on once the add is visible to the next rank's writer (and to the
+  // fused converter): async-proxy then gpu-scope fence. Tracing records the task and the count
+  // it saw.
+  __device__ static __forceinline__ void pass_dq_turn(const Task& t, u32* counter, i32* row) {
+    fence_proxy_async_global();
+    __threadfence();
+    const u32 seen = atomic_fetch_add_relaxed_gpu(counter, 1u);
+    if (kTrace) {
+      row[0] = t.b; row[1] = t.h; row[2] = t.n; row[3] = t.m; row[4] = t.dq_rank;
+      row[5] = static_cast<i32>(seen);
     }
   }
 
@@ -322,54 +351,72 @@ struct AttnBwdSm90 {
     int rows;  // rows from it inside seqlen_q (past them: padding)
   };
 
+  // The converter's shared memory (at kOffConv): its full[2] and empty[2] barriers, the two
+  // ConvSlots, then the two chunk buffers.
+  struct ConvBuffers {
+    u64* full;
+    u64* empty;
+    ConvSlot* slots;
+    float* buf;
+  };
+  static constexpr int kChunkFloats = kConvChunkBytes / 4;
+
   __device__ static void convert_dq(const BwdParams& p, char* smem, int tid) {
-    constexpr int kChunkFloats = kConvChunkBytes / 4;
     u64* full = reinterpret_cast<u64*>(smem + kOffConv);
-    u64* empty = full + 2;
-    ConvSlot* slots = reinterpret_cast<ConvSlot*>(smem + kOffConv + 32);
-    float* buf = reinterpret_cast<float*>(smem + kOffConv + 128);
+    const ConvBuffers c{full, full + 2, reinterpret_cast<ConvSlot*>(smem + kOffConv + 32),
+                        reinterpret_cast<float*>(smem + kOffConv + 128)};
     const int first = p.conv_offsets[blockIdx.x];
     const int chunks = (p.conv_offsets[blockIdx.x + 1] - first) * kConvChunks;
-    if (tid == 32) {
-#pragma unroll 1
-      for (int j = 0; j < chunks; ++j) {
-        if (j >= 2) mbarrier_wait_parity(&empty[j % 2], (j / 2 - 1) & 1);
-        const int tile = p.conv_tiles[first + j / kConvChunks];
-        const int m = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
-        const int row0 = m * kBlockM + (j % kConvChunks) * kConvChunkRows;
-        if (j % kConvChunks == 0) {
-          // Final once every contribution has landed: the writers release the counter after
-          // their add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between
-          // polls: a polling warp would take issue slots from its sub-partition's MMA warps.
-          while (ld_acquire_gpu(p.dq_counters + tile) != static_cast<u32>(p.dq_counts[m])) {
-            __nanosleep(kConvPollNs);
-          }
-          fence_proxy_async_global();  // the copy below reads through the async proxy
-        }
-        // Published by the arrive below (release), read after the wait on it (acquire).
-        slots[j % 2].out = (static_cast<i64>(bh / p.heads_q) * p.seqlen_q + row0) *
-                           p.q_row_stride + static_cast<i64>(bh % p.heads_q) * kHeadDim;
-        slots[j % 2].rows = p.seqlen_q - row0;
-        mbarrier_arrive_expect_tx(&full[j % 2], kConvChunkBytes);
-        bulk_load(buf + (j % 2) * kChunkFloats,
-                  p.dq_accum + static_cast<i64>(tile) * kBlockM * kHeadDim +
-                      (j % kConvChunks) * kChunkFloats,
-                  kConvChunkBytes, &full[j % 2]);
-      }
-    }
+    if (tid == 32) issue_conv_copies(p, c, first, chunks);
     if (tid >= 32) return;
-    // Lane `tid` converts column quad tid % kQuads of every kPassRows-th row from tid / kQuads.
-    // Chunks start at multiples of 8 rows, so a chunk row's swizzle (accum_col) is its tile
-    // row's.
+    convert_chunks(p, c, chunks, tid);
+  }
+
+  // Warp 3's lane 0: each chunk of the worker's share into buffer j % 2, once its tile's sum is
+  // final and the buffer is empty.
+  __device__ static __forceinline__ void issue_conv_copies(const BwdParams& p, const ConvBuffers& c,
+                                                           int first, int chunks) {
+#pragma unroll 1
+    for (int j = 0; j < chunks; ++j) {
+      if (j >= 2) mbarrier_wait_parity(&c.empty[j % 2], (j / 2 - 1) & 1);
+      const int tile = p.conv_tiles[first + j / kConvChunks];
+      const int m = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
+      const int row0 = m * kBlockM + (j % kConvChunks) * kConvChunkRows;
+      if (j % kConvChunks == 0) {
+        // Final once every contribution has landed: the writers release the counter after
+        // their add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between
+        // polls: a polling warp would take issue slots from its sub-partition's MMA warps.
+        while (ld_acquire_gpu(p.dq_counters + tile) != static_cast<u32>(p.dq_counts[m])) {
+          __nanosleep(kConvPollNs);
+        }
+        fence_proxy_async_global();  // the copy below reads through the async proxy
+      }
+      // Published by the arrive below (release), read after the wait on it (acquire).
+      c.slots[j % 2].out = (static_cast<i64>(bh / p.heads_q) * p.seqlen_q + row0) *
+                           p.q_row_stride + static_cast<i64>(bh % p.heads_q) * kHeadDim;
+      c.slots[j % 2].rows = p.seqlen_q - row0;
+      mbarrier_arrive_expect_tx(&c.full[j % 2], kConvChunkBytes);
+      bulk_load(c.buf + (j % 2) * kChunkFloats,
+                p.dq_accum + static_cast<i64>(tile) * kBlockM * kHeadDim +
+                    (j % kConvChunks) * kChunkFloats,
+                kConvChunkBytes, &c.full[j % 2]);
+    }
+  }
+
+  // Warp 2: lane `tid` converts column quad tid % kQuads of every kPassRows-th row from
+  // tid / kQuads of each chunk, then frees its buffer. Chunks start at multiples of 8 rows, so a
+  // chunk row's swizzle (accum_col) is its tile row's.
+  __device__ static __forceinline__ void convert_chunks(const BwdParams& p, const ConvBuffers& c,
+                                                        int chunks, int tid) {
     static_assert(kConvChunkRows % 8 == 0, "a chunk row keeps its tile row's swizzle");
     constexpr int kQuads = kHeadDim / 4;  // 4 columns per 8-byte store
     constexpr int kPassRows = 32 / kQuads;
 #pragma unroll 1
     for (int j = 0; j < chunks; ++j) {
-      mbarrier_wait_parity(&full[j % 2], (j / 2) & 1);
-      const int rows = slots[j % 2].rows;
-      T* out = static_cast<T*>(p.dq) + slots[j % 2].out + (tid % kQuads) * 4;
-      const float* src = buf + (j % 2) * kChunkFloats;
+      mbarrier_wait_parity(&c.full[j % 2], (j / 2) & 1);
+      const int rows = c.slots[j % 2].rows;
+      T* out = static_cast<T*>(p.dq) + c.slots[j % 2].out + (tid % kQuads) * 4;
+      const float* src = c.buf + (j % 2) * kChunkFloats;
       // (Two bounds, not their min: ptxas then spills at head_dim 64, causal.)
 #pragma unroll 1
       for (int r = tid / kQuads; r < kConvChunkRows && r < rows; r += kPassRows) {
@@ -379,11 +426,232 @@ struct AttnBwdSm90 {
             make_uint2(Element<T>::pack(v.x, v.y), Element<T>::pack(v.z, v.w));
       }
       __syncwarp();  // every lane has read buffer j % 2 and its slot
-      if (tid == 0) mbarrier_arrive(&empty[j % 2]);
+      if (tid == 0) mbarrier_arrive(&c.empty[j % 2]);
     }
   }
 
   // ---- MMA warpgroups ------------------------------------------------------------------------
+  // A task's stages, in order: 1 issue_scores, 2 task_stats, 3 P^T and dS^T, 4 dS to shared
+  // memory, 5 dkv_mma, 6 dq_mma, 7 hand_off_dq; at a segment's end store_dkv (or under GQA
+  // add_dkv_in_rank_order). consume() holds what outlives a task (the segment's dK/dV
+  // accumulators) and the stage and segment bookkeeping. Stages 3 and 4 stay written out in it:
+  // moved into inlined member functions, they make NVVM number the dK/dV accumulators' registers
+  // differently and ptxas schedule the kernel differently from the one measured.
+
+  // Both MMA warpgroups meet (the producer warpgroup does not take part).
+  __device__ static __forceinline__ void sync_mma_warpgroups() {
+    named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+  }
+
+  // An MMA thread's place: its warpgroup (KV rows 64 * wg.. of every task), its index over both
+  // MMA warpgroups, and the warp, lane, quad row g and column t4 within its warpgroup that the
+  // wgmma fragment layouts use.
+  struct MmaThread {
+    int wg, tid, warp, lane, g, t4;
+  };
+
+  __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
+                                 int wg, int tid) {
+    const int warp = (tid % 128) / 32, lane = tid % 32;
+    const int g = lane >> 2, t4 = lane & 3;
+    const MmaThread me{wg, tid, warp, lane, g, t4};
+    const int group = p.heads_q / p.heads_kv;
+    const float scale_log2 = p.softmax_scale * kLog2e;
+    const int causal_offset = p.seqlen_k - p.seqlen_q;
+    float dk[kHeadDim / 2], dv[kHeadDim / 2];  // m64n128 accumulators: this warpgroup's 64 KV rows
+    int segment = 0;
+
+    for (int i = begin; i < end; ++i) {
+      const int s = (i - begin) % kStages, use = (i - begin) / kStages;
+      mbarrier_wait_parity(&bars->q_full[s], use & 1);
+      const Task t = load_task_slot(reinterpret_cast<const Task*>(smem + kOffTask) + s);
+      if (t.seg_start) {
+        mbarrier_wait_parity(&bars->kv_full, segment & 1);
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 2; ++j) dk[j] = dv[j] = 0.f;
+      }
+      const char* q_tile = smem + kOffQ + s * kQBytes;
+      const char* do_tile = smem + kOffDo + s * kQBytes;
+
+      float st[kBlockM / 2], dpt[kBlockM / 2];
+      issue_scores(st, dpt, smem, q_tile, do_tile, wg);
+      const float* stats = task_stats(p, t, smem, s, me);
+
+      // Stage 3. P^T and dS^T in registers, packed to 16-bit A fragments for the RS wgmmas, once
+      // the score MMAs have landed. kDsInLoop: each 16 query rows of dS go to shared memory as
+      // the loop finishes them.
+      u32 pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
+      wgmma_wait_group<0>();
+      u32 ds_row = 0;  // kDsInLoop: this lane's stmatrix row address in this warpgroup's block
+      if constexpr (kDsInLoop) {
+        // Both warpgroups finished the previous task's dQ MMA (its reads of dS) before this one.
+        sync_mma_warpgroups();
+        ds_row = ds_row_address(smem + kOffDs + wg * kBlockM * 128, warp, lane);
+      }
+      // P^T = exp2(S^T * scale - lse), 0 for keys past the end and, under the causal mask, keys
+      // after the query row; dS^T = P^T (dP^T - D) * softmax_scale. Written out in the loop: with
+      // the mask and the exponent in functions of their own, NVVM orders its index arithmetic
+      // differently.
+#pragma unroll
+      for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
+        const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
+        const int key = t.n * kBlockN + 64 * wg + row;
+        float pv[2], ds[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int ii = i2 + e;
+          const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
+          const int qrow = t.m * kBlockM + col;
+          const bool masked = key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
+          pv[e] = masked ? 0.f : exp2f(st[ii] * scale_log2 - stats[col]);
+          ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * p.softmax_scale;
+        }
+        pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
+        dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
+        if constexpr (kDsInLoop) {
+          if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
+        }
+      }
+
+      // Stage 4. dS (query rows x KV columns, K-major for dQ's A operand) into shared memory: this
+      // warpgroup writes column block wg, once both warpgroups have passed the barrier, so the
+      // previous task's dQ reads of the tile are done (kDsInLoop passed it before the softmax
+      // loop). After the second barrier both halves are visible to the wgmmas.
+      if constexpr (!kDsInLoop) {
+        sync_mma_warpgroups();
+      }
+      char* ds_tile = smem + kOffDs;
+      char* ds_block = ds_tile + wg * kBlockM * 128;
+      if constexpr (kDsInLoop) {
+        // stored in the softmax loop
+      } else if constexpr (kDsStmatrix) {
+        // ds_row_address written out: called, it makes ptxas order this kernel differently from
+        // the one measured (docs/perf-notes.md, v3.9).
+        const u32 row = 8 * (lane / 16) + lane % 8;
+        const u32 dst = shared_address(ds_block) +
+                        sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
+#pragma unroll
+        for (int kk = 0; kk < kBlockM / 16; ++kk) stmatrix_x4_trans(dst + 2048 * kk, dsa[kk]);
+      } else {
+        // Element ii sits at query row 8 * (ii / 4) + 2 * t4 + ii % 2 and KV row
+        // 16 * warp + g + 8 * ((ii / 2) % 2); the swizzle XOR reads the query row mod 8 only, so
+        // its offset is base[ii % 4] + 1024 * (ii / 4). Four bases and immediate offsets, where
+        // computing each address (the compiler hoists them) held 32 64-bit addresses and spilled.
+        u32 base[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          base[e] = sw128_byte_offset(2 * t4 + e % 2, (16 * warp + g + 8 * (e / 2)) * 2);
+        }
+#pragma unroll
+        for (int ii = 0; ii < kBlockM / 2; ++ii) {
+          const u32 word = dsa[ii / 8][(ii % 8) / 2];
+          const u16 half = static_cast<u16>(ii % 2 == 0 ? word & 0xffffu : word >> 16);
+          *reinterpret_cast<u16*>(ds_block + base[ii % 4] + 1024 * (ii / 4)) = half;
+        }
+      }
+      fence_proxy_async_shared();
+      sync_mma_warpgroups();
+
+      dkv_mma(dk, dv, pa, dsa, q_tile, do_tile);
+      float dq[32];
+      dq_mma(dq, smem, wg);
+      // After a segment's last dQ MMA K/V are free (kEarlyKv: the next segment's load overlaps
+      // the dQ hand-off and the dK/dV stores); then Q/dO stage s and its task slot are.
+      if (kEarlyKv && tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
+      mbarrier_arrive(&bars->q_empty[s]);
+      hand_off_dq(dq, smem, bars, s, use, me);
+
+      if (t.seg_end) {
+        if constexpr (kGqa) {
+          add_dkv_in_rank_order(p, t, dk, dv, me);
+        } else {
+          store_dkv(p, t, dk, dv, group, me);
+        }
+        if (!kEarlyKv && tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
+        ++segment;
+      }
+    }
+  }
+
+  // Stage 1. S^T = K Q^T and dP^T = V dO^T (this warpgroup's 64 KV rows x kBlockM query rows),
+  // K-major operands, in one commit group that stage 3 waits for.
+  __device__ static __forceinline__ void issue_scores(float (&st)[kBlockM / 2],
+                                                      float (&dpt)[kBlockM / 2], const char* smem,
+                                                      const char* q_tile, const char* do_tile,
+                                                      int wg) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 16; ++k) {
+      wgmma_ss<kIn, kBlockM>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
+                             tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
+    }
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 16; ++k) {
+      wgmma_ss<kIn, kBlockM>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
+                             tile_desc_k_major(do_tile, kBlockM, 0, k), k > 0);
+    }
+    wgmma_commit_group();
+  }
+
+  // Stage 2. The task's per-column (query row) softmax statistics, lse (as log2) then D, in
+  // shared memory (in registers they would cost 32 per thread and spill): with kStagedStats the
+  // producer's copy that landed with Q and dO; else this warpgroup loads them into its own
+  // buffer while the score MMAs run.
+  __device__ static __forceinline__ const float* task_stats(const BwdParams& p, const Task& t,
+                                                            char* smem, int s,
+                                                            const MmaThread& me) {
+    float* stats = reinterpret_cast<float*>(smem + kOffStats) + (kStagedStats ? s : me.wg) * 2 * kBlockM;
+    if constexpr (!kStagedStats) {
+      // 128 threads, 2 * kBlockM values: lse (as log2) then D for each query row.
+#pragma unroll
+      for (int v = me.tid % 128; v < 2 * kBlockM; v += 128) {
+        const int r = v % kBlockM, row = t.m * kBlockM + r;
+        const i64 idx = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.seqlen_q + row;
+        if (v < kBlockM) {
+          stats[r] = lse_log2(row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF);
+        } else {
+          stats[kBlockM + r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
+        }
+      }
+      named_barrier_sync(static_cast<u32>(Sm90Barrier::kStats0) + me.wg, 128);
+    }
+    return stats;
+  }
+
+  // kDsStmatrix: dsa[kk] holds four 8x8 blocks of dS^T in the fragment layout (KV rows
+  // 16 * warp + 0..7 and + 8..15, by query rows 16 kk + 0..7 and + 8..15), and one transposing
+  // stmatrix writes them as dS rows. Lane l gives the address of query row 8 (l / 16) + l % 8
+  // (16 kk further is 2048 bytes on), KV rows from 16 * warp + 8 ((l / 8) % 2), in the
+  // 128B-swizzled block of this warpgroup's 64 KV columns.
+  __device__ static __forceinline__ u32 ds_row_address(const char* block, int warp, int lane) {
+    const u32 row = 8 * (lane / 16) + lane % 8;
+    return shared_address(block) + sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
+  }
+
+  // Stage 5. dV += P^T dO and dK += dS^T Q, A from registers, B MN-major (head_dim contiguous).
+  // Retired before dQ's accumulator is allocated: issuing dQ behind them without a wait kept
+  // the P^T / dS^T fragments live and measured 1.5-4% slower (docs/perf-notes.md, v3.4).
+  __device__ static __forceinline__ void dkv_mma(float (&dk)[kHeadDim / 2],
+                                                 float (&dv)[kHeadDim / 2],
+                                                 const u32 (&pa)[kBlockM / 16][4],
+                                                 const u32 (&dsa)[kBlockM / 16][4],
+                                                 const char* q_tile, const char* do_tile) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      const u64 b_do = wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
+                                                 kBlockM * 128);
+      rs_mma(dv, pa[kk], b_do);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      const u64 b_q = wgmma_desc_mn_major_sw128(q_tile + kk * kSw128MnMajorKStepBytes,
+                                                kBlockM * 128);
+      rs_mma(dk, dsa[kk], b_q);
+    }
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+  }
 
   // dV += P^T dO / dK += dS^T Q: one k16 step, N = head_dim, B MN-major.
   __device__ static void rs_mma(float (&acc)[kHeadDim / 2], const u32 (&a)[4], u64 desc_b) {
@@ -392,6 +660,47 @@ struct AttnBwdSm90 {
     } else {
       wgmma_rs<kIn, 64, 1>(acc, a, desc_b, true);
     }
+  }
+
+  // Stage 6. dQ = dS K, A = dS K-major, B = K MN-major: this warpgroup's 64x64 share
+  // (kDqSplit), retired on return.
+  __device__ static __forceinline__ void dq_mma(float (&dq)[32], const char* smem, int wg) {
+    constexpr int kDqSteps = kDqByKv ? kBlockN / 32 : kBlockN / 16;
+    const char* ds_tile = smem + kOffDs;
+    const int k0 = kDqByKv ? wg * kDqSteps : 0;
+    const int a_row0 = kDqSplit == DqSplit::kRows ? 64 * wg : 0;
+    const char* k_block = smem + kOffK + (kDqSplit == DqSplit::kColumns ? wg * kBlockN * 128 : 0);
+#pragma unroll
+    for (int j = 0; j < kDqSteps; ++j) {
+      const int k = k0 + j;
+      const u64 a_ds = tile_desc_k_major(ds_tile, kBlockM, a_row0, k);
+      const u64 b_k = wgmma_desc_mn_major_sw128(k_block + k * kSw128MnMajorKStepBytes,
+                                                kBlockN * 128);
+      wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, b_k, j > 0);
+    }
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+  }
+
+  // Stage 7. The dQ partial to the writer warp through buffer s, once it has taken the stage's
+  // previous one.
+  __device__ static __forceinline__ void hand_off_dq(const float (&dq)[32], char* smem, Bars* bars,
+                                                     int s, int use, const MmaThread& me) {
+    float* dq_buf = reinterpret_cast<float*>(smem + kOffDq + s * kDqBytes);
+    if (!kDqByKv || me.wg == 0) mbarrier_wait_parity(&bars->dq_empty[s], (use & 1) ^ 1);
+    if constexpr (kDqByKv) {
+      // Warpgroup 0 stores its partial, then warpgroup 1 adds its own onto it: P0 + P1 in
+      // that order for every element, whatever the timing.
+      if (me.wg == 0) store_dq(dq_buf, dq, 0, me.warp, me.g, me.t4);
+      sync_mma_warpgroups();
+      if (me.wg == 1) add_dq(dq_buf, dq, me.warp, me.g, me.t4);
+    } else if constexpr (kDqSplit == DqSplit::kRows) {
+      store_dq(dq_buf + 64 * me.wg * kHeadDim, dq, 0, me.warp, me.g, me.t4);
+    } else {
+      store_dq(dq_buf, dq, 64 * me.wg, me.warp, me.g, me.t4);
+    }
+    fence_proxy_async_shared();
+    mbarrier_arrive(&bars->dq_full[s]);
   }
 
   // A 64x64 dQ accumulator fragment into the fp32 buffer (rows of kHeadDim, accum_col layout,
@@ -420,253 +729,54 @@ struct AttnBwdSm90 {
     }
   }
 
-  // GQA: the query heads of a group add their dK/dV into one fp32 tile, in dkv_rank order. One
-  // thread waits for this segment's turn; both MMA warpgroups add their 64 rows with plain
-  // atomic adds (exclusive while the turn is ours, so the order of the sum is the rank order);
-  // after a fence the same thread passes the turn on.
+  // Segment end. dK (scaled through dS) and dV of this warpgroup's 64 KV rows, straight to
+  // global memory in the inputs' 16-bit type.
+  __device__ static __forceinline__ void store_dkv(const BwdParams& p, const Task& t,
+                                                   const float (&dk)[kHeadDim / 2],
+                                                   const float (&dv)[kHeadDim / 2], int group,
+                                                   const MmaThread& me) {
+    const int hk = t.h / group;
+    T* dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+    T* dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+#pragma unroll
+    for (int ii = 0; ii < kHeadDim / 2; ii += 2) {
+      const int row = 16 * me.warp + me.g + 8 * ((ii / 2) % 2);
+      const int key = t.n * kBlockN + 64 * me.wg + row;
+      const int col = 8 * (ii / 4) + 2 * me.t4;
+      if (key < p.seqlen_k) {
+        const i64 off = static_cast<i64>(key) * p.k_row_stride + col;
+        *reinterpret_cast<u32*>(dk_out + off) = Element<T>::pack(dk[ii], dk[ii + 1]);
+        *reinterpret_cast<u32*>(dv_out + off) = Element<T>::pack(dv[ii], dv[ii + 1]);
+      }
+    }
+  }
+
+  // Segment end under GQA: the query heads of a group add their dK/dV into one fp32 tile, in
+  // dkv_rank order. One thread waits for this segment's turn; both MMA warpgroups add their 64
+  // rows with plain atomic adds (exclusive while the turn is ours, so the order of the sum is
+  // the rank order); after a fence the same thread passes the turn on.
   __device__ static void add_dkv_in_rank_order(const BwdParams& p, const Task& t,
                                                const float (&dk)[kHeadDim / 2],
-                                               const float (&dv)[kHeadDim / 2], int wg, int tid) {
-    const int warp = (tid % 128) / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
+                                               const float (&dv)[kHeadDim / 2],
+                                               const MmaThread& me) {
     const int hk = t.h / (p.heads_q / p.heads_kv);
     u32* counter = p.dkv_counters + (t.b * p.heads_kv + hk) * p.num_n_blocks + t.n;
-    if (kDeterministic && tid == 0) wait_counter_equals(counter, static_cast<u32>(t.dkv_rank));
-    named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
+    if (kDeterministic && me.tid == 0) wait_counter_equals(counter, static_cast<u32>(t.dkv_rank));
+    sync_mma_warpgroups();
     // Padded rows (keys past seqlen_k) carry zeros into the padded accumulator rows.
     const i64 tile = (static_cast<i64>(t.b * p.heads_kv + hk) * p.num_n_blocks + t.n) * kBlockN;
-    float* dk_acc = p.dk_accum + (tile + 64 * wg) * kHeadDim;
-    float* dv_acc = p.dv_accum + (tile + 64 * wg) * kHeadDim;
+    float* dk_acc = p.dk_accum + (tile + 64 * me.wg) * kHeadDim;
+    float* dv_acc = p.dv_accum + (tile + 64 * me.wg) * kHeadDim;
 #pragma unroll
     for (int ii = 0; ii < kHeadDim / 2; ++ii) {
-      const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
-      const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);  // row-major: swizzled addresses spill
+      const int row = 16 * me.warp + me.g + 8 * ((ii / 2) % 2);
+      const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);  // row-major: swizzled addresses spill
       atomicAdd(dk_acc + row * kHeadDim + col, dk[ii]);
       atomicAdd(dv_acc + row * kHeadDim + col, dv[ii]);
     }
     __threadfence();
-    named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
-    if (kDeterministic && tid == 0) atomic_fetch_add_relaxed_gpu(counter, 1u);
-  }
-
-  // kDsStmatrix: dsa[kk] holds four 8x8 blocks of dS^T in the fragment layout (KV rows
-  // 16 * warp + 0..7 and + 8..15, by query rows 16 kk + 0..7 and + 8..15), and one transposing
-  // stmatrix writes them as dS rows. Lane l gives the address of query row 8 (l / 16) + l % 8
-  // (16 kk further is 2048 bytes on), KV rows from 16 * warp + 8 ((l / 8) % 2), in the
-  // 128B-swizzled block of this warpgroup's 64 KV columns.
-  __device__ static __forceinline__ u32 ds_row_address(const char* block, int warp, int lane) {
-    const u32 row = 8 * (lane / 16) + lane % 8;
-    return shared_address(block) + sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
-  }
-
-  __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
-                                 int wg, int tid) {
-    // tid counts both MMA warpgroups (0..255); fragment rows use the warp within this warpgroup.
-    const int warp = (tid % 128) / 32, lane = tid % 32;
-    const int g = lane >> 2, t4 = lane & 3;
-    const int group = p.heads_q / p.heads_kv;
-    const float scale_log2 = p.softmax_scale * kLog2e;
-    const int causal_offset = p.seqlen_k - p.seqlen_q;
-    float dk[kHeadDim / 2], dv[kHeadDim / 2];  // m64n128 accumulators: this warpgroup's 64 KV rows
-    int segment = 0;
-
-    for (int i = begin; i < end; ++i) {
-      const int s = (i - begin) % kStages, use = (i - begin) / kStages;
-      mbarrier_wait_parity(&bars->q_full[s], use & 1);
-      const Task t = load_task_slot(reinterpret_cast<const Task*>(smem + kOffTask) + s);
-      if (t.seg_start) {
-        mbarrier_wait_parity(&bars->kv_full, segment & 1);
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 2; ++j) dk[j] = dv[j] = 0.f;
-      }
-      const char* q_tile = smem + kOffQ + s * kQBytes;
-      const char* do_tile = smem + kOffDo + s * kQBytes;
-
-      // S^T and dP^T (64 KV rows of this warpgroup x kBlockM query rows), K-major operands.
-      float st[kBlockM / 2], dpt[kBlockM / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_ss<kIn, kBlockM>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
-                          tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
-      }
-#pragma unroll
-      for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_ss<kIn, kBlockM>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
-                          tile_desc_k_major(do_tile, kBlockM, 0, k), k > 0);
-      }
-      wgmma_commit_group();
-
-      // Per-column (query row) softmax statistics in shared memory (in registers they would
-      // cost 32 per thread and spill): with kStagedStats the producer's copy that landed with
-      // Q and dO; else this warpgroup loads them into its own buffer while the MMAs run.
-      float* stats = reinterpret_cast<float*>(smem + kOffStats) + (kStagedStats ? s : wg) * 2 * kBlockM;
-      if constexpr (!kStagedStats) {
-        // 128 threads, 2 * kBlockM values: lse (as log2) then D for each query row.
-#pragma unroll
-        for (int v = tid % 128; v < 2 * kBlockM; v += 128) {
-          const int r = v % kBlockM, row = t.m * kBlockM + r;
-          const i64 idx = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.seqlen_q + row;
-          if (v < kBlockM) {
-            stats[r] = lse_log2(row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF);
-          } else {
-            stats[kBlockM + r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
-          }
-        }
-        named_barrier_sync(static_cast<u32>(Sm90Barrier::kStats0) + wg, 128);
-      }
-
-      // P^T and dS^T in registers, packed to 16-bit A fragments for the RS wgmmas.
-      u32 pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-      wgmma_wait_group<0>();
-      u32 ds_row = 0;  // kDsInLoop: this lane's stmatrix row address in this warpgroup's block
-      if constexpr (kDsInLoop) {
-        // Both warpgroups finished the previous task's dQ MMA (its reads of dS) before this one.
-        named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
-        ds_row = ds_row_address(smem + kOffDs + wg * kBlockM * 128, warp, lane);
-      }
-      // P^T = exp2(S^T * scale - lse), 0 for keys past the end and, under the causal mask, keys
-      // after the query row; dS^T = P^T (dP^T - D) * softmax_scale. Written out in the loop: with
-      // the mask and the exponent in helper functions NVVM orders its index arithmetic differently.
-#pragma unroll
-      for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
-        const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
-        const int key = t.n * kBlockN + 64 * wg + row;
-        float pv[2], ds[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int ii = i2 + e;
-          const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
-          const int qrow = t.m * kBlockM + col;
-          const bool masked = key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
-          pv[e] = masked ? 0.f : exp2f(st[ii] * scale_log2 - stats[col]);
-          ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * p.softmax_scale;
-        }
-        pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
-        dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
-        if constexpr (kDsInLoop) {
-          if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
-        }
-      }
-
-      // dS (query rows x KV columns, K-major for dQ's A operand): this warpgroup writes column
-      // block wg, once both warpgroups have passed the barrier, so the previous task's dQ reads
-      // of the tile are done (kDsInLoop passed it before the softmax loop).
-      if constexpr (!kDsInLoop) {
-        named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
-      }
-      char* ds_tile = smem + kOffDs;
-      char* ds_block = ds_tile + wg * kBlockM * 128;
-      if constexpr (kDsInLoop) {
-        // stored in the softmax loop
-      } else if constexpr (kDsStmatrix) {
-        // ds_row_address written out: through the helper ptxas orders this kernel differently
-        // from the one measured (docs/perf-notes.md, v3.9).
-        const u32 row = 8 * (lane / 16) + lane % 8;
-        const u32 dst = shared_address(ds_block) +
-                        sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
-#pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) stmatrix_x4_trans(dst + 2048 * kk, dsa[kk]);
-      } else {
-        // Element ii sits at query row 8 * (ii / 4) + 2 * t4 + ii % 2 and KV row
-        // 16 * warp + g + 8 * ((ii / 2) % 2); the swizzle XOR reads the query row mod 8 only, so
-        // its offset is base[ii % 4] + 1024 * (ii / 4). Four bases and immediate offsets, where
-        // computing each address (the compiler hoists them) held 32 64-bit addresses and spilled.
-        u32 base[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          base[e] = sw128_byte_offset(2 * t4 + e % 2, (16 * warp + g + 8 * (e / 2)) * 2);
-        }
-#pragma unroll
-        for (int ii = 0; ii < kBlockM / 2; ++ii) {
-          const u32 word = dsa[ii / 8][(ii % 8) / 2];
-          const u16 half = static_cast<u16>(ii % 2 == 0 ? word & 0xffffu : word >> 16);
-          *reinterpret_cast<u16*>(ds_block + base[ii % 4] + 1024 * (ii / 4)) = half;
-        }
-      }
-      fence_proxy_async_shared();
-      named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
-
-      // dV += P^T dO and dK += dS^T Q: B operands MN-major (head_dim contiguous).
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        const u64 b_do = wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
-                                                   kBlockM * 128);
-        rs_mma(dv, pa[kk], b_do);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        const u64 b_q = wgmma_desc_mn_major_sw128(q_tile + kk * kSw128MnMajorKStepBytes,
-                                                  kBlockM * 128);
-        rs_mma(dk, dsa[kk], b_q);
-      }
-      wgmma_commit_group();
-      // Retired before dQ's accumulator is allocated: issuing dQ behind them without a wait kept
-      // the P^T / dS^T fragments live and measured 1.5-4% slower (docs/perf-notes.md, v3.4).
-      wgmma_wait_group<0>();
-      // dQ = dS K, A = dS K-major, B = K MN-major; this warpgroup's 64x64 share (kDqSplit).
-      float dq[32];
-      constexpr bool kByKv = kDqSplit == DqSplit::kKvRows;
-      constexpr int kDqSteps = kByKv ? kBlockN / 32 : kBlockN / 16;
-      const int k0 = kByKv ? wg * kDqSteps : 0;
-      const int a_row0 = kDqSplit == DqSplit::kRows ? 64 * wg : 0;
-      const char* k_block = smem + kOffK + (kDqSplit == DqSplit::kColumns ? wg * kBlockN * 128 : 0);
-#pragma unroll
-      for (int j = 0; j < kDqSteps; ++j) {
-        const int k = k0 + j;
-        const u64 a_ds = tile_desc_k_major(ds_tile, kBlockM, a_row0, k);
-        const u64 b_k = wgmma_desc_mn_major_sw128(k_block + k * kSw128MnMajorKStepBytes,
-                                                  kBlockN * 128);
-        wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, b_k, j > 0);
-      }
-      wgmma_commit_group();
-      wgmma_wait_group<0>();
-      // After a segment's last dQ MMA K/V are free (kEarlyKv: the next segment's load overlaps
-      // the dQ hand-off and the dK/dV stores); then Q/dO stage s and its task slot are.
-      if (kEarlyKv && tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
-      mbarrier_arrive(&bars->q_empty[s]);
-
-      // Hand the dQ partial to the writer through buffer s.
-      float* dq_buf = reinterpret_cast<float*>(smem + kOffDq + s * kDqBytes);
-      if (!kByKv || wg == 0) mbarrier_wait_parity(&bars->dq_empty[s], (use & 1) ^ 1);
-      if constexpr (kByKv) {
-        // Warpgroup 0 stores its partial, then warpgroup 1 adds its own onto it: P0 + P1 in
-        // that order for every element, whatever the timing.
-        if (wg == 0) store_dq(dq_buf, dq, 0, warp, g, t4);
-        named_barrier_sync(static_cast<u32>(Sm90Barrier::kMma), kMmaThreads);
-        if (wg == 1) add_dq(dq_buf, dq, warp, g, t4);
-      } else if constexpr (kDqSplit == DqSplit::kRows) {
-        store_dq(dq_buf + 64 * wg * kHeadDim, dq, 0, warp, g, t4);
-      } else {
-        store_dq(dq_buf, dq, 64 * wg, warp, g, t4);
-      }
-      fence_proxy_async_shared();
-      mbarrier_arrive(&bars->dq_full[s]);
-
-      if (t.seg_end) {
-        if constexpr (kGqa) {
-          add_dkv_in_rank_order(p, t, dk, dv, wg, tid);
-        } else {
-          // dK (scaled through dS) and dV of this warpgroup's 64 KV rows, straight to global.
-          const int hk = t.h / group;
-          T* dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
-          T* dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
-#pragma unroll
-          for (int ii = 0; ii < kHeadDim / 2; ii += 2) {
-            const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
-            const int key = t.n * kBlockN + 64 * wg + row;
-            const int col = 8 * (ii / 4) + 2 * t4;
-            if (key < p.seqlen_k) {
-              const i64 off = static_cast<i64>(key) * p.k_row_stride + col;
-              *reinterpret_cast<u32*>(dk_out + off) = Element<T>::pack(dk[ii], dk[ii + 1]);
-              *reinterpret_cast<u32*>(dv_out + off) = Element<T>::pack(dv[ii], dv[ii + 1]);
-            }
-          }
-        }
-        if (!kEarlyKv && tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
-        ++segment;
-      }
-    }
+    sync_mma_warpgroups();
+    if (kDeterministic && me.tid == 0) atomic_fetch_add_relaxed_gpu(counter, 1u);
   }
 };
 
