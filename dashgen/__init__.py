@@ -1,7 +1,7 @@
 """dashgen: deterministic attention backward for Hopper, with the dQ order as a verified schedule."""
 from __future__ import annotations
 
-__version__ = "0.2.0"
+from .version import __version__
 
 from .caches import clear_caches
 from .schedule.ir import Schedule, ScheduleFormatError, Task

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import __version__
+from .version import __version__
 from .codegen.variants import HEAD_DIMS, backward_tiles
 from .runtime.select import DEFAULT_SM_COUNT, AUTO_SCHEDULES
 from .schedule.builders import (BUILDERS, UnsupportedProblem, balanced_workers, build_schedule,

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from .. import __version__
+from ..version import __version__
 from ..caches import DiskCache, digest, memo
 from .compile import (DEFAULT_ARCH, Cubin, ResourceUsage, compile_kernel, compile_options,
                       nvrtc_version)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import jinja2
 
-from .. import __version__
+from ..version import __version__
 from ..caches import memo
 
 TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"

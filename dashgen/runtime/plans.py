@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..caches import DiskCache, digest, memo
 from ..schedule import builders, ir, verify  # noqa: F401  (loaded before the digest is read)
 from ..schedule.lower import TASK_WORDS, KernelPlan

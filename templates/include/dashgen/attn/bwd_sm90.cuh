@@ -158,7 +158,7 @@ struct AttnBwdSm90 {
   }
 
   // Task i of this worker's tasks [begin, end) of the schedule's table: the one place that reads
-  // the packed TaskEntry format (dashgen.lower). The producer and the dQ writer both walk the
+  // the packed TaskEntry format (dashgen.schedule.lower). The producer and the dQ writer both walk the
   // table through it; the MMA warpgroups read the producer's decoded copy from the stage's slot.
   __device__ static Task decode(const BwdParams& p, int i, int begin, int end) {
     const TaskEntry e = p.tasks[i];
@@ -338,7 +338,7 @@ struct AttnBwdSm90 {
   // ---- dQ converter (kConvertDq) -------------------------------------------------------------
   // The convert kernel's per-row work (AttnConvert) for this worker's share of the tiles: fp32
   // sums in the accum_col layout -> 16-bit dQ rows, the same conversion, so the same bits. The
-  // tiles are dealt to the workers in the order the schedule finishes them (dashgen.runtime),
+  // tiles are dealt to the workers in the order the schedule finishes them (dashgen.runtime.plans.conversion_plan),
   // not by who adds last: a schedule may give one worker the last add of every tile it touches.
   // Chunk j of the worker's share (tile j / kConvChunks) goes through buffer j % 2. Warp 3's
   // lane 0 issues each copy once the tile's sum is final and warp 2 has emptied the buffer, and
@@ -526,7 +526,7 @@ struct AttnBwdSm90 {
         // stored in the softmax loop
       } else if constexpr (kDsStmatrix) {
         // ds_row_address written out: called, it makes ptxas order this kernel differently from
-        // the one measured (docs/perf-notes.md, v3.9).
+        // the one measured (docs/design.md, `ds-stmatrix`).
         const u32 row = 8 * (lane / 16) + lane % 8;
         const u32 dst = shared_address(ds_block) +
                         sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
@@ -630,7 +630,7 @@ struct AttnBwdSm90 {
 
   // Stage 5. dV += P^T dO and dK += dS^T Q, A from registers, B MN-major (head_dim contiguous).
   // Retired before dQ's accumulator is allocated: issuing dQ behind them without a wait kept
-  // the P^T / dS^T fragments live and measured 1.5-4% slower (docs/perf-notes.md, v3.4).
+  // the P^T / dS^T fragments live and measured 1.5-4% slower (docs/design.md, `bwd-dq-after-dkv`).
   __device__ static __forceinline__ void dkv_mma(float (&dk)[kHeadDim / 2],
                                                  float (&dv)[kHeadDim / 2],
                                                  const u32 (&pa)[kBlockM / 16][4],

@@ -6,7 +6,7 @@
 // starting cold in a new CTA. It shares fwd_sm90.cuh's code but not its barrier layout (Q's
 // empty barrier is its own): with one layout for both, the one-tile kernel measured 5-14%
 // slower on the H200 under causal masks, though its PTX differed only in barrier offsets and
-// where the KV tile count is computed (docs/perf-notes.md, v4.3). So the one-tile kernel's PTX
+// where the KV tile count is computed (docs/design.md, `fwd-persistent-layout`). So the one-tile kernel's PTX
 // stays what it was.
 #pragma once
 #include "dashgen/attn/fwd_sm90.cuh"

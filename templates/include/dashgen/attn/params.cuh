@@ -1,5 +1,5 @@
 // dashgen/attn/params.cuh: kernel parameter blocks, passed by value. The host mirrors each one
-// field for field (dashgen/kernels.py); keep the order pointers first, then 32-bit fields.
+// field for field (dashgen/codegen/variants.py); keep the order pointers first, then 32-bit fields.
 #pragma once
 #include "dashgen/types.cuh"
 
