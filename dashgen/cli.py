@@ -188,7 +188,7 @@ def cmd_verify(args: argparse.Namespace) -> None:
 def _emit_problem(args: argparse.Namespace) -> Problem:
     """The problem of `dashgen emit`: the schedule's own mask by default, and the tiles of the
     backward kernel (dashgen.runtime.select.check_kernel_problem refuses others)."""
-    from .codegen.emit import default_mask
+    from .tools.emit import default_mask
     from .runtime.select import check_kernel_problem
 
     if args.mask is None:
@@ -231,7 +231,7 @@ def _out_dir(path: Path) -> Path:
 
 def cmd_emit(args: argparse.Namespace) -> None:
     from .codegen.compile import CompileError
-    from .codegen.emit import GOLDEN_DIR, emit, report_lines, write_golden
+    from .tools.emit import GOLDEN_DIR, emit, report_lines, write_golden
     from .schedule.verify import VerificationError
 
     if args.golden:
@@ -247,8 +247,8 @@ def cmd_emit(args: argparse.Namespace) -> None:
     schedule = _build(args.schedule, problem, workers)
     out = _out_dir(Path(args.out or "dashgen-out"))
     mode = "non-deterministic" if args.nondeterministic else "deterministic"
-    print(f"emit {schedule.name}: {problem.describe()}; {workers} workers; "
-          f"{args.dtype}, {mode}{', GQA' if problem.gqa else ''}")
+    print(f"emit {schedule.name}: {problem.describe()}")
+    print(f"  {workers} workers; {args.dtype}, {mode}{', GQA' if problem.gqa else ''}")
     try:
         emission = emit(schedule, out, dtype=args.dtype, deterministic=not args.nondeterministic)
     except VerificationError as exc:

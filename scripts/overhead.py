@@ -7,7 +7,7 @@ GPU time; the difference is host time the GPU waited for) and a CUDA-graph repla
 only, no launch gaps); then the forward
 through runtime.forward and through attention() under no_grad (forward TFLOP/s).
 
-PYTHONPATH=. python3 scripts/overhead.py [--seqlen 1024] [--causal]
+PYTHONPATH=. python3 scripts/overhead.py [--seqlen 1024] [--causal] [--fused-convert on|off] ...
 """
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from dashgen.runtime import backward as runtime# noqa: E402
-from dashgen.tools.bench import event_ms, median_ms, rounds_ms  # noqa: E402  (the protocol's timing)
+from dashgen.runtime import backward as runtime_backward  # noqa: E402
+from dashgen.runtime import forward as runtime_forward  # noqa: E402
 from dashgen.runtime.op import attention  # noqa: E402
+from dashgen.tools.bench import event_ms, median_ms, rounds_ms  # noqa: E402  (the protocol)
 
-from time_kernels import problem_inputs  # noqa: E402  (scripts/ is on sys.path)
+from time_kernels import (add_override_flags, overrides_from,  # noqa: E402  (scripts/)
+                          problem_inputs)
 
 
 def host_us(fn, calls: int = 50) -> float:
@@ -49,7 +51,7 @@ def hidden_ms(fn, calls: int = 20, sleep_cycles: int = 5_000_000) -> float:
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--seqlen", type=int, default=1024)
     p.add_argument("--hdim", type=int, default=128)
     p.add_argument("--causal", action="store_true")
@@ -57,16 +59,18 @@ def main():
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="also trace 10 autograd.grad calls with torch.profiler: the top host "
                         "ops, and a Chrome trace DIR/trace_autograd.json")
+    add_override_flags(p)
     args = p.parse_args()
+    overrides = overrides_from(args)  # runtime.forward/backward only: attention() takes none
     s, d = args.seqlen, args.hdim
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     schedule = args.schedule or ("symmetric_shift" if args.causal else "shift")
-    batch, heads, q, k, v, do, o, lse, scale = problem_inputs(d, args.causal, s)
+    batch, heads, q, k, v, do, o, lse, scale = problem_inputs(d, args.causal, s, overrides)
     kw = dict(causal=args.causal, softmax_scale=scale, deterministic=True, schedule=schedule,
               num_workers=sms)
 
     def direct():
-        return runtime.backward(do, q, k, v, o, lse, **kw)
+        return runtime_backward.backward(do, q, k, v, o, lse, overrides=overrides, **kw)
 
     def op():
         return torch.ops.dashgen.attention_bwd(do, q, k, v, o, lse, args.causal, scale, True,
@@ -85,13 +89,14 @@ def main():
 
         @staticmethod
         def forward(ctx, q, k, v):
-            o, lse = runtime.forward(q, k, v, causal=args.causal, softmax_scale=scale)
+            o, lse = runtime_forward.forward(q, k, v, causal=args.causal,
+                                             softmax_scale=scale)
             ctx.save_for_backward(q, k, v, o, lse)
             return o
 
         @staticmethod
         def backward(ctx, grad):
-            return runtime.backward(grad.contiguous(), *ctx.saved_tensors, **kw)
+            return runtime_backward.backward(grad.contiguous(), *ctx.saved_tensors, **kw)
 
     out_late = _PreparedInBackward.apply(ql, kl, vl)
 
@@ -121,7 +126,8 @@ def main():
             return attention(q, k, v, causal=args.causal)
 
     def forward_runtime():
-        return runtime.forward(q, k, v, causal=args.causal, softmax_scale=scale)
+        return runtime_forward.forward(q, k, v, causal=args.causal, softmax_scale=scale,
+                                       overrides=overrides)
 
     fwd_flops = 4 * batch * heads * s * s * d / (2 if args.causal else 1)
     flops = 2.5 * fwd_flops

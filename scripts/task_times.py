@@ -16,15 +16,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from dashgen import build_schedule
-from dashgen.runtime import backward as runtime# noqa: E402
+from dashgen import build_schedule  # noqa: E402
+from dashgen.runtime.backward import backward  # noqa: E402
+from dashgen.runtime.select import problem_for  # noqa: E402
 from dashgen.tools.handoffs import handoffs, summarize  # noqa: E402
 
-from time_kernels import kernel_us, problem_inputs  # noqa: E402  (scripts/)
+from time_kernels import (add_override_flags, kernel_us, overrides_from,  # noqa: E402
+                          problem_inputs)
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--hdim", type=int, default=64)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--seqlens", type=int, nargs="+", default=[8192, 16384])
@@ -34,7 +36,9 @@ def main():
     parser.add_argument("--keep", nargs="*", default=[], metavar="SCHEDULE:SEQLEN:WORKERS",
                         help="also save these configurations' stamps (torch.save) under --out")
     parser.add_argument("--out", type=Path, required=True)
+    add_override_flags(parser)
     args = parser.parse_args()
+    overrides = overrides_from(args)
     args.out.mkdir(parents=True, exist_ok=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = []
@@ -43,18 +47,21 @@ def main():
               f"{'add':>6} {'rates':>6} {'finish':>7}")
     print(header)
     for s in args.seqlens:
-        _, _, q, k, v, do, o, lse, scale = problem_inputs(args.hdim, args.causal, s)
+        batch, heads, q, k, v, do, o, lse, scale = problem_inputs(args.hdim, args.causal, s,
+                                                                  overrides)
         for name in args.schedules:
             for workers in args.workers or [sms]:
-                call = lambda trace: runtime.backward(
+                call = lambda trace: backward(
                     do, q, k, v, o, lse, causal=args.causal, softmax_scale=scale,
-                    deterministic=True, schedule=name, num_workers=workers, trace=trace)
+                    deterministic=True, schedule=name, num_workers=workers, trace=trace,
+                    overrides=overrides)
                 main_us = kernel_us(lambda: call(False))["main"]
                 traced_us = kernel_us(lambda: call(True))["main"]
                 *_, trace = call(True)
                 torch.cuda.synchronize()
                 trace = trace.cpu()
-                schedule = build_schedule(name, runtime.problem_of(q, k, args.causal), workers)
+                problem = problem_for(batch, heads, heads, s, s, args.hdim, args.causal)
+                schedule = build_schedule(name, problem, workers)
                 offsets = [0]
                 for tasks in schedule.workers:
                     offsets.append(offsets[-1] + len(tasks))

@@ -2,10 +2,17 @@
 comparing kernel versions inside one device call. The full protocol is `dashgen bench`.
 
 PYTHONPATH=. python3 scripts/time_kernels.py [--seqlens 1024 4096] [--hdims 64 128]
+    [--fused-convert on|off] [--early-kv on|off] [--persistent-forward on|off]
+PYTHONPATH=. python3 scripts/time_kernels.py --compare fused_convert|early_kv|persistent_forward
+
+The --fused-convert, --early-kv and --persistent-forward flags (also used by gpu_check.py,
+overhead.py and task_times.py) replace a per-problem policy of dashgen.runtime.select through
+Overrides; without them the policy decides.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -15,16 +22,39 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from dashgen.runtime import backward as runtime# noqa: E402
+from dashgen.runtime.backward import backward, selection  # noqa: E402
+from dashgen.runtime.forward import forward, forward_variant  # noqa: E402
+from dashgen.runtime.select import Overrides  # noqa: E402
 from dashgen.tools.bench import median_ms  # noqa: E402  (the protocol's timing)
-from dashgen.codegen.variants import SM90_BWD_BLOCK_M, Sm90BwdConfig, sm90_bwd_refusal  # noqa: E402
 
-import backward_options  # noqa: E402  (scripts/, the script's own folder, is on sys.path)
+OVERRIDES = tuple(f.name for f in dataclasses.fields(Overrides))  # each policy select has
+
+
+def add_override_flags(parser: argparse.ArgumentParser) -> None:
+    """--fused-convert, --early-kv, --persistent-forward: on / off replaces select's policy."""
+    group = parser.add_argument_group(
+        "overrides", "replace a per-problem policy of dashgen.runtime.select (default: the "
+                     "policy decides, per configuration)")
+    for name in OVERRIDES:
+        group.add_argument("--" + name.replace("_", "-"), choices=["on", "off"], default=None,
+                           dest=name)
+
+
+def overrides_from(args: argparse.Namespace) -> Overrides:
+    return Overrides(**{name: None if getattr(args, name) is None else getattr(args, name) == "on"
+                        for name in OVERRIDES})
+
+
+def overrides_tag(overrides: Overrides) -> str:
+    """A file-name suffix naming the overrides set: "" or "_fused_convert-off_early_kv-on"."""
+    return "".join(f"_{name}-{'on' if value else 'off'}"
+                   for name, value in dataclasses.asdict(overrides).items() if value is not None)
 
 
 def kernel_us(fn, calls: int = 10) -> dict[str, float]:
-    """Median GPU time of each of the backward's kernels over `calls` calls, in microseconds,
-    keyed preprocess / main / convert (from torch.profiler's CUDA activity)."""
+    """Median GPU time of each of dashgen's kernels over `calls` calls, in microseconds, keyed
+    preprocess / main / convert (the forward's kernel is a "main"), from torch.profiler's CUDA
+    activity."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -42,58 +72,57 @@ def kernel_us(fn, calls: int = 10) -> dict[str, float]:
     return {part: statistics.median(t) for part, t in times.items()}
 
 
-def problem_inputs(d: int, causal: bool, s: int, fwd_kernel: str = "auto"):
+def problem_inputs(d: int, causal: bool, s: int, overrides: Overrides = Overrides()):
     """The ANCHORS.md shapes at one configuration: (batch, heads, q, k, v, do, o, lse, scale)."""
     heads, batch = 2048 // d, 16384 // s
     q, k, v, do = (torch.randn(batch, s, heads, d, device="cuda", dtype=torch.bfloat16)
                    for _ in range(4))
     scale = 1 / math.sqrt(d)
-    o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale, kernel=fwd_kernel)
+    o, lse = forward(q, k, v, causal=causal, softmax_scale=scale, overrides=overrides)
     return batch, heads, q, k, v, do, o, lse, scale
 
 
-def main():
-    parser = argparse.ArgumentParser()
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--seqlens", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--schedules", nargs="+", default=["fa3"])
-    parser.add_argument("--kernel", default="auto", choices=["auto", "mma", "sm90"])
-    parser.add_argument("--fwd-kernel", default="auto", choices=["auto", "mma", "sm90"])
-    backward_options.add_flags(parser)
-    parser.add_argument("--block-m-d64", type=int, choices=[64, 128], default=None,
-                        help="query rows per task of the Hopper backward at head_dim 64 "
-                             "(default: dashgen's, kernels.SM90_BWD_BLOCK_M)")
+    parser.add_argument("--schedules", nargs="+", default=["fa3"],
+                        help="schedules to time (default fa3; auto runs on the worker count it "
+                             "picks, the others on the SM count)")
+    add_override_flags(parser)
     parser.add_argument("--kernels", action="store_true",
                         help="also each deterministic backward kernel's GPU time (profiler)")
-    parser.add_argument("--compare", metavar="OPTION", choices=sorted(runtime.SM90_BWD_OPTIONS),
-                        help="instead: each deterministic backward kernel's GPU time with a "
-                             "runtime.SM90_BWD_OPTIONS option at its default and switched, "
-                             "configuration by configuration")
-    args = parser.parse_args()
-    backward_options.apply(args)
-    if args.block_m_d64 is not None:
-        SM90_BWD_BLOCK_M[64] = args.block_m_d64
+    parser.add_argument("--compare", choices=OVERRIDES,
+                        help="instead: the kernels' GPU time with the policy's pick and with it "
+                             "switched through Overrides, configuration by configuration")
+    return parser
+
+
+def main():
+    args = build_parser().parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if args.compare:
-        compare(args, sms)
+        compare(args.compare, args, sms)
         return
+    overrides = overrides_from(args)
     print(f"{'config':<32} {'schedule':<16} {'fwd TF/s':>9} {'bwd det':>9} {'bwd nondet':>10}")
     for d in args.hdims:
         for causal in (False, True):
             for s in args.seqlens:
                 batch, heads, q, k, v, do, o, lse, scale = problem_inputs(d, causal, s,
-                                                                          args.fwd_kernel)
+                                                                          overrides)
                 flops = 4 * batch * heads * s * s * d / (2 if causal else 1)
-                fwd = median_ms(lambda: runtime.forward(q, k, v, causal=causal, softmax_scale=scale,
-                                                         kernel=args.fwd_kernel),
-                                3, 10)
+                fwd = median_ms(lambda: forward(q, k, v, causal=causal, softmax_scale=scale,
+                                                overrides=overrides), 3, 10)
                 for name in args.schedules:
                     if name == "shift" and causal or name == "symmetric_shift" and not causal:
                         continue
-                    calls = [lambda det=det: runtime.backward(
+                    # Named worker-dependent schedules need their count; auto picks its own.
+                    workers = None if name == "auto" else sms
+                    calls = [lambda det=det: backward(
                         do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                        deterministic=det, schedule=name, num_workers=sms, kernel=args.kernel)
-                        for det in (True, False)]
+                        deterministic=det, schedule=name, num_workers=workers,
+                        overrides=overrides) for det in (True, False)]
                     res = [median_ms(call, 3, 10) for call in calls]
                     tag = f"d{d} {'causal' if causal else 'full'} s{s} b{batch} h{heads}"
                     parts = ""
@@ -107,40 +136,45 @@ def main():
                           f"{parts}", flush=True)
 
 
-def compare(args, sms: int) -> None:
-    """Main-kernel and total kernel time of the deterministic backward, option at its default
-    and switched, on the same inputs (the auto schedule's order: shift / symmetric_shift)."""
-    name = args.compare
-    setting = runtime.SM90_BWD_OPTIONS[name]
-    print(f"{name}: dashgen's default -> switched")
-    print(f"{'config':<28} {'main us':>9} {'switched':>9} {'ratio':>6} {'all us':>8} "
+def picked(name: str, q, k, causal: bool, sms: int) -> bool:
+    """What select's policy `name` picks for these inputs (deterministic, schedule auto)."""
+    shapes, dtype = (tuple(q.shape), tuple(k.shape)), "bf16"
+    if name == "persistent_forward":
+        return forward_variant(*shapes, dtype, causal, sms, Overrides()).persistent
+    sel = selection(*shapes, dtype, causal, True, False, "auto", None, sms, Overrides())
+    return getattr(sel.backward, name)
+
+
+def compare(name: str, args, sms: int) -> None:
+    """The kernels' GPU time with select's pick for `name` and with it switched, on the same
+    inputs: the forward kernel for persistent_forward, the deterministic backward's kernels
+    (auto schedule) for fused_convert and early_kv."""
+    print(f"{name}: select's pick -> switched (Overrides)")
+    print(f"{'config':<24} {'pick':>5} {'main us':>9} {'switched':>9} {'ratio':>6} {'all us':>8} "
           f"{'switched':>9} {'ratio':>6}")
     for d in args.hdims:
-        # None in SM90_BWD_OPTIONS: the config's own default at this head_dim.
-        default = getattr(Sm90BwdConfig("bf16", d, False), name) if setting is None else setting
-        refusal = (sm90_bwd_refusal(d, False, **{name: default})
-                   or sm90_bwd_refusal(d, False, **{name: not default}))
-        if refusal:
-            print(f"d{d}: {refusal}")
-            continue
-        print(f"d{d}: {name} {default} -> {not default}")
         for causal in (False, True):
             for s in args.seqlens:
                 _, _, q, k, v, do, o, lse, scale = problem_inputs(d, causal, s)
-                schedule = "symmetric_shift" if causal else "shift"
+                pick = picked(name, q, k, causal, sms)
                 times = []
-                for value in (default, not default):
-                    runtime.SM90_BWD_OPTIONS[name] = value
-                    times.append(kernel_us(lambda: runtime.backward(
-                        do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                        deterministic=True, schedule=schedule, num_workers=sms,
-                        kernel=args.kernel)))
-                runtime.SM90_BWD_OPTIONS[name] = setting
+                for value in (pick, not pick):
+                    overrides = Overrides(**{name: value})
+                    if name == "persistent_forward":
+                        call = lambda: forward(q, k, v, causal=causal, softmax_scale=scale,
+                                               overrides=overrides)
+                    else:
+                        call = lambda: backward(do, q, k, v, o, lse, causal=causal,
+                                                softmax_scale=scale, deterministic=True,
+                                                schedule="auto", num_workers=None,
+                                                overrides=overrides)
+                    times.append(kernel_us(call))
                 main = [t["main"] for t in times]
                 total = [sum(t.values()) for t in times]
                 tag = f"d{d} {'causal' if causal else 'full'} s{s}"
-                print(f"{tag:<28} {main[0]:>9.1f} {main[1]:>9.1f} {main[1] / main[0]:>6.3f} "
-                      f"{total[0]:>8.1f} {total[1]:>9.1f} {total[1] / total[0]:>6.3f}", flush=True)
+                print(f"{tag:<24} {'on' if pick else 'off':>5} {main[0]:>9.1f} {main[1]:>9.1f} "
+                      f"{main[1] / main[0]:>6.3f} {total[0]:>8.1f} {total[1]:>9.1f} "
+                      f"{total[1] / total[0]:>6.3f}", flush=True)
 
 
 if __name__ == "__main__":

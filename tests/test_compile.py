@@ -1,5 +1,6 @@
 """CPU tests of render -> compile -> cache: every probe builds for sm_90a with no spills and no
-ptxas slow-path diagnostics, errors carry the NVRTC log, and the cubin cache is safe to share."""
+ptxas slow-path diagnostics, errors carry the NVRTC log, int constants read back from the
+cubin, and the cubin cache is safe to share."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,8 @@ import jinja2
 import pytest
 
 from dashgen.codegen.cubins import cache_key, get_or_compile
-from dashgen.codegen.compile import (SETMAXNREG_IGNORED, CompileError, compile_kernel, nvrtc_version,
-                             parse_resource_usage)
+from dashgen.codegen.compile import (SETMAXNREG_IGNORED, CompileError, compile_kernel,
+                                     elf_int_constant, nvrtc_version, parse_resource_usage)
 from dashgen.tools.probes import PROBES, render_probe
 from dashgen.codegen.render import KernelConfig, KernelSource, render
 
@@ -96,6 +97,21 @@ def test_compile_error_carries_log():
     assert info.value.source == "broken_kernel"
     assert "undeclared_thing" in info.value.log and "error" in info.value.log
     assert "undeclared_thing" in str(info.value)
+
+
+def test_cubin_constant_reads_an_int_from_the_symbol_table():
+    source = KernelSource(name="constant_probe", template="(test)", text=(
+        'extern "C" __constant__ int constant_probe_answer = 42;\n'
+        'extern "C" __constant__ int constant_probe_negative = -7;\n'
+        'extern "C" __global__ void constant_probe(int* out) {\n'
+        '  out[0] = constant_probe_answer; out[1] = constant_probe_negative;\n}\n'))
+    cubin = compile_kernel(source)
+    assert cubin.constant("constant_probe_answer") == 42
+    assert cubin.constant("constant_probe_negative") == -7
+    with pytest.raises(KeyError, match="constant_probe_missing"):
+        cubin.constant("constant_probe_missing")
+    with pytest.raises(ValueError, match="not an ELF64 cubin"):
+        elf_int_constant(b"not a cubin at all, just bytes" * 4, "constant_probe_answer")
 
 
 def test_render_rejects_missing_field():

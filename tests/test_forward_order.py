@@ -1,45 +1,148 @@
-"""The persistent forward's tile order under a causal mask (an experiment, off): a mirror in
-Python of fwd_sm90_persistent.cuh's tile_at on runtime.forward_ctas' grid. Every query tile
-once, a head's tiles in one round, and every CTA about as busy as the others."""
+"""The persistent forward's tile order, from the kernel's own code: the header that tells each
+CTA its i-th query tile (templates/include/dashgen/attn/fwd_tile_order.cuh, included by
+fwd_sm90_persistent.cuh) compiled as host code with g++, walked on the grids
+runtime.forward.forward_ctas launches. Every query tile once; under a causal mask a head's tiles
+in one round and every CTA about as busy as the others; under a full mask tile t of the
+m-fastest order on CTA t mod grid."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
 import pytest
 
-from dashgen.runtime.backward import forward_ctas
+from dashgen.codegen.render import include_dir
+
+torch = pytest.importorskip("torch")  # runtime.forward imports torch
+
+from dashgen.runtime.forward import forward_ctas  # noqa: E402
+
+HEADER = "dashgen/attn/fwd_tile_order.cuh"
+KERNEL_HEADER = "dashgen/attn/fwd_sm90_persistent.cuh"
+# The walk over every CTA's tiles; __host__ and __device__ mean nothing to g++.
+DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "dashgen/attn/fwd_tile_order.cuh"
+
+// The fields of FwdParams the order reads, and the grid as the kernel's builtins give it.
+struct Params {
+  int batch, heads_q, seqlen_q;
+};
+struct Grid {
+  unsigned cta_index, ctas;
+  unsigned cta() const { return cta_index; }
+  unsigned num_ctas() const { return ctas; }
+};
+
+template <bool kCausal>
+static void walk(int num_m, int heads_q, int batch, int ctas) {
+  constexpr int kBlockM = 128;
+  const Params p{batch, heads_q, num_m * kBlockM - 1};  // a partial last tile counts as one
+  for (int cta = 0; cta < ctas; ++cta) {
+    std::printf("cta");
+    for (int i = 0;; ++i) {
+      const dashgen::FwdTile t = dashgen::fwd_persistent_tile<kCausal, kBlockM>(
+          p, Grid{static_cast<unsigned>(cta), static_cast<unsigned>(ctas)}, i);
+      if (t.m < 0) break;
+      std::printf(" %d,%d,%d", t.b, t.h, t.m);
+    }
+    std::printf("\n");
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc != 6) return 2;
+  const int num_m = std::atoi(argv[2]), heads_q = std::atoi(argv[3]);
+  const int batch = std::atoi(argv[4]), ctas = std::atoi(argv[5]);
+  if (std::atoi(argv[1])) walk<true>(num_m, heads_q, batch, ctas);
+  else walk<false>(num_m, heads_q, batch, ctas);
+  return 0;
+}
+"""
+
+needs_header = pytest.mark.skipif(
+    not (include_dir() / HEADER).is_file() or shutil.which("g++") is None,
+    reason=f"needs g++ and templates/include/{HEADER} (the persistent forward's tile order as "
+           f"host-compilable code)")
 
 
-def causal_order(m_tiles: int, heads: int, ctas: int) -> list[list[tuple[int, int]]]:
-    """Per CTA its (head, m) tiles, as tile_at gives them round after round."""
-    per_round = ctas // m_tiles
-    rounds = -(-heads // per_round)
-    stride = max(1, m_tiles // rounds)
-    out = []
-    for c in range(ctas):
-        tiles = []
-        for i in range(rounds):
-            bh = i * per_round + c // m_tiles
-            if bh >= heads:
-                break
-            tiles.append((bh, m_tiles - 1 - (c + i * stride) % m_tiles))
-        out.append(tiles)
-    return out
+@pytest.fixture(scope="module")
+def tile_order(tmp_path_factory):
+    """tiles(causal, num_m, heads_q, batch, ctas) -> per CTA its (batch, head, m) tiles, in the
+    order the kernel's header gives them."""
+    folder = tmp_path_factory.mktemp("tile_order")
+    (folder / "walk.cpp").write_text(DRIVER)
+    binary = folder / "walk"
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Werror", "-D__host__=",
+                           "-D__device__=", f"-I{include_dir()}", str(folder / "walk.cpp"),
+                           "-o", str(binary)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{HEADER} does not compile as host code:\n{proc.stderr}"
+
+    def tiles(causal, num_m, heads_q, batch, ctas):
+        out = subprocess.run([str(binary), str(int(causal)), str(num_m), str(heads_q),
+                              str(batch), str(ctas)], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+        return [[tuple(map(int, t.split(","))) for t in line.split()[1:]]
+                for line in out.splitlines()]
+    return tiles
 
 
-@pytest.mark.parametrize("m_tiles, heads", [
-    (8, 512), (16, 256), (32, 128), (64, 64), (128, 32),   # head_dim 64, 1k .. 16k
-    (8, 256), (128, 16),                                   # head_dim 128, 1k and 16k
-    (5, 3), (7, 40), (132, 1), (1, 1000)])
-def test_every_tile_once_and_the_ctas_evenly_busy(m_tiles, heads):
-    ctas = forward_ctas(m_tiles, heads, 132, causal=True)
-    assert ctas % m_tiles == 0 and 0 < ctas <= 132
-    order = causal_order(m_tiles, heads, ctas)
+@needs_header
+def test_the_kernel_takes_its_order_from_the_header():
+    text = (include_dir() / KERNEL_HEADER).read_text()
+    assert f'#include "{HEADER}"' in text
+    assert "fwd_persistent_tile<kCausal, kBlockM>(" in text
+
+
+# (query tiles a head, query heads, batch): the benchmark's head_dim 64 shapes 1k .. 16k and
+# head_dim 128's 1k and 16k, then odd ones.
+SHAPES = [(8, 32, 16), (16, 32, 8), (32, 32, 4), (64, 32, 2), (128, 32, 1),
+          (8, 16, 16), (128, 16, 1),
+          (5, 3, 1), (7, 8, 5), (132, 1, 1), (1, 1000, 1), (3, 5, 7)]
+
+
+@needs_header
+@pytest.mark.parametrize("num_m, heads_q, batch", SHAPES)
+def test_causal_every_tile_once_and_the_ctas_evenly_busy(tile_order, num_m, heads_q, batch):
+    heads = heads_q * batch
+    ctas = forward_ctas(num_m, heads, 132, causal=True)
+    assert ctas % num_m == 0 and 0 < ctas <= 132
+    order = tile_order(True, num_m, heads_q, batch, ctas)
+    assert len(order) == ctas
     tiles = [t for per_cta in order for t in per_cta]
-    assert sorted(tiles) == [(h, m) for h in range(heads) for m in range(m_tiles)]
+    assert sorted(tiles) == [(b, h, m) for b in range(batch) for h in range(heads_q)
+                             for m in range(num_m)]
+    # Round i hands a group of num_m CTAs one head, all of its tiles at once.
+    for i in range(max(map(len, order))):
+        heads_of_round = {}
+        for cta, per_cta in enumerate(order):
+            if i < len(per_cta):
+                b, h, m = per_cta[i]
+                heads_of_round.setdefault((b, h), []).append(m)
+        assert all(sorted(ms) == list(range(num_m)) for ms in heads_of_round.values())
+    # The first round starts each group's first CTA on its head's longest tile (the last).
+    assert all(order[cta][0][2] == num_m - 1 for cta in range(0, ctas, num_m) if order[cta])
     # A causal tile m visits m + 1 KV tiles (square tiles): the busiest CTA against the mean.
-    loads = [sum(m + 1 for _, m in per_cta) for per_cta in order]
+    loads = [sum(m + 1 for _, _, m in per_cta) for per_cta in order]
     mean = sum(loads) / len(loads)
-    if heads * m_tiles >= 4 * ctas:  # enough rounds to even out (all 20 benchmark shapes)
+    if heads * num_m >= 4 * ctas:  # enough rounds to even out (all 20 benchmark shapes)
         assert max(loads) <= 1.1 * mean, (max(loads), mean)
+
+
+@needs_header
+@pytest.mark.parametrize("num_m, heads_q, batch", SHAPES)
+def test_full_mask_deals_the_m_fastest_order_round_robin(tile_order, num_m, heads_q, batch):
+    heads = heads_q * batch
+    ctas = forward_ctas(num_m, heads, 132, causal=False)
+    order = tile_order(False, num_m, heads_q, batch, ctas)
+    flat = [[(b * heads_q + h) * num_m + m for b, h, m in per_cta] for per_cta in order]
+    assert flat == [list(range(cta, num_m * heads, ctas)) for cta in range(ctas)]
 
 
 def test_full_masks_keep_the_fewest_ctas():
     assert forward_ctas(8, 512, 132, causal=False) == 128
     assert forward_ctas(3, 2, 132, causal=False) == 6
+    assert forward_ctas(133, 1, 132, causal=False) == 67  # 2 tiles each either way
+    assert forward_ctas(8, 512, 132, causal=True) == 128  # 16 heads' tiles a round
+    assert forward_ctas(132, 1, 132, causal=True) == 132

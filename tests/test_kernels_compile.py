@@ -1,274 +1,182 @@
-"""Every canonical attention kernel compiles for sm_90a on the CPU: the forward and the mma.sync
-backward with no spills and no ptxas slow-path diagnostics, the Hopper backward within its known
-register budget; rendering is strict, configs reject what the kernels do not support, and
-backward_config picks the backward that serves a configuration.
+"""Every kernel variant that runs compiles for sm_90a on the CPU: the ones dashgen.runtime.select
+picks on the benchmark's sweep (dashgen.tools.emit.golden_variants) plus the traced, fp16 and
+GQA builds, each without spills, without ptxas's slow-path fallbacks, at the register cap
+setmaxnreg needs, and within the shared memory an sm_90 block may use, as the cubin's own
+constant says. Rendering is strict and the variants refuse what no kernel implements.
 
-Each compile goes to an empty cache folder, so these tests measure real NVRTC compiles.
+The cubins go through the test run's cache folder (tests/conftest.py), so a variant compiled
+here is read, not compiled again, by the tests that load it.
 """
 from __future__ import annotations
 
 import dataclasses
-from itertools import product
 
 import jinja2
 import pytest
 
-from dashgen.codegen.cubins import CACHE_ENV, get_or_compile
 from dashgen.codegen.compile import (SETMAXNREG_IGNORED, WGMMA_ARRIVE_INJECTED, WGMMA_SERIALIZED,
-                             WGMMA_WAIT_INJECTED, compile_kernel)
-from dashgen.codegen.variants import (BLOCK_M, BLOCK_N, BwdConfig, FwdConfig, Sm90BwdConfig,
-                             backward_blocks, backward_config, backward_kind, render_bwd,
-                             render_bwd_sm90, render_fwd)
-from dashgen.codegen.render import KernelConfig, render
+                                     WGMMA_WAIT_INJECTED)
+from dashgen.codegen.cubins import get_or_compile
+from dashgen.tools.emit import golden_variants
+from dashgen.codegen.render import render, render_variant
+from dashgen.codegen.variants import (BACKWARD_CONSTANTS, SM90_MAX_SMEM_BYTES, BackwardVariant,
+                                      ForwardVariant, backward_tiles)
 
-MAX_REGISTERS = 255  # the per-thread ceiling of sm_90; more cannot be allocated at all
-SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_ARRIVE_INJECTED, WGMMA_WAIT_INJECTED)
-DTYPES, HEAD_DIMS = ("bf16", "fp16"), (64, 128)
+from benchmark_picks import all_picked_variants
 
-CONFIGS = (
-    [FwdConfig(dtype, d, causal) for dtype, d, causal in product(DTYPES, HEAD_DIMS, (False, True))]
-    + [BwdConfig(dtype, d, causal, deterministic=det)
-       for dtype, d, causal, det in product(DTYPES, HEAD_DIMS, (False, True), (True, False))]
-    + [BwdConfig("bf16", 128, True, gqa=True),
-       BwdConfig("fp16", 64, False, trace=True),
-       BwdConfig("bf16", 128, True, deterministic=False, gqa=True, trace=True)]
-)
+# setmaxnreg needs the register cap at entry: 65536 / 384 threads, rounded down to 8.
+ENTRY_REGISTERS = 168
+# Fallbacks that cost the main loop its overlap: never accepted.
+SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
+
+B, F = BackwardVariant, ForwardVariant
+EXTRA_VARIANTS = [
+    # trace=True (the GPU tests' trace = IR check), with and without the per-problem options
+    B("bf16", 128, True, trace=True),
+    B("fp16", 64, False, trace=True),
+    B("bf16", 64, True, fused_convert=True, early_kv=True, trace=True),
+    # GQA / MQA: dK/dV summed in dkv_rank order
+    B("bf16", 128, True, gqa=True),
+    B("bf16", 128, False, deterministic=False, gqa=True),
+    B("bf16", 64, False, gqa=True, fused_convert=True, early_kv=True),
+    B("bf16", 64, True, deterministic=False, gqa=True, early_kv=True),
+    # fp16: the same templates with f16 wgmma inputs
+    B("fp16", 128, True),
+    B("fp16", 128, False, deterministic=False),
+    B("fp16", 64, True, gqa=True, fused_convert=True),
+    F("fp16", 64, False),
+    F("fp16", 128, True, persistent=True),
+]
+GOLDEN_VARIANTS = golden_variants()
+VARIANTS = list(dict.fromkeys([*GOLDEN_VARIANTS, *EXTRA_VARIANTS]))
 
 
-def _source(cfg):
-    if isinstance(cfg, Sm90BwdConfig):
-        return render_bwd_sm90(cfg)
-    return render_bwd(cfg) if isinstance(cfg, BwdConfig) else render_fwd(cfg)
+@pytest.fixture(scope="module")
+def compiled():
+    """variant -> cubin, each compiled once for the module (through the disk cache)."""
+    cache = {}
+
+    def get(variant):
+        if variant not in cache:
+            cache[variant] = get_or_compile(render_variant(variant))[0]
+        return cache[variant]
+    return get
 
 
-@pytest.fixture(autouse=True)
-def empty_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+def test_golden_variants_are_what_the_benchmark_runs():
+    """select, with its verified plans, picks exactly the table's variants on the sweep
+    (tests/benchmark_picks.py), and none of the extras compiled here."""
+    assert set(GOLDEN_VARIANTS) == all_picked_variants()
+    assert not set(GOLDEN_VARIANTS) & set(EXTRA_VARIANTS)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda cfg: cfg.kernel_name)
-def test_kernel_compiles_without_spills_or_slow_paths(cfg):
-    source = _source(cfg)
-    cubin, cached = get_or_compile(source)
-    assert not cached, "the test cache folder must start empty"
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.kernel_name)
+def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
+    cubin = compiled(variant)
+    name = variant.kernel_name
     assert cubin.data[:4] == b"\x7fELF"
     assert "--gpu-architecture=sm_90a" in cubin.options
-    assert source.name in cubin.resources, cubin.log
-    for name, usage in cubin.resources.items():
-        assert usage.spill_bytes == 0, f"{name} spills {usage.spill_bytes} bytes:\n{cubin.log}"
-        assert usage.warnings == (), f"{name}: {usage.warnings}"
+    expected = {name}
+    if isinstance(variant, BackwardVariant):
+        expected |= {f"{name}_preprocess", f"{name}_convert"}
+    assert set(cubin.resources) == expected, cubin.log
+    for function, usage in cubin.resources.items():
+        assert usage.spill_bytes == 0, f"{function} spills {usage.spill_bytes} bytes:\n{cubin.log}"
+        assert usage.stack_frame_bytes == 0, f"{function}: {usage.stack_frame_bytes} B stack"
         assert not any(usage.has_warning(code) for code in SLOW_PATHS), usage.warnings
-    assert cubin.warnings == (), cubin.log
-    assert cubin.resources[source.name].registers <= MAX_REGISTERS, cubin.log
-    if isinstance(cfg, BwdConfig):
-        expected = {source.name, f"{source.name}_preprocess", f"{source.name}_convert"}
-        assert set(cubin.resources) == expected
+    main = cubin.resources[name]
+    assert main.registers == ENTRY_REGISTERS, cubin.log
+    # Where dS reaches the dK MMA from registers (no ds_stmatrix: head_dim 64, full mask,
+    # docs/design.md ds-stmatrix), ptxas injects a warpgroup.arrive before those wgmmas; it says
+    # so, and nothing else, there alone.
+    arrive = isinstance(variant, BackwardVariant) and not variant.ds_stmatrix
+    assert main.has_warning(WGMMA_ARRIVE_INJECTED) == arrive, main.warnings
+    assert all(WGMMA_ARRIVE_INJECTED in w for w in main.warnings), main.warnings
+    for function, usage in cubin.resources.items():
+        if function != name:
+            assert usage.warnings == (), usage.warnings
 
 
-@pytest.mark.parametrize("cfg", [FwdConfig("bf16", 128, True), BwdConfig("fp16", 64, False),
-                                 Sm90BwdConfig("bf16", 128, True)],
-                         ids=["fwd", "bwd", "bwd_sm90"])
-def test_rendered_header_says_do_not_edit_and_names_template(cfg):
-    source = _source(cfg)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.kernel_name)
+def test_the_cubin_says_how_much_shared_memory_its_main_kernel_takes(variant, compiled):
+    cubin = compiled(variant)
+    smem = cubin.constant(variant.smem_symbol)
+    assert variant.smem_symbol == f"{variant.kernel_name}_smem_bytes"
+    # More than the tiles of Q it stages at the very least, no more than a block may opt into.
+    assert variant.block_m * variant.head_dim * 2 < smem <= SM90_MAX_SMEM_BYTES
+
+
+@pytest.mark.parametrize("variant", [F("bf16", 128, True), B("fp16", 64, False, gqa=True),
+                                     B("bf16", 128, True, fused_convert=True, early_kv=True)],
+                         ids=["fwd", "bwd", "bwd-options"])
+def test_rendered_header_says_do_not_edit_and_names_template(variant):
+    source = render_variant(variant)
     first, second = source.text.splitlines()[:2]
     assert first.startswith("// generated by dashgen ") and first.endswith("-- do not edit")
-    assert f"from templates/{source.template}" in first
-    assert source.template == {FwdConfig: "attn_fwd.cu.j2", BwdConfig: "attn_bwd.cu.j2",
-                               Sm90BwdConfig: "attn_bwd_sm90.cu.j2"}[type(cfg)]
-    assert second == f"// kernel {source.name}: {cfg!r}"
+    assert f"from templates/{variant.template}" in first
+    assert source.template == variant.template
+    assert second == f"// kernel {source.name}: {variant!r}"
+    assert source.name == variant.kernel_name
     assert "{{" not in source.text and "{%" not in source.text
-    assert f"\n{source.name}(" in source.text  # the derived name is the kernel symbol
+    assert f"\n{source.name}(" in source.text  # the name is the kernel symbol
+    assert f"{source.name}_smem_bytes = " in source.text
+
+
+@pytest.mark.parametrize("variant, name", [
+    (B("bf16", 128, True), "dashgen_bwd_bf16_d128_causal_det"),
+    (B("bf16", 128, True, fused_convert=True, early_kv=True),
+     "dashgen_bwd_bf16_d128_causal_det_fconv_ekv"),
+    (B("fp16", 64, False, deterministic=False, gqa=True, early_kv=True, trace=True),
+     "dashgen_bwd_fp16_d64_full_nondet_gqa_ekv_trace"),
+    (F("bf16", 64, False), "dashgen_fwd_bf16_d64_full"),
+    (F("fp16", 128, True, persistent=True), "dashgen_fwd_fp16_d128_causal_persistent"),
+])
+def test_a_variants_name_is_built_from_its_fields(variant, name):
+    assert variant.kernel_name == name
+
+
+def test_the_backward_constants_are_the_tiles_schedules_are_built_in():
+    for (head_dim, causal), constants in BACKWARD_CONSTANTS.items():
+        variant = B("bf16", head_dim, causal)
+        assert (variant.block_m, variant.block_n) == backward_tiles(head_dim)
+        assert (variant.staged_stats, variant.ds_stmatrix) == (constants.staged_stats,
+                                                               constants.ds_stmatrix)
+    assert backward_tiles(64) == (128, 128) and backward_tiles(128) == (64, 128)
+    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 128\), got 96"):
+        backward_tiles(96)
 
 
 @dataclasses.dataclass(frozen=True)
-class _NoCausal(KernelConfig):
-    """BwdConfig without the `causal` field (and its derived properties)."""
+class _Partial:
+    """A config with only some of a variant's fields."""
 
-    prefix = "dashgen_attn_bwd"
     dtype: str = "bf16"
     head_dim: int = 128
-    deterministic: bool = True
-    gqa: bool = False
-    trace: bool = False
-    block_m: int = 64
-    block_n: int = 64
-    cuda_type: str = "__nv_bfloat16"
-    smem_bytes: int = 0
-    params_bytes: int = 0
+    kernel_name: str = "partial"
 
 
-@pytest.mark.parametrize("template", ["attn_bwd.cu.j2", "attn_fwd.cu.j2"])
+@pytest.mark.parametrize("template", [B.template, F.template])
 def test_render_raises_on_a_missing_config_field(template):
-    with pytest.raises(jinja2.UndefinedError, match="causal"):
-        render(template, _NoCausal())
+    with pytest.raises(jinja2.UndefinedError):
+        render(template, _Partial())
 
 
-@pytest.mark.parametrize("config", [FwdConfig, BwdConfig])
-@pytest.mark.parametrize("kwargs,argument", [
-    ({"dtype": "fp32", "head_dim": 128}, "dtype"),
-    ({"dtype": "bf16", "head_dim": 96}, "head_dim"),
-    ({"dtype": "fp16", "head_dim": 256}, "head_dim"),
+@pytest.mark.parametrize("variant", [F, B])
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    (dict(dtype="fp32", head_dim=128), ValueError, r"^dtype must be one of "),
+    (dict(dtype="bf16", head_dim=96), ValueError, r"^head_dim must be one of "),
+    (dict(dtype="fp16", head_dim=256), ValueError, r"^head_dim must be one of "),
 ])
-def test_config_rejects_unsupported_values(config, kwargs, argument):
-    with pytest.raises(ValueError, match=rf"^{argument} must be one of "):
-        config(causal=False, **kwargs)
+def test_variants_refuse_what_no_kernel_implements(variant, kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        variant(causal=False, **kwargs)
 
 
-# The Hopper-native backward: bf16 and fp16, head_dim 64 and 128, GQA or not.
-SM90_CONFIGS = [dict(head_dim=128, causal=c, deterministic=d, trace=t, gqa=False)
-                for c in (False, True) for d in (True, False) for t in (False, True) if d or not t]
-SM90_CONFIGS += [dict(head_dim=128, causal=c, deterministic=True, trace=False, gqa=True)
-                 for c in (False, True)]
-SM90_CONFIGS += [dict(head_dim=64, causal=c, deterministic=d, trace=False, gqa=g)
-                 for c in (False, True) for d in (True, False) for g in (False, True)]
-# The traced build stamps the dQ writer's hand-offs within the producer's 24 registers.
-SM90_CONFIGS += [dict(head_dim=64, causal=c, deterministic=True, trace=True, gqa=False)
-                 for c in (False, True)]
-SM90_CONFIGS = [dict(o, dtype="bf16") for o in SM90_CONFIGS] + [
-    dict(dtype="fp16", head_dim=h, causal=c, deterministic=True, trace=False, gqa=g)
-    for h in (64, 128) for c in (False, True) for g in (False, True)]
-# head_dim 64 with 64-row tasks (the default is 128): still a valid kernel, for A/B runs.
-SM90_CONFIGS += [dict(dtype="bf16", head_dim=64, causal=c, deterministic=True, trace=False,
-                      gqa=False, block_m=64) for c in (False, True)]
-# The double_ds experiment must fit the same budget before it is worth a GPU run; it fits the
-# shared memory where tasks have 64 query rows.
-SM90_CONFIGS += [dict(dtype="bf16", head_dim=128, causal=c, deterministic=d, trace=False,
-                      gqa=g, double_ds=True)
-                 for c in (False, True) for d in (True, False) for g in (False, True)]
-SM90_CONFIGS += [dict(dtype="bf16", head_dim=64, causal=True, deterministic=True, trace=False,
-                      gqa=False, block_m=64, double_ds=True)]
-# first_dq_store off (on by default): every writer adds onto a zeroed accumulator (and the
-# non-deterministic kernel, where the option changes nothing).
-SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=d, trace=False, gqa=False,
-                      first_dq_store=False)
-                 for h in (64, 128) for c in (False, True) for d in (True, False)]
-# overlap_softmax (an experiment, off by default): P^T while dP^T runs, dV before the dS
-# exchange; it must fit the registers without spills or serialized wgmmas before it is timed.
-SM90_CONFIGS += [dict(dtype=t, head_dim=h, causal=c, deterministic=d, trace=False, gqa=g,
-                      overlap_softmax=True)
-                 for t in ("bf16", "fp16") for h in (64, 128) for c in (False, True)
-                 for d in (True, False) for g in (False, True) if not (h == 64 and g)]
-# fused_convert (the runtime's choice per problem): the converter warps run within the producer
-# warpgroup's 24 registers; without the deterministic order the option changes nothing.
-SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=d, trace=False, gqa=g,
-                      fused_convert=True)
-                 for h in (64, 128) for c in (False, True) for d in (True, False)
-                 for g in (False, True)]
-# staged_stats (on by default at head_dim 128, which the default configs above cover): switched
-# off, and on with the other experiments.
-SM90_CONFIGS += [dict(dtype="bf16", head_dim=128, causal=c, deterministic=d, trace=False, gqa=g,
-                      staged_stats=o, overlap_softmax=o, double_ds=o)
-                 for c in (False, True) for d in (True, False) for g in (False, True)
-                 for o in (False, True)]
-
-# early_kv (the runtime's choice per problem, beside fused_convert where that applies).
-SM90_CONFIGS += [dict(dtype="bf16", head_dim=h, causal=c, deterministic=d, trace=False, gqa=g,
-                      early_kv=True, fused_convert=d)
-                 for h in (64, 128) for c in (False, True) for d in (True, False)
-                 for g in (False, True)]
-# ds_stmatrix (on by default at head_dim 128 and at 64 causal, which the default configs cover):
-# at head_dim 64 full and causal (its stores inside the softmax loop), with early_kv and the
-# converter.
-SM90_CONFIGS += [dict(dtype=t, head_dim=64, causal=c, deterministic=d, trace=False, gqa=g,
-                      ds_stmatrix=True, early_kv=c, fused_convert=d)
-                 for t in ("bf16", "fp16") for c in (False, True) for d in (True, False)
-                 for g in (False, True) if not (t == "fp16" and g)]
-
-
-@pytest.mark.parametrize("options", SM90_CONFIGS, ids=lambda o: "-".join(
-    f"{k}{v if isinstance(v, str) else int(v)}" for k, v in o.items()))
-def test_sm90_backward_compiles_within_register_budget(options, tmp_path, monkeypatch):
-    from dashgen.codegen.variants import Sm90BwdConfig, render_bwd_sm90
-
-    monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
-    cfg = Sm90BwdConfig(**options)
-    cubin = compile_kernel(render_bwd_sm90(cfg))
-    main = cubin.resources[cfg.kernel_name]
-    # setmaxnreg needs the register cap at entry: 65536 / 384 threads, rounded down to 8.
-    assert main.registers == 168
-    assert not main.has_warning(SETMAXNREG_IGNORED), "setmaxnreg ignored"
-    assert not main.has_warning(WGMMA_SERIALIZED), "wgmma serialized"
-    assert not main.has_warning(WGMMA_WAIT_INJECTED)
-    assert main.spill_bytes == 0
-    for suffix in ("_preprocess", "_convert"):
-        assert cubin.resources[cfg.kernel_name + suffix].spill_bytes == 0
-
-
-def test_staged_stats_at_head_dim_64_is_refused():
-    from dashgen.codegen.variants import Sm90BwdConfig, sm90_bwd_refusal
-    with pytest.raises(ValueError, match=r"staged_stats spills registers at head_dim 64"):
-        Sm90BwdConfig("bf16", 64, True, staged_stats=True)
-    assert "staged_stats" in sm90_bwd_refusal(64, False, staged_stats=True)
-    assert sm90_bwd_refusal(128, True, staged_stats=True, overlap_softmax=True) is None
-
-
-def test_ds_stmatrix_beside_double_ds_is_refused():
-    from dashgen.codegen.variants import Sm90BwdConfig, sm90_bwd_refusal
-    assert sm90_bwd_refusal(64, True, ds_stmatrix=True, early_kv=True) is None
-    assert "beside double_ds" in sm90_bwd_refusal(128, False, ds_stmatrix=True, double_ds=True)
-    # Its default (None) is on at head_dim 128, and gives way to double_ds there.
-    assert Sm90BwdConfig("bf16", 128, False).ds_stmatrix
-    assert not Sm90BwdConfig("bf16", 128, False, double_ds=True).ds_stmatrix
-    assert not Sm90BwdConfig("bf16", 64, False).ds_stmatrix
-    assert Sm90BwdConfig("bf16", 64, True).ds_stmatrix
-    # At head_dim 64 it gives way to overlap_softmax too, and the pair is refused.
-    assert not Sm90BwdConfig("bf16", 64, True, overlap_softmax=True).ds_stmatrix
-    assert "beside overlap_softmax" in sm90_bwd_refusal(64, True, ds_stmatrix=True,
-                                                        overlap_softmax=True)
-    assert Sm90BwdConfig("bf16", 128, True, overlap_softmax=True).ds_stmatrix
-
-
-def test_overlap_softmax_where_it_spills_is_refused():
-    from dashgen.codegen.variants import Sm90BwdConfig
-    with pytest.raises(ValueError, match=r"overlap_softmax spills registers at head_dim 64"):
-        Sm90BwdConfig("bf16", 64, False, gqa=True, overlap_softmax=True)
-
-
-def test_double_ds_that_does_not_fit_is_refused():
-    from dashgen.codegen.variants import Sm90BwdConfig
-    with pytest.raises(ValueError, match=r"bytes of shared memory exceed the 232448"):
-        Sm90BwdConfig("bf16", 64, True, block_m=128, double_ds=True)
-
-
-# Which backward serves a configuration: one answer for the runtime and `dashgen emit`.
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("gqa", [False, True])
-@pytest.mark.parametrize("hopper", [True, False])
-def test_backward_config_is_the_serving_kernel(dtype, head_dim, gqa, hopper):
-    sm90 = hopper  # the Hopper kernels serve bf16 and fp16, head_dim 64/128, GQA or not
-    assert backward_kind(dtype, head_dim, gqa, hopper) == ("sm90" if sm90 else "mma")
-    blocks = Sm90BwdConfig.blocks_for(head_dim) if sm90 else (BLOCK_M, BLOCK_N)
-    # 128-row tasks at head_dim 64, where the registers hold them.
-    assert blocks == (({64: 128, 128: 64}[head_dim], 128) if sm90 else (64, 64))
-    assert backward_blocks(dtype, head_dim, gqa, hopper) == blocks
-    cfg = backward_config(dtype, head_dim, True, gqa=gqa, deterministic=False, trace=True,
-                          hopper=hopper)
-    if sm90:
-        assert cfg == Sm90BwdConfig(dtype, head_dim, True, deterministic=False, trace=True,
-                                    gqa=gqa)
-    else:
-        assert cfg == BwdConfig(dtype, head_dim, True, deterministic=False, gqa=gqa, trace=True)
-    assert (cfg.block_m, cfg.block_n) == blocks
-
-
-@pytest.mark.parametrize("persistent", [False, True])
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim,causal", [(64, False), (64, True), (128, False), (128, True)])
-def test_sm90_forward_compiles_without_spills(dtype, head_dim, causal, persistent, tmp_path,
-                                              monkeypatch):
-    from dashgen.codegen.variants import Sm90FwdConfig, render_fwd_sm90
-
-    monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
-    cfg = Sm90FwdConfig(dtype, head_dim, causal, persistent=persistent)
-    main = compile_kernel(render_fwd_sm90(cfg)).resources[cfg.kernel_name]
-    assert main.registers == 168 and main.spill_bytes == 0
-    assert not main.warnings, main.warnings
-
-
-def test_fused_convert_beside_double_ds_at_head_dim_128_is_refused():
-    # The converter's two 8 KB chunk buffers take the shared memory double_ds would need.
-    from dashgen.codegen.variants import Sm90BwdConfig
-    with pytest.raises(ValueError, match=r"exceed the 232448.*fused_convert=True"):
-        Sm90BwdConfig("bf16", 128, True, fused_convert=True, double_ds=True)
-    assert Sm90BwdConfig("bf16", 128, True, fused_convert=True).smem_bytes <= 232448
+@pytest.mark.parametrize("kwargs, name", [(dict(causal=1), "causal"),
+                                          (dict(causal=False, gqa="yes"), "gqa"),
+                                          (dict(causal=False, trace=None), "trace")])
+def test_switches_must_be_bools(kwargs, name):
+    with pytest.raises(TypeError, match=rf"^{name} must be a bool"):
+        B("bf16", 128, **kwargs)
+    with pytest.raises(TypeError, match=r"^persistent must be a bool"):
+        F("bf16", 128, False, persistent=1)

@@ -1,6 +1,8 @@
 """dashgen.attention on a CPU: every input error names its argument before any kernel runs, the
-"auto" schedule and deterministic=None rules, fake kernels, and the autograd/compile wiring
-(against a stand-in runtime doing the math in float32 on the CPU)."""
+resolved Options, deterministic=None following torch, and the autograd / custom-op /
+torch.compile wiring. Only the driver boundary is faked: op._kernels() hands out recording
+stand-ins for runtime.forward, runtime.backward and runtime.BackwardCall that return tensors
+shaped as the runtime's."""
 from __future__ import annotations
 
 import inspect
@@ -14,108 +16,80 @@ torch = pytest.importorskip("torch")
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from dashgen import Problem# noqa: E402
-from dashgen.runtime import op# noqa: E402
-from dashgen.schedule.builders import BUILDERS, balanced_workers  # noqa: E402
+from dashgen.caches import clear_caches  # noqa: E402
+from dashgen.runtime import op  # noqa: E402
 
 BF16 = torch.bfloat16
 
 
-# -- a stand-in for dashgen.runtime.backward ------------------------------------------------------------
+# -- the faked driver boundary -------------------------------------------------------------------
 
-def _probs(q, k, causal, scale):
-    """Softmax of the scaled scores, (batch, heads, seqlen_q, seqlen_k), bottom-right causal."""
-    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if causal:
-        i = torch.arange(seqlen_q)[:, None]
-        j = torch.arange(seqlen_k)[None, :]
-        s = s.masked_fill(j > i + seqlen_k - seqlen_q, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    return torch.exp(s - lse[..., None]).nan_to_num(0.0), lse
+def fake_gradients(do, q, k, v):
+    """dq = 2 dO, dk = 3, dv = 5: which gradient reached which input is plain to see."""
+    return ((do.float() * 2).to(q.dtype), torch.full_like(k, 3.0), torch.full_like(v, 5.0))
 
 
-def _widen(q, k, v):
-    group = q.shape[2] // k.shape[2]
-    return (q.float(), k.float().repeat_interleave(group, 2), v.float().repeat_interleave(group, 2),
-            group)
-
-
-class StubRuntime:
-    """The runtime contract in float32 CPU math; records every call and checks what it gets."""
+class FakeKernels:
+    """op._kernels()'s (forward, backward, BackwardCall), recording what the op hands them.
+    Outputs are fresh contiguous tensors of the runtime's shapes and a fixed function of the
+    inputs, so that two paths through the op can be compared bitwise."""
 
     def __init__(self):
         self.calls: list[tuple[str, dict]] = []
         self.prepared: list[tuple[int, ...]] = []  # the pointers each BackwardCall was built for
 
-    class KernelConfig:
-        block_m = 64
-        block_n = 64
-
-        @classmethod
-        def for_problem(cls, head_dim, dtype="bf16", gqa=False):
-            return cls()
-
     @staticmethod
-    def supported_head_dims():
-        return (64, 128)
+    def _check_ready(*tensors):
+        for t in tensors:
+            assert t.is_contiguous() and t.data_ptr() % 16 == 0, "the op hands over ready tensors"
 
     def forward(self, q, k, v, *, causal, softmax_scale):
-        assert all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))
+        self._check_ready(q, k, v)
         self.calls.append(("forward", dict(causal=causal, softmax_scale=softmax_scale)))
-        qf, kf, vf, _ = _widen(q, k, v)
-        p, lse = _probs(qf, kf, causal, softmax_scale)
-        return torch.einsum("bhqk,bkhd->bqhd", p, vf).to(q.dtype).contiguous(), lse.contiguous()
+        o = (q.float() * softmax_scale + float(causal) + v.float().mean()).to(q.dtype)
+        lse = q.float().sum(-1).transpose(1, 2).contiguous()  # (batch, heads_q, seqlen_q)
+        return o, lse
 
     def backward(self, do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, schedule,
-                 num_workers, trace=False):
-        assert all(t.is_contiguous() for t in (do, q, k, v, o, lse))
-        assert all(t.data_ptr() % 16 == 0 for t in (do, q, k, v, o))
+                 num_workers):
+        self._check_ready(do, q, k, v, o)
+        assert lse.is_contiguous()
         self.calls.append(("backward", dict(causal=causal, softmax_scale=softmax_scale,
                                             deterministic=deterministic, schedule=schedule,
                                             num_workers=num_workers)))
-        qf, kf, vf, group = _widen(q, k, v)
-        p, _ = _probs(qf, kf, causal, softmax_scale)
-        dof = do.float()
-        dv = torch.einsum("bhqk,bqhd->bkhd", p, dof)
-        dp = torch.einsum("bqhd,bkhd->bhqk", dof, vf)
-        rowsum = (dof * o.float()).sum(-1).transpose(1, 2)[..., None]
-        ds = p * (dp - rowsum) * softmax_scale
-        dq = torch.einsum("bhqk,bkhd->bqhd", ds, kf)
-        dk = torch.einsum("bhqk,bqhd->bkhd", ds, qf)
-        batch, seqlen_k, heads_kv, head_dim = k.shape
-        dk = dk.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
-        dv = dv.reshape(batch, seqlen_k, heads_kv, group, head_dim).sum(3)
-        return tuple(g.to(t.dtype).contiguous() for g, t in ((dq, q), (dk, k), (dv, v)))
+        return fake_gradients(do, q, k, v)
 
     def BackwardCall(self, q, k, v, o, lse, **options):  # noqa: N802 (the runtime's class)
+        self._check_ready(q, k, v, o)
         self.prepared.append(tuple(t.data_ptr() for t in (q, k, v, o, lse)))
-        return StubCall(self, (q, k, v, o, lse), options)
+        self.calls.append(("prepare", options))
+        return FakeCall(self, (q, k, v, o, lse))
 
 
-class StubCall:
-    """runtime.BackwardCall's contract over StubRuntime.backward."""
+class FakeCall:
+    """runtime.BackwardCall's contract: serves(), then __call__(do)."""
 
-    def __init__(self, runtime, tensors, options):
-        self.runtime, self.tensors, self.options = runtime, tensors, options
+    def __init__(self, kernels, tensors):
+        self.kernels = kernels
         self.pointers = tuple(t.data_ptr() for t in tensors)
+        self.q, self.k, self.v = tensors[:3]
 
-    def serves(self, *tensors):
-        return tuple(t.data_ptr() for t in tensors) == self.pointers
+    def serves(self, q, k, v, o, lse):
+        return tuple(t.data_ptr() for t in (q, k, v, o, lse)) == self.pointers
 
     def __call__(self, do):
-        return self.runtime.backward(do, *self.tensors, **self.options)
+        FakeKernels._check_ready(do)
+        self.kernels.calls.append(("call", dict(do=do.data_ptr())))
+        return fake_gradients(do, self.q, self.k, self.v)
 
 
 @pytest.fixture(autouse=True)
-def stub_runtime(monkeypatch):
-    stub = StubRuntime()
-    monkeypatch.setattr(op, "_runtime", lambda: stub)
-    op._plan_cached.cache_clear()
-    op._VALIDATED.clear()  # the tests change what the device reports between calls
-    yield stub
-    op._plan_cached.cache_clear()
-    op._VALIDATED.clear()
+def kernels(monkeypatch):
+    fake = FakeKernels()
+    monkeypatch.setattr(op, "_kernels", lambda: fake)
+    clear_caches()  # the tests change what the device reports between calls
+    yield fake
+    clear_caches()
 
 
 @pytest.fixture
@@ -126,7 +100,7 @@ def h200(monkeypatch):
 
 @pytest.fixture
 def on_cpu(monkeypatch, h200):
-    """Let the op run on CPU tensors so the autograd and compile wiring can be tested here."""
+    """Let the op take CPU tensors, so its autograd and compile wiring run here."""
     monkeypatch.setattr(op, "_DEVICE_TYPE", "cpu")
 
 
@@ -162,14 +136,13 @@ def cpu_leaves(seed=0, **shape):
     return tuple(t.requires_grad_() for t in qkv(device="cpu", **shape))
 
 
-# -- structural errors (meta tensors) ----------------------------------------------------------
+# -- structural errors (meta tensors) ------------------------------------------------------------
 
 @pytest.mark.parametrize("position", [0, 1, 2])
 def test_non_tensor_is_named(position):
     args = list(qkv())
     args[position] = [[1.0]]
-    name = "qkv"[position]
-    with pytest.raises(TypeError, match=rf"^{name} must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=rf"^{'qkv'[position]} must be a torch.Tensor"):
         op.check_inputs(*args)
 
 
@@ -247,7 +220,7 @@ def test_strided_last_dim_is_rejected(position):
         op.check_inputs(*args)
 
 
-# -- option errors -----------------------------------------------------------------------------
+# -- option errors -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, error, pattern", [
     (dict(causal=1), TypeError, r"^causal must be a bool"),
@@ -260,7 +233,7 @@ def test_strided_last_dim_is_rejected(position):
     (dict(softmax_scale=True), TypeError, r"^softmax_scale must be a float"),
     (dict(deterministic="yes"), TypeError, r"^deterministic must be a bool"),
     (dict(schedule=3), TypeError, r"^schedule must be a str"),
-    (dict(schedule="fastest"), ValueError, r"^schedule: unknown schedule 'fastest'"),
+    (dict(schedule="fastest"), ValueError, r"^schedule: unknown schedule 'fastest'.*'auto'"),
     (dict(num_workers=0), ValueError, r"^num_workers must be positive"),
     (dict(num_workers=1.5), TypeError, r"^num_workers must be an int"),
     (dict(num_workers=True), TypeError, r"^num_workers must be an int"),
@@ -270,7 +243,7 @@ def test_bad_options_are_named(kwargs, error, pattern):
         op.check_inputs(*qkv(), **kwargs)
 
 
-# -- device errors -----------------------------------------------------------------------------
+# -- device errors -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("position", [1, 2])
 def test_tensors_on_different_devices_name_the_odd_one(position):
@@ -280,11 +253,11 @@ def test_tensors_on_different_devices_name_the_odd_one(position):
         op.check_inputs(*args)
 
 
-def test_cpu_tensors_are_rejected_before_any_kernel(stub_runtime):
+def test_cpu_tensors_are_rejected_before_any_kernel(kernels):
     q, k, v = qkv(device="cpu")
     with pytest.raises(ValueError, match=r"^q, k and v are on cpu; dashgen needs CUDA"):
         op.attention(q, k, v)
-    assert stub_runtime.calls == []
+    assert kernels.calls == []
 
 
 def test_a_gpu_that_is_not_sm90_is_named_with_its_capability(monkeypatch):
@@ -313,50 +286,15 @@ def test_schedule_that_cannot_serve_is_a_value_error_naming_schedule(fake_cuda, 
         op.check_inputs(*qkv(device="cuda"), causal=causal, schedule=schedule, num_workers=7)
 
 
-def test_errors_raised_through_attention_launch_nothing(on_cpu, stub_runtime):
+def test_errors_raised_through_attention_launch_nothing(on_cpu, kernels):
     q, k, v = cpu_leaves()
     for kwargs in (dict(num_workers=133), dict(schedule="shift"), dict(softmax_scale=-1.0)):
         with pytest.raises(ValueError):
             op.attention(q, k, v, **kwargs)
-    assert stub_runtime.calls == []
+    assert kernels.calls == []
 
 
-# -- resolving schedule, num_workers, deterministic, softmax_scale -----------------------------
-
-@pytest.mark.parametrize("mask, num_workers, expected", [
-    # 2 x 4 heads x 16 KV tiles: 128 units for shift, 64 pairs for symmetric_shift, one each
-    ("full", None, ("shift", 128)),
-    ("causal", None, ("symmetric_shift", 64)),
-    ("full", 7, ("shift", 7)),
-    ("causal", 7, ("symmetric_shift", 7)),
-])
-def test_auto_schedule(mask, num_workers, expected):
-    problem = Problem(batch=2, heads_q=4, seqlen_q=1000, mask=mask, block_m=64, block_n=64)
-    assert op.resolve_schedule(problem, "auto", num_workers, 132) == expected
-
-
-def test_auto_bits_are_pinned_by_the_worker_count():
-    """auto without num_workers is auto with num_workers = balanced_workers(the SM count): same
-    (schedule, count), so the same bits, on every GPU with that many SMs; an explicit count is
-    kept as given."""
-    for mask in ("full", "causal"):
-        problem = Problem(batch=2, heads_q=4, seqlen_q=1000, mask=mask, block_m=64, block_n=128)
-        for sms in (114, 132):
-            name, workers = op.resolve_schedule(problem, "auto", None, sms)
-            assert workers == balanced_workers(name, problem, sms) <= sms
-            assert op.resolve_schedule(problem, "auto", workers, sms) == (name, workers)
-            assert op.resolve_schedule(problem, "auto", sms, sms) == (name, sms)
-    for candidates in op.AUTO_SCHEDULES.values():
-        assert BUILDERS[candidates[0]].depends_on_workers  # a DASH order first
-        assert not BUILDERS[candidates[-1]].depends_on_workers  # a fallback that serves all
-
-
-@pytest.mark.parametrize("name", ["fa3", "spt", "descending"])
-def test_worker_independent_schedules_default_to_the_sm_count(name):
-    problem = Problem(seqlen_q=300, mask="causal", block_m=64, block_n=64)
-    assert op.resolve_schedule(problem, name, None, 114) == (name, 114)
-    assert op.resolve_schedule(problem, name, 7, 114) == (name, 7)
-
+# -- the resolved Options ------------------------------------------------------------------------
 
 def test_check_inputs_resolves_the_defaults(fake_cuda):
     opts = op.check_inputs(*qkv(device="cuda"), causal=True)
@@ -364,6 +302,17 @@ def test_check_inputs_resolves_the_defaults(fake_cuda):
     assert opts == op.Options(causal=True, softmax_scale=1 / 8, deterministic=True,
                               schedule="symmetric_shift", num_workers=16)
     assert op.check_inputs(*qkv(device="cuda"), softmax_scale=2).softmax_scale == 2.0
+    full = op.check_inputs(*qkv(device="cuda", head_dim=128), schedule="fa3")
+    assert full == op.Options(causal=False, softmax_scale=1 / math.sqrt(128), deterministic=True,
+                              schedule="fa3", num_workers=132)
+
+
+def test_the_sm_count_comes_from_the_device(monkeypatch):
+    monkeypatch.setattr(op, "_device_facts", lambda index: (9, 0, 114, "NVIDIA H100 PCIe"))
+    with FakeTensorMode():
+        assert op.check_inputs(*qkv(device="cuda"), schedule="spt").num_workers == 114
+        with pytest.raises(ValueError, match=r"^num_workers=115 exceeds this GPU's 114 SMs"):
+            op.check_inputs(*qkv(device="cuda"), num_workers=115)
 
 
 @pytest.mark.parametrize("flag", [True, False])
@@ -373,57 +322,21 @@ def test_deterministic_none_follows_torch(fake_cuda, restore_determinism, flag):
     assert op.check_inputs(*qkv(device="cuda"), deterministic=not flag).deterministic is not flag
 
 
-def test_deterministic_none_reaches_the_backward(on_cpu, stub_runtime, restore_determinism):
+def test_deterministic_none_follows_the_flag_on_every_call(on_cpu, restore_determinism):
+    q, k, v = cpu_leaves()
+    torch.use_deterministic_algorithms(True)
+    assert op.check_inputs(q, k, v, deterministic=None).deterministic is True
+    torch.use_deterministic_algorithms(False)
+    assert op.check_inputs(q, k, v, deterministic=None).deterministic is False  # not the memo's
+
+
+def test_deterministic_none_reaches_the_backward(on_cpu, kernels, restore_determinism):
     for flag in (True, False):
         torch.use_deterministic_algorithms(flag)
         q, k, v = cpu_leaves()
         op.attention(q, k, v, deterministic=None).sum().backward()
-        assert stub_runtime.calls[-1][1]["deterministic"] is flag
-
-
-# -- fake kernels ------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_fake_forward_and_backward_shapes(dtype):
-    q, k, v = qkv(dtype=dtype)
-    o, lse = torch.ops.dashgen.attention_fwd(q, k, v, True, 0.125, True, "spt", 132)
-    assert (o.shape, o.dtype, o.device.type) == (q.shape, dtype, "meta")
-    assert (lse.shape, lse.dtype) == ((2, 8, 100), torch.float32)
-    grads = torch.ops.dashgen.attention_bwd(torch.empty_like(o), q, k, v, o, lse, True, 0.125,
-                                            True, "spt", 132)
-    assert [(g.shape, g.dtype) for g in grads] == [(t.shape, dtype) for t in (q, k, v)]
-
-
-def test_fake_cuda_tensors_run_through_attention(fake_cuda):
-    # No backward here: the autograd engine of a CPU-only torch aborts on (fake) CUDA tensors.
-    q, k, v = qkv(device="cuda")
-    o = op.attention(q, k, v, causal=True)
-    assert (o.shape, o.dtype, o.device.type) == (q.shape, BF16, "cuda")
-
-
-# -- autograd and compile wiring (stand-in runtime, CPU tensors) -------------------------------
-
-def test_options_reach_both_kernels(on_cpu, stub_runtime):
-    q, k, v = cpu_leaves()
-    op.attention(q, k, v, causal=True, softmax_scale=0.2, deterministic=False,
-                 schedule="symmetric_shift", num_workers=7).sum().backward()
-    assert stub_runtime.calls == [
-        ("forward", dict(causal=True, softmax_scale=0.2)),
-        ("backward", dict(causal=True, softmax_scale=0.2, deterministic=False,
-                          schedule="symmetric_shift", num_workers=7)),
-    ]
-
-
-def test_inference_skips_autograd_and_gives_the_same_output(on_cpu, stub_runtime):
-    q, k, v = cpu_leaves()
-    with_grad = op.attention(q, k, v, causal=True)
-    with torch.no_grad():
-        plain = op.attention(q, k, v, causal=True)
-    frozen = op.attention(*(t.detach() for t in (q, k, v)), causal=True)
-    assert with_grad.grad_fn is not None
-    assert plain.grad_fn is None and frozen.grad_fn is None and not plain.requires_grad
-    assert torch.equal(plain, with_grad.detach()) and torch.equal(frozen, plain)
-    assert [c[0] for c in stub_runtime.calls] == ["forward"] * 3
+        prepared = [options for name, options in kernels.calls if name == "prepare"]
+        assert prepared[-1]["deterministic"] is flag
 
 
 def test_a_validated_signature_still_refuses_other_argument_types(on_cpu):
@@ -438,63 +351,138 @@ def test_a_validated_signature_still_refuses_other_argument_types(on_cpu):
         op.check_inputs(q, k[..., :32], v, causal=True)
 
 
-def test_deterministic_none_follows_the_flag_on_every_call(on_cpu):
+# -- what reaches the kernels --------------------------------------------------------------------
+
+def test_options_reach_forward_and_the_prepared_backward(on_cpu, kernels):
     q, k, v = cpu_leaves()
-    try:
-        torch.use_deterministic_algorithms(True)
-        assert op.check_inputs(q, k, v, deterministic=None).deterministic is True
-        torch.use_deterministic_algorithms(False)
-        assert op.check_inputs(q, k, v, deterministic=None).deterministic is False
-    finally:
-        torch.use_deterministic_algorithms(False)
+    out = op.attention(q, k, v, causal=True, softmax_scale=0.2, deterministic=False,
+                       schedule="symmetric_shift", num_workers=7)
+    do = torch.randn_like(out)
+    torch.autograd.grad(out, (q, k, v), do)
+    assert kernels.calls == [
+        ("forward", dict(causal=True, softmax_scale=0.2)),
+        ("prepare", dict(causal=True, softmax_scale=0.2, deterministic=False,
+                         schedule="symmetric_shift", num_workers=7)),
+        ("call", dict(do=do.data_ptr())),
+    ]
+    assert kernels.prepared[0][:3] == tuple(t.data_ptr() for t in (q, k, v))
 
 
-def test_lse_is_not_differentiable(on_cpu):
-    q, k, v = cpu_leaves()
-    o, lse = torch.ops.dashgen.attention_fwd(q, k, v, False, 0.125, True, "fa3", 132)
-    assert o.requires_grad and not lse.requires_grad
+def test_the_resolved_defaults_reach_the_kernels(on_cpu, kernels):
+    q, k, v = cpu_leaves(head_dim=128)
+    op.attention(q, k, v).sum().backward()
+    assert kernels.calls[0] == ("forward", dict(causal=False, softmax_scale=1 / math.sqrt(128)))
+    # batch 2 x 8 heads x one KV tile: auto's shift on the 16 units' worth of workers
+    assert kernels.calls[1] == ("prepare", dict(causal=False, softmax_scale=1 / math.sqrt(128),
+                                                deterministic=True, schedule="shift",
+                                                num_workers=16))
 
 
 def test_gradients_reach_the_right_inputs(on_cpu):
     q, k, v = cpu_leaves(heads_q=4, heads_kv=1)
     do = torch.randn_like(q)
     op.attention(q, k, v, causal=True).backward(do)
-    ref_q, ref_k, ref_v = (t.detach().float().requires_grad_() for t in (q, k, v))
-    qf, kf, vf, _ = _widen(ref_q, ref_k, ref_v)
-    p, _ = _probs(qf, kf, True, 1 / 8)
-    torch.einsum("bhqk,bkhd->bqhd", p, vf).backward(do.float())
-    for got, ref in ((q.grad, ref_q.grad), (k.grad, ref_k.grad), (v.grad, ref_v.grad)):
-        torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=2e-2)
+    dq, dk, dv = fake_gradients(do, q, k, v)
+    assert torch.equal(q.grad, dq) and torch.equal(k.grad, dk) and torch.equal(v.grad, dv)
 
 
-def test_strided_views_and_expanded_gradients_reach_the_runtime_contiguous(on_cpu):
+def test_inference_skips_autograd_and_gives_the_same_output(on_cpu, kernels):
+    q, k, v = cpu_leaves()
+    with_grad = op.attention(q, k, v, causal=True)
+    with torch.no_grad():
+        plain = op.attention(q, k, v, causal=True)
+    frozen = op.attention(*(t.detach() for t in (q, k, v)), causal=True)
+    assert with_grad.grad_fn is not None
+    assert plain.grad_fn is None and frozen.grad_fn is None and not plain.requires_grad
+    assert torch.equal(plain, with_grad.detach()) and torch.equal(frozen, plain)
+    # Only the autograd call prepared a backward.
+    assert [name for name, _ in kernels.calls] == ["forward", "prepare", "forward", "forward"]
+
+
+def test_strided_views_and_expanded_gradients_reach_the_kernels_contiguous(on_cpu, kernels):
     torch.manual_seed(0)
     # (batch, heads, seqlen, head_dim) storage seen as (batch, seqlen, heads, head_dim)
     q, k, v = (torch.randn(2, h, s, 64, dtype=BF16).transpose(1, 2).requires_grad_()
                for h, s in ((8, 100), (2, 70), (2, 70)))
     assert not q.is_contiguous()
     op.attention(q, k, v).sum().backward()  # o.sum() sends an expanded, stride-0 gradient
-    assert [g.shape for g in (q.grad, k.grad, v.grad)] == [q.shape, k.shape, v.shape]
+    assert [name for name, _ in kernels.calls] == ["forward", "prepare", "call"]  # all checked
+    assert torch.equal(q.grad, torch.full_like(q, 2.0)) and torch.equal(v.grad,
+                                                                        torch.full_like(v, 5.0))
 
 
-def test_views_at_unaligned_offsets_reach_the_runtime_aligned(on_cpu):
+def test_views_at_unaligned_offsets_reach_the_kernels_aligned(on_cpu, kernels):
     """A contiguous view starting 2 bytes into its buffer (TMA and the kernels' 16-byte loads
-    need 16-byte boundaries) is copied before the kernels see it, and computes exactly what an
-    aligned copy of it computes."""
+    need 16-byte boundaries) is copied before the kernels see it."""
     torch.manual_seed(0)
     shape = (1, 40, 2, 64)
     views = [torch.randn(math.prod(shape) + 1, dtype=BF16)[1:].view(shape) for _ in range(4)]
     assert all(t.is_contiguous() and t.data_ptr() % 16 for t in views)
     q, k, v = (t.detach().requires_grad_() for t in views[:3])
-    do = views[3]
-    ref_q, ref_k, ref_v = (t.detach().clone().requires_grad_() for t in views[:3])
     o = op.attention(q, k, v, causal=True)
-    o.backward(do)
-    ref_o = op.attention(ref_q, ref_k, ref_v, causal=True)
-    ref_o.backward(do.clone())
+    o.backward(views[3])
+    ref = [t.detach().clone().requires_grad_() for t in views[:3]]
+    ref_o = op.attention(*ref, causal=True)
+    ref_o.backward(views[3].clone())
     assert torch.equal(o, ref_o)
-    for got, ref in ((q, ref_q), (k, ref_k), (v, ref_v)):
-        assert torch.equal(got.grad, ref.grad)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip((q, k, v), ref))
+    assert not any(p % 16 for p in kernels.prepared[0])
+
+
+def test_saved_tensor_hooks_get_a_backward_of_their_own(on_cpu, kernels):
+    """Hooks that hand the backward copies (offloading): the node prepares again for the
+    copies, and the gradients are those of the plain call."""
+    q, k, v = cpu_leaves()
+    do = torch.randn_like(q)
+    plain = torch.autograd.grad(op.attention(q, k, v, causal=True), (q, k, v), do)
+    assert len(kernels.prepared) == 1
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach().clone(), lambda t: t):
+        out = op.attention(q, k, v, causal=True)
+    hooked = torch.autograd.grad(out, (q, k, v), do)
+    assert len(kernels.prepared) == 3 and kernels.prepared[1] != kernels.prepared[2]
+    assert all(torch.equal(a, b) for a, b in zip(plain, hooked))
+
+
+# -- the custom ops and torch.compile ------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fake_forward_and_backward_shapes(dtype, kernels):
+    q, k, v = qkv(dtype=dtype)
+    o, lse = torch.ops.dashgen.attention_fwd(q, k, v, True, 0.125, True, "spt", 132)
+    assert (o.shape, o.dtype, o.device.type) == (q.shape, dtype, "meta")
+    assert (lse.shape, lse.dtype) == ((2, 8, 100), torch.float32)
+    grads = torch.ops.dashgen.attention_bwd(torch.empty_like(o), q, k, v, o, lse, True, 0.125,
+                                            True, "spt", 132)
+    assert [(g.shape, g.dtype) for g in grads] == [(t.shape, dtype) for t in (q, k, v)]
+    assert kernels.calls == []  # meta tensors take the fake kernels
+
+
+def test_fake_cuda_tensors_run_through_attention(fake_cuda, kernels):
+    # No backward here: the autograd engine of a CPU-only torch aborts on (fake) CUDA tensors.
+    q, k, v = qkv(device="cuda")
+    o = op.attention(q, k, v, causal=True)
+    assert (o.shape, o.dtype, o.device.type) == (q.shape, BF16, "cuda")
+    assert kernels.calls == []
+
+
+def test_the_custom_ops_call_the_runtime_with_their_options(on_cpu, kernels):
+    q, k, v = (t.detach() for t in cpu_leaves())
+    o, lse = torch.ops.dashgen.attention_fwd(q, k, v, True, 0.125, False, "spt", 5)
+    do = torch.randn_like(o)
+    dq, dk, dv = torch.ops.dashgen.attention_bwd(do, q, k, v, o, lse, True, 0.125, False,
+                                                 "spt", 5)
+    assert kernels.calls == [
+        ("forward", dict(causal=True, softmax_scale=0.125)),
+        ("backward", dict(causal=True, softmax_scale=0.125, deterministic=False, schedule="spt",
+                          num_workers=5)),
+    ]
+    assert all(torch.equal(a, b) for a, b in zip((dq, dk, dv), fake_gradients(do, q, k, v)))
+
+
+def test_lse_is_not_differentiable(on_cpu):
+    q, k, v = cpu_leaves()
+    o, lse = torch.ops.dashgen.attention_fwd(q, k, v, False, 0.125, True, "fa3", 132)
+    assert o.requires_grad and not lse.requires_grad
 
 
 def test_opcheck_both_ops(on_cpu):
@@ -508,33 +496,59 @@ def test_opcheck_both_ops(on_cpu):
                            True, 0.125, True, "spt", 132))
 
 
-def test_torch_compile_matches_eager_bitwise(on_cpu):
+def test_eager_and_traced_paths_agree_and_a_second_derivative_raises(on_cpu, kernels):
+    q, k, v = cpu_leaves()
+    do = torch.randn_like(q)
+    eager = op.attention(q, k, v, causal=True)
+    assert type(eager.grad_fn).__name__ == "_EagerAttentionBackward"
+    o, _ = torch.ops.dashgen.attention_fwd(q, k, v, True, 1 / 8, True, "symmetric_shift", 16)
+    assert torch.equal(eager, o)
+    grads = torch.autograd.grad(eager, (q, k, v), do, create_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(grads, torch.autograd.grad(o, (q, k, v), do)))
+    backward = [options for name, options in kernels.calls if name == "backward"]
+    assert backward == [dict(causal=True, softmax_scale=1 / 8, deterministic=True,
+                             schedule="symmetric_shift", num_workers=16)]
+    # A second derivative raises; it never comes back as silent zeros.
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.autograd.grad(grads[0].sum(), q)
+
+
+def test_torch_compile_traces_the_custom_ops_and_matches_eager_bitwise(on_cpu, kernels):
     torch._dynamo.reset()
     q, k, v = cpu_leaves()
     do = torch.randn_like(q)
     eager = op.attention(q, k, v, causal=True)
     eager_grads = torch.autograd.grad(eager, (q, k, v), do)
+    kernels.calls.clear()
     compiled = torch.compile(op.attention, backend="aot_eager", fullgraph=True)
     out = compiled(q, k, v, causal=True)
     grads = torch.autograd.grad(out, (q, k, v), do)
     assert torch.equal(out, eager)
     assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))
+    # The compiled graph runs the custom ops (no prepared eager call), with the eager options.
+    assert [name for name, _ in kernels.calls] == ["forward", "backward"]
+    assert kernels.calls[1][1] == dict(causal=True, softmax_scale=1 / 8, deterministic=True,
+                                       schedule="symmetric_shift", num_workers=16)
     torch._dynamo.reset()
 
 
-def test_torch_compile_still_raises_value_errors(on_cpu):
+def test_torch_compile_still_raises_value_errors(on_cpu, kernels):
     torch._dynamo.reset()
     q, k, v = cpu_leaves()
     compiled = torch.compile(op.attention, backend="aot_eager")
     with pytest.raises(ValueError, match=r"^num_workers=500 exceeds"):
         compiled(q, k, v, num_workers=500)
+    assert kernels.calls == []
     torch._dynamo.reset()
 
 
-# -- the contract with dashgen.runtime.backward ---------------------------------------------------------
+# -- the contract with dashgen.runtime -----------------------------------------------------------
 
-def test_importing_the_op_does_not_import_the_runtime():
-    code = "import sys, dashgen.runtime.op; assert 'dashgen.runtime.backward' not in sys.modules"
+def test_importing_the_op_loads_neither_the_runtime_calls_nor_the_launcher():
+    code = ("import sys, dashgen.runtime.op; "
+            "loaded = [m for m in ('dashgen.runtime.backward', 'dashgen.runtime.forward', "
+            "'dashgen.runtime.device', 'dashgen.runtime.launch') if m in sys.modules]; "
+            "assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -544,50 +558,26 @@ def test_dashgen_exports_attention_lazily():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_runtime_offers_what_the_op_calls():
+def test_the_runtime_takes_what_the_op_passes(monkeypatch):
+    """The real _kernels() hands out the runtime's functions, and their signatures take what
+    the op calls them with."""
     try:
-        from dashgen.runtime import backward as runtime
+        from dashgen.runtime import backward as runtime_backward
+        from dashgen.runtime import forward as runtime_forward
     except ImportError as exc:  # the driver bindings are missing on this machine
-        pytest.skip(f"dashgen.runtime.backward does not import here: {exc}")
-    assert set(runtime.supported_head_dims()) >= {64, 128}
-    cfg = runtime.KernelConfig.for_problem(64)
-    assert isinstance(cfg.block_m, int) and isinstance(cfg.block_n, int)
-    assert {"causal", "softmax_scale"} <= set(inspect.signature(runtime.forward).parameters)
-    assert {"causal", "softmax_scale", "deterministic", "schedule", "num_workers", "trace"} <= \
-        set(inspect.signature(runtime.backward).parameters)
-    # The eager node prepares its backward in the forward: the same options, then serves/call.
-    prepared = inspect.signature(runtime.BackwardCall)
+        pytest.skip(f"dashgen.runtime does not import here: {exc}")
+    monkeypatch.undo()  # the real _kernels()
+    monkeypatch.setattr(op, "_KERNELS", None)
+    real = op._kernels()
+    assert real.forward is runtime_forward.forward
+    assert real.backward is runtime_backward.backward
+    assert real.BackwardCall is runtime_backward.BackwardCall
+    assert {"causal", "softmax_scale"} <= set(inspect.signature(real.forward).parameters)
+    options = set(op._backward_options(op.Options(True, 0.1, True, "fa3", 3)))
+    assert options <= set(inspect.signature(real.backward).parameters)
+    prepared = inspect.signature(real.BackwardCall)
     assert list(prepared.parameters)[:5] == ["q", "k", "v", "o", "lse"]
-    assert set(op._backward_options(op.Options(True, 0.1, True, "fa3", 3))) <= \
-        set(prepared.parameters)
-    assert list(inspect.signature(runtime.BackwardCall.serves).parameters) == [
+    assert options <= set(prepared.parameters)
+    assert list(inspect.signature(real.BackwardCall.serves).parameters) == [
         "self", "q", "k", "v", "o", "lse"]
-    assert list(inspect.signature(runtime.BackwardCall.__call__).parameters) == ["self", "do"]
-
-
-def test_eager_and_traced_paths_agree_and_a_second_derivative_raises(on_cpu):
-    q, k, v = cpu_leaves()
-    do = torch.randn_like(q)
-    eager = op.attention(q, k, v, causal=True)
-    assert type(eager.grad_fn).__name__ == "_EagerAttentionBackward"
-    o, _ = torch.ops.dashgen.attention_fwd(q, k, v, True, 1 / 8, True, "spt", 132)
-    assert torch.equal(eager, o)
-    grads = torch.autograd.grad(eager, (q, k, v), do, create_graph=True)
-    assert all(torch.equal(a, b) for a, b in zip(grads, torch.autograd.grad(o, (q, k, v), do)))
-    # A second derivative raises; it never comes back as silent zeros.
-    with pytest.raises(RuntimeError, match="does not require grad"):
-        torch.autograd.grad(grads[0].sum(), q)
-
-
-def test_saved_tensor_hooks_get_a_backward_of_their_own(on_cpu, stub_runtime):
-    """Hooks that hand the backward copies (offloading): the node prepares again for the
-    copies, and the gradients are those of the plain call."""
-    q, k, v = cpu_leaves()
-    do = torch.randn_like(q)
-    plain = torch.autograd.grad(op.attention(q, k, v, causal=True), (q, k, v), do)
-    assert len(stub_runtime.prepared) == 1
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.detach().clone(), lambda t: t):
-        out = op.attention(q, k, v, causal=True)
-    hooked = torch.autograd.grad(out, (q, k, v), do)
-    assert len(stub_runtime.prepared) == 3 and stub_runtime.prepared[1] != stub_runtime.prepared[2]
-    assert all(torch.equal(a, b) for a, b in zip(plain, hooked))
+    assert list(inspect.signature(real.BackwardCall.__call__).parameters) == ["self", "do"]

@@ -1,5 +1,6 @@
-"""The disk cache of verified, lowered plans: hits return the same table, anything doubtful
-rebuilds, and a cache folder that cannot be written never fails a call."""
+"""The disk cache of verified, lowered plans (dashgen.runtime.plans): hits return the same
+table, anything doubtful rebuilds, and a cache folder that cannot be written never fails a
+call."""
 from __future__ import annotations
 
 import hashlib
@@ -11,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dashgen import Mask, Problem, build_schedule, verify  # noqa: E402
-from dashgen.runtime import plans as plan_cache
-from dashgen.runtime import backward as runtime
+from dashgen.caches import CACHE_ENV, clear_caches  # noqa: E402
+from dashgen.runtime import plans as plan_cache  # noqa: E402
 from dashgen.schedule.lower import lower  # noqa: E402
 
 PROBLEM = Problem(batch=2, heads_q=4, heads_kv=2, seqlen_q=700, seqlen_k=500, head_dim=128,
@@ -58,7 +59,7 @@ def test_anything_that_decides_the_table_misses(tmp_path, monkeypatch, change):
     elif change == "workers":
         workers = 8
     else:
-        monkeypatch.setattr(plan_cache, "_code_digest", lambda: "an edited builder")
+        monkeypatch.setattr(plan_cache, "CODE_DIGEST", "an edited builder")
     build = Builds(problem, schedule, workers)
     plan, hit = plan_cache.get_or_build(problem, schedule, workers, build, tmp_path)
     assert not hit and build.calls == 1 and same(plan, Builds(problem, schedule, workers)())
@@ -76,8 +77,8 @@ def rewrite(data_path, meta_path, data: bytes, **meta) -> None:
                                     "negative-rank", "offsets", "negative-count"])
 def test_a_damaged_entry_is_rebuilt(tmp_path, damage):
     plan_cache.get_or_build(PROBLEM, "symmetric_shift", 7, Builds(), tmp_path)
-    data_path, meta_path = plan_cache._paths(plan_cache.plan_key(PROBLEM, "symmetric_shift", 7),
-                                             tmp_path)
+    data_path, meta_path = plan_cache._PLANS.paths(
+        plan_cache.plan_key(PROBLEM, "symmetric_shift", 7), tmp_path)
     data = bytearray(data_path.read_bytes())
     words = array("i", bytes(data))
     if damage == "flip":
@@ -119,25 +120,38 @@ def test_an_unwritable_cache_folder_only_costs_the_build(tmp_path):
 
 
 def test_the_runtime_reads_its_plans_from_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
-    runtime._plan_tensors.cache_clear()
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    clear_caches()
     device = torch.device("cpu")
-    plan, tasks, offsets, _ = runtime._plan_tensors(PROBLEM, "symmetric_shift", 7, device)
-    assert list(tmp_path.glob("plans/*/*.bin"))
-    runtime._plan_tensors.cache_clear()
+    plan = plan_cache.cached_plan(PROBLEM, "symmetric_shift", 7)
+    tasks, offsets, stream = plan_cache.device_tables(PROBLEM, "symmetric_shift", 7, device)
+    assert list(tmp_path.glob("plans/*/*.bin")) and stream == 0  # no CUDA stream on the CPU
+    clear_caches()
 
     def no_build(*args):
         raise AssertionError("built again although the cache holds the plan")
-    monkeypatch.setattr(runtime, "_verified", no_build)
-    again, tasks_again, offsets_again, _ = runtime._plan_tensors(PROBLEM, "symmetric_shift", 7,
-                                                              device)
-    runtime._plan_tensors.cache_clear()
-    assert same(plan, again)
+    monkeypatch.setattr(plan_cache, "verified_plan", no_build)
+    again = plan_cache.cached_plan(PROBLEM, "symmetric_shift", 7)
+    tasks_again, offsets_again, _ = plan_cache.device_tables(PROBLEM, "symmetric_shift", 7,
+                                                             device)
+    clear_caches()
+    assert same(plan, again) and same(plan, Builds()())
     assert torch.equal(tasks, tasks_again) and torch.equal(offsets, offsets_again)
+    assert tasks.dtype == torch.int32 and tasks.tolist() == list(plan.tasks)
+    assert offsets.tolist() == list(plan.worker_offsets)
+
+
+def test_plan_tensors_are_the_table_by_task():
+    plan = Builds()()
+    words, offsets = plan_cache.plan_tensors(plan)
+    assert words.shape == (plan.num_tasks, 4) and words.dtype == torch.int64
+    assert words.flatten().tolist() == list(plan.tasks)
+    assert offsets.tolist() == list(plan.worker_offsets)
+    assert plan_cache.addressable(plan)
 
 
 def test_unreadable_planning_code_turns_the_cache_off(tmp_path, monkeypatch):
-    monkeypatch.setattr(plan_cache, "_code_digest", lambda: None)
+    monkeypatch.setattr(plan_cache, "CODE_DIGEST", None)
     build = Builds()
     for _ in range(2):
         plan, hit = plan_cache.get_or_build(PROBLEM, "symmetric_shift", 7, build, tmp_path)
@@ -145,18 +159,20 @@ def test_unreadable_planning_code_turns_the_cache_off(tmp_path, monkeypatch):
     assert build.calls == 2 and not list(tmp_path.rglob("*.bin"))
 
 
-def test_the_code_digest_skips_editor_lock_files(tmp_path, monkeypatch):
+def test_the_code_digest_skips_editor_lock_files(tmp_path):
     """A dangling `.#name.py` link (an editor's lock) in builders/ neither breaks the digest
     nor changes it."""
     import shutil
-    package = tmp_path / "dashgen"
-    shutil.copytree(plan_cache._PACKAGE, package)
-    monkeypatch.setattr(plan_cache, "_PACKAGE", package)
-    clean = plan_cache._source_digest()
+    package = tmp_path / "schedule"
+    shutil.copytree(plan_cache._SCHEDULE_PACKAGE, package)
+    clean = plan_cache.source_digest(package)
+    assert clean is not None and clean == plan_cache.source_digest() == plan_cache.CODE_DIGEST
     (package / "builders" / ".#fa3.py").symlink_to(tmp_path / "nowhere")
-    assert clean is not None and plan_cache._source_digest() == clean
+    assert plan_cache.source_digest(package) == clean
     (package / "builders" / "fa3.py").write_text("# edited\n")
-    assert plan_cache._source_digest() != clean
+    assert plan_cache.source_digest(package) != clean
+    (package / "verify.py").unlink()
+    assert plan_cache.source_digest(package) is None  # unreadable: then nothing is cached
 
 
 @pytest.mark.parametrize("hit, seconds, said", [(False, 2.0, True), (False, 0.2, False),
@@ -166,10 +182,10 @@ def test_a_slow_new_plan_is_announced(monkeypatch, capsys, hit, seconds, said):
     plan = Builds()()
     monkeypatch.setattr(plan_cache, "get_or_build", lambda *a: (plan, hit))
     clock = iter([100.0, 100.0 + seconds])
-    monkeypatch.setattr(runtime, "_clock", lambda: next(clock))
-    runtime._plan_tensors.cache_clear()
-    runtime._plan_tensors(PROBLEM, "symmetric_shift", 7, torch.device("cpu"))
-    runtime._plan_tensors.cache_clear()
+    monkeypatch.setattr(plan_cache, "_clock", lambda: next(clock))
+    clear_caches()
+    assert plan_cache.cached_plan(PROBLEM, "symmetric_shift", 7) is plan
+    clear_caches()
     err = capsys.readouterr().err
     assert ("built and verified the symmetric_shift schedule" in err) == said
     if said:

@@ -1,7 +1,8 @@
 """The backward's host path without a GPU: runtime.backward on CPU tensors with the driver
 replaced by a recorder. The kernels compile for real (NVRTC); what is checked is what reaches
 cuLaunchKernel: which kernels, in which order, and that every pointer in their parameter blocks
-is the workspace part or tensor it must be."""
+is the workspace part or tensor it must be. Kernel variants are chosen by
+dashgen.runtime.select; Overrides pin a policy where a test needs one path."""
 from __future__ import annotations
 
 import ctypes
@@ -11,10 +12,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dashgen.runtime import launch
-from dashgen.runtime import backward as runtime# noqa: E402
-from dashgen.runtime import op# noqa: E402
-from dashgen.codegen.variants import BwdParams, ConvertParams, FwdParams, PrepParams  # noqa: E402
+from dashgen.caches import clear_caches  # noqa: E402
+from dashgen.codegen.variants import (BwdParams, ConvertParams, FwdParams,  # noqa: E402
+                                      PrepParams)
+from dashgen.runtime import backward as runtime  # noqa: E402
+from dashgen.runtime import forward as runtime_forward  # noqa: E402
+from dashgen.runtime import launch, op, plans, workspace  # noqa: E402
+from dashgen.runtime.select import Overrides  # noqa: E402
+
+SEPARATE_CONVERT = Overrides(fused_convert=False)  # the convert kernel writes dQ
+FUSED_CONVERT = Overrides(fused_convert=True)
 
 
 class FakeMap:
@@ -45,16 +52,14 @@ class Recorder:
     def cuLaunchKernel(self, handle, gx, gy, gz, bx, by, bz, smem, stream, params, extra):  # noqa: N802
         name = self.names[handle]
         addresses = list(params)
-        if name.startswith("dashgen_attn_fwd"):  # tensor maps (sm90), then the block
+        if name.startswith("dashgen_fwd_"):  # three tensor maps, then the block
             args = addresses[:-1] + [FwdParams.from_address(addresses[-1])]
         elif name.endswith("_preprocess"):
             args = [PrepParams.from_address(addresses[0])]
         elif name.endswith("_convert"):
             args = [ConvertParams.from_address(addresses[0])]
-        elif "_sm90_" in name:  # the Hopper backward: four tensor maps, then the block
+        else:  # the backward: four tensor maps, then the block
             args = addresses[:4] + [BwdParams.from_address(addresses[4])]
-        else:  # the mma.sync backward: the parameter block alone
-            args = [BwdParams.from_address(addresses[0])]
         # Copy the structures: their memory is gone after the call.
         args = [type(a).from_buffer_copy(a) if isinstance(a, ctypes.Structure) else a
                 for a in args]
@@ -63,8 +68,8 @@ class Recorder:
 
 
 @pytest.fixture
-def recorder(monkeypatch, tmp_path):
-    monkeypatch.setenv("DASHGEN_CACHE_DIR", str(tmp_path))
+def recorder(monkeypatch):
+    """The driver replaced; the kernels compile for real (through the test run's cache)."""
     names: dict[int, str] = {}
 
     def load_kernel(cubin, name):
@@ -78,15 +83,12 @@ def recorder(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, "encode_tensor_map", lambda ptr, *a, **k: FakeMap(ptr))
     monkeypatch.setattr(launch, "_LIBCUDA", rec)
     monkeypatch.setitem(launch._PRIMARY, 0, 1)
-    monkeypatch.setattr(runtime, "_stream", lambda device: 0)
-    monkeypatch.setattr(runtime, "_sm_count", lambda device: 132)
-    for cache in (runtime._load, runtime._backward_launch, runtime._backward_config,
-                  runtime._forward_launch):
-        cache.cache_clear()
+    for module in (runtime, runtime_forward):
+        monkeypatch.setattr(module, "stream", lambda device: 0)
+        monkeypatch.setattr(module, "sm_count", lambda device: 132)
+    clear_caches()
     yield rec
-    for cache in (runtime._load, runtime._backward_launch, runtime._backward_config,
-                  runtime._forward_launch):
-        cache.cache_clear()
+    clear_caches()
 
 
 def inputs(heads_q, heads_kv, seqlen=200, head_dim=128):
@@ -99,14 +101,12 @@ def inputs(heads_q, heads_kv, seqlen=200, head_dim=128):
 @pytest.mark.parametrize("path", ["backward", "second call"])
 @pytest.mark.parametrize("heads_kv", [4, 1], ids=["mha", "gqa"])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_backward_launches_carry_the_right_pointers(recorder, monkeypatch, heads_kv,
-                                                  deterministic, path):
+def test_backward_launches_carry_the_right_pointers(recorder, heads_kv, deterministic, path):
     """runtime.backward, or the second call of one prepared BackwardCall with another dO: a
     prepared call rewrites every pointer that changes between calls."""
-    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "fused_convert", False)  # the convert kernel
     do, q, k, v, o, lse = args = inputs(4, heads_kv)
     options = dict(causal=True, softmax_scale=0.1, deterministic=deterministic, schedule="fa3",
-                   num_workers=3, kernel="sm90")
+                   num_workers=3, overrides=SEPARATE_CONVERT)
     if path == "backward":
         dq, dk, dv = runtime.backward(*args, **options)
     else:
@@ -140,14 +140,13 @@ def test_backward_launches_carry_the_right_pointers(recorder, monkeypatch, heads
     assert convert_q.swizzled == 1
 
     # The preprocess writes what the main kernel reads; the dQ sums are zeroed unless the first
-    # deterministic writer stores (first_dq_store, on by default), and then the convert reads the
-    # counters to find tiles nobody wrote.
+    # deterministic writer stores (docs/design.md, first-dq-store), and then the convert reads
+    # the counters to find tiles nobody wrote.
     assert (prep.o, prep.dout) == (o.data_ptr(), do.data_ptr())
     assert prep.dpsum == params.dpsum and prep.dq_accum == params.dq_accum
-    first_store = deterministic and runtime.SM90_BWD_OPTIONS["first_dq_store"]
-    assert prep.zero_dq == (0 if first_store else 1)
-    assert convert_q.counters == (params.dq_counters if first_store else None)
-    # staged_stats is on by default at head_dim 128: both kernels carry the same stats part.
+    assert prep.zero_dq == (0 if deterministic else 1)
+    assert convert_q.counters == (params.dq_counters if deterministic else None)
+    # staged_stats at head_dim 128: both kernels carry the same stats part.
     assert prep.stats == params.stats and prep.stats is not None
 
     # Every workspace pointer lies in one allocation, the zeroed tail covering the counters.
@@ -158,18 +157,18 @@ def test_backward_launches_carry_the_right_pointers(recorder, monkeypatch, heads
     assert params.seqlen_q == 200 and params.num_m_blocks == math.ceil(200 / 64)
 
 
-@pytest.mark.parametrize("head_dim, setting, staged", [(128, None, True), (128, True, True),
-                                                       (128, False, False), (64, None, False)])
-def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, monkeypatch, head_dim,
-                                                               setting, staged):
-    """On by default where offered (head_dim 128), switchable there; never at head_dim 64."""
-    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "staged_stats", setting)
+@pytest.mark.parametrize("head_dim, causal, staged", [(128, False, True), (128, True, True),
+                                                      (64, False, False), (64, True, False)])
+def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, head_dim, causal,
+                                                               staged):
+    """A constant of the backward at head_dim 128 (docs/design.md, staged-stats), absent at
+    64: the preprocess lays the statistics out where the main kernel reads them."""
     do, q, k, v, o, lse = args = inputs(4, 4, head_dim=head_dim)
-    runtime.backward(*args, causal=False, softmax_scale=0.1, deterministic=True,
-                     schedule="fa3", num_workers=3, kernel="sm90")
+    runtime.backward(*args, causal=causal, softmax_scale=0.1, deterministic=True,
+                     schedule="fa3", num_workers=3)
     (_, _, (prep,)), (name, _, main_args) = recorder.launches[:2]
     params = main_args[4]
-    assert f"stagedstats{int(staged)}" in name
+    assert name.startswith(f"dashgen_bwd_bf16_d{head_dim}_")
     if not staged:
         assert prep.stats is None and params.stats is None and prep.lse is None
         return
@@ -194,8 +193,8 @@ def spy_allocations(monkeypatch) -> list[tuple[str, bool]]:
     allocates."""
     seen = []
     for name in ("_empty", "_empty_unfilled"):
-        real = getattr(runtime, name)
-        monkeypatch.setattr(runtime, name, lambda *a, _real=real, _name=name: (
+        real = getattr(workspace, name)
+        monkeypatch.setattr(workspace, name, lambda *a, _real=real, _name=name: (
             seen.append((_name, torch.utils.deterministic.fill_uninitialized_memory)),
             _real(*a))[1])
     return seen
@@ -212,20 +211,20 @@ def test_buffers_skip_the_deterministic_fill(recorder, monkeypatch, deterministi
     seen = spy_allocations(monkeypatch)
     args = inputs(4, 4)
     runtime.backward(*args, causal=True, softmax_scale=0.1, deterministic=True, schedule="fa3",
-                     num_workers=3, kernel="sm90")
+                     num_workers=3)
     expected = "_empty_unfilled" if flag else "_empty"
     assert len(seen) >= 4  # the workspace, dq, dk, dv
     assert seen == [(expected, True)] * len(seen)
     del seen[:]
     monkeypatch.setattr(recorder, "cuLaunchKernel", lambda *a: 0)  # it decodes backwards only
-    o, lse = runtime.forward(*args[1:4], causal=True, softmax_scale=0.1)
+    o, lse = runtime_forward.forward(*args[1:4], causal=True, softmax_scale=0.1)
     assert seen == [(expected, True)] * 2
     assert o.shape == args[1].shape and o.dtype == args[1].dtype and o.is_contiguous()
     assert lse.shape == (1, 4, 200) and lse.dtype == torch.float32
 
 
 def test_an_unfilled_buffer_is_an_ordinary_tensor(deterministic_algorithms):
-    t = runtime._empty_unfilled((3, 5, 7), torch.bfloat16, torch.device("cpu"))
+    t = workspace._empty_unfilled((3, 5, 7), torch.bfloat16, torch.device("cpu"))
     assert t.shape == (3, 5, 7) and t.dtype == torch.bfloat16 and t.is_contiguous()
     assert t.untyped_storage().nbytes() == 3 * 5 * 7 * 2
     t.fill_(1.5)
@@ -237,15 +236,15 @@ def test_tensor_maps_are_looked_up_once_per_address_set(recorder, monkeypatch):
     encode = launch.encode_tensor_map
     monkeypatch.setattr(launch, "encode_tensor_map",
                         lambda ptr, *a, **k: calls.append(ptr) or encode(ptr, *a, **k))
-    runtime._TENSOR_MAPS.clear()
+    clear_caches()
     args = inputs(4, 4)
     for _ in range(3):
         runtime.backward(*args, causal=True, softmax_scale=0.1, deterministic=True,
-                         schedule="fa3", num_workers=3, kernel="sm90")
+                         schedule="fa3", num_workers=3)
     assert len(calls) == 4  # q, k, v and dO, encoded on the first call only
     moved = [t.clone() for t in args]
     runtime.backward(*moved, causal=True, softmax_scale=0.1, deterministic=True,
-                     schedule="fa3", num_workers=3, kernel="sm90")
+                     schedule="fa3", num_workers=3)
     assert len(calls) == 8 and calls[4:] == [moved[i].data_ptr() for i in (1, 2, 3, 0)]
 
 
@@ -257,22 +256,21 @@ def expected_counts(seqlen_k, seqlen_q=200):
 
 
 @pytest.mark.parametrize("seqlen_k, convert", [(200, False), (64, True)])
-def test_fused_convert_hands_dq_to_the_main_kernel(recorder, monkeypatch, seqlen_k, convert):
+def test_fused_convert_hands_dq_to_the_main_kernel(recorder, seqlen_k, convert):
     """With fused_convert the main kernel gets dQ and the per-tile contribution counts, and the
     convert kernel runs only where some query tile gets no contribution (causal, 200 query rows
     against 64 keys: the first two 64-row tiles see no key)."""
-    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "fused_convert", True)
     do, q, k, v, o, lse = inputs(4, 4)
     k, v = k[:, :seqlen_k].contiguous(), v[:, :seqlen_k].contiguous()
     dq, dk, dv = runtime.backward(do, q, k, v, o, lse, causal=True, softmax_scale=0.1,
                                   deterministic=True, schedule="fa3", num_workers=3,
-                                  kernel="sm90")
+                                  overrides=FUSED_CONVERT)
     kinds = [name.rsplit("_", 1)[-1] if name.endswith(("_preprocess", "_convert")) else "main"
              for name, _, _ in recorder.launches]
     assert kinds == ["preprocess", "main"] + (["convert"] if convert else [])
     name, _, main_args = recorder.launches[1]
     params = main_args[4]
-    assert "fusedconvert1" in name
+    assert "_fconv" in name
     assert params.dq == dq.data_ptr()
     assert params.conv_tiles is not None and params.conv_offsets is not None
     shares = (ctypes.c_int32 * 4).from_address(params.conv_offsets)  # 3 workers
@@ -287,47 +285,38 @@ def test_fused_convert_hands_dq_to_the_main_kernel(recorder, monkeypatch, seqlen
 
 @pytest.mark.parametrize("heads, num_workers, fused", [(16, 132, True), (1, 1, False)])
 def test_fused_convert_is_decided_per_problem_by_default(recorder, heads, num_workers, fused):
-    """fused_convert None (the default): on where the convert kernel would take longer than the
-    converter costs the main kernel (kernel_model.fuses_convert): few tasks per worker."""
-    assert runtime.SM90_BWD_OPTIONS["fused_convert"] is None
+    """Without an override: on where the convert kernel would take longer than the converter
+    costs the main kernel (select.fuses_convert, on the runtime's cached plan): few tasks per
+    worker."""
     args = inputs(heads, heads)
     for deterministic in (True, False):
         runtime.backward(*args, causal=False, softmax_scale=0.1, deterministic=deterministic,
-                         schedule="fa3", num_workers=num_workers, kernel="sm90")
+                         schedule="fa3", num_workers=num_workers)
         name = recorder.launches[1][0]
-        assert f"fusedconvert{int(fused and deterministic)}" in name
+        assert ("_fconv" in name) == (fused and deterministic), name
         recorder.launches.clear()
 
 
 @pytest.mark.parametrize("seqlen, early", [(200, True), (1000, False)])
 def test_early_kv_is_decided_per_problem_by_default(recorder, seqlen, early):
-    """early_kv None (the default): on where a worker's runs of tasks on one KV block are short
-    (kernel_model.early_kv_pays): 4 query tiles per KV block at seqlen 200, 16 at 1000."""
-    assert runtime.SM90_BWD_OPTIONS["early_kv"] is None
+    """Without an override: on where a KV tile's segment is short (select.early_kv_pays): 4
+    query tiles per KV tile at seqlen 200, 16 at 1000; an override decides either way."""
     for deterministic in (True, False):
         runtime.backward(*inputs(4, 4, seqlen=seqlen), causal=False, softmax_scale=0.1,
+                         deterministic=deterministic, schedule="fa3", num_workers=3)
+        assert ("_ekv" in recorder.launches[1][0]) == early
+        recorder.launches.clear()
+        runtime.backward(*inputs(4, 4, seqlen=seqlen), causal=False, softmax_scale=0.1,
                          deterministic=deterministic, schedule="fa3", num_workers=3,
-                         kernel="sm90")
-        assert f"earlykv{int(early)}" in recorder.launches[1][0]
+                         overrides=Overrides(early_kv=not early))
+        assert ("_ekv" in recorder.launches[1][0]) == (not early)
         recorder.launches.clear()
 
 
-def test_fused_convert_by_default_gives_way_to_double_ds(recorder, monkeypatch):
-    """Both do not fit the shared memory at head_dim 128: the per-problem choice falls back to
-    the convert kernel instead of failing."""
-    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "double_ds", True)
-    runtime.backward(*inputs(16, 16), causal=False, softmax_scale=0.1, deterministic=True,
-                     schedule="fa3", num_workers=132, kernel="sm90")
-    name = recorder.launches[1][0]
-    assert "doubleds1" in name and "fusedconvert0" in name
-    assert recorder.launches[2][0].endswith("_convert")
-
-
-def test_fused_convert_leaves_the_non_deterministic_backward_alone(recorder, monkeypatch):
-    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "fused_convert", True)
+def test_fused_convert_leaves_the_non_deterministic_backward_alone(recorder):
     args = inputs(4, 4)
     runtime.backward(*args, causal=True, softmax_scale=0.1, deterministic=False,
-                     schedule="fa3", num_workers=3, kernel="sm90")
+                     schedule="fa3", num_workers=3, overrides=FUSED_CONVERT)
     assert len(recorder.launches) == 3 and recorder.launches[2][0].endswith("_convert")
     params = recorder.launches[1][2][4]
     assert params.dq is None and params.dq_counts is None
@@ -351,7 +340,7 @@ def test_conversion_plan_covers_each_finished_tile_once_in_order(schedule, causa
     plan = lower(build_schedule(schedule, problem, 4))
     expected = [sum(problem.tile_kept(n, m) for n in range(problem.num_n_blocks))
                 for m in range(problem.num_m_blocks)]
-    counts, tiles, offsets = runtime._conversion_plan(plan)
+    counts, tiles, offsets = plans.conversion_plan(plan)
     assert counts == expected
     reached = [bh * problem.num_m_blocks + m for bh in range(problem.batch * problem.heads_q)
                for m in range(problem.num_m_blocks) if counts[m] > 0]
@@ -373,10 +362,9 @@ def test_conversion_plan_covers_each_finished_tile_once_in_order(schedule, causa
 
 def test_prepared_launches_are_bounded_by_their_tables_bytes(recorder, monkeypatch):
     """Each signature's launch holds its task tables on the device; past the byte budget the
-    least recently used signature is dropped (and rebuilt if it comes back)."""
+    oldest signature is dropped (and rebuilt if it comes back)."""
     cache = runtime._backward_launch
-    kw = dict(causal=True, softmax_scale=0.1, deterministic=True, schedule="fa3", num_workers=3,
-              kernel="sm90")
+    kw = dict(causal=True, softmax_scale=0.1, deterministic=True, schedule="fa3", num_workers=3)
     runtime.backward(*inputs(4, 4, seqlen=200), **kw)
     one = cache.cache_bytes()
     assert len(cache) == 1 and one >= 16 * 4  # at least the task table, 16 bytes a task
@@ -394,16 +382,15 @@ def test_tables_record_their_use_on_another_stream(recorder, monkeypatch, call_s
     """Every table the kernels read (the task table, the worker offsets and the fused
     convert's three) is recorded on the call's stream when it was allocated on another one, so
     a dropped launch's memory is not reused under kernels still queued."""
-    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, "fused_convert", True)
     kw = dict(causal=True, softmax_scale=0.1, deterministic=True, schedule="fa3", num_workers=3,
-              kernel="sm90")
+              overrides=FUSED_CONVERT)
     runtime.backward(*inputs(4, 4), **kw)  # built on the CPU's stream 0
     (bl,) = [value for value, _ in runtime._backward_launch._entries.values()]
     assert bl.converts_dq
     tables = [bl.tasks, bl.offsets, bl.dq_counts, bl.conv_tiles, bl.conv_offsets]
     seen = []
-    monkeypatch.setattr(runtime, "_stream", lambda device: call_stream)
-    monkeypatch.setattr(runtime.torch.cuda, "current_stream", lambda device: "the call's stream")
+    monkeypatch.setattr(runtime, "stream", lambda device: call_stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: "the call's stream")
     monkeypatch.setattr(torch.Tensor, "record_stream",
                         lambda self, stream: seen.append((self.data_ptr(), stream)))
     runtime.backward(*inputs(4, 4), **kw)
@@ -416,14 +403,13 @@ def cpu_op(monkeypatch):
     """dashgen.attention on CPU tensors (H200 facts), over the recorded driver."""
     monkeypatch.setattr(op, "_DEVICE_TYPE", "cpu")
     monkeypatch.setattr(op, "_device_facts", lambda index: (9, 0, 132, "NVIDIA H200"))
-    op._VALIDATED.clear()
     built = []
     real = runtime.BackwardCall
     # The spy keeps addresses, never the tensors (a test below checks what stays alive).
     monkeypatch.setattr(runtime, "BackwardCall", lambda *a, **kw: built.append(
         tuple(t.data_ptr() for t in a)) or real(*a, **kw))
+    monkeypatch.setattr(op, "_KERNELS", None)  # op._kernels() picks up the spy
     yield built
-    op._VALIDATED.clear()
 
 
 def leaf_inputs(seqlen=200, heads=4, head_dim=128):
@@ -436,7 +422,7 @@ def leaf_inputs(seqlen=200, heads=4, head_dim=128):
 def main_and_prep(launches):
     prep = next(a[0] for name, _, a in launches if name.endswith("_preprocess"))
     main = next(a for name, _, a in launches
-                if name.startswith("dashgen_attn_bwd") and not name.endswith(("_preprocess",
+                if name.startswith("dashgen_bwd_") and not name.endswith(("_preprocess",
                                                                                "_convert")))
     return prep, main
 
@@ -488,15 +474,15 @@ def test_forward_descriptors_are_looked_up_once_and_follow_k_shape(recorder, mon
     monkeypatch.setattr(launch, "encode_tensor_map",
                         lambda ptr, dtype, shape, *a, **k: encoded.append((ptr, shape))
                         or FakeMap(ptr))
-    runtime._TENSOR_MAPS.clear()
+    clear_caches()
     q, k, v = (torch.randn(1, 200, 4, 128, dtype=torch.bfloat16) for _ in range(3))
     for _ in range(3):
-        runtime.forward(q, k, v, causal=False, softmax_scale=0.1)
+        runtime_forward.forward(q, k, v, causal=False, softmax_scale=0.1)
     assert encoded == [(t.data_ptr(), (1, 200, 4, 128)) for t in (q, k, v)]  # the first call
     # The same addresses seen with fewer keys: other descriptors, never the cached ones.
     short_k, short_v = k[:, :100], v[:, :100]
     assert (short_k.data_ptr(), short_v.data_ptr()) == (k.data_ptr(), v.data_ptr())
-    runtime.forward(q, short_k, short_v, causal=False, softmax_scale=0.1)
+    runtime_forward.forward(q, short_k, short_v, causal=False, softmax_scale=0.1)
     assert encoded[3:] == [(t.data_ptr(), (1, 100, 4, 128)) for t in (k, v)]
     (_, _, args), = recorder.launches[-1:]
     assert args[:3] == [FakeMap(t.data_ptr()).getPtr() for t in (q, k, v)]
@@ -505,23 +491,23 @@ def test_forward_descriptors_are_looked_up_once_and_follow_k_shape(recorder, mon
 
 @pytest.mark.parametrize("persistent", [True, False])
 @pytest.mark.parametrize("causal", [False, True])
-def test_forward_grid(recorder, monkeypatch, causal, persistent):
+def test_forward_grid(recorder, causal, persistent):
     """Persistent CTAs: under a full mask as few as keep 132 SMs' busiest as busy (133 tiles:
     2 each, 67 CTAs), under a causal mask whole heads' tiles a round (one CTA a tile past 132
-    query tiles). The switch off: one CTA a query tile."""
-    monkeypatch.setattr(runtime, "SM90_FWD_PERSISTENT", persistent)
+    query tiles, even when asked for). Without: one CTA a query tile."""
+    overrides = Overrides(persistent_forward=persistent)
     for batch, seqlen, heads, full, causal_ctas in (
             (16, 1024, 32, 128, 128), (1, 300, 2, 6, 6), (3, 1000, 11, 132, 128),
             (1, 17000, 1, 67, None)):
         q = torch.randn(batch, seqlen, heads, 64, dtype=torch.bfloat16)
-        runtime.forward(q, q, q, causal=causal, softmax_scale=0.1)
+        runtime_forward.forward(q, q, q, causal=causal, softmax_scale=0.1, overrides=overrides)
         name, grid, _ = recorder.launches[-1]
         tiles = -(-seqlen // 128)
         ctas = causal_ctas if causal else full
         if persistent and ctas is not None:
-            assert name.endswith("_persistent1") and grid == (ctas, 1, 1)
+            assert name.endswith("_persistent") and grid == (ctas, 1, 1)
         else:
-            assert name.endswith("_persistent0") and grid == (tiles, heads, batch)
+            assert not name.endswith("_persistent") and grid == (tiles, heads, batch)
 
 
 @pytest.mark.parametrize("head_dim, causal, seqlen_k, persistent", [
@@ -533,15 +519,16 @@ def test_forward_takes_persistent_ctas_where_they_pay(recorder, head_dim, causal
                                                       persistent):
     q = torch.randn(1, 128, 2, head_dim, dtype=torch.bfloat16)
     k = torch.randn(1, seqlen_k, 2, head_dim, dtype=torch.bfloat16)
-    runtime.forward(q, k, k, causal=causal, softmax_scale=0.1)
-    assert recorder.launches[-1][0].endswith(f"_persistent{int(persistent)}")
+    runtime_forward.forward(q, k, k, causal=causal, softmax_scale=0.1)
+    assert recorder.launches[-1][0].endswith("_persistent") == persistent
 
 
 def test_forward_parameter_block_is_whole_on_every_call(recorder):
     """Copied from a per-input template: each call's block carries its own o, lse and scale."""
     q = torch.randn(2, 200, 8, 64, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 150, 2, 64, dtype=torch.bfloat16) for _ in range(2))
-    outs = [runtime.forward(q, k, v, causal=True, softmax_scale=scale) for scale in (0.5, 0.25)]
+    outs = [runtime_forward.forward(q, k, v, causal=True, softmax_scale=scale)
+            for scale in (0.5, 0.25)]
     for (o, lse), scale, (_, grid, args) in zip(outs, (0.5, 0.25), recorder.launches):
         block = args[3]
         assert (block.q, block.k, block.v, block.o, block.lse) == tuple(
@@ -551,27 +538,6 @@ def test_forward_parameter_block_is_whole_on_every_call(recorder):
         assert (block.q_row_stride, block.k_row_stride, block.o_row_stride) == (512, 128, 512)
         assert block.softmax_scale == scale and grid == (2 * 16, 1, 1)  # 2 tiles x 16 heads
     assert outs[0][0].data_ptr() != outs[1][0].data_ptr()
-
-
-def test_the_mma_backward_launches_carry_the_right_pointers(recorder):
-    """The mma.sync backward (no tensor maps): a prepared call's second call, with another dO,
-    carries that dO, its own workspace and gradients, and the forward's tensors."""
-    do, q, k, v, o, lse = inputs(4, 4, head_dim=64)
-    call = runtime.BackwardCall(q, k, v, o, lse, causal=True, softmax_scale=0.1,
-                                deterministic=True, schedule="fa3", num_workers=3, kernel="mma")
-    first = call(torch.randn_like(do))
-    recorder.launches.clear()
-    dq, dk, dv = call(do)
-    assert not any(a.data_ptr() == b.data_ptr() for a, b in zip(first, (dq, dk, dv)))
-    (_, _, (prep,)), (name, grid, (params,)), (_, _, (convert,)) = recorder.launches
-    assert "_sm90_" not in name and grid == (3, 1, 1)
-    assert (params.q, params.k, params.v, params.dout, params.lse) == tuple(
-        t.data_ptr() for t in (q, k, v, do, lse))
-    assert (params.dk, params.dv) == (dk.data_ptr(), dv.data_ptr())
-    assert (prep.o, prep.dout, prep.dpsum, prep.dq_accum) == (o.data_ptr(), do.data_ptr(),
-                                                               params.dpsum, params.dq_accum)
-    assert convert.src == params.dq_accum and convert.dst == dq.data_ptr()
-    assert convert.swizzled == 0 and abs(params.softmax_scale - 0.1) < 1e-7
 
 
 def test_the_prepared_backward_keeps_no_tensor_alive(recorder, cpu_op):
@@ -584,11 +550,3 @@ def test_the_prepared_backward_keeps_no_tensor_alive(recorder, cpu_op):
     gone = weakref.ref(out)
     del out
     assert gone() is None  # freed by reference counting, without the cycle collector
-
-
-def test_address_keyed_caches_are_bounded(monkeypatch):
-    monkeypatch.setattr(runtime, "_TENSOR_MAPS_MAX", 2)
-    cache, made = {}, []
-    got = [runtime._memo(cache, key, lambda k=key: made.append(k) or -k) for key in (1, 2, 1, 3)]
-    assert got == [-1, -2, -1, -3] and made == [1, 2, 3]  # the second 1 is a hit
-    assert cache == {3: -3}  # full at the miss of 3: emptied, then 3 kept

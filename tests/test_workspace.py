@@ -1,5 +1,5 @@
-"""The backward's scratch (one allocation; the preprocess kernel zeroes the dQ accumulator and
-the `zeroed` part, no separate memsets): the fp32 dQ accumulator, rowsum(dO * O), GQA's dK/dV
+"""The backward's scratch (one allocation; the preprocess kernel zeroes its `zeroed` part, no
+separate memsets): the fp32 dQ accumulator, rowsum(dO * O), the staged statistics, GQA's dK/dV
 sums and the ordering counters, disjoint views, each starting on a 16-byte boundary."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dashgen import Problem# noqa: E402
-from dashgen.runtime.backward import WorkspaceLayout  # noqa: E402
+from dashgen import Problem  # noqa: E402
+from dashgen.runtime.workspace import WorkspaceLayout  # noqa: E402
 
 
 @pytest.mark.parametrize("staged_stats", [False, True])

@@ -17,7 +17,7 @@ import jinja2
 from ..version import __version__
 from ..caches import memo
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
 
 
 @dataclass(frozen=True)

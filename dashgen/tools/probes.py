@@ -1,6 +1,6 @@
 """The PTX probe kernels: one small template per wrapper family, with its launch geometry.
 
-scripts/gpu_probes.py launches each on an H200 against a host reference; tests/test_compile.py
+tests/gpu/test_probes_gpu.py launches each on an H200 against a host reference; tests/test_compile.py
 compiles each on the CPU. The table is data, so both read the same geometry.
 """
 from __future__ import annotations

@@ -26,7 +26,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason=SKIP_REASON)
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
 
 
@@ -34,12 +34,6 @@ def pytest_collection_modifyitems(config, items):
 def sm_count() -> int:
     import torch
     return torch.cuda.get_device_properties(0).multi_processor_count
-
-
-@pytest.fixture(scope="session")
-def runtime():
-    from dashgen.runtime import backward as runtime
-    return runtime
 
 
 @pytest.fixture

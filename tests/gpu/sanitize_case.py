@@ -1,67 +1,69 @@
-"""One small forward + backward per Hopper kernel variant, for compute-sanitizer to watch
+"""One small forward + backward per kernel variant, for compute-sanitizer to watch
 (tests/gpu/test_sanitizer.py runs it under memcheck and racecheck). Prints the kernels it ran.
 
     python3 tests/gpu/sanitize_case.py [CASE_INDEX ...]
 
-DASHGEN_EXPERIMENTS=double_ds,overlap_softmax,staged_stats switches those backward options on
-(runtime.SM90_BWD_OPTIONS; the others keep their defaults) in the cases where the backward offers
-them (kernels.sm90_bwd_refusal), the others run without."""
+DASHGEN_SANITIZE_FLIPPED=1 runs every case with each per-problem policy (fused_convert,
+early_kv, persistent_forward) switched from what dashgen.runtime.select picks, through Overrides,
+so the variants select leaves out on these shapes run too."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 
 import torch
 
-from dashgen.runtime import backward as runtime
-from dashgen.codegen.variants import sm90_bwd_refusal
+from dashgen.runtime.backward import backward, selection
+from dashgen.runtime.forward import forward, forward_variant
+from dashgen.runtime.select import Overrides
 
-# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, schedule, workers,
-# kernel): odd seqlens so the tails of every tile are exercised; GQA for the ordered dK/dV adds;
-# both kernel families in fp16.
+# (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, schedule, workers):
+# odd seqlens so the tails of every tile are exercised; GQA for the ordered dK/dV adds; fp16.
 CASES = [
-    (1, 200, 200, 2, 2, 128, True, torch.bfloat16, "symmetric_shift", 4, "auto"),
-    (1, 300, 257, 4, 1, 128, False, torch.bfloat16, "shift", 4, "auto"),
-    (1, 200, 200, 4, 2, 64, True, torch.bfloat16, "fa3", 3, "auto"),
-    (1, 130, 130, 2, 1, 64, False, torch.float16, "spt", 3, "sm90"),
-    (1, 130, 130, 2, 1, 64, False, torch.float16, "spt", 3, "mma"),
+    (1, 200, 200, 2, 2, 128, True, torch.bfloat16, "symmetric_shift", 4),
+    (1, 300, 257, 4, 1, 128, False, torch.bfloat16, "shift", 4),
+    (1, 200, 200, 4, 2, 64, True, torch.bfloat16, "fa3", 3),
+    (1, 130, 130, 2, 1, 64, False, torch.float16, "spt", 3),
 ]
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def main(picked: list[int], experiments: frozenset = frozenset()) -> None:
-    defaults = dict(runtime.SM90_BWD_OPTIONS)
+def flipped(q_shape, k_shape, dtype: str, causal: bool, schedule: str, workers: int,
+            sms: int) -> Overrides:
+    """Overrides that switch each policy from what select picks for these shapes."""
+    sel = selection(q_shape, k_shape, dtype, causal, True, False, schedule, workers, sms,
+                    Overrides())
+    fwd = forward_variant(q_shape, k_shape, dtype, causal, sms, Overrides())
+    return Overrides(fused_convert=not sel.backward.fused_convert,
+                     early_kv=not sel.backward.early_kv, persistent_forward=not fwd.persistent)
+
+
+def main(picked: list[int], flip: bool = False) -> None:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for index in picked or range(len(CASES)):
-        batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers, kernel = CASES[index]
-        runtime.SM90_BWD_OPTIONS.update(defaults)
-        for name in sorted(experiments):  # each where the backward offers it with the others
-            chosen = {n: v for n, v in runtime.SM90_BWD_OPTIONS.items() if v and n != name}
-            if sm90_bwd_refusal(d, hq != hkv, **chosen, **{name: True}) is None:
-                runtime.SM90_BWD_OPTIONS[name] = True
+        batch, sq, sk, hq, hkv, d, causal, dtype, schedule, workers = CASES[index]
         torch.manual_seed(sq * 131 + d)
         q = torch.randn(batch, sq, hq, d, device="cuda", dtype=dtype)
         k, v = (torch.randn(batch, sk, hkv, d, device="cuda", dtype=dtype) for _ in range(2))
         do = torch.randn_like(q)
         scale = 1 / math.sqrt(d)
-        o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale, kernel=kernel)
+        name = DTYPES[dtype]
+        shapes = tuple(q.shape), tuple(k.shape)
+        overrides = (flipped(*shapes, name, causal, schedule, workers, sms) if flip
+                     else Overrides())
+        o, lse = forward(q, k, v, causal=causal, softmax_scale=scale, overrides=overrides)
+        ran = [forward_variant(*shapes, name, causal, sms, overrides).kernel_name]
         for deterministic in (True, False):
-            runtime.backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                             deterministic=deterministic, schedule=schedule, num_workers=workers,
-                             kernel=kernel)
+            backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
+                     deterministic=deterministic, schedule=schedule, num_workers=workers,
+                     overrides=overrides)
+            ran.append(selection(*shapes, name, causal, deterministic, False, schedule, workers,
+                                 sms, overrides).backward.kernel_name)
         torch.cuda.synchronize()
-        print(f"ran fwd={runtime.forward_kernel(q, kernel)} bwd={runtime.backward_kernel(q, k, kernel)} "
-              f"d{d} {'causal' if causal else 'full'} h{hq}/{hkv} {str(dtype)[6:]} {schedule}",
-              flush=True)
-
-
-def experiments_from_env() -> frozenset:
-    import os
-    names = frozenset(filter(None, os.environ.get("DASHGEN_EXPERIMENTS", "").split(",")))
-    unknown = names - set(runtime.SM90_BWD_OPTIONS)
-    if unknown:
-        raise SystemExit(f"DASHGEN_EXPERIMENTS: unknown {sorted(unknown)}; known: "
-                         f"{sorted(runtime.SM90_BWD_OPTIONS)}")
-    return names
+        print(f"ran fwd={ran[0]} bwd={ran[1]},{ran[2]} {schedule}", flush=True)
 
 
 if __name__ == "__main__":
-    main([int(arg) for arg in sys.argv[1:]], experiments_from_env())  # case indices; none: all
+    main([int(arg) for arg in sys.argv[1:]],  # case indices; none: all
+         flip=os.environ.get("DASHGEN_SANITIZE_FLIPPED") == "1")

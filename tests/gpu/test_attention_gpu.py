@@ -11,9 +11,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dashgen import Problem, build_schedule, list_schedules# noqa: E402
-from dashgen.codegen.variants import TRACE_COLUMNS, Sm90BwdConfig, sm90_bwd_refusal  # noqa: E402
+from dashgen import Problem, build_schedule, list_schedules  # noqa: E402
+from dashgen.codegen.variants import TRACE_COLUMNS  # noqa: E402
+from dashgen.runtime.backward import backward, selection  # noqa: E402
+from dashgen.runtime.forward import forward, forward_variant  # noqa: E402
 from dashgen.runtime.op import attention  # noqa: E402
+from dashgen.runtime.select import Overrides, problem_for  # noqa: E402
 from dashgen.schedule.builders import BUILDERS, balanced_workers, unsupported_reason  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -80,10 +83,9 @@ class Case:
         self.q, self.k, self.v = make(seqlen_q, heads_q), make(seqlen_k, heads_kv), \
             make(seqlen_k, heads_kv)
         self.do = make(seqlen_q, heads_q)
-        self.problem = Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv,
-                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, head_dim=head_dim,
-                               mask="causal" if causal else "full",
-                               **block_sizes(head_dim, dtype, heads_q != heads_kv))
+        # The problem in the tiles of the backward that runs (schedules are built in them).
+        self.problem = problem_for(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim,
+                                   causal)
         ref = lambda q, k, v: math_attention(q, k, v, causal, self.scale)
         self.ref = out_and_grads(ref, *(t.double() for t in (self.q, self.k, self.v)),
                                  self.do.double())
@@ -91,10 +93,24 @@ class Case:
                           zip(out_and_grads(ref, self.q, self.k, self.v, self.do), self.ref)]
 
     def failures(self, **options) -> list[str]:
-        """Names of o/dq/dk/dv whose error exceeds 2x PyTorch's own (plus a 1e-6 floor)."""
+        """errors() of attention() called with these options."""
         ours = out_and_grads(lambda q, k, v: attention(
             q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, **options),
             self.q, self.k, self.v, self.do)
+        return self.errors(ours, options)
+
+    def run(self, overrides: Overrides, schedule: str, num_workers: int,
+            deterministic: bool = True) -> tuple:
+        """(o, dq, dk, dv) from the runtime's forward and backward under `overrides`."""
+        o, lse = forward(self.q, self.k, self.v, causal=self.causal, softmax_scale=self.scale,
+                         overrides=overrides)
+        grads = backward(self.do, self.q, self.k, self.v, o, lse, causal=self.causal,
+                         softmax_scale=self.scale, deterministic=deterministic,
+                         schedule=schedule, num_workers=num_workers, overrides=overrides)
+        return (o, *grads)
+
+    def errors(self, ours, options) -> list[str]:
+        """Which of o/dq/dk/dv in `ours` err more than 2x PyTorch's own (plus a 1e-6 floor)."""
         bad = []
         for name, x, r, limit in zip(("o", "dq", "dk", "dv"), ours, self.ref, self.torch_err):
             if rms(r) < ZERO_RMS:
@@ -105,14 +121,6 @@ class Case:
             if not (err <= 2 * limit + 1e-6):  # also catches NaN
                 bad.append(f"{options}: {name} error {err:.3e} > 2 x torch's {limit:.3e}")
         return bad
-
-
-def block_sizes(head_dim, dtype=torch.bfloat16, gqa=False) -> dict:
-    """Tile sizes of the backward kernel that will run (schedules are built with them)."""
-    from dashgen.runtime import backward as runtime
-    cfg = runtime.KernelConfig.for_problem(head_dim, "bf16" if dtype == torch.bfloat16 else "fp16",
-                                           gqa)
-    return dict(block_m=cfg.block_m, block_n=cfg.block_n)
 
 
 def serving_plans(problem: Problem, sm_count: int) -> list[dict]:
@@ -261,77 +269,65 @@ def test_under_deterministic_algorithms_every_output_is_written(shape, seed):
     assert all(torch.equal(a, b) for a, b in zip(flagged, plain))
 
 
-# The backward options away from their defaults (first_dq_store off, the experiments on) must
-# be as accurate and as reproducible as the defaults. Cases: rows that see no key (seqlen_q >
-# seqlen_k, causal: their dQ tiles get no contribution), GQA, odd sizes, both head_dims where
-# the options are offered (kernels.sm90_bwd_refusal).
-EXPERIMENT_CASES = [(1, 4, 4, 300, 100, 128, True), (2, 8, 2, 257, 257, 128, False),
-                    (1, 4, 4, 333, 333, 128, True),
-                    (1, 4, 4, 300, 100, 64, True), (2, 4, 1, 200, 333, 64, False)]
+# What an Override switches must be as accurate and as reproducible as what select picks.
+# Cases: rows that see no key (seqlen_q > seqlen_k, causal: their dQ tiles get no contribution),
+# GQA, odd sizes, both head_dims.
+OVERRIDE_CASES = [(1, 4, 4, 300, 100, 128, True), (2, 8, 2, 257, 257, 128, False),
+                  (1, 4, 4, 333, 333, 128, True),
+                  (1, 4, 4, 300, 100, 64, True), (2, 4, 1, 200, 333, 64, False)]
+OVERRIDES = ["fused_convert", "early_kv", "persistent_forward"]
 
 
-def skip_unless_offered(shape, **options):
-    refusal = sm90_bwd_refusal(shape[5], shape[1] != shape[2], **options)
-    if refusal:
-        pytest.skip(refusal)
+def picked(case: Case, sm_count: int, schedule: str, num_workers: int) -> dict:
+    """What select picks for the case: {override name: its value}."""
+    q, k = tuple(case.q.shape), tuple(case.k.shape)
+    dtype = "bf16" if case.q.dtype == torch.bfloat16 else "fp16"
+    sel = selection(q, k, dtype, case.causal, True, False, schedule, num_workers, sm_count,
+                    Overrides())
+    fwd = forward_variant(q, k, dtype, case.causal, sm_count, Overrides())
+    return dict(fused_convert=sel.backward.fused_convert, early_kv=sel.backward.early_kv,
+                persistent_forward=fwd.persistent)
 
 
-@pytest.mark.parametrize("option, value", [("double_ds", True), ("first_dq_store", False),
-                                           ("overlap_softmax", True), ("staged_stats", False),
-                                           ("fused_convert", True), ("early_kv", True),
-                                           ("ds_stmatrix", False), ("ds_stmatrix", True)])
-@pytest.mark.parametrize("shape", EXPERIMENT_CASES, ids=lambda s: "-".join(map(str, s)))
-def test_other_backward_options_match_float64_and_repeat_bitwise(
-        option, value, shape, runtime, monkeypatch, sm_count, seed):
-    """Each option switched from its default (at this head_dim) where the backward offers it."""
-    skip_unless_offered(shape, **{option: value})
-    if value == getattr(Sm90BwdConfig("bf16", shape[5], False), option):
-        pytest.skip(f"{option}={value} is the default at head_dim {shape[5]}")
-    monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, option, value)
+@pytest.mark.parametrize("name", OVERRIDES)
+@pytest.mark.parametrize("shape", OVERRIDE_CASES, ids=lambda s: "-".join(map(str, s)))
+def test_overridden_policies_match_float64_and_repeat_bitwise(name, shape, sm_count, seed):
+    """Each policy switched from what select picks for the case."""
     case = Case(*shape)
-    for options in (dict(schedule="fa3"), dict(schedule="auto", num_workers=min(132, sm_count))):
-        bad = case.failures(**options)
+    for schedule, workers in (("fa3", min(132, sm_count)), ("auto", min(132, sm_count))):
+        flipped = Overrides(**{name: not picked(case, sm_count, schedule, workers)[name]})
+        first = case.run(flipped, schedule, workers)
+        bad = case.errors(first, dict(schedule=schedule, overrides=flipped))
         assert not bad, "\n".join(bad)
-        fn = lambda q, k, v: attention(q, k, v, causal=case.causal, **options)
-        first = out_and_grads(fn, case.q, case.k, case.v, case.do)
-        again = out_and_grads(fn, case.q, case.k, case.v, case.do)
+        again = case.run(flipped, schedule, workers)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
-@pytest.mark.parametrize("options", ["overlap_softmax", "staged_stats", "fused_convert",
-                                     "overlap_softmax,staged_stats", "early_kv",
-                                     "early_kv,fused_convert", "ds_stmatrix"])
-@pytest.mark.parametrize("shape", EXPERIMENT_CASES, ids=lambda s: "-".join(map(str, s)))
-def test_reordering_options_give_the_same_bits(options, shape, runtime, monkeypatch, sm_count,
-                                               seed):
-    """overlap_softmax only reorders the wgmma issue (P^T while dP^T runs, dV before the dS
-    exchange) and staged_stats only moves where lse and D are read from (the preprocess lays
-    out the same fp32 values the MMA warpgroups computed); fused_convert applies the convert
-    kernel's conversion to the same final sums, inside the main kernel; early_kv only loads a
-    segment's K/V sooner; ds_stmatrix writes the same dS values to the same places. Every
-    value comes from the same operations, so the bits must not move."""
-    names = options.split(",")
-    skip_unless_offered(shape, **dict.fromkeys(names, True))
+@pytest.mark.parametrize("names", ["fused_convert", "early_kv", "fused_convert,early_kv",
+                                   "persistent_forward"])
+@pytest.mark.parametrize("shape", OVERRIDE_CASES, ids=lambda s: "-".join(map(str, s)))
+def test_the_policies_change_no_bits(names, shape, sm_count, seed):
+    """fused_convert applies the convert kernel's conversion to the same final sums, inside the
+    main kernel; early_kv only loads a segment's K/V sooner; the persistent forward runs the
+    one-tile kernel's per-tile code on fewer CTAs. Every value comes from the same operations,
+    so the bits must not move."""
     case = Case(*shape)
-    fn = lambda q, k, v: attention(q, k, v, causal=case.causal, num_workers=min(132, sm_count))
-    results = []
-    for value in (False, True):
-        for name in names:
-            monkeypatch.setitem(runtime.SM90_BWD_OPTIONS, name, value)
-        results.append(out_and_grads(fn, case.q, case.k, case.v, case.do))
+    workers = min(132, sm_count)
+    results = [case.run(Overrides(**dict.fromkeys(names.split(","), value)), "auto", workers)
+               for value in (False, True)]
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
 # -- (b) bitwise determinism -------------------------------------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_auto_defaults_are_its_schedule_on_balanced_workers(causal, runtime, sm_count, seed):
+def test_auto_defaults_are_its_schedule_on_balanced_workers(causal, sm_count, seed):
     """attention() with schedule="auto", num_workers=None gives the bits of its schedule run on
     schedules.balanced_workers(SM count) workers: what the README promises users who pin them."""
     q, k, v = (torch.randn(2, 1024, 8, 64, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
-    problem = runtime.problem_of(q, k, causal)
+    problem = problem_for(2, 8, 8, 1024, 1024, 64, causal)
     name = "symmetric_shift" if causal else "shift"
     workers = balanced_workers(name, problem, sm_count)
     assert workers <= sm_count
@@ -389,18 +385,17 @@ TRACE_PROBLEMS = [
 
 @pytest.mark.parametrize("shape", TRACE_PROBLEMS,
                          ids=lambda s: "-".join(str(v) for v in s.values()))
-def test_trace_equals_schedule_ir(shape, runtime, sm_count, seed):
-    shape = dict(shape)
-    causal = shape.pop("causal")
-    problem = Problem(**shape, mask="causal" if causal else "full",
-                      **block_sizes(shape["head_dim"], gqa=shape["heads_q"] != shape["heads_kv"]))
+def test_trace_equals_schedule_ir(shape, sm_count, seed):
+    problem = problem_for(shape["batch"], shape["heads_q"], shape["heads_kv"], shape["seqlen_q"],
+                          shape["seqlen_k"], shape["head_dim"], shape["causal"])
+    causal = shape["causal"]
     make = lambda s, h: torch.randn(problem.batch, s, h, problem.head_dim, device="cuda",
                                     dtype=torch.bfloat16)
     q, k, v = make(problem.seqlen_q, problem.heads_q), make(problem.seqlen_k, problem.heads_kv), \
         make(problem.seqlen_k, problem.heads_kv)
     do = torch.randn_like(q)
     scale = problem.head_dim ** -0.5
-    o, lse = runtime.forward(q, k, v, causal=causal, softmax_scale=scale)
+    o, lse = forward(q, k, v, causal=causal, softmax_scale=scale)
     for name in list_schedules():
         if unsupported_reason(name, problem) is not None:
             continue
@@ -409,9 +404,9 @@ def test_trace_equals_schedule_ir(shape, runtime, sm_count, seed):
             expected = torch.tensor([[t.batch, t.head, t.n_block, t.m_block, t.dq_rank]
                                      for tasks in schedule.workers for t in tasks],
                                     dtype=torch.int32)
-            *_, trace = runtime.backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                                         deterministic=True, schedule=name,
-                                         num_workers=workers, trace=True)
+            *_, trace = backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
+                                 deterministic=True, schedule=name, num_workers=workers,
+                                 trace=True)
             trace = trace.cpu()
             where = f"{name} with {workers} workers"
             assert trace.shape == (len(expected), TRACE_COLUMNS), where
@@ -430,7 +425,7 @@ def _since(later: torch.Tensor, earlier: torch.Tensor) -> torch.Tensor:
 
 
 def check_trace_times(trace: torch.Tensor, schedule, where: str) -> None:
-    """The trace's stamps (kernels.TRACE_COLUMNS) tell the dQ hand-offs' story in order: each
+    """The trace's stamps (variants.TRACE_COLUMNS) tell the dQ hand-offs' story in order: each
     writer had a partial, then the counter, then its add landed, task after task; and no add
     acquired its counter before the add ranked just before it (on another SM) had landed."""
     ready, acquired, landed = 6, 7, 8

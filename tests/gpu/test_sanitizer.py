@@ -1,5 +1,6 @@
-"""compute-sanitizer memcheck and racecheck over small runs of every kernel variant
-(tests/gpu/sanitize_case.py): no out-of-bounds or misaligned access, no shared-memory race."""
+"""compute-sanitizer memcheck and racecheck over small runs of the kernel variants
+(tests/gpu/sanitize_case.py), as select picks them and with each policy switched: no
+out-of-bounds or misaligned access, no shared-memory race."""
 from __future__ import annotations
 
 import os
@@ -29,18 +30,17 @@ def _sanitizer() -> str | None:
     return None
 
 
-@pytest.mark.parametrize("experiments", ["", "double_ds,overlap_softmax,staged_stats"],
-                         ids=["default", "experiments"])
+@pytest.mark.parametrize("flipped", ["0", "1"], ids=["selected", "flipped"])
 @pytest.mark.parametrize("tool,summary", [
     ("memcheck", "ERROR SUMMARY: 0 errors"),
     ("racecheck", "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"),
 ])
-def test_compute_sanitizer_finds_nothing(tool, summary, experiments, tmp_path):
+def test_compute_sanitizer_finds_nothing(tool, summary, flipped, tmp_path):
     sanitizer = _sanitizer()
     if sanitizer is None:
         pytest.skip("compute-sanitizer not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
     env = dict(os.environ, PYTHONPATH=str(ROOT), DASHGEN_CACHE_DIR=str(tmp_path / "cache"),
-               DASHGEN_EXPERIMENTS=experiments)
+               DASHGEN_SANITIZE_FLIPPED=flipped)
     # Host API errors (the driver probing optional entry points) are not kernel errors.
     proc = subprocess.run([sanitizer, "--tool", tool, "--report-api-errors", "no",
                            "--print-limit", "50", sys.executable, str(CASE)],

@@ -12,8 +12,9 @@ def descending_units(problem: Problem, num_workers: int) -> list[Unit]:
     there and then never wait again. Ranks stay ascending by KV tile.
 
     >>> from dashgen.cli import main
-    >>> main(["show", "--schedule", "descending", "--seqlen", "512", "--mask", "causal", "--workers", "4"])
-    descending: batch 1, heads 1, seqlen 512, head_dim 128, causal mask, blocks 128x128; 4 workers
+    >>> main(["show", "--schedule", "descending", "--seqlen", "512", "--hdim", "64", "--mask", "causal",
+    ...       "--workers", "4"])
+    descending: batch 1, heads 1, seqlen 512, head_dim 64, causal mask, blocks 128x128; 4 workers
     worker 0 | n0: m3 m2 m1 m0
     worker 1 | n1: m3 m2 m1
     worker 2 | n2: m3 m2

@@ -12,8 +12,8 @@ def fa3_units(problem: Problem, num_workers: int) -> list[Unit]:
     full mask every worker wants dQ 0 first: they serialize once and stay staggered by r.
 
     >>> from dashgen.cli import main
-    >>> main(["show", "--schedule", "fa3", "--seqlen", "512", "--workers", "4"])
-    fa3: batch 1, heads 1, seqlen 512, head_dim 128, full mask, blocks 128x128; 4 workers
+    >>> main(["show", "--schedule", "fa3", "--seqlen", "512", "--hdim", "64", "--workers", "4"])
+    fa3: batch 1, heads 1, seqlen 512, head_dim 64, full mask, blocks 128x128; 4 workers
     worker 0 | n0: m0 m1 m2 m3
     worker 1 | n1: m0 m1 m2 m3
     worker 2 | n2: m0 m1 m2 m3

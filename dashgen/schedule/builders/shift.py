@@ -20,8 +20,8 @@ def shift_units(problem: Problem, num_workers: int) -> list[Unit]:
     at once (M < A) makes some workers collide; the schedule stays valid, only slower.
 
     >>> from dashgen.cli import main
-    >>> main(["show", "--schedule", "shift", "--seqlen", "512", "--workers", "4"])
-    shift: batch 1, heads 1, seqlen 512, head_dim 128, full mask, blocks 128x128; 4 workers
+    >>> main(["show", "--schedule", "shift", "--seqlen", "512", "--hdim", "64", "--workers", "4"])
+    shift: batch 1, heads 1, seqlen 512, head_dim 64, full mask, blocks 128x128; 4 workers
     worker 0 | n0: m0 m1 m2 m3
     worker 1 | n1: m1 m2 m3 m0
     worker 2 | n2: m2 m3 m0 m1

@@ -13,8 +13,9 @@ def spt_units(problem: Problem, num_workers: int) -> list[Unit]:
     tile adds first.
 
     >>> from dashgen.cli import main
-    >>> main(["show", "--schedule", "spt", "--seqlen", "512", "--mask", "causal", "--workers", "4"])
-    spt: batch 1, heads 1, seqlen 512, head_dim 128, causal mask, blocks 128x128; 4 workers
+    >>> main(["show", "--schedule", "spt", "--seqlen", "512", "--hdim", "64", "--mask", "causal",
+    ...       "--workers", "4"])
+    spt: batch 1, heads 1, seqlen 512, head_dim 64, causal mask, blocks 128x128; 4 workers
     worker 0 | n3: m3
     worker 1 | n2: m2 m3
     worker 2 | n1: m1 m2 m3

@@ -23,8 +23,9 @@ def symmetric_shift_units(problem: Problem, num_workers: int) -> list[Unit]:
     Ranks follow arrival; they depend on the worker count (waves decide who is active together).
 
     >>> from dashgen.cli import main
-    >>> main(["show", "--schedule", "symmetric_shift", "--seqlen", "512", "--mask", "causal", "--workers", "2"])
-    symmetric_shift: batch 1, heads 1, seqlen 512, head_dim 128, causal mask, blocks 128x128; 2 workers
+    >>> main(["show", "--schedule", "symmetric_shift", "--seqlen", "512", "--hdim", "64", "--mask", "causal",
+    ...       "--workers", "2"])
+    symmetric_shift: batch 1, heads 1, seqlen 512, head_dim 64, causal mask, blocks 128x128; 2 workers
     worker 0 | n0: m1 m2 m3 m0 | n3: m3
     worker 1 | n1: m2 m3 m1 | n2: m3 m2
     dQ reduction order (KV tiles, first to last):

@@ -198,7 +198,9 @@ struct AttnBwdSm90 {
       }
       if constexpr (kConvertDq) {
         u64* conv_bars = reinterpret_cast<u64*>(smem + kOffConv);  // full[2], then empty[2]
-        for (int i = 0; i < 4; ++i) mbarrier_init(&conv_bars[i], 1);
+        // full: the issuing lane's arrive (plus the copy's bytes); empty: every converting lane
+        // arrives for its own reads of the buffer and slot (docs/design.md, `fused-convert`).
+        for (int i = 0; i < 4; ++i) mbarrier_init(&conv_bars[i], i < 2 ? 1 : 32);
       }
       fence_barrier_init();
     }
@@ -425,8 +427,7 @@ struct AttnBwdSm90 {
         *reinterpret_cast<uint2*>(out + static_cast<i64>(r) * p.q_row_stride) =
             make_uint2(Element<T>::pack(v.x, v.y), Element<T>::pack(v.z, v.w));
       }
-      __syncwarp();  // every lane has read buffer j % 2 and its slot
-      if (tid == 0) mbarrier_arrive(&c.empty[j % 2]);
+      mbarrier_arrive(&c.empty[j % 2]);  // this lane has read buffer j % 2 and its slot
     }
   }
 

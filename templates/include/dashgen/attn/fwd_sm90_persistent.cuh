@@ -6,10 +6,11 @@
 // starting cold in a new CTA. It shares fwd_sm90.cuh's code but not its barrier layout (Q's
 // empty barrier is its own): with one layout for both, the one-tile kernel measured 5-14%
 // slower on the H200 under causal masks, though its PTX differed only in barrier offsets and
-// where the KV tile count is computed (docs/design.md, `fwd-persistent-layout`). So the one-tile kernel's PTX
-// stays what it was.
+// where the KV tile count is computed (docs/design.md, `fwd-persistent-layout`). So the
+// one-tile kernel's PTX stays what it was.
 #pragma once
 #include "dashgen/attn/fwd_sm90.cuh"
+#include "dashgen/attn/fwd_tile_order.cuh"
 
 namespace dashgen {
 
@@ -37,27 +38,17 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<Cfg> {
     int m, h, b;
   };
 
-  // The CTA's i-th query tile, or m < 0 past its last. Full mask: tile t of the
-  // batch * heads_q * num_m_blocks, m fastest, so that the CTAs running at once share their
-  // heads' K/V in L2. Causal mask (the grid is a whole number of heads' tiles,
-  // runtime.forward_ctas): round i gives each group of num_m CTAs one head, all of its tiles
-  // at once, and rotates which CTA of the group takes which tile by `stride` a round, so that
-  // over its rounds every CTA visits long and short tiles alike (tests/test_forward_order.py checks the order's mirror in Python).
+  // The CTA's place in the grid, read where fwd_persistent_tile uses it; unsigned like the
+  // builtins, so its divisions are the unsigned ones the kernel was measured with.
+  struct Grid {
+    __device__ unsigned cta() const { return blockIdx.x; }
+    __device__ unsigned num_ctas() const { return gridDim.x; }
+  };
+
+  // The CTA's i-th query tile, or m < 0 past its last (fwd_tile_order.cuh).
   __device__ static Tile tile_at(const FwdParams& p, int i) {
-    const int num_m = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    if constexpr (kCausal) {
-      const int heads = p.heads_q * p.batch, per_round = gridDim.x / num_m;
-      const int bh = i * per_round + blockIdx.x / num_m;
-      if (bh >= heads) return Tile{-1, 0, 0};
-      const int rounds = (heads + per_round - 1) / per_round;
-      const int stride = max(1, num_m / rounds);
-      const int pos = (blockIdx.x + i * stride) % num_m;
-      return Tile{num_m - 1 - pos, bh % p.heads_q, bh / p.heads_q};
-    }
-    const int t = blockIdx.x + i * gridDim.x;
-    if (t >= num_m * p.heads_q * p.batch) return Tile{-1, 0, 0};
-    const int bh = t / num_m, m = t % num_m;
-    return Tile{m, bh % p.heads_q, bh / p.heads_q};
+    const FwdTile t = fwd_persistent_tile<kCausal, kBlockM>(p, Grid{}, i);
+    return Tile{t.m, t.h, t.b};
   }
 
   __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k, const TensorMap* tm_v,

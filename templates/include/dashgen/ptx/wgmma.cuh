@@ -79,9 +79,9 @@ __device__ __forceinline__ u64 wgmma_desc_sw128(const void* smem_tile, u32 lbo_b
 // Descriptor of a dense MN-major, 128B-swizzled bf16 operand starting at `smem_tile` (1024-byte
 // aligned), whose 64-wide MN blocks are `mn_block_bytes` apart (K * 128 when dense). Use with
 // transpose flag 1; step k16 with wgmma_desc_advance(desc, k * kSw128MnMajorKStepBytes).
-// LBO = mn_block_bytes, SBO = 1024 (one 8-row atom): verified on the H200 (scripts/gpu_probes.py
-// wgmma_ss_n64_tb / _n128_tb / _n64_ta / _n128_tatb / _rs_n64_tb / _rs_n128_tb, K = 64) for B
-// (SS and RS; N = 128 exercises LBO = 8192) and for A (M = 64 is one block, so only SBO is read);
+// LBO = mn_block_bytes, SBO = 1024 (one 8-row atom): verified on the H200
+// (tests/gpu/test_probes_gpu.py: wgmma_ss_n64_tb / _n128_tb / _n64_ta / _n128_tatb /
+// _rs_n64_tb / _rs_n128_tb, K = 64) for B (SS and RS; N = 128 exercises LBO = 8192) and for A (M = 64 is one block, so only SBO is read);
 // the swapped (LBO = 1024, SBO = 8192) fails. With one 64-wide MN block the LBO is not read.
 __device__ __forceinline__ u64 wgmma_desc_mn_major_sw128(const void* smem_tile,
                                                          u32 mn_block_bytes) {

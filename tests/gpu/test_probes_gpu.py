@@ -1,28 +1,36 @@
-"""Run every PTX probe on a Hopper GPU and compare with a host reference.
-
-Usage (on the H200): PYTHONPATH=. python3 scripts/gpu_probes.py [probe ...]
-Prints one line per probe (name, max abs err, PASS/FAIL); exits 1 if any fails, 2 on a hang.
-"""
+"""Every PTX probe (dashgen.tools.probes) on a Hopper GPU against a host reference: TMA and
+bulk copies bitwise, ordered bulk reductions in rank order, wgmma within a K-term fp32 bound
+(and, for MN-major operands, which descriptor offsets match), setmaxnreg's registers and
+stmatrix's transposed layout."""
 from __future__ import annotations
 
 import ctypes
 import os
 import sys
 import time
-import traceback
 
-import torch
+import pytest
 
-from dashgen.codegen.cubins import get_or_compile
-from dashgen.runtime.launch import encode_tensor_map, launch, load_kernel
-from dashgen.tools.probes import PROBES, Probe, render_probe
+torch = pytest.importorskip("torch")
+
+from dashgen.codegen.cubins import get_or_compile  # noqa: E402
+from dashgen.runtime.launch import encode_tensor_map, launch, load_kernel  # noqa: E402
+from dashgen.tools.probes import PROBES, Probe, render_probe  # noqa: E402
 
 HANG_SECONDS = 20.0
 U32 = 0xFFFFFFFF
 
 
+@pytest.fixture(scope="module")
+def cuda_context():
+    """torch's primary context current before the driver calls."""
+    torch.zeros(1, device="cuda")
+
+
 def run_kernel(probe: Probe, args: list) -> dict:
-    """Compile (cached), load, launch on torch's current stream, wait with a hang watchdog."""
+    """Compile (cached), load, launch on torch's current stream, wait with a hang watchdog: a
+    probe that never finishes leaves the GPU unusable for the rest of the run, so the process
+    ends there (exit status 2) with the probe's name."""
     cubin, hit = get_or_compile(render_probe(probe.name))
     kernel = load_kernel(cubin.data, probe.kernel_name)
     kernel.set_max_dynamic_shared_bytes(probe.smem_bytes)
@@ -33,7 +41,8 @@ def run_kernel(probe: Probe, args: list) -> dict:
     deadline = time.monotonic() + HANG_SECONDS
     while not done.query():
         if time.monotonic() > deadline:
-            print(f"{probe.name:18s} HANG (> {HANG_SECONDS:.0f} s): kernel never finished", flush=True)
+            print(f"probe {probe.name} HANG (> {HANG_SECONDS:.0f} s): kernel never finished",
+                  file=sys.stderr, flush=True)
             os._exit(2)
         time.sleep(0.001)
     torch.cuda.synchronize()
@@ -252,27 +261,12 @@ CHECKS = {
 }
 
 
-def main(names: list[str]) -> int:
-    if not torch.cuda.is_available():
-        print("no CUDA device", file=sys.stderr)
-        return 1
-    major, minor = torch.cuda.get_device_capability()
-    print(f"device: {torch.cuda.get_device_name()} (sm_{major}{minor}), torch {torch.__version__}")
-    torch.manual_seed(0)
-    torch.zeros(1, device="cuda")  # make torch's primary context current before the driver calls
-    failures = 0
-    for name in names or list(PROBES):
-        probe = PROBES[name]
-        try:
-            err, ok, detail = CHECKS[name](probe)
-        except Exception as exc:  # one broken probe must not hide the others' results
-            traceback.print_exc()
-            err, ok, detail = float("nan"), False, f"{type(exc).__name__}: {exc}"
-        failures += not ok
-        print(f"{name:18s} max_abs_err={err:.3e} {'PASS' if ok else 'FAIL'}  {detail}", flush=True)
-    print(f"{len(names or PROBES) - failures} passed, {failures} failed")
-    return 1 if failures else 0
+def test_every_probe_has_a_check():
+    assert set(CHECKS) == set(PROBES)
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(PROBES))
+def test_probe_matches_its_host_reference(name, cuda_context, seed):
+    err, ok, detail = CHECKS[name](PROBES[name])
+    assert ok, f"{name}: max_abs_err={err:.3e} {detail}"

@@ -1,0 +1,48 @@
+"""What dashgen.runtime.select picks on the benchmark's 20 configurations (16384 tokens, hidden
+2048: heads = 2048 / head_dim, batch = 16384 / seqlen), as a table the select, golden and
+compile tests share."""
+from __future__ import annotations
+
+from dashgen.codegen.variants import BackwardVariant, ForwardVariant
+
+T, F = True, False
+SEQLENS = (1024, 2048, 4096, 8192, 16384)
+# (head_dim, causal, seqlen): (schedule, workers, fused_convert, early_kv, persistent_forward),
+# deterministic; without the order the same but fused_convert off.
+BENCHMARK_PICKS = {
+    (64, F, 1024): ("shift", 128, T, T, T),
+    (64, F, 2048): ("shift", 128, T, F, T),
+    (64, F, 4096): ("shift", 128, F, F, T),
+    (64, F, 8192): ("shift", 128, F, F, T),
+    (64, F, 16384): ("shift", 128, F, F, T),
+    (64, T, 1024): ("symmetric_shift", 128, T, T, T),
+    (64, T, 2048): ("symmetric_shift", 128, T, T, F),
+    (64, T, 4096): ("symmetric_shift", 128, T, F, F),
+    (64, T, 8192): ("symmetric_shift", 128, F, F, F),
+    (64, T, 16384): ("symmetric_shift", 128, F, F, F),
+    (128, F, 1024): ("shift", 128, T, F, T),
+    (128, F, 2048): ("shift", 128, T, F, T),
+    (128, F, 4096): ("shift", 128, F, F, F),
+    (128, F, 8192): ("shift", 128, F, F, F),
+    (128, F, 16384): ("shift", 128, F, F, F),
+    (128, T, 1024): ("symmetric_shift", 128, T, T, T),
+    (128, T, 2048): ("symmetric_shift", 128, T, F, T),
+    (128, T, 4096): ("symmetric_shift", 128, T, F, T),
+    (128, T, 8192): ("symmetric_shift", 128, F, F, T),
+    (128, T, 16384): ("symmetric_shift", 128, F, F, T),
+}
+
+
+def picked_variants(key) -> tuple[ForwardVariant, BackwardVariant, BackwardVariant]:
+    """The bf16 forward and the deterministic and non-deterministic backward of a row."""
+    head_dim, causal, _ = key
+    _, _, fused, early, persistent = BENCHMARK_PICKS[key]
+    return (ForwardVariant("bf16", head_dim, causal, persistent=persistent),
+            BackwardVariant("bf16", head_dim, causal, deterministic=True, fused_convert=fused,
+                            early_kv=early),
+            BackwardVariant("bf16", head_dim, causal, deterministic=False, early_kv=early))
+
+
+def all_picked_variants() -> set:
+    """Every variant the table names: what the benchmark's sweep runs."""
+    return {variant for key in BENCHMARK_PICKS for variant in picked_variants(key)}

@@ -1,0 +1,241 @@
+"""dashgen.runtime.select, the one place that chooses: what it picks on the benchmark's 20
+configurations (the table in tests/benchmark_picks.py), how Overrides replace each policy, and
+errors that name the argument."""
+from __future__ import annotations
+
+import pytest
+
+from dashgen import Mask, Problem
+from dashgen.codegen.variants import BackwardVariant, ForwardVariant
+from dashgen.runtime.select import (AUTO_SCHEDULES, DEFAULT_SM_COUNT, Overrides,
+                                    check_kernel_problem, early_kv_pays,
+                                    forward_persistent_pays, problem_for, resolve_schedule,
+                                    select, select_forward, verified_plan)
+from dashgen.schedule.builders import BUILDERS, balanced_workers, build_schedule
+from dashgen.schedule.lower import lower
+
+from benchmark_picks import BENCHMARK_PICKS, picked_variants
+
+
+def benchmark_problem(head_dim: int, causal: bool, seqlen: int) -> Problem:
+    heads = 2048 // head_dim
+    return problem_for(16384 // seqlen, heads, heads, seqlen, seqlen, head_dim, causal)
+
+
+def no_plan(*args):
+    raise AssertionError(f"select read a plan for {args[1:]} although nothing needed one")
+
+
+def lowered(problem, schedule, workers):
+    """The plan select reads, without the verifier's seconds at 16k (its table is the same;
+    tests/test_kernels_compile.py checks the picks with verified plans, through
+    golden_variants)."""
+    return lower(build_schedule(schedule, problem, workers))
+
+
+@pytest.fixture(scope="module")
+def picks():
+    """Both modes' selections of every benchmark configuration (built once for the module)."""
+    return {key: (select(benchmark_problem(*key), "bf16", plan_of=lowered),
+                  select(benchmark_problem(*key), "bf16", deterministic=False, plan_of=no_plan))
+            for key in BENCHMARK_PICKS}
+
+
+@pytest.mark.parametrize("key", list(BENCHMARK_PICKS),
+                         ids=lambda k: f"d{k[0]}-{'causal' if k[1] else 'full'}-{k[2]}")
+def test_the_benchmark_configurations_get_their_kernels(picks, key):
+    head_dim, causal, seqlen = key
+    schedule, workers, fused, early, persistent = BENCHMARK_PICKS[key]
+    det, nondet = picks[key]
+    assert det.problem == benchmark_problem(*key)
+    assert (det.schedule, det.num_workers) == (schedule, workers)
+    assert det.backward == BackwardVariant("bf16", head_dim, causal, deterministic=True,
+                                           fused_convert=fused, early_kv=early)
+    assert det.forward == ForwardVariant("bf16", head_dim, causal, persistent=persistent)
+    assert (det.forward, det.backward, nondet.backward) == picked_variants(key)
+    # Without the order, nothing can tell when a dQ sum is final: never the fused convert.
+    assert (nondet.schedule, nondet.num_workers, nondet.forward) == (schedule, workers,
+                                                                     det.forward)
+    assert nondet.backward == BackwardVariant("bf16", head_dim, causal, deterministic=False,
+                                              early_kv=early)
+
+
+def test_the_policies_agree_with_the_table():
+    for (head_dim, causal, seqlen), (_, _, _, early, persistent) in BENCHMARK_PICKS.items():
+        problem = benchmark_problem(head_dim, causal, seqlen)
+        assert early_kv_pays(problem) is early
+        assert forward_persistent_pays(seqlen, head_dim, causal) is persistent
+
+
+def test_problem_for_is_in_the_backwards_tiles_and_memoized():
+    p64 = problem_for(2, 8, 2, 300, 200, 64, True)
+    p128 = problem_for(2, 8, 2, 300, 200, 128, False)
+    assert (p64.block_m, p64.block_n, p64.mask) == (128, 128, Mask.causal())
+    assert (p128.block_m, p128.block_n, p128.mask) == (64, 128, Mask.full())
+    assert (p64.batch, p64.heads_q, p64.heads_kv, p64.seqlen_q, p64.seqlen_k) == (2, 8, 2, 300,
+                                                                                 200)
+    assert problem_for(2, 8, 2, 300, 200, 64, True) is p64
+
+
+# -- Overrides -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [True, False])
+def test_fused_convert_override_replaces_the_policy(value):
+    # 16k tokens at 1k (fused) and 16k (not fused): the override wins either way, without a plan.
+    for seqlen in (1024, 16384):
+        problem = benchmark_problem(128, False, seqlen)
+        sel = select(problem, "bf16", overrides=Overrides(fused_convert=value), plan_of=no_plan)
+        assert sel.backward.fused_convert is value
+        nondet = select(problem, "bf16", deterministic=False,
+                        overrides=Overrides(fused_convert=value), plan_of=no_plan)
+        assert nondet.backward.fused_convert is False
+
+
+def test_fused_convert_policy_reads_the_plan_it_is_given():
+    problem = benchmark_problem(128, False, 1024)
+    seen = []
+
+    def plan_of(p, schedule, workers):
+        seen.append((p, schedule, workers))
+        return verified_plan(p, schedule, workers)
+
+    assert select(problem, "bf16", plan_of=plan_of).backward.fused_convert
+    assert seen == [(problem, "shift", 128)]
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_early_kv_override_replaces_the_policy(value):
+    for seqlen in (1024, 16384):  # the policy's on at 1k causal, off at 16k
+        problem = benchmark_problem(128, True, seqlen)
+        for deterministic in (True, False):
+            sel = select(problem, "bf16", deterministic=deterministic,
+                         overrides=Overrides(early_kv=value, fused_convert=False),
+                         plan_of=no_plan)
+            assert sel.backward.early_kv is value
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_persistent_forward_override_replaces_the_policy(value):
+    for head_dim, causal, seqlen in ((128, False, 1024), (128, False, 16384), (64, True, 1024),
+                                     (64, True, 16384)):
+        problem = benchmark_problem(head_dim, causal, seqlen)
+        forward = select_forward(problem, "bf16", overrides=Overrides(persistent_forward=value))
+        assert forward == ForwardVariant("bf16", head_dim, causal, persistent=value)
+        sel = select(problem, "fp16", deterministic=False,
+                     overrides=Overrides(persistent_forward=value))
+        assert sel.forward == ForwardVariant("fp16", head_dim, causal, persistent=value)
+
+
+def test_a_causal_persistent_forward_never_takes_more_query_tiles_than_sms():
+    """Its order takes whole heads a round: past the SM count (here 134 query tiles of 128 rows
+    on 132 SMs) the one-CTA-a-tile forward runs, even when asked for."""
+    problem = problem_for(1, 2, 2, 134 * 128, 128, 128, True)
+    on = Overrides(persistent_forward=True)
+    assert not select_forward(problem, "bf16", overrides=on).persistent
+    assert select_forward(problem, "bf16", sm_count=134, overrides=on).persistent
+    full = problem_for(1, 2, 2, 134 * 128, 128, 128, False)
+    assert select_forward(full, "bf16", overrides=on).persistent
+
+
+# -- schedules and workers -----------------------------------------------------------------------
+
+def test_auto_takes_the_first_candidate_that_serves_on_balanced_workers():
+    for kind, candidates in AUTO_SCHEDULES.items():
+        problem = Problem(batch=2, heads_q=4, seqlen_q=1000, mask=kind, block_m=64, block_n=128)
+        for sms in (114, 132):
+            name, workers = resolve_schedule(problem, "auto", None, sms)
+            assert name == candidates[0]
+            assert workers == balanced_workers(name, problem, sms) <= sms
+            assert resolve_schedule(problem, "auto", 7, sms) == (name, 7)
+        assert BUILDERS[candidates[0]].depends_on_workers  # a DASH order first
+        assert not BUILDERS[candidates[-1]].depends_on_workers  # a fallback that serves all
+
+
+@pytest.mark.parametrize("name", ["fa3", "spt", "descending"])
+def test_worker_independent_schedules_default_to_the_sm_count(name):
+    problem = problem_for(1, 2, 2, 300, 300, 128, True)
+    assert resolve_schedule(problem, name, None, 114) == (name, 114)
+    assert resolve_schedule(problem, name, 7, 114) == (name, 7)
+    sel = select(problem, "bf16", schedule=name, sm_count=114, plan_of=no_plan,
+                 overrides=Overrides(fused_convert=False))
+    assert (sel.schedule, sel.num_workers) == (name, 114)
+
+
+def test_trace_and_gqa_reach_the_backward_variant():
+    problem = problem_for(1, 8, 2, 300, 300, 64, False)
+    sel = select(problem, "fp16", trace=True, schedule="fa3", num_workers=5,
+                 overrides=Overrides(fused_convert=False))
+    assert sel.backward == BackwardVariant("fp16", 64, False, gqa=True, trace=True,
+                                           early_kv=early_kv_pays(problem))
+    assert sel.backward.kernel_name.endswith("_gqa_ekv_trace")
+    assert (sel.schedule, sel.num_workers) == ("fa3", 5)
+
+
+def test_the_default_sm_count_is_an_h200s():
+    assert DEFAULT_SM_COUNT == 132
+    problem = problem_for(1, 2, 2, 300, 300, 128, False)
+    assert select(problem, "bf16", schedule="fa3", plan_of=no_plan,
+                  overrides=Overrides(fused_convert=False)).num_workers == 132
+
+
+# -- errors --------------------------------------------------------------------------------------
+
+FULL = problem_for(1, 2, 2, 1000, 1000, 128, False)
+CAUSAL = problem_for(1, 2, 2, 1000, 1000, 128, True)
+
+
+@pytest.mark.parametrize("problem, kwargs, pattern", [
+    (FULL, dict(num_workers=133), r"^num_workers=133 exceeds this GPU's 132 SMs"),
+    (FULL, dict(schedule="fa3", num_workers=9, sm_count=8), r"^num_workers=9 exceeds this GPU's 8"),
+    (FULL, dict(schedule="shift"), r"^schedule='shift' orders the dQ sums by the worker count.*"
+                                   r"pass num_workers explicitly"),
+    (CAUSAL, dict(schedule="symmetric_shift"), r"^schedule='symmetric_shift' .*pass num_workers"),
+    (CAUSAL, dict(schedule="shift", num_workers=7), r"^schedule='shift' cannot serve this "
+                                                    r"problem: shift needs a full mask"),
+    (FULL, dict(schedule="symmetric_shift", num_workers=7),
+     r"^schedule='symmetric_shift' cannot serve this problem: .*causal"),
+    (FULL, dict(schedule="fastest"), r"^unknown schedule 'fastest'; known: fa3, spt"),
+])
+def test_schedule_errors_name_the_argument(problem, kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        select(problem, "bf16", plan_of=no_plan, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bfloat16", ""])
+def test_an_unsupported_dtype_is_named(dtype):
+    with pytest.raises(ValueError, match=rf"^dtype must be one of \['bf16', 'fp16'\], got "
+                                         rf"{dtype!r}"):
+        select(FULL, dtype, plan_of=no_plan)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 256])
+def test_an_unsupported_head_dim_is_named(head_dim):
+    problem = Problem(seqlen_q=256, head_dim=head_dim, block_m=64, block_n=128)
+    with pytest.raises(ValueError, match=rf"^head_dim must be one of \(64, 128\), got "
+                                         rf"{head_dim}"):
+        select(problem, "bf16", plan_of=no_plan)
+
+
+@pytest.mark.parametrize("head_dim, block_m, block_n, pattern", [
+    (128, 128, 128, r"^block_m must be 64, the backward's tile at head_dim 128 \(64x128\), "
+                    r"got 128"),
+    (64, 64, 128, r"^block_m must be 128, the backward's tile at head_dim 64 \(128x128\), got 64"),
+    (128, 64, 64, r"^block_n must be 128, the backward's tile at head_dim 128 \(64x128\), got 64"),
+])
+def test_tiles_other_than_the_backwards_are_refused(head_dim, block_m, block_n, pattern):
+    problem = Problem(seqlen_q=256, head_dim=head_dim, block_m=block_m, block_n=block_n)
+    with pytest.raises(ValueError, match=pattern):
+        check_kernel_problem(problem)
+    with pytest.raises(ValueError, match=pattern):
+        select(problem, "bf16", plan_of=no_plan)
+
+
+def test_a_mask_the_kernels_lack_is_refused():
+    problem = Problem(seqlen_q=256, mask=Mask.window(64, 0), block_m=64, block_n=128)
+    with pytest.raises(ValueError, match=r"^mask must be full or causal for the kernels"):
+        select(problem, "bf16", schedule="fa3", plan_of=no_plan)
+
+
+def test_fused_convert_without_the_order_is_refused_by_the_variant():
+    with pytest.raises(ValueError, match=r"^fused_convert needs deterministic=True"):
+        BackwardVariant("bf16", 128, False, deterministic=False, fused_convert=True)
