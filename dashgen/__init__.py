@@ -21,6 +21,7 @@ def __getattr__(name: str):
                               "'torch>=2.11'); the schedule and kernel tools work without "
                               "it") from None
         from .runtime.op import attention
+        globals()["attention"] = attention  # later lookups skip this function: host time a call
         return attention
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -1,0 +1,133 @@
+"""Two dashgen checkouts side by side on one GPU, for changes meant to keep bits and speed:
+each tree runs in its own process (both are the package `dashgen`), alternated, on the same
+seeded inputs, with schedule="auto" and deterministic=True.
+
+  --mode bits: dq, dk, dv and o of the 20 benchmark shapes hashed per run (same bits?), with
+    per-call CUDA-event medians.
+  --mode time: GPU time of the backward and of the no-grad forward per call, from events around
+    10 back-to-back calls, median of 7 batches, on 12 of the shapes; the table gives old / new
+    (above 1: the second tree is faster), medians over the alternated runs.
+
+PYTHONPATH= python3 scripts/compare_trees.py OLD_TREE NEW_TREE --mode time --runs 3 --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+
+def measure(tree: str, mode: str, out: str) -> None:
+    """In a child process: import dashgen from `tree` and write its figures to `out`."""
+    sys.path.insert(0, tree)
+    import torch
+    import dashgen
+    assert dashgen.__file__.startswith(tree), dashgen.__file__
+
+    def call_ms(fn, n=25, warm=3):
+        for _ in range(warm):
+            fn()
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record(); fn(); e.record(); torch.cuda.synchronize()
+        one = s.elapsed_time(e)
+        for _ in range(max(1, int(80 / max(one, 1e-3)))):  # ~80 ms: the clocks settle
+            fn()
+        times = []
+        for _ in range(n):
+            s.record(); fn(); e.record(); torch.cuda.synchronize()
+            times.append(s.elapsed_time(e))
+        return statistics.median(times)
+
+    def batch_ms(fn, calls=10, batches=7):
+        for _ in range(3):
+            fn()
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        times = []
+        for _ in range(batches + 1):
+            s.record()
+            for _ in range(calls):
+                fn()
+            e.record(); torch.cuda.synchronize()
+            times.append(s.elapsed_time(e) / calls)
+        return statistics.median(times[1:])
+
+    seqlens = (1024, 2048, 4096, 8192, 16384) if mode == "bits" else (1024, 4096, 16384)
+    res = {}
+    for hd in (64, 128):
+        for causal in (False, True):
+            for seq in seqlens:
+                b, h = 16384 // seq, 2048 // hd
+                g = torch.Generator(device="cuda").manual_seed(0)
+                q, k, v, do = (torch.randn(b, seq, h, hd, device="cuda", dtype=torch.bfloat16,
+                                           generator=g) for _ in range(4))
+                q, k, v = (t.requires_grad_() for t in (q, k, v))
+                o = dashgen.attention(q, k, v, causal=causal)
+                key = f"d{hd}_{'causal' if causal else 'full'}_{seq}"
+                timer = call_ms if mode == "bits" else batch_ms
+                bwd = timer(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+                with torch.no_grad():
+                    fwd = timer(lambda: dashgen.attention(q, k, v, causal=causal))
+                    o2 = dashgen.attention(q, k, v, causal=causal)
+                res[key] = {"bwd_ms": bwd, "fwd_ms": fwd}
+                if mode == "bits":
+                    grads = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+                    res[key]["hashes"] = [
+                        hashlib.sha256(t.view(torch.int16).cpu().numpy().tobytes()).hexdigest()
+                        for t in (*grads, o2)]
+                del q, k, v, do, o, o2
+                torch.cuda.empty_cache()
+    Path(out).write_text(json.dumps(res, indent=1))
+
+
+def report(old: list[dict], new: list[dict]) -> str:
+    lines = ["| shape | bwd old ms | bwd new ms | old/new | fwd old ms | fwd new ms | old/new |"
+             " bits |", "|---|---|---|---|---|---|---|---|"]
+    rb, rf = [], []
+    for key in old[0]:
+        bo, bn = (statistics.median(x[key]["bwd_ms"] for x in runs) for runs in (old, new))
+        fo, fn = (statistics.median(x[key]["fwd_ms"] for x in runs) for runs in (old, new))
+        rb.append(bo / bn)
+        rf.append(fo / fn)
+        bits = ("same" if all(x[key]["hashes"] == old[0][key]["hashes"] for x in old + new)
+                else "DIFFER") if "hashes" in old[0][key] else "-"
+        lines.append(f"| {key} | {bo:.3f} | {bn:.3f} | {bo / bn:.3f} | {fo:.3f} | {fn:.3f} | "
+                     f"{fo / fn:.3f} | {bits} |")
+    g = statistics.geometric_mean
+    lines.append(f"\ngeomean old/new: backward {g(rb):.3f} (min {min(rb):.3f}), forward "
+                 f"{g(rf):.3f} (min {min(rf):.3f}); {len(old)} runs of each tree, alternated")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("old")
+    parser.add_argument("new")
+    parser.add_argument("--mode", choices=("bits", "time"), default="time")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", default="compare_out")
+    parser.add_argument("--child", nargs=2, metavar=("TREE", "FILE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        measure(str(Path(args.child[0]).resolve()), args.mode, args.child[1])
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    for r in range(args.runs):
+        for name in ("old", "new"):
+            path = out / f"{args.mode}_{name}_{r}.json"
+            subprocess.run([sys.executable, __file__, args.old, args.new, "--mode", args.mode,
+                            "--child", getattr(args, name), str(path)], check=True)
+            runs[name].append(json.loads(path.read_text()))
+    text = report(runs["old"], runs["new"])
+    (out / f"{args.mode}.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
