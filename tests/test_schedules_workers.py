@@ -8,8 +8,8 @@ from dashgen import Problem, build_schedule
 from dashgen.tools.kernel_model import KernelCost, kernel_makespan
 from dashgen.schedule.builders import balanced_workers
 
-# r/c as calibrated on the H200 (docs/bench/*/calibration-hdim*.md: 0.45 at head_dim 64), and a
-# writer twice as slow.
+# r/c as calibrated on the H200 (0.30-0.45 at head_dim 64 in the 2026-11-30 runs'
+# calibration-hdim64.md, in git history at 33332dd), and a writer twice as slow.
 COSTS = [KernelCost(1.0, 0.45), KernelCost(1.0, 0.9, 0.1)]
 
 
