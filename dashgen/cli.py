@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .version import __version__
 from .codegen.variants import HEAD_DIMS, backward_tiles
-from .runtime.select import DEFAULT_SM_COUNT, AUTO_SCHEDULES
+from .runtime.select import DEFAULT_SM_COUNT
 from .schedule.builders import (BUILDERS, UnsupportedProblem, balanced_workers, build_schedule,
                                 get_builder, list_schedules)
 from .schedule.ir import Schedule, ScheduleFormatError
@@ -63,7 +63,7 @@ def _workers(args: argparse.Namespace, name: str, problem: Problem) -> int:
     """--workers, else the count the kernels would run `name` on (dashgen.runtime.select)."""
     if args.workers is not None:
         return args.workers
-    if get_builder(name).depends_on_workers and name in sum(AUTO_SCHEDULES.values(), ()):
+    if get_builder(name).depends_on_workers:  # as schedule="auto" runs it
         try:
             return balanced_workers(name, problem, DEFAULT_SM_COUNT)
         except ValueError:

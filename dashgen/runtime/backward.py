@@ -11,12 +11,11 @@ from ..caches import Memo, memo
 from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, TRACE_COLUMNS,
                                 BwdParams, ConvertParams, PrepParams)
 from . import launch
-from .device import addresses, allocation_stream, kernels, sm_count, stream, tensor_map
+from .device import (DTYPE_NAMES, addresses, allocation_stream, kernels, sm_count, stream,
+                     tensor_map)
 from .plans import cached_plan, conversion_plan, device_tables
-from .select import Overrides, Selection, problem_for, select
+from .select import Overrides, Selection, problem_of_shapes, select
 from .workspace import WorkspaceLayout, allocator
-
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @memo(max_entries=256)
@@ -24,9 +23,7 @@ def selection(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, determin
               trace: bool, schedule: str, num_workers: int | None, sms: int,
               overrides: Overrides) -> Selection:
     """dashgen.runtime.select.select for a call's shapes, with the runtime's cached plans."""
-    batch, seqlen_q, heads_q, head_dim = q_shape
-    problem = problem_for(batch, heads_q, k_shape[2], seqlen_q, k_shape[1], head_dim, causal)
-    return select(problem, dtype, deterministic=deterministic, trace=trace, schedule=schedule,
+    return select(problem_of_shapes(q_shape, k_shape, causal), dtype, deterministic=deterministic, trace=trace, schedule=schedule,
                   num_workers=num_workers, sm_count=sms, overrides=overrides,
                   plan_of=cached_plan)
 
@@ -138,7 +135,7 @@ class BackwardCall:
                  deterministic: bool, schedule: str, num_workers: int | None,
                  trace: bool = False, overrides: Overrides = Overrides()):
         dev = self.device = q.device
-        sel = self.selection = selection(tuple(q.shape), tuple(k.shape), _DTYPES[q.dtype],
+        sel = self.selection = selection(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype],
                                          bool(causal), bool(deterministic), bool(trace),
                                          schedule, num_workers, sm_count(dev), overrides)
         bl = self.bl = _backward_launch(sel, dev)

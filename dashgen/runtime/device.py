@@ -14,6 +14,8 @@ from ..codegen.render import render_variant
 from ..codegen.variants import BackwardVariant, ForwardVariant
 from . import launch
 
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # torch dtype -> variant dtype
+
 
 class LoadedKernels:
     """A variant's module: its main kernel (and the backward's `_preprocess` and `_convert`),

@@ -9,11 +9,9 @@ from ..caches import Memo, memo
 from ..codegen.variants import THREADS, FwdParams, ForwardVariant
 from ..schedule.builders.base import fewest_workers
 from . import launch
-from .device import kernels, sm_count, stream, tensor_map
-from .select import Overrides, problem_for, select_forward
+from .device import DTYPE_NAMES, kernels, sm_count, stream, tensor_map
+from .select import Overrides, problem_of_shapes, select_forward
 from .workspace import allocator
-
-_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def forward_ctas(m_tiles: int, heads: int, sms: int, causal: bool) -> int:
@@ -60,9 +58,7 @@ class ForwardLaunch:
 def forward_variant(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, sms: int,
                     overrides: Overrides = Overrides()) -> ForwardVariant:
     """dashgen.runtime.select.select_forward for a call's shapes."""
-    batch, seqlen_q, heads_q, head_dim = q_shape
-    problem = problem_for(batch, heads_q, k_shape[2], seqlen_q, k_shape[1], head_dim, causal)
-    return select_forward(problem, dtype, sms, overrides)
+    return select_forward(problem_of_shapes(q_shape, k_shape, causal), dtype, sms, overrides)
 
 
 @memo(max_entries=256)
@@ -73,7 +69,7 @@ def forward_launch(variant: ForwardVariant, q_shape: tuple, device: torch.device
 def forward(q, k, v, *, causal: bool, softmax_scale: float,
             overrides: Overrides = Overrides()):
     """o and lse; q, k and v are contiguous."""
-    variant = forward_variant(tuple(q.shape), tuple(k.shape), _DTYPES[q.dtype], bool(causal),
+    variant = forward_variant(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype], bool(causal),
                               sm_count(q.device), overrides)
     fl = forward_launch(variant, tuple(q.shape), q.device)
     batch, seqlen_q, heads_q, _ = q.shape

@@ -22,8 +22,9 @@ from .select import problem_for, resolve_schedule
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 REQUIRED_CAPABILITY = (9, 0)  # the kernels use wgmma/TMA/setmaxnreg, compiled for sm_90a only
 
-# Tests point this at "cpu" to run the whole op against a stand-in runtime.
+# The device type the op accepts; CPU tests point it at "cpu" and fake the kernels (_kernels).
 _DEVICE_TYPE = "cuda"
+
 
 class Options(NamedTuple):
     """The resolved arguments the custom ops receive (a NamedTuple so torch.compile folds it)."""

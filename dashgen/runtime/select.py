@@ -73,6 +73,12 @@ def problem_for(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k
                    block_n=block_n)
 
 
+def problem_of_shapes(q_shape: tuple, k_shape: tuple, causal: bool) -> Problem:
+    """problem_for from q's (batch, seqlen_q, heads_q, head_dim) and k's shapes."""
+    batch, seqlen_q, heads_q, head_dim = q_shape
+    return problem_for(batch, heads_q, k_shape[2], seqlen_q, k_shape[1], head_dim, causal)
+
+
 def check_kernel_problem(problem: Problem) -> None:
     """Raise ValueError naming the field where the kernels cannot run `problem`: a head_dim
     without a kernel, a mask other than full or causal, or tiles other than the backward's."""
