@@ -5,6 +5,7 @@ from .version import __version__
 
 from .caches import clear_caches
 from .schedule.ir import Schedule, ScheduleFormatError, Task
+from .schedule.files import load_schedule
 from .schedule.problem import Mask, Problem
 from .schedule.builders import UnsupportedProblem, build_schedule, list_schedules
 from .schedule.simulate import Cost, SimResult, SimulationDeadlock, simulate
@@ -30,5 +31,5 @@ __all__ = [
     "Cost", "Mask", "attention", "Problem", "Schedule", "ScheduleFormatError", "SimResult",
     "SimulationDeadlock", "Task", "UnsupportedProblem", "VerificationError",
     "VerificationReport", "Violation", "build_schedule", "clear_caches", "list_schedules",
-    "simulate", "verify",
+    "load_schedule", "simulate", "verify",
 ]

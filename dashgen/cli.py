@@ -9,10 +9,19 @@ from pathlib import Path
 from .version import __version__
 from .codegen.variants import HEAD_DIMS, backward_tiles
 from .runtime.select import DEFAULT_SM_COUNT
-from .schedule.builders import (BUILDERS, UnsupportedProblem, balanced_workers, build_schedule,
-                                get_builder, list_schedules)
+from .schedule.builders import (BUILDERS, UnsupportedProblem, build_schedule, list_schedules,
+                                min_workers)
 from .schedule.ir import Schedule, ScheduleFormatError
 from .schedule.problem import Mask, Problem
+from .schedule.summary import ScheduleSummary, problem_tasks, summarize
+
+# The full per-task views (show's worker programs and dQ orders, --json; plan's simulation,
+# --text, --png, --kernel-model) hold every task as a Python object, several times over: past
+# this many tasks they would take minutes and gigabytes, so they are refused.
+FULL_VIEW_MAX_TASKS = 2_000_000
+# Without --full or --summary: the full view up to this many tasks, where it still reads (and
+# simulates) in seconds, the summary above.
+FULL_VIEW_DEFAULT_TASKS = 20_000
 
 
 class CliError(Exception):
@@ -39,11 +48,10 @@ def _problem_options(parser: argparse.ArgumentParser, helps: dict[str, str] | No
                    "other head_dims)"))
     g.add_argument("--block-n", type=int, default=None,
                    help=helps.get("block_n", "KV rows per tile (default: the kernel's, 128)"))
-    g.add_argument("--workers", type=int, default=None, help=helps.get(
-        "workers", f"persistent workers, one per SM (default: the count the kernels would run "
-                   f"on a {DEFAULT_SM_COUNT}-SM H100/H200: for shift and symmetric_shift the "
-                   f"fewest as busy as {DEFAULT_SM_COUNT}, as schedule=auto picks, else "
-                   f"{DEFAULT_SM_COUNT})"))
+    g.add_argument("--workers", type=int, default=DEFAULT_SM_COUNT, help=helps.get(
+        "workers", f"persistent workers, one per SM (default {DEFAULT_SM_COUNT}, an H100/H200's "
+                   f"SMs). shift and symmetric_shift run a head's units at once: they need at "
+                   f"least that many and run a multiple of it"))
 
 
 def _problem(args: argparse.Namespace) -> Problem:
@@ -59,16 +67,34 @@ def _problem(args: argparse.Namespace) -> Problem:
         raise CliError(str(exc)) from None
 
 
-def _workers(args: argparse.Namespace, name: str, problem: Problem) -> int:
-    """--workers, else the count the kernels would run `name` on (dashgen.runtime.select)."""
-    if args.workers is not None:
-        return args.workers
-    if get_builder(name).depends_on_workers:  # as schedule="auto" runs it
-        try:
-            return balanced_workers(name, problem, DEFAULT_SM_COUNT)
-        except ValueError:
-            pass  # a problem the schedule cannot serve: build_schedule says why
-    return DEFAULT_SM_COUNT
+def _workers(args: argparse.Namespace) -> int:
+    """The launch's workers: --workers (default the kernels' SM count); a schedule runs
+    workers_used of them (dashgen.schedule.builders)."""
+    if args.workers < 1:
+        raise CliError(f"--workers must be a positive int, got {args.workers}")
+    return args.workers
+
+
+def _summarize(name: str, problem: Problem, workers: int) -> ScheduleSummary:
+    try:
+        return summarize(name, problem, workers)
+    except ValueError as exc:  # UnsupportedProblem, fewer workers than the schedule needs
+        raise CliError(str(exc)) from None
+
+
+def _full_view(args: argparse.Namespace, num_tasks: int, asked: list[str]) -> bool:
+    """Whether to give the full per-task view: when an option in `asked` asks for it (refused
+    above FULL_VIEW_MAX_TASKS tasks, and with --summary), else up to FULL_VIEW_DEFAULT_TASKS."""
+    if args.summary:
+        if asked:
+            raise CliError(f"--summary cannot go with {asked[0]}, which needs the full "
+                           f"per-task view")
+        return False
+    if asked and num_tasks > FULL_VIEW_MAX_TASKS:
+        raise CliError(f"{asked[0]} needs the full per-task view, limited to "
+                       f"{FULL_VIEW_MAX_TASKS:,} tasks; this problem has {num_tasks:,} (leave "
+                       f"out {asked[0]} for the summary)")
+    return bool(asked) or num_tasks <= FULL_VIEW_DEFAULT_TASKS
 
 
 def _write_file(option: str, path: str, text: str) -> None:
@@ -88,17 +114,31 @@ def _build(name: str, problem: Problem, workers: int) -> Schedule:
 def cmd_schedules(args: argparse.Namespace) -> None:
     width = max(len(n) for n in BUILDERS)
     for name, builder in BUILDERS.items():
-        dep = " [order depends on the worker count]" if builder.depends_on_workers else ""
-        print(f"{name:<{width}}  {builder.summary}{dep}")
+        tag = ""
+        if builder.heads_together:
+            # The fewest workers on the default problem (4096 tokens, head_dim 128) in the mask
+            # the schedule serves: its minimum grows with the sequence.
+            problem = next(p for p in (Problem(seqlen_q=4096, block_m=64, mask=m)
+                                       for m in ("full", "causal")) if builder.supports(p) is None)
+            tag = (f" [a head's units run at once: at least {min_workers(name, problem)} "
+                   f"workers at seqlen 4096]")
+        print(f"{name:<{width}}  {builder.summary}{tag}")
 
 
 def cmd_show(args: argparse.Namespace) -> None:
     from .schedule.show import format_schedule
+    from .schedule.summary import format_summary
 
     if args.json:
         _check_writable("--json", args.json)
     problem = _problem(args)
-    schedule = _build(args.schedule, problem, _workers(args, args.schedule, problem))
+    workers = _workers(args)
+    summary = _summarize(args.schedule, problem, workers)  # refusals before any task is built
+    asked = [opt for opt, on in (("--full", args.full), ("--json", args.json)) if on]
+    if not _full_view(args, summary.num_tasks, asked):
+        print(format_summary(summary))
+        return
+    schedule = _build(args.schedule, problem, workers)
     print(format_schedule(schedule))
     if args.json:
         _write_file("--json", args.json, schedule.to_json())
@@ -117,6 +157,16 @@ def cmd_plan(args: argparse.Namespace) -> None:
         raise CliError(str(exc)) from None
     if args.png:
         _check_writable("--png", args.png)
+    workers = _workers(args)
+    num_tasks = problem_tasks(problem)
+    asked = [opt for opt, on in (("--full", args.full), ("--png", args.png), ("--text", args.text),
+                                 ("--kernel-model", args.kernel_model)) if on]
+    full = _full_view(args, num_tasks, asked)
+    # Every refusal before the first line: the summaries build no task.
+    summaries = {name: _plan_summary_or_skip(args, name, problem, workers) for name in names}
+    if not full:
+        _print_plan_summary(args, problem, workers, num_tasks, summaries)
+        return
     print(f"plan: {problem.describe()}; "
           f"cost c={args.c:g} r={args.r:g} signal_latency={args.signal_latency:g}"
           + (" (c scaled by the kept fraction of each tile)" if args.masked_cost else ""))
@@ -124,19 +174,16 @@ def cmd_plan(args: argparse.Namespace) -> None:
               f"{'efficiency':>11} {'conflicts':>10}")
     print(header + (f" {'kernel model':>13}" if args.kernel_model else ""))
     results = []
-    for name in names:
-        workers = _workers(args, name, problem)
-        try:
-            schedule = build_schedule(name, problem, workers)
-        except UnsupportedProblem as exc:
-            print(f"{name:<16} skipped: {exc.reason}")
+    for name, summary in summaries.items():
+        if isinstance(summary, str):
+            print(f"{name:<16} skipped: {summary}")
             continue
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
+        schedule = build_schedule(name, problem, workers)
         report = verify(schedule)
         result = simulate(schedule, cost)
         results.append((name, result))
-        row = (f"{name:<16} {workers:>7} {result.makespan:>10.2f} {result.lower_bound:>12.2f} "
+        row = (f"{name:<16} {schedule.num_workers:>7} {result.makespan:>10.2f} "
+               f"{result.lower_bound:>12.2f} "
                f"{result.efficiency:>10.1%} {report.num_conflicts:>10}")
         if args.kernel_model:
             row += f" {_kernel_model_makespan(schedule, args):>13}"
@@ -158,6 +205,38 @@ def cmd_plan(args: argparse.Namespace) -> None:
         print(f"wrote {args.png}")
 
 
+def _plan_summary_or_skip(args: argparse.Namespace, name: str, problem: Problem,
+                          workers: int) -> ScheduleSummary | str:
+    """The schedule's summary, or why `plan` skips it: a mask it does not serve, or (with
+    --schedule all) fewer workers than it needs; one schedule asked for by name that cannot
+    run on the workers is an error."""
+    try:
+        return summarize(name, problem, workers)
+    except UnsupportedProblem as exc:
+        return exc.reason
+    except ValueError as exc:
+        if args.schedule != "all":
+            raise CliError(str(exc)) from None
+        return str(exc)
+
+
+def _print_plan_summary(args: argparse.Namespace, problem: Problem, workers: int,
+                        num_tasks: int, summaries: dict[str, ScheduleSummary | str]) -> None:
+    """plan without the simulation: the busiest worker against the bound, in tasks."""
+    why = "" if args.summary else f" (--full simulates up to {FULL_VIEW_MAX_TASKS:,})"
+    print(f"plan: {problem.describe()}; {num_tasks:,} tasks: a summary in tasks{why}")
+    print(f"{'schedule':<16} {'workers':>7} {'busiest':>10} {'bound':>10} {'ratio':>7} "
+          f"{'at worker':>9} {'min load':>10} {'mean load':>11}")
+    for name, s in summaries.items():
+        if isinstance(s, str):
+            print(f"{name:<16} skipped: {s}")
+            continue
+        print(f"{name:<16} {s.workers_used:>7} {s.max_load:>10} {s.bound:>10} {s.ratio:>6.3f}x "
+              f"{s.busiest:>9} {s.min_load:>10} {s.mean_load:>11.1f}")
+    print(f"busiest: the tasks of the busiest worker; bound: ceil(tasks / {workers} workers); "
+          f"ratio: busiest / bound")
+
+
 def _kernel_model_makespan(schedule: Schedule, args: argparse.Namespace) -> str:
     from .tools.kernel_model import KernelCost, kernel_makespan
 
@@ -168,14 +247,15 @@ def _kernel_model_makespan(schedule: Schedule, args: argparse.Namespace) -> str:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
+    from .schedule.files import read_schedule
     from .schedule.verify import VerificationError, verify
 
     try:
-        schedule = Schedule.from_json(Path(args.file).read_text())
+        schedule = read_schedule(args.file)  # either format; the message names the file
     except OSError as exc:
-        raise CliError(f"cannot read {args.file}: {exc.strerror}") from None
+        raise CliError(f"cannot read {args.file}: {exc.strerror or exc}") from None
     except ScheduleFormatError as exc:
-        raise CliError(f"{args.file}: {exc}") from None
+        raise CliError(str(exc)) from None
     try:
         report = verify(schedule)
     except VerificationError as exc:
@@ -243,12 +323,12 @@ def cmd_emit(args: argparse.Namespace) -> None:
     if args.schedule is None:
         raise CliError("--schedule is required (or --golden to rewrite generated/)")
     problem = _emit_problem(args)
-    workers = _workers(args, args.schedule, problem)
-    schedule = _build(args.schedule, problem, workers)
+    schedule = _build(args.schedule, problem, _workers(args))
     out = _out_dir(Path(args.out or "dashgen-out"))
     mode = "non-deterministic" if args.nondeterministic else "deterministic"
     print(f"emit {schedule.name}: {problem.describe()}")
-    print(f"  {workers} workers; {args.dtype}, {mode}{', GQA' if problem.gqa else ''}")
+    print(f"  {schedule.num_workers} workers; {args.dtype}, {mode}"
+          f"{', GQA' if problem.gqa else ''}")
     try:
         emission = emit(schedule, out, dtype=args.dtype, deterministic=not args.nondeterministic)
     except VerificationError as exc:
@@ -260,7 +340,8 @@ def cmd_emit(args: argparse.Namespace) -> None:
         raise SystemExit(1) from None
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    print(f"wrote {emission.tasks_path} ({emission.plan.num_tasks} tasks)")
+    if emission.tasks_path is not None:  # a schedule file's table; a policy needs none
+        print(f"wrote {emission.tasks_path} ({emission.plan.num_tasks} tasks)")
     for kernel in emission.kernels:
         print(f"wrote {kernel.source_path}")
         print(f"  and {kernel.cubin_path}")
@@ -298,6 +379,16 @@ def cmd_bench(args: argparse.Namespace) -> None:
         raise SystemExit(status)
 
 
+def _view_options(parser: argparse.ArgumentParser, full: str) -> None:
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--full", action="store_true", help=(
+        f"{full}, task by task, at any size up to {FULL_VIEW_MAX_TASKS:,} tasks (default: up to "
+        f"{FULL_VIEW_DEFAULT_TASKS:,}, the summary above)"))
+    g.add_argument("--summary", action="store_true", help=(
+        "only the summary: tasks per worker and the busiest worker against the bound "
+        "ceil(tasks / workers), computed without building the tasks (seconds at 1M tokens)"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dashgen", description="Deterministic attention backward schedules for Hopper.")
@@ -313,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "order in which every dQ tile is summed.")
     p.add_argument("--schedule", required=True, choices=list_schedules())
     p.add_argument("--json", metavar="FILE", help="also write the schedule as an editable JSON file")
+    _view_options(p, "the worker programs and dQ orders")
     _problem_options(p)
     p.set_defaults(func=cmd_show)
 
@@ -331,12 +423,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "warp adds dQ while the MMA goes on, 2 buffers; see dashgen calibrate)")
     p.add_argument("--masked-cost", action="store_true",
                    help="scale c by the fraction of each tile the mask keeps")
+    _view_options(p, "the simulation")
     _problem_options(p)
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("verify", help="verify a schedule JSON file",
-                       description="Check a schedule file against coverage, contiguity, total "
-                                   "order and liveness; report order conflicts.")
+    p = sub.add_parser("verify", help="verify a schedule file or an emitted task table",
+                       description="Check a schedule file (dashgen show --json) or a task table "
+                                   "(the .tasks.json of dashgen emit) against coverage, "
+                                   "contiguity, total order and liveness; report order "
+                                   "conflicts.")
     p.add_argument("file", metavar="FILE.json")
     p.set_defaults(func=cmd_verify)
 

@@ -36,13 +36,22 @@ BENCHMARK_PICKS = {
 def picked_variants(key) -> tuple[ForwardVariant, BackwardVariant, BackwardVariant]:
     """The bf16 forward and the deterministic and non-deterministic backward of a row."""
     head_dim, causal, _ = key
-    _, _, fused, early, persistent = BENCHMARK_PICKS[key]
+    name, _, fused, early, persistent = BENCHMARK_PICKS[key]
     return (ForwardVariant("bf16", head_dim, causal, persistent=persistent),
-            BackwardVariant("bf16", head_dim, causal, deterministic=True, fused_convert=fused,
-                            early_kv=early),
-            BackwardVariant("bf16", head_dim, causal, deterministic=False, early_kv=early))
+            BackwardVariant("bf16", head_dim, causal, name, deterministic=True,
+                            fused_convert=fused, early_kv=early),
+            BackwardVariant("bf16", head_dim, causal, name, deterministic=False, early_kv=early))
 
 
 def all_picked_variants() -> set:
     """Every variant the table names: what the benchmark's sweep runs."""
     return {variant for key in BENCHMARK_PICKS for variant in picked_variants(key)}
+
+
+def other_schedule_variants() -> set:
+    """The golden backward of every schedule the sweep does not run, and of the table walk."""
+    from dashgen.tools.emit import default_mask
+    from dashgen.schedule.builders import list_schedules
+    swept = {v.schedule for v in all_picked_variants() if isinstance(v, BackwardVariant)}
+    return {BackwardVariant("bf16", 128, name != "table" and default_mask(name) == "causal", name)
+            for name in [*list_schedules(), "table"] if name not in swept}

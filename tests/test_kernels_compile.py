@@ -22,28 +22,33 @@ from dashgen.codegen.render import render, render_variant
 from dashgen.codegen.variants import (BACKWARD_CONSTANTS, SM90_MAX_SMEM_BYTES, BackwardVariant,
                                       ForwardVariant, backward_tiles)
 
-from benchmark_picks import all_picked_variants
+from benchmark_picks import all_picked_variants, other_schedule_variants
 
 # setmaxnreg needs the register cap at entry: 65536 / 384 threads, rounded down to 8.
 ENTRY_REGISTERS = 168
+# The most local memory a named policy's walk may take in the scheduler lane (measured: 0 for
+# fa3 and descending, 4-8 for spt and shift, 48-76 for symmetric_shift).
+SCHEDULER_SPILL_BYTES = 96
 # Fallbacks that cost the main loop its overlap: never accepted.
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
 
 B, F = BackwardVariant, ForwardVariant
 EXTRA_VARIANTS = [
     # trace=True (the GPU tests' trace = IR check), with and without the per-problem options
-    B("bf16", 128, True, trace=True),
-    B("fp16", 64, False, trace=True),
-    B("bf16", 64, True, fused_convert=True, early_kv=True, trace=True),
+    B("bf16", 128, True, "symmetric_shift", trace=True),
+    B("fp16", 64, False, "shift", trace=True),
+    B("bf16", 64, True, "spt", fused_convert=True, early_kv=True, trace=True),
+    B("bf16", 128, True, "table", trace=True),
     # GQA / MQA: dK/dV summed in dkv_rank order
-    B("bf16", 128, True, gqa=True),
-    B("bf16", 128, False, deterministic=False, gqa=True),
-    B("bf16", 64, False, gqa=True, fused_convert=True, early_kv=True),
-    B("bf16", 64, True, deterministic=False, gqa=True, early_kv=True),
+    B("bf16", 128, True, "symmetric_shift", gqa=True),
+    B("bf16", 128, False, "shift", deterministic=False, gqa=True),
+    B("bf16", 64, False, "fa3", gqa=True, fused_convert=True, early_kv=True),
+    B("bf16", 64, True, "spt", deterministic=False, gqa=True, early_kv=True),
+    B("bf16", 64, True, "table", gqa=True, fused_convert=True, early_kv=True),
     # fp16: the same templates with f16 wgmma inputs
-    B("fp16", 128, True),
-    B("fp16", 128, False, deterministic=False),
-    B("fp16", 64, True, gqa=True, fused_convert=True),
+    B("fp16", 128, True, "symmetric_shift"),
+    B("fp16", 128, False, "fa3", deterministic=False),
+    B("fp16", 64, True, "descending", gqa=True, fused_convert=True),
     F("fp16", 64, False),
     F("fp16", 128, True, persistent=True),
 ]
@@ -66,7 +71,7 @@ def compiled():
 def test_golden_variants_are_what_the_benchmark_runs():
     """select, with its verified plans, picks exactly the table's variants on the sweep
     (tests/benchmark_picks.py), and none of the extras compiled here."""
-    assert set(GOLDEN_VARIANTS) == all_picked_variants()
+    assert set(GOLDEN_VARIANTS) == all_picked_variants() | other_schedule_variants()
     assert not set(GOLDEN_VARIANTS) & set(EXTRA_VARIANTS)
 
 
@@ -81,8 +86,17 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
         expected |= {f"{name}_preprocess", f"{name}_convert"}
     assert set(cubin.resources) == expected, cubin.log
     for function, usage in cubin.resources.items():
-        assert usage.spill_bytes == 0, f"{function} spills {usage.spill_bytes} bytes:\n{cubin.log}"
-        assert usage.stack_frame_bytes == 0, f"{function}: {usage.stack_frame_bytes} B stack"
+        allowed = 0
+        if function == name and isinstance(variant, BackwardVariant) and not variant.table:
+            # A named policy's walk runs in the scheduler lane, inside the producer
+            # warpgroup's 24 registers, and may keep a few words in local memory; the same
+            # kernel walking a table (everything else identical) must spill nothing, so the
+            # spills are the walk's (docs/design.md, `scheduler-lane`).
+            allowed = SCHEDULER_SPILL_BYTES
+            table = compiled(dataclasses.replace(variant, schedule="table")).resources
+            assert table[name.replace(f"_{variant.schedule}_", "_table_")].spill_bytes == 0
+        assert usage.spill_bytes <= allowed, f"{function} spills {usage.spill_bytes} bytes:\n{cubin.log}"
+        assert usage.stack_frame_bytes <= allowed, f"{function}: {usage.stack_frame_bytes} B stack"
         assert not any(usage.has_warning(code) for code in SLOW_PATHS), usage.warnings
     main = cubin.resources[name]
     assert main.registers == ENTRY_REGISTERS, cubin.log
@@ -106,8 +120,9 @@ def test_the_cubin_says_how_much_shared_memory_its_main_kernel_takes(variant, co
     assert variant.block_m * variant.head_dim * 2 < smem <= SM90_MAX_SMEM_BYTES
 
 
-@pytest.mark.parametrize("variant", [F("bf16", 128, True), B("fp16", 64, False, gqa=True),
-                                     B("bf16", 128, True, fused_convert=True, early_kv=True)],
+@pytest.mark.parametrize("variant", [F("bf16", 128, True), B("fp16", 64, False, "fa3", gqa=True),
+                                     B("bf16", 128, True, "symmetric_shift", fused_convert=True,
+                                       early_kv=True)],
                          ids=["fwd", "bwd", "bwd-options"])
 def test_rendered_header_says_do_not_edit_and_names_template(variant):
     source = render_variant(variant)
@@ -123,11 +138,11 @@ def test_rendered_header_says_do_not_edit_and_names_template(variant):
 
 
 @pytest.mark.parametrize("variant, name", [
-    (B("bf16", 128, True), "dashgen_bwd_bf16_d128_causal_det"),
-    (B("bf16", 128, True, fused_convert=True, early_kv=True),
-     "dashgen_bwd_bf16_d128_causal_det_fconv_ekv"),
-    (B("fp16", 64, False, deterministic=False, gqa=True, early_kv=True, trace=True),
-     "dashgen_bwd_fp16_d64_full_nondet_gqa_ekv_trace"),
+    (B("bf16", 128, True, "spt"), "dashgen_bwd_bf16_d128_causal_spt_det"),
+    (B("bf16", 128, True, "symmetric_shift", fused_convert=True, early_kv=True),
+     "dashgen_bwd_bf16_d128_causal_symmetric_shift_det_fconv_ekv"),
+    (B("fp16", 64, False, "table", deterministic=False, gqa=True, early_kv=True, trace=True),
+     "dashgen_bwd_fp16_d64_full_table_nondet_gqa_ekv_trace"),
     (F("bf16", 64, False), "dashgen_fwd_bf16_d64_full"),
     (F("fp16", 128, True, persistent=True), "dashgen_fwd_fp16_d128_causal_persistent"),
 ])
@@ -137,7 +152,7 @@ def test_a_variants_name_is_built_from_its_fields(variant, name):
 
 def test_the_backward_constants_are_the_tiles_schedules_are_built_in():
     for (head_dim, causal), constants in BACKWARD_CONSTANTS.items():
-        variant = B("bf16", head_dim, causal)
+        variant = B("bf16", head_dim, causal, "fa3")
         assert (variant.block_m, variant.block_n) == backward_tiles(head_dim)
         assert (variant.staged_stats, variant.ds_stmatrix) == (constants.staged_stats,
                                                                constants.ds_stmatrix)
@@ -169,7 +184,21 @@ def test_render_raises_on_a_missing_config_field(template):
 ])
 def test_variants_refuse_what_no_kernel_implements(variant, kwargs, error, pattern):
     with pytest.raises(error, match=pattern):
-        variant(causal=False, **kwargs)
+        variant(causal=False, **kwargs, **({"schedule": "fa3"} if variant is B else {}))
+
+
+def test_a_backward_names_a_schedule_policy_and_its_header_holds_it():
+    with pytest.raises(ValueError, match=r"^schedule must be one of "):
+        B("bf16", 128, False, "nope")
+    from dashgen.schedule.builders import BUILDERS
+    for name, policy in BUILDERS.items():
+        variant = B("bf16", 128, False, name)
+        assert variant.schedule_id == policy.kernel_id
+        text = render_variant(variant).text
+        assert f"struct {variant.policy_class} {{" in text  # the policy's source is inlined
+        assert f"sched::{variant.policy_class}<Tl>" in text
+    table = render_variant(B("bf16", 128, False, "table")).text
+    assert "sched::TableWalk" in table and "struct Fa3 {" not in table
 
 
 @pytest.mark.parametrize("kwargs, name", [(dict(causal=1), "causal"),
@@ -177,6 +206,6 @@ def test_variants_refuse_what_no_kernel_implements(variant, kwargs, error, patte
                                           (dict(causal=False, trace=None), "trace")])
 def test_switches_must_be_bools(kwargs, name):
     with pytest.raises(TypeError, match=rf"^{name} must be a bool"):
-        B("bf16", 128, **kwargs)
+        B("bf16", 128, schedule="fa3", **kwargs)
     with pytest.raises(TypeError, match=r"^persistent must be a bool"):
         F("bf16", 128, False, persistent=1)

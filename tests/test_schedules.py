@@ -1,11 +1,12 @@
-"""Builder-specific properties: the orders each schedule promises, W-dependence, refusals, JSON."""
+"""Builder-specific properties: the orders each schedule promises, refusals, JSON (the worker
+count's part: tests/test_schedules_workers.py)."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from dashgen import Problem, Schedule, ScheduleFormatError, UnsupportedProblem, build_schedule
-from dashgen.schedule.builders import BUILDERS, list_schedules
+from dashgen.schedule.builders import BUILDERS, list_schedules, min_workers
 
 
 def dq_orders(schedule: Schedule) -> dict[tuple[int, int, int], list[int]]:
@@ -103,28 +104,36 @@ problems = st.builds(
 
 
 @settings(max_examples=40, deadline=None)
-@given(problems, st.integers(1, 132), st.integers(1, 132))
-def test_declared_worker_independence_holds(problem, w1, w2):
+@given(problems, st.integers(0, 131), st.integers(0, 131))
+def test_dq_orders_are_the_same_on_any_two_worker_counts(problem, e1, e2):
+    # Window masks and 192-key tiles too (tests/test_schedules_workers.py: every count, ranks)
     for name, builder in BUILDERS.items():
-        if builder.supports(problem) is not None or builder.depends_on_workers:
+        if builder.supports(problem) is not None:
             continue
-        a = dq_orders(build_schedule(name, problem, w1))
-        b = dq_orders(build_schedule(name, problem, w2))
-        assert a == b, name
+        lo = min_workers(name, problem)
+        a = build_schedule(name, problem, lo + e1)
+        b = build_schedule(name, problem, lo + e2)
+        assert not a.depends_on_workers and not b.depends_on_workers
+        assert dq_orders(a) == dq_orders(b), name
 
 
 @pytest.mark.parametrize("name,mask", [("shift", "full"), ("symmetric_shift", "causal")])
-def test_worker_dependent_builders_really_depend_on_workers(name, mask):
-    p = Problem(seqlen_q=1024, mask=mask)
-    assert BUILDERS[name].depends_on_workers
-    assert dq_orders(build_schedule(name, p, 2)) != dq_orders(build_schedule(name, p, 8))
+def test_arrival_ordered_builders_run_whole_heads_at_once(name, mask):
+    # 8 KV tiles: shift's 8 units or symmetric_shift's 4 pairs wait on each other both ways.
+    p = Problem(heads_q=3, seqlen_q=1024, mask=mask)
+    units = 8 if name == "shift" else 4
+    assert BUILDERS[name].heads_together and min_workers(name, p) == units
+    with pytest.raises(ValueError, match=f"needs at least {units} workers"):
+        build_schedule(name, p, units - 1)
+    assert build_schedule(name, p, 2 * units + 1).num_workers == 2 * units
+    assert dq_orders(build_schedule(name, p, units)) == dq_orders(build_schedule(name, p, 24))
 
 
 @settings(max_examples=30, deadline=None)
-@given(problems, st.integers(1, 40), st.sampled_from(list_schedules()))
-def test_json_round_trip(problem, workers, name):
+@given(problems, st.integers(0, 40), st.sampled_from(list_schedules()))
+def test_json_round_trip(problem, extra, name):
     try:
-        s = build_schedule(name, problem, workers)
+        s = build_schedule(name, problem, min_workers(name, problem) + extra)
     except UnsupportedProblem:
         return
     back = Schedule.from_json(s.to_json())

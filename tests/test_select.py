@@ -10,9 +10,8 @@ from dashgen.codegen.variants import BackwardVariant, ForwardVariant
 from dashgen.runtime.select import (AUTO_SCHEDULES, DEFAULT_SM_COUNT, Overrides,
                                     check_kernel_problem, early_kv_pays,
                                     forward_persistent_pays, problem_for, resolve_schedule,
-                                    select, select_forward, verified_plan)
-from dashgen.schedule.builders import BUILDERS, balanced_workers, build_schedule
-from dashgen.schedule.lower import lower
+                                    select, select_forward, balanced_workers, fuses_convert)
+from dashgen.schedule.builders import BUILDERS, Tiling
 
 from benchmark_picks import BENCHMARK_PICKS, picked_variants
 
@@ -22,22 +21,11 @@ def benchmark_problem(head_dim: int, causal: bool, seqlen: int) -> Problem:
     return problem_for(16384 // seqlen, heads, heads, seqlen, seqlen, head_dim, causal)
 
 
-def no_plan(*args):
-    raise AssertionError(f"select read a plan for {args[1:]} although nothing needed one")
-
-
-def lowered(problem, schedule, workers):
-    """The plan select reads, without the verifier's seconds at 16k (its table is the same;
-    tests/test_kernels_compile.py checks the picks with verified plans, through
-    golden_variants)."""
-    return lower(build_schedule(schedule, problem, workers))
-
-
 @pytest.fixture(scope="module")
 def picks():
     """Both modes' selections of every benchmark configuration (built once for the module)."""
-    return {key: (select(benchmark_problem(*key), "bf16", plan_of=lowered),
-                  select(benchmark_problem(*key), "bf16", deterministic=False, plan_of=no_plan))
+    return {key: (select(benchmark_problem(*key), "bf16"),
+                  select(benchmark_problem(*key), "bf16", deterministic=False))
             for key in BENCHMARK_PICKS}
 
 
@@ -49,14 +37,14 @@ def test_the_benchmark_configurations_get_their_kernels(picks, key):
     det, nondet = picks[key]
     assert det.problem == benchmark_problem(*key)
     assert (det.schedule, det.num_workers) == (schedule, workers)
-    assert det.backward == BackwardVariant("bf16", head_dim, causal, deterministic=True,
+    assert det.backward == BackwardVariant("bf16", head_dim, causal, schedule, deterministic=True,
                                            fused_convert=fused, early_kv=early)
     assert det.forward == ForwardVariant("bf16", head_dim, causal, persistent=persistent)
     assert (det.forward, det.backward, nondet.backward) == picked_variants(key)
     # Without the order, nothing can tell when a dQ sum is final: never the fused convert.
     assert (nondet.schedule, nondet.num_workers, nondet.forward) == (schedule, workers,
                                                                      det.forward)
-    assert nondet.backward == BackwardVariant("bf16", head_dim, causal, deterministic=False,
+    assert nondet.backward == BackwardVariant("bf16", head_dim, causal, schedule, deterministic=False,
                                               early_kv=early)
 
 
@@ -84,23 +72,18 @@ def test_fused_convert_override_replaces_the_policy(value):
     # 16k tokens at 1k (fused) and 16k (not fused): the override wins either way, without a plan.
     for seqlen in (1024, 16384):
         problem = benchmark_problem(128, False, seqlen)
-        sel = select(problem, "bf16", overrides=Overrides(fused_convert=value), plan_of=no_plan)
+        sel = select(problem, "bf16", overrides=Overrides(fused_convert=value))
         assert sel.backward.fused_convert is value
         nondet = select(problem, "bf16", deterministic=False,
-                        overrides=Overrides(fused_convert=value), plan_of=no_plan)
+                        overrides=Overrides(fused_convert=value))
         assert nondet.backward.fused_convert is False
 
 
-def test_fused_convert_policy_reads_the_plan_it_is_given():
+def test_fused_convert_policy_reads_the_longest_worker():
+    """At 1k tokens the convert kernel costs more than the converter's share; at 16k not."""
     problem = benchmark_problem(128, False, 1024)
-    seen = []
-
-    def plan_of(p, schedule, workers):
-        seen.append((p, schedule, workers))
-        return verified_plan(p, schedule, workers)
-
-    assert select(problem, "bf16", plan_of=plan_of).backward.fused_convert
-    assert seen == [(problem, "shift", 128)]
+    assert select(problem, "bf16").backward.fused_convert
+    assert fuses_convert(problem, 1) and not fuses_convert(problem, 10**9)
 
 
 @pytest.mark.parametrize("value", [True, False])
@@ -109,8 +92,7 @@ def test_early_kv_override_replaces_the_policy(value):
         problem = benchmark_problem(128, True, seqlen)
         for deterministic in (True, False):
             sel = select(problem, "bf16", deterministic=deterministic,
-                         overrides=Overrides(early_kv=value, fused_convert=False),
-                         plan_of=no_plan)
+                         overrides=Overrides(early_kv=value, fused_convert=False))
             assert sel.backward.early_kv is value
 
 
@@ -142,21 +124,36 @@ def test_a_causal_persistent_forward_never_takes_more_query_tiles_than_sms():
 def test_auto_takes_the_first_candidate_that_serves_on_balanced_workers():
     for kind, candidates in AUTO_SCHEDULES.items():
         problem = Problem(batch=2, heads_q=4, seqlen_q=1000, mask=kind, block_m=64, block_n=128)
+        per_seq = BUILDERS[candidates[0]].units(Tiling(problem))
         for sms in (114, 132):
             name, workers = resolve_schedule(problem, "auto", None, sms)
             assert name == candidates[0]
-            assert workers == balanced_workers(name, problem, sms) <= sms
-            assert resolve_schedule(problem, "auto", 7, sms) == (name, 7)
-        assert BUILDERS[candidates[0]].depends_on_workers  # a DASH order first
-        assert not BUILDERS[candidates[-1]].depends_on_workers  # a fallback that serves all
+            used = BUILDERS[name].workers_used(problem, sms)
+            assert workers == balanced_workers(problem, per_seq, used) <= sms
+            assert workers % per_seq == 0 or workers == problem.batch * problem.heads_q * per_seq
+        assert BUILDERS[candidates[0]].heads_together  # a DASH order first
+        assert not BUILDERS[candidates[-1]].heads_together  # a fallback live on any count
+
+
+def test_auto_falls_back_where_a_sequence_does_not_fit_the_sms():
+    """One 64k-token causal sequence has 256 symmetric_shift units: more than 132 workers."""
+    long = problem_for(1, 16, 16, 65536, 65536, 128, True)
+    assert resolve_schedule(long, "auto", None, 132) == ("spt", 132)
+    full = problem_for(1, 16, 16, 32768, 32768, 128, False)
+    assert resolve_schedule(full, "auto", None, 132) == ("fa3", 132)
+    with pytest.raises(ValueError, match=r"symmetric_shift.*at least 256 workers.*num_workers=132"):
+        resolve_schedule(long, "symmetric_shift", None, 132)
 
 
 @pytest.mark.parametrize("name", ["fa3", "spt", "descending"])
 def test_worker_independent_schedules_default_to_the_sm_count(name):
+    # Never more workers than units: 2 heads of 3 KV tiles give 6.
     problem = problem_for(1, 2, 2, 300, 300, 128, True)
-    assert resolve_schedule(problem, name, None, 114) == (name, 114)
-    assert resolve_schedule(problem, name, 7, 114) == (name, 7)
-    sel = select(problem, "bf16", schedule=name, sm_count=114, plan_of=no_plan,
+    assert resolve_schedule(problem, name, None, 114) == (name, 6)
+    assert resolve_schedule(problem, name, 5, 114) == (name, 5)
+    big = problem_for(4, 16, 16, 2048, 2048, 128, True)
+    assert resolve_schedule(big, name, None, 114) == (name, 114)
+    sel = select(big, "bf16", schedule=name, sm_count=114,
                  overrides=Overrides(fused_convert=False))
     assert (sel.schedule, sel.num_workers) == (name, 114)
 
@@ -165,7 +162,7 @@ def test_trace_and_gqa_reach_the_backward_variant():
     problem = problem_for(1, 8, 2, 300, 300, 64, False)
     sel = select(problem, "fp16", trace=True, schedule="fa3", num_workers=5,
                  overrides=Overrides(fused_convert=False))
-    assert sel.backward == BackwardVariant("fp16", 64, False, gqa=True, trace=True,
+    assert sel.backward == BackwardVariant("fp16", 64, False, "fa3", gqa=True, trace=True,
                                            early_kv=early_kv_pays(problem))
     assert sel.backward.kernel_name.endswith("_gqa_ekv_trace")
     assert (sel.schedule, sel.num_workers) == ("fa3", 5)
@@ -173,8 +170,8 @@ def test_trace_and_gqa_reach_the_backward_variant():
 
 def test_the_default_sm_count_is_an_h200s():
     assert DEFAULT_SM_COUNT == 132
-    problem = problem_for(1, 2, 2, 300, 300, 128, False)
-    assert select(problem, "bf16", schedule="fa3", plan_of=no_plan,
+    problem = problem_for(4, 16, 16, 2048, 2048, 128, False)
+    assert select(problem, "bf16", schedule="fa3",
                   overrides=Overrides(fused_convert=False)).num_workers == 132
 
 
@@ -187,9 +184,10 @@ CAUSAL = problem_for(1, 2, 2, 1000, 1000, 128, True)
 @pytest.mark.parametrize("problem, kwargs, pattern", [
     (FULL, dict(num_workers=133), r"^num_workers=133 exceeds this GPU's 132 SMs"),
     (FULL, dict(schedule="fa3", num_workers=9, sm_count=8), r"^num_workers=9 exceeds this GPU's 8"),
-    (FULL, dict(schedule="shift"), r"^schedule='shift' orders the dQ sums by the worker count.*"
-                                   r"pass num_workers explicitly"),
-    (CAUSAL, dict(schedule="symmetric_shift"), r"^schedule='symmetric_shift' .*pass num_workers"),
+    (FULL, dict(schedule="shift", num_workers=7),
+     r"^num_workers: schedule 'shift' needs at least 8 workers .*num_workers=7"),
+    (CAUSAL, dict(schedule="symmetric_shift", num_workers=3),
+     r"^num_workers: schedule 'symmetric_shift' needs at least 4 workers .*num_workers=3"),
     (CAUSAL, dict(schedule="shift", num_workers=7), r"^schedule='shift' cannot serve this "
                                                     r"problem: shift needs a full mask"),
     (FULL, dict(schedule="symmetric_shift", num_workers=7),
@@ -198,14 +196,14 @@ CAUSAL = problem_for(1, 2, 2, 1000, 1000, 128, True)
 ])
 def test_schedule_errors_name_the_argument(problem, kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
-        select(problem, "bf16", plan_of=no_plan, **kwargs)
+        select(problem, "bf16", **kwargs)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bfloat16", ""])
 def test_an_unsupported_dtype_is_named(dtype):
     with pytest.raises(ValueError, match=rf"^dtype must be one of \['bf16', 'fp16'\], got "
                                          rf"{dtype!r}"):
-        select(FULL, dtype, plan_of=no_plan)
+        select(FULL, dtype)
 
 
 @pytest.mark.parametrize("head_dim", [32, 96, 256])
@@ -213,7 +211,7 @@ def test_an_unsupported_head_dim_is_named(head_dim):
     problem = Problem(seqlen_q=256, head_dim=head_dim, block_m=64, block_n=128)
     with pytest.raises(ValueError, match=rf"^head_dim must be one of \(64, 128\), got "
                                          rf"{head_dim}"):
-        select(problem, "bf16", plan_of=no_plan)
+        select(problem, "bf16")
 
 
 @pytest.mark.parametrize("head_dim, block_m, block_n, pattern", [
@@ -227,15 +225,15 @@ def test_tiles_other_than_the_backwards_are_refused(head_dim, block_m, block_n, 
     with pytest.raises(ValueError, match=pattern):
         check_kernel_problem(problem)
     with pytest.raises(ValueError, match=pattern):
-        select(problem, "bf16", plan_of=no_plan)
+        select(problem, "bf16")
 
 
 def test_a_mask_the_kernels_lack_is_refused():
     problem = Problem(seqlen_q=256, mask=Mask.window(64, 0), block_m=64, block_n=128)
     with pytest.raises(ValueError, match=r"^mask must be full or causal for the kernels"):
-        select(problem, "bf16", schedule="fa3", plan_of=no_plan)
+        select(problem, "bf16", schedule="fa3")
 
 
 def test_fused_convert_without_the_order_is_refused_by_the_variant():
     with pytest.raises(ValueError, match=r"^fused_convert needs deterministic=True"):
-        BackwardVariant("bf16", 128, False, deterministic=False, fused_convert=True)
+        BackwardVariant("bf16", 128, False, "fa3", deterministic=False, fused_convert=True)

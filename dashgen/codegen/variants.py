@@ -61,6 +61,19 @@ def backward_tiles(head_dim: int) -> tuple[int, int]:
     return c.block_m, c.block_n
 
 
+# The backward's schedule policies: name -> (header under templates/include/dashgen/sched/, C++
+# class template, kernel id). "table" walks a schedule file's task table (dashgen.load_schedule).
+# The ids are dashgen.schedule.builders' kernel_id (tests/test_kernels_compile.py checks).
+SCHEDULE_POLICIES = {
+    "fa3": ("ordered.cuh", "Fa3", 1),
+    "spt": ("ordered.cuh", "Spt", 2),
+    "descending": ("ordered.cuh", "Descending", 3),
+    "shift": ("shift.cuh", "Shift", 4),
+    "symmetric_shift": ("shift.cuh", "SymmetricShift", 5),
+    "table": (None, None, 0),
+}
+
+
 def _mask_name(causal: bool) -> str:
     return "causal" if causal else "full"
 
@@ -134,12 +147,15 @@ class BackwardVariant(_Variant):
     tiles to 16 bits as their sums become final, so the convert kernel has nothing left to do.
     early_kv: a KV segment's K/V are freed once its last dQ MMA has landed and the next
     segment's loads start then. trace: the dQ writer records each task's hand-off times.
+    schedule: the policy compiled into the kernel (SCHEDULE_POLICIES), or "table" for a
+    schedule file's task table.
     """
 
     template: ClassVar[str] = "attn_bwd_sm90.cu.j2"
     dtype: str
     head_dim: int
     causal: bool
+    schedule: str
     deterministic: bool = True
     gqa: bool = False
     fused_convert: bool = False
@@ -148,6 +164,9 @@ class BackwardVariant(_Variant):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.schedule not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule must be one of {sorted(SCHEDULE_POLICIES)}, "
+                             f"got {self.schedule!r}")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
@@ -173,9 +192,26 @@ class BackwardVariant(_Variant):
         return self.constants.ds_stmatrix
 
     @property
+    def table(self) -> bool:
+        return self.schedule == "table"
+
+    @property
+    def policy_header(self) -> str | None:
+        return SCHEDULE_POLICIES[self.schedule][0]
+
+    @property
+    def policy_class(self) -> str | None:
+        return SCHEDULE_POLICIES[self.schedule][1]
+
+    @property
+    def schedule_id(self) -> int:
+        return SCHEDULE_POLICIES[self.schedule][2]
+
+    @property
     def kernel_name(self) -> str:
         mode = "det" if self.deterministic else "nondet"
-        name = f"dashgen_bwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}_{mode}"
+        name = (f"dashgen_bwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}_"
+                f"{self.schedule}_{mode}")
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
                           (self.early_kv, "ekv"), (self.trace, "trace")):
             if flag:
@@ -213,11 +249,17 @@ class BwdParams(ctypes.Structure):
 
     _fields_ = [(name, _P) for name in (
         "q", "k", "v", "dout", "lse", "dpsum", "dq_accum", "dk", "dv", "dk_accum", "dv_accum",
-        "dq_counters", "dkv_counters", "tasks", "worker_offsets", "trace")] + [
+        "dq_counters", "dkv_counters", "tasks", "worker_offsets", "trace", "stall")] + [
         (name, _I) for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
                                 "q_row_stride", "k_row_stride", "num_m_blocks", "num_n_blocks")] + [
-        ("softmax_scale", _F), ("stats", _P), ("dq", _P), ("dq_counts", _P), ("conv_tiles", _P),
-        ("conv_offsets", _P)]
+        ("softmax_scale", _F), ("watchdog_ms", ctypes.c_uint32), ("stats", _P), ("dq", _P)]
+
+
+# The watchdog's record (params.cuh): STALL_WORDS uint32 per worker and role, word 0
+# STALL_MAGIC once filled.
+STALL_MAGIC = 0x57A11ED
+STALL_WORDS = 16
+STALL_ROLES = {1: "dQ writer", 2: "dK/dV add", 3: "dQ converter"}
 
 
 class PrepParams(ctypes.Structure):

@@ -8,13 +8,16 @@ from __future__ import annotations
 import torch
 
 from ..caches import Memo, memo
+from ..schedule.builders import Tiling
 from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, TRACE_COLUMNS,
                                 BwdParams, ConvertParams, PrepParams)
 from . import launch
 from .device import (DTYPE_NAMES, addresses, allocation_stream, kernels, sm_count, stream,
                      tensor_map)
-from .plans import cached_plan, conversion_plan, device_tables
+from . import watchdog
+from .plans import device_tables, trace_offsets
 from .select import Overrides, Selection, problem_of_shapes, select
+from .tables import is_table, table_of
 from .workspace import WorkspaceLayout, allocator
 
 
@@ -22,43 +25,49 @@ from .workspace import WorkspaceLayout, allocator
 def selection(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, deterministic: bool,
               trace: bool, schedule: str, num_workers: int | None, sms: int,
               overrides: Overrides) -> Selection:
-    """dashgen.runtime.select.select for a call's shapes, with the runtime's cached plans."""
-    return select(problem_of_shapes(q_shape, k_shape, causal), dtype, deterministic=deterministic, trace=trace, schedule=schedule,
-                  num_workers=num_workers, sm_count=sms, overrides=overrides,
-                  plan_of=cached_plan)
+    """dashgen.runtime.select.select for a call's shapes (`schedule` a name, "auto" or a
+    schedule file's key, dashgen.runtime.tables)."""
+    return select(problem_of_shapes(q_shape, k_shape, causal), dtype,
+                  deterministic=deterministic, trace=trace,
+                  schedule=table_of(schedule) if is_table(schedule) else schedule,
+                  num_workers=num_workers, sm_count=sms, overrides=overrides)
 
 
 class BackwardLaunch:
-    """Everything a backward call needs that its selection fixes: the verified plan and its
-    device tables, the workspace layout and the prepared launches. Built once per signature,
-    so a call only allocates, fills three parameter blocks and launches."""
+    """Everything a backward call needs that its selection fixes: the workspace layout, the
+    prepared launches and, for a schedule file only, its task table on the GPU (a named
+    schedule's policy is compiled into the kernel: nothing of it is built per shape). Built once
+    per signature, so a call only allocates, fills three parameter blocks and launches."""
 
     def __init__(self, sel: Selection, device: torch.device):
         p = self.problem = sel.problem
         variant = self.variant = sel.backward
-        self.plan = cached_plan(p, sel.schedule, sel.num_workers)
-        self.tasks, self.offsets, tables_stream = device_tables(p, sel.schedule, sel.num_workers,
-                                                                device)
         # (allocation stream, tensors) of every table the kernels read: see BackwardCall's end.
-        self.tables = [(tables_stream, (self.tasks, self.offsets))]
+        self.tables = []
+        tasks_ptr = offsets_ptr = 0
+        if sel.table is not None:
+            self.tasks, self.offsets, tables_stream = device_tables(sel.table, device)
+            self.tables.append((tables_stream, (self.tasks, self.offsets)))
+            tasks_ptr, offsets_ptr = self.tasks.data_ptr(), self.offsets.data_ptr()
+        self.num_tasks = 0
+        if variant.trace:
+            # A traced call's rows: each worker's at its offset in the IR's order.
+            offsets = trace_offsets(p, sel.table or sel.schedule, sel.num_workers)
+            self.num_tasks = offsets[-1]
+            if sel.table is None:
+                self.offsets = torch.tensor(offsets, dtype=torch.int32).to(device)
+                self.tables.append((allocation_stream(device), (self.offsets,)))
+                offsets_ptr = self.offsets.data_ptr()
         # The deterministic backward's first dQ writer of a tile stores instead of adding
         # (docs/design.md, `first-dq-store`), so the preprocess kernel zeroes the accumulator only
         # for the non-deterministic one, and the convert kernel zeroes the tiles nobody wrote.
         self.first_dq_store = variant.deterministic
         self.staged_stats = variant.staged_stats
         # fused_convert: the main kernel writes dQ as each tile's sum becomes final. A query
-        # tile no task reaches (causal, more query rows than keys) gets no contribution: then
+        # tile no KV tile reaches (causal, more query rows than keys) gets no contribution: then
         # the convert kernel still runs, and writes its zeros or the same bits again.
         self.converts_dq = variant.fused_convert
-        self.dq_counts = self.conv_tiles = self.conv_offsets = None
-        self.runs_convert_q = True
-        if self.converts_dq:
-            counts, tiles, offsets = conversion_plan(self.plan)
-            self.dq_counts, self.conv_tiles, self.conv_offsets = (
-                torch.tensor(x, dtype=torch.int32).to(device) for x in (counts, tiles, offsets))
-            self.runs_convert_q = min(counts) == 0
-            self.tables.append((allocation_stream(device),
-                                (self.dq_counts, self.conv_tiles, self.conv_offsets)))
+        self.runs_convert_q = not self.converts_dq or Tiling(p).count(0) == 0
         self.layout = WorkspaceLayout(p, self.staged_stats)
         loaded = kernels(variant, device)
         padded_m, padded_n = p.num_m_blocks * p.block_m, p.num_n_blocks * p.block_n
@@ -83,11 +92,10 @@ class BackwardLaunch:
             0, 0, 0, 0, 0, (self.layout.floats - self.layout.zeroed_offset) // 4, p.batch,
             p.heads_q, p.seqlen_q, q_stride, padded_m, not self.first_dq_store, 0, 0)
         self.params_template = BwdParams(
-            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, self.tasks.data_ptr(),
-            self.offsets.data_ptr(), 0, p.batch, p.heads_q, p.heads_kv, p.seqlen_q, p.seqlen_k,
-            q_stride, k_stride, p.num_m_blocks, p.num_n_blocks, 0.0, 0,
-            *((0, self.dq_counts.data_ptr(), self.conv_tiles.data_ptr(),
-               self.conv_offsets.data_ptr()) if self.converts_dq else (0, 0, 0, 0)))
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, tasks_ptr, offsets_ptr, 0,
+            watchdog.record(device, sel.num_workers), p.batch, p.heads_q, p.heads_kv,
+            p.seqlen_q, p.seqlen_k, q_stride, k_stride, p.num_m_blocks, p.num_n_blocks, 0.0,
+            watchdog.timeout_ms(), 0, 0)
         # The backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
         self.convert_q_template = ConvertParams(0, 0, 0, p.batch, p.heads_q, p.seqlen_q,
                                                 q_stride, padded_m, True, p.block_m)
@@ -111,9 +119,8 @@ class BackwardLaunch:
         return sum(t.numel() * t.element_size() for _, tables in self.tables for t in tables)
 
 
-# Prepared backward launches by selection, with their schedule tables on the GPU: at most 256,
-# and at most 1 GiB of tables (a job with many sequence lengths rebuilds the rest, from the
-# plan cache on disk in milliseconds).
+# Prepared backward launches by selection (schedule files' tables on the GPU among them): at
+# most 256, and at most 1 GiB of tables.
 _backward_launch = Memo(BackwardLaunch, max_entries=256, max_bytes=1 << 30,
                         size=BackwardLaunch.device_bytes)
 
@@ -172,6 +179,7 @@ class BackwardCall:
         is, the GPU waits on this code."""
         bl, dev = self.bl, self.device
         p = bl.problem
+        watchdog.check()
         launch.make_current(self.device_index)
         strm = stream(dev)
         empty = allocator()
@@ -193,7 +201,7 @@ class BackwardCall:
         dk, dv = ((None, None) if gqa else
                   (empty(self.k_shape, self.dtype, dev), empty(self.k_shape, self.dtype, dev)))
         dq = empty(self.q_shape, self.dtype, dev) if bl.converts_dq else None
-        trace_buf = (torch.full((bl.plan.num_tasks, TRACE_COLUMNS), -1, dtype=torch.int32,
+        trace_buf = (torch.full((bl.num_tasks, TRACE_COLUMNS), -1, dtype=torch.int32,
                                 device=dev) if self.trace else None)
         params.dout, params.dpsum, params.dq_accum, params.stats = do_ptr, dpsum, dq_accum, stats
         params.dq_counters = dq_counters
@@ -240,7 +248,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
              schedule: str, num_workers: int | None, trace: bool = False,
              overrides: Overrides = Overrides()):
     """dq, dk, dv (and the trace buffer if `trace`: a row of TRACE_COLUMNS int32 per task, in
-    the plan's order). q, k, v, do and o are contiguous; do and o are shaped like q."""
+    the IR's order). q, k, v, do and o are contiguous; do and o are shaped like q."""
     return BackwardCall(q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers,
                         trace=trace, overrides=overrides)(do)

@@ -17,7 +17,9 @@ import torch
 from ..caches import Memo, memo
 from ..codegen.variants import HEAD_DIMS
 from ..schedule.builders import get_builder
-from .select import problem_for, resolve_schedule
+from ..schedule.ir import Schedule
+from .select import problem_for, resolve_schedule, resolve_table
+from .tables import is_table, register, table_of
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
 REQUIRED_CAPABILITY = (9, 0)  # the kernels use wgmma/TMA/setmaxnreg, compiled for sm_90a only
@@ -116,8 +118,10 @@ def _check_options(causal, softmax_scale, deterministic, schedule, num_workers) 
     if deterministic is not None and not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool or None, got {deterministic!r}")
     if not isinstance(schedule, str):
-        raise TypeError(f"schedule must be a str, got {schedule!r}")
-    if schedule != "auto":
+        raise TypeError(f"schedule must be a str or a dashgen.Schedule, got {schedule!r}")
+    if is_table(schedule):
+        table_of(schedule)  # raises ValueError for a key no loaded schedule has
+    elif schedule != "auto":
         try:
             get_builder(schedule)
         except ValueError as exc:
@@ -161,6 +165,8 @@ def _plan_cached(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
     # The problem in the tiles of the backward that will run: the tiles a schedule covers.
     problem = problem_for(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
     try:
+        if is_table(schedule):
+            return schedule, resolve_table(problem, table_of(schedule), num_workers, sm_count), ""
         return (*resolve_schedule(problem, schedule, num_workers, sm_count), "")
     except ValueError as exc:
         return "", 0, str(exc)
@@ -352,7 +358,7 @@ def _traced(q: torch.Tensor) -> bool:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               softmax_scale: float | None = None, deterministic: bool | None = True,
-              schedule: str = "auto", num_workers: int | None = None) -> torch.Tensor:
+              schedule: str | Schedule = "auto", num_workers: int | None = None) -> torch.Tensor:
     """Scaled dot-product attention whose backward is bitwise reproducible on Hopper.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), bf16
@@ -360,25 +366,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     bottom-right aligned: query row i sees key j iff j <= i + seqlen_k - seqlen_q (a row that sees
     no key gets o = 0). softmax_scale defaults to 1/sqrt(head_dim). Returns o, shaped like q.
 
-    deterministic: True makes dq/dk/dv a function of (problem, schedule, num_workers) only;
-    False uses atomic adds (faster, not reproducible); None follows
-    torch.are_deterministic_algorithms_enabled().
+    deterministic: True makes dq/dk/dv bitwise reproducible: a function of each sequence's
+    shape, the dtype, head_dim and the schedule alone (never of num_workers, the GPU's SM count,
+    the batch or the other heads); False uses atomic adds (faster, not reproducible); None
+    follows torch.are_deterministic_algorithms_enabled().
 
-    schedule: a name from dashgen.list_schedules() or "auto". "auto" picks the fastest order
-    measured: the DASH schedules ("shift" for a full mask, "symmetric_shift" for causal; "fa3" /
-    "spt" where they cannot serve the problem). The DASH orders depend on the worker count, so
-    with "auto" the bits are a function of (problem, num_workers), or with num_workers=None of
-    (problem, the GPU's SM count): identical on every GPU with the same SM count (132 on H100 SXM
-    and H200); pass num_workers to pin them across GPU models. Named worker-dependent schedules
-    need an explicit num_workers. A named schedule that cannot serve the problem raises
-    ValueError, never falls back.
+    schedule: a name from dashgen.list_schedules(), "auto", or a verified dashgen.Schedule
+    (dashgen.load_schedule), which runs from its task table. "auto" picks the fastest order
+    measured: the DASH schedules ("shift" for a full mask, "symmetric_shift" for causal) where
+    one sequence's units fit on the SMs at once (up to 16,384 tokens a sequence with shift,
+    32,768 with symmetric_shift on 132 SMs), else "fa3" / "spt". A named schedule that cannot
+    serve the problem, or needs more workers than it gets, raises ValueError, never falls back.
 
-    num_workers: persistent CTAs; None means the device's SM count for the schedules whose order
-    ignores it, and for "auto" the fewest workers that are as busy as the SM count's
-    (dashgen.schedule.builders.balanced_workers: 128 on 132 SMs when the work splits into 4096 equal KV
-    tiles); more than the SM count raises ValueError (they could not all be resident, and
-    waiting on the dQ order would deadlock).
+    num_workers: persistent CTAs (None: the SM count); the shift schedules run a whole multiple
+    of one sequence's units of them. It decides only who runs what when. More than the SM count
+    raises ValueError (they could not all be resident, and waiting on the dQ order would
+    deadlock).
     """
+    if isinstance(schedule, Schedule):
+        schedule = register(schedule)  # the op carries a key string
     opts = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()

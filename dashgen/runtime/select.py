@@ -8,20 +8,20 @@ docs/design.md that holds the measurement behind it. Pure Python: no torch, no d
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from ..caches import memo
 from ..codegen.variants import (FORWARD_BLOCK_M, FORWARD_BLOCK_N, BackwardVariant,
                                 ForwardVariant, backward_tiles, check_dtype_head_dim)
-from ..schedule.builders import balanced_workers, build_schedule, get_builder, unsupported_reason
-from ..schedule.lower import KernelPlan, lower
+from ..schedule.builders import Tiling, get_builder, schedule_loads, unsupported_reason
+from ..schedule.ir import Schedule
 from ..schedule.problem import Mask, Problem
-from ..schedule.verify import verify
+from .tables import register
 
 DEFAULT_SM_COUNT = 132  # H100 SXM and H200: the worker count `show`, `plan` and `emit` assume
 
-# schedule="auto": the candidates per mask, the first that serves the problem wins
-# (docs/design.md, `auto-schedule`).
+# schedule="auto": the candidates per mask, the first that serves the problem on the SMs wins
+# (docs/design.md, `auto-schedule`): a DASH order where one sequence's units fit on them at once,
+# else the launch-ordered fallback, live on any worker count.
 AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
     "full": ("shift", "fa3"),
     "causal": ("symmetric_shift", "spt"),
@@ -52,13 +52,15 @@ class Overrides:
 @dataclass(frozen=True)
 class Selection:
     """What runs for a problem: the kernels, and the schedule the backward walks on how many
-    workers."""
+    workers (`table`: the key of a verified schedule file, dashgen.runtime.tables, which runs
+    from its task table)."""
 
     problem: Problem
     forward: ForwardVariant
     backward: BackwardVariant
     schedule: str
     num_workers: int
+    table: str | None = None
 
 
 @memo(max_entries=256)
@@ -94,25 +96,41 @@ def check_kernel_problem(problem: Problem) -> None:
 
 def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
                      sm_count: int) -> tuple[str, int]:
-    """(schedule name, worker count) for the kernels; raises ValueError naming the argument."""
+    """(schedule name, workers the launch runs); raises ValueError naming the argument. The
+    worker count decides only who runs what when: the ranks, so the bits, are the tiles'."""
     if num_workers is not None and num_workers > sm_count:
         raise ValueError(f"num_workers={num_workers} exceeds this GPU's {sm_count} SMs: persistent "
                          f"workers that cannot all be resident at once would deadlock on the "
                          f"dQ order")
-    if schedule == "auto":
+    workers = sm_count if num_workers is None else num_workers
+    auto = schedule == "auto"
+    if auto:
         candidates = AUTO_SCHEDULES[problem.mask.kind]
-        schedule = next(s for s in candidates if unsupported_reason(s, problem) is None)
-        if num_workers is None:
-            # The fewest workers as busy as the SM count's (docs/design.md, `balanced-workers`).
-            return schedule, balanced_workers(schedule, problem, sm_count)
-    elif get_builder(schedule).depends_on_workers and num_workers is None:
-        raise ValueError(f"schedule={schedule!r} orders the dQ sums by the worker count, so the "
-                         f"worker count decides the bits: pass num_workers explicitly (dashgen "
-                         f"never reads it from the device silently)")
+        schedule = next(s for s in candidates if unsupported_reason(s, problem) is None
+                        and get_builder(s).min_workers(problem) <= workers)
     reason = unsupported_reason(schedule, problem)
     if reason is not None:
         raise ValueError(f"schedule={schedule!r} cannot serve this problem: {reason}")
-    return schedule, sm_count if num_workers is None else num_workers
+    policy = get_builder(schedule)
+    try:
+        used = policy.workers_used(problem, workers)
+    except ValueError as exc:
+        raise ValueError(f"num_workers: {exc}") from None
+    if auto and num_workers is None and policy.heads_together:
+        used = balanced_workers(problem, policy.units(Tiling(problem)), used)
+    return schedule, used
+
+
+def balanced_workers(problem: Problem, per_seq: int, workers: int) -> int:
+    """The fewest workers, a multiple of one sequence's `per_seq` units, that deal the units in
+    as many rounds as `workers` do (docs/design.md, `balanced-workers`): a shift schedule's units
+    of one sequence are alike, so no worker gets more work, and fewer workers hold fewer
+    partial rounds (measured 0.3-4.8% faster: 128 rather than 132 workers at 1k-16k)."""
+    units = problem.batch * problem.heads_q * per_seq
+    rounds = -(-units // workers)
+    fewest = -(-units // rounds)
+    fewest = -(-fewest // per_seq) * per_seq
+    return min(workers, fewest)
 
 
 def forward_persistent_pays(seqlen_k: int, head_dim: int, causal: bool) -> bool:
@@ -136,54 +154,63 @@ def select_forward(problem: Problem, dtype: str, sm_count: int = DEFAULT_SM_COUN
     return ForwardVariant(dtype, problem.head_dim, causal, persistent=persistent)
 
 
-def fuses_convert(problem: Problem, plan: KernelPlan) -> bool:
+def fuses_convert(problem: Problem, longest: int) -> bool:
     """Whether converting dQ in the main kernel saves time: the convert kernel's estimated time
     against the converter's cost, a fraction of the main kernel estimated from the longest
     worker's task count. True for short sequences (at 16384 tokens: 1k-2k, and 4k causal)."""
-    offsets = plan.worker_offsets
     convert_us = (problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim * 6
                   / CONVERT_BYTES_PER_US)
-    longest = max((b - a for a, b in zip(offsets, offsets[1:])), default=0)
     return convert_us > FUSED_CONVERT_COST * longest * TASK_US[problem.head_dim]
 
 
 def early_kv_pays(problem: Problem) -> bool:
-    """Whether loading each KV segment's K/V early pays: where segments are short. A verified
+    """Whether loading each KV segment's K/V early pays: where segments are short. Every
     schedule runs each KV tile as one segment (contiguity), so the mean segment is the tasks
     per KV tile that has any."""
-    per_head = [len(problem.m_blocks_of(n)) for n in range(problem.num_n_blocks)]
+    tiling = Tiling(problem)
+    per_head = [tiling.rows(n) for n in range(tiling.num_n)]
     tasks, segments = sum(per_head), sum(1 for count in per_head if count)
     return tasks <= EARLY_KV_MAX_SEGMENT_TASKS * max(segments, 1)
 
 
-def verified_plan(problem: Problem, schedule: str, num_workers: int) -> KernelPlan:
-    """Build, verify and lower a schedule (a schedule that could deadlock the kernel never
-    reaches it)."""
-    s = build_schedule(schedule, problem, num_workers)
-    verify(s)
-    return lower(s)
+def resolve_table(problem: Problem, table: Schedule, num_workers: int | None,
+                   sm_count: int) -> int:
+    if table.problem != problem:
+        raise ValueError(f"schedule: the file's problem ({table.problem.describe()}) is not this "
+                         f"call's ({problem.describe()})")
+    if num_workers is not None and num_workers != table.num_workers:
+        raise ValueError(f"num_workers={num_workers}: the schedule file runs on "
+                         f"{table.num_workers} workers")
+    if table.num_workers > sm_count:
+        raise ValueError(f"schedule: the file's {table.num_workers} workers exceed this GPU's "
+                         f"{sm_count} SMs (they must all be resident at once)")
+    return table.num_workers
 
 
 def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: bool = False,
-           schedule: str = "auto", num_workers: int | None = None,
-           sm_count: int = DEFAULT_SM_COUNT, overrides: Overrides = Overrides(),
-           plan_of: Callable[[Problem, str, int], KernelPlan] = verified_plan) -> Selection:
+           schedule: str | Schedule = "auto", num_workers: int | None = None,
+           sm_count: int = DEFAULT_SM_COUNT, overrides: Overrides = Overrides()) -> Selection:
     """Everything that runs for `problem` in `dtype`: raises ValueError naming the argument.
-
-    `plan_of(problem, schedule, num_workers)` gives the lowered plan where a policy reads it
-    (fused_convert: the longest worker); the runtime passes its cached plans."""
+    `schedule` is a name, "auto", or a verified Schedule (dashgen.load_schedule), which runs
+    from its task table. No schedule is built here: O(units) integer work at most."""
     check_dtype_head_dim(dtype, problem.head_dim)
     check_kernel_problem(problem)
-    name, workers = resolve_schedule(problem, schedule, num_workers, sm_count)
+    table = schedule if isinstance(schedule, Schedule) else None
+    if table is not None:
+        name, workers = "table", resolve_table(problem, table, num_workers, sm_count)
+    else:
+        name, workers = resolve_schedule(problem, schedule, num_workers, sm_count)
     causal = problem.mask.kind == "causal"
     early_kv = overrides.early_kv
     if early_kv is None:
         early_kv = early_kv_pays(problem)
     fused = bool(overrides.fused_convert) and deterministic
     if overrides.fused_convert is None and deterministic:
-        fused = fuses_convert(problem, plan_of(problem, name, workers))
-    backward = BackwardVariant(dtype, problem.head_dim, causal, deterministic=deterministic,
+        loads = ([len(tasks) for tasks in table.workers] if table is not None
+                 else schedule_loads(name, problem, workers))
+        fused = fuses_convert(problem, max(loads, default=0))
+    backward = BackwardVariant(dtype, problem.head_dim, causal, name, deterministic=deterministic,
                                gqa=problem.gqa, fused_convert=fused, early_kv=early_kv,
                                trace=trace)
     return Selection(problem, select_forward(problem, dtype, sm_count, overrides), backward,
-                     name, workers)
+                     name, workers, None if table is None else register(table))

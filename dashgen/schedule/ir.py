@@ -52,8 +52,9 @@ class Task:
 class Schedule:
     """A complete worker program for one problem and worker count.
 
-    ``depends_on_workers`` records whether the builder's order changes with ``num_workers``; when
-    it does, the worker count is part of what fixes the bits of dQ.
+    ``depends_on_workers`` records whether the order changes with ``num_workers`` (then the worker
+    count is part of what fixes the bits of dQ). It is False for every named schedule, whose
+    ranks are functions of the tiles alone; a schedule file may set it for an order of its own.
     """
 
     name: str

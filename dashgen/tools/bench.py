@@ -293,17 +293,17 @@ def dashgen_schedules(cfg: Config, wanted: list[str] | None) -> list[str]:
 
 
 def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_count: int):
-    """(Row, setup) pairs for one configuration, in table order. A schedule whose order depends
-    on the worker count runs on the count schedule="auto" gives it (schedules.balanced_workers),
-    so that the auto row and its pick's row run the same kernel on the same plan."""
-    from dashgen.schedule.builders import BUILDERS, balanced_workers
+    """(Row, setup) pairs for one configuration, in table order. A shift schedule runs on the
+    worker count schedule="auto" gives it (select.balanced_workers), so that the auto row and
+    its pick's row run the same kernel on the same workers."""
+    from dashgen.runtime.select import resolve_schedule
     base = dict(seqlen=cfg.seqlen, head_dim=cfg.head_dim, mask=cfg.mask, batch=cfg.batch,
                 heads=cfg.heads, floor_bytes=cfg.floor_bytes())
     out = []
     names = dashgen_schedules(cfg, schedules)
     problem = schedule_problem(cfg)
-    worker_counts = {name: balanced_workers(name, problem, sm_count)
-                     if BUILDERS[name].depends_on_workers else None for name in names}
+    auto_name, auto_workers = resolve_schedule(problem, "auto", None, sm_count)
+    worker_counts = {name: auto_workers if name == auto_name else None for name in names}
     for det in (True, False):
         for name in names:
             workers = worker_counts[name]

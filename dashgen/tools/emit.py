@@ -1,10 +1,8 @@
-"""Emit what a schedule runs as: the rendered kernel sources, the lowered task table as JSON, and
-the compiled cubins with ptxas's figures; and the golden renders in generated/ that a test checks.
-
-The kernels are the ones dashgen.runtime.select picks for the problem (the one place that
-chooses), and the schedule is built in that backward's tiles. The kernel sources do not depend
-on the schedule (it reaches the kernel as a task table), so a schedule changes the .tasks.json
-file, never the .cu files.
+"""Emit what a schedule runs as: the rendered kernel sources and the compiled cubins with ptxas's
+figures; and the golden renders in generated/ that a test checks. The kernels are the ones
+dashgen.runtime.select picks for the problem (the one place that chooses). A named schedule's
+backward contains its policy (the source differs per schedule); a schedule file runs the table
+backward, and emit writes its task table as JSON beside it.
 """
 from __future__ import annotations
 
@@ -44,7 +42,7 @@ GOLDEN_WORKERS = 6
 # The golden kernels: every variant `select` picks on the benchmark's sweep (16384 tokens,
 # hidden 2048, seqlen 1k-16k, both masks, both modes), so the files show what runs.
 GOLDEN_SWEEP_SEQLENS = (1024, 2048, 4096, 8192, 16384)
-_GOLDEN_PATTERNS = ("*.cu", "*.tasks.json", "README.md")  # what write_golden owns in its folder
+_GOLDEN_PATTERNS = ("*.cu", "*.tasks.json", "README.md")  # old task tables are removed  # what write_golden owns in its folder
 
 
 def masks_served(schedule: str) -> tuple[str, ...]:
@@ -111,8 +109,8 @@ class EmittedKernel:
 class Emission:
     schedule: Schedule
     selection: Selection
-    plan: KernelPlan
-    tasks_path: Path
+    plan: KernelPlan | None  # a schedule file's table; None for a named schedule's policy
+    tasks_path: Path | None
     kernels: tuple[EmittedKernel, ...]
 
 
@@ -121,25 +119,43 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
+def is_policy(schedule: Schedule) -> bool:
+    """Whether `schedule` is exactly its name's policy on its worker count."""
+    if schedule.name not in list_schedules():
+        return False
+    if unsupported_reason(schedule.name, schedule.problem) is not None:
+        return False
+    try:
+        built = build_schedule(schedule.name, schedule.problem, schedule.num_workers)
+    except ValueError:
+        return False
+    return built.num_workers == schedule.num_workers and built.workers == schedule.workers
+
+
 def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
          deterministic: bool = True, compile: bool = True) -> Emission:
-    """Verify and lower `schedule`, write its task table and the sources of the kernels that
-    run it (dashgen.runtime.select) to `out_dir`, then compile them (through the cache) and
-    write the cubins.
+    """Verify `schedule`, write the sources of the kernels that run it (dashgen.runtime.select)
+    to `out_dir`, then compile them (through the cache) and write the cubins. A schedule that is
+    its name's policy (what build_schedule gives) runs that policy's backward; any other (a
+    schedule file) the table backward, and its lowered task table is written too.
 
     Sources are written before compiling, so a CompileError leaves them on disk to read.
     Raises VerificationError, ValueError (a problem the kernels cannot run) or CompileError.
     """
     verify(schedule)
-    plan = lower(schedule)
-    sel = select(schedule.problem, dtype, deterministic=deterministic, schedule=schedule.name,
-                 num_workers=schedule.num_workers,
-                 sm_count=max(DEFAULT_SM_COUNT, schedule.num_workers),
-                 plan_of=lambda *_: plan)
+    sm_count = max(DEFAULT_SM_COUNT, schedule.num_workers)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = f"{schedule.name}_{problem_tag(schedule.problem, schedule.num_workers)}.tasks.json"
-    tasks_path = _write(out_dir / name, tasks_json(plan).encode())
+    plan = tasks_path = None
+    if is_policy(schedule):
+        sel = select(schedule.problem, dtype, deterministic=deterministic, schedule=schedule.name,
+                     num_workers=schedule.num_workers, sm_count=sm_count)
+    else:
+        plan = lower(schedule)
+        sel = select(schedule.problem, dtype, deterministic=deterministic, schedule=schedule,
+                     num_workers=schedule.num_workers, sm_count=sm_count)
+        name = f"{schedule.name}_{problem_tag(schedule.problem, schedule.num_workers)}.tasks.json"
+        tasks_path = _write(out_dir / name, tasks_json(plan).encode())
     kernels = []
     for variant in (sel.forward, sel.backward):
         src = render_variant(variant)
@@ -187,9 +203,11 @@ def golden_problem(head_dim: int, mask: str) -> Problem:
                    head_dim=head_dim, mask=mask, block_m=block_m, block_n=block_n)
 
 
-@memo(max_entries=1)  # ~17 s of plans; the golden writer and the compile tests both ask
+@memo(max_entries=1)
 def golden_variants() -> tuple[ForwardVariant | BackwardVariant, ...]:
-    """Every kernel variant `select` picks on the benchmark's sweep, in a stable order."""
+    """Every kernel variant `select` picks on the benchmark's sweep, then one deterministic
+    head_dim 128 backward of every other schedule (each for the mask it is meant for) and of
+    the schedule-file table walk, in a stable order."""
     found: dict[ForwardVariant | BackwardVariant, None] = {}
     for head_dim in GOLDEN_HEAD_DIMS:
         heads = 2048 // head_dim
@@ -201,31 +219,28 @@ def golden_variants() -> tuple[ForwardVariant | BackwardVariant, ...]:
                     sel = select(problem, GOLDEN_DTYPE, deterministic=deterministic)
                     found.setdefault(sel.forward)
                     found.setdefault(sel.backward)
+    swept = {v.schedule for v in found if isinstance(v, BackwardVariant)}
+    for name in [*list_schedules(), "table"]:
+        if name not in swept:
+            causal = name != "table" and default_mask(name) == "causal"
+            found.setdefault(BackwardVariant(GOLDEN_DTYPE, 128, causal, name))
     return tuple(sorted(found, key=lambda v: v.kernel_name))
 
 
 def _golden_readme(variants) -> str:
-    tiles = [f"  - head_dim {d}: blocks {backward_tiles(d)[0]}x{backward_tiles(d)[1]} "
-             f"({GOLDEN_SEQLEN // backward_tiles(d)[1]} KV tiles per head)"
-             for d in GOLDEN_HEAD_DIMS]
     return "\n".join([
         "# generated/: golden renders, written by the emitter (do not edit)",
         "",
         f"Regenerate with `{GOLDEN_COMMAND}`; tests/test_golden.py compares a fresh",
         "render with these files byte for byte.",
         "",
-        f"- `<kernel>.cu`: the {len(variants)} kernel variants that dashgen.runtime.select "
-        "picks on the",
+        f"- `<kernel>.cu`: {len(variants)} kernel variants: the ones dashgen.runtime.select picks "
+        "on the",
         f"  benchmark's sweep ({GOLDEN_DTYPE}, 16384 tokens, hidden 2048, seqlen 1k-16k, full "
         "and causal,",
-        "  deterministic and not). They do not depend on the schedule, which reaches the",
-        "  backward kernel as a task table.",
-        "- `<schedule>_hdim<d>_<mask>.tasks.json`: the task table of every schedule, for every",
-        f"  mask it serves, on batch {GOLDEN_BATCH}, {GOLDEN_HEADS} heads, seqlen {GOLDEN_SEQLEN}, "
-        f"{GOLDEN_WORKERS} workers, in the backward's tiles:",
-        *tiles,
-        "  Fewer workers than KV tiles, so workers walk several segments and a head straddles",
-        "  two waves.",
+        "  deterministic and not), then a head_dim 128 backward of every other schedule and of",
+        "  the schedule-file table walk. A backward's name carries its schedule, and its source",
+        "  holds that schedule's policy (templates/include/dashgen/sched/).",
         "",
     ])
 
@@ -237,14 +252,6 @@ def golden_files() -> dict[str, str]:
     for variant in variants:
         src = render_variant(variant)
         files[f"{src.name}.cu"] = src.text
-    for head_dim in GOLDEN_HEAD_DIMS:
-        for mask in KERNEL_MASKS:
-            problem = golden_problem(head_dim, mask)
-            for name in list_schedules():
-                if mask in masks_served(name):
-                    schedule = build_schedule(name, problem, GOLDEN_WORKERS)
-                    verify(schedule)
-                    files[f"{name}_hdim{head_dim}_{mask}.tasks.json"] = tasks_json(lower(schedule))
     files["README.md"] = _golden_readme(variants)
     return files
 

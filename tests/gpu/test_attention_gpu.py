@@ -17,7 +17,8 @@ from dashgen.runtime.backward import backward, selection  # noqa: E402
 from dashgen.runtime.forward import forward, forward_variant  # noqa: E402
 from dashgen.runtime.op import attention  # noqa: E402
 from dashgen.runtime.select import Overrides, problem_for  # noqa: E402
-from dashgen.schedule.builders import BUILDERS, balanced_workers, unsupported_reason  # noqa: E402
+from dashgen.schedule.builders import BUILDERS, Tiling, unsupported_reason  # noqa: E402
+from dashgen.runtime.select import balanced_workers  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -124,17 +125,15 @@ class Case:
 
 
 def serving_plans(problem: Problem, sm_count: int) -> list[dict]:
-    """attention() options for every schedule that serves the problem; the worker-dependent ones
-    with the full worker count and a small odd one."""
+    """attention() options for every schedule that serves the problem, on the full worker count
+    and, where it is live there, a small odd one."""
     plans = []
     for name in list_schedules():
         if unsupported_reason(name, problem) is not None:
             continue
-        if BUILDERS[name].depends_on_workers:
-            plans += [dict(schedule=name, num_workers=w)
-                      for w in (min(132, sm_count), SMALL_ODD_WORKERS)]
-        else:
-            plans.append(dict(schedule=name))
+        plans.append(dict(schedule=name))
+        if BUILDERS[name].min_workers(problem) <= SMALL_ODD_WORKERS:
+            plans.append(dict(schedule=name, num_workers=SMALL_ODD_WORKERS))
     return plans
 
 
@@ -323,17 +322,19 @@ def test_the_policies_change_no_bits(names, shape, sm_count, seed):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_auto_defaults_are_its_schedule_on_balanced_workers(causal, sm_count, seed):
     """attention() with schedule="auto", num_workers=None gives the bits of its schedule run on
-    schedules.balanced_workers(SM count) workers: what the README promises users who pin them."""
+    any worker count: the balanced one auto launches, and the SM count."""
     q, k, v = (torch.randn(2, 1024, 8, 64, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
     problem = problem_for(2, 8, 8, 1024, 1024, 64, causal)
     name = "symmetric_shift" if causal else "shift"
-    workers = balanced_workers(name, problem, sm_count)
+    workers = balanced_workers(problem, BUILDERS[name].units(Tiling(problem)), sm_count)
     assert workers <= sm_count
     grads = [torch.autograd.grad(attention(q, k, v, causal=causal, **kw), (q, k, v), do)
-             for kw in ({}, dict(schedule=name, num_workers=workers))]
-    assert all(torch.equal(a, b) for a, b in zip(*grads))
+             for kw in ({}, dict(schedule=name, num_workers=workers),
+                        dict(schedule=name, num_workers=sm_count))]
+    assert all(torch.equal(a, b) for a, b in zip(*grads[:2]))
+    assert all(torch.equal(a, b) for a, b in zip(*grads[1:]))
 
 
 REPEATS = 1000
@@ -400,6 +401,8 @@ def test_trace_equals_schedule_ir(shape, sm_count, seed):
         if unsupported_reason(name, problem) is not None:
             continue
         for workers in (min(132, sm_count), SMALL_ODD_WORKERS):
+            if workers < BUILDERS[name].min_workers(problem):
+                continue
             schedule = build_schedule(name, problem, workers)
             expected = torch.tensor([[t.batch, t.head, t.n_block, t.m_block, t.dq_rank]
                                      for tasks in schedule.workers for t in tasks],

@@ -1,14 +1,19 @@
-"""What every schedule builder shares: launch units, the persistent deal, and rank policies.
+"""What every named schedule shares: the tiling formulas, the policy interface, the persistent
+deal, and the one rank count the DASH shift orders use.
 
-A builder only decides two things: the launch order of its units (a unit is one or more KV
-segments that run back to back on one worker) with each segment's Q-tile order, and how ranks
-follow from that. Dealing units to workers and numbering ranks is common code, so every
-builder gets the same guarantees (coverage by construction, acyclic rank edges).
+A named schedule is a scheduler policy: for one (batch, head) sequence it splits the work into
+units (one or two KV segments that run back to back on one worker) and says, for step i of unit
+u, which tile runs and its dq_rank, from integer formulas over the sequence's shape. The kernel
+runs the same formulas from templates/include/dashgen/sched/ (the C++ definition); this module
+and its siblings read them in Python for show, plan, verify and simulate, and
+tests/test_policy_header.py compiles the header on the host and proves both enumerate the same
+tasks, rank for rank. Ranks never read the worker count, the batch or the other heads: the
+worker count only decides who runs which unit when (docs/design.md, `ranks-by-tiles`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, NamedTuple
 
 from ..ir import Schedule, Task
 from ..problem import Problem
@@ -23,47 +28,112 @@ class UnsupportedProblem(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class Segment:
-    """One KV tile of one query head and the order in which it visits its Q tiles."""
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
-    batch: int
-    head: int
+
+class Tiling:
+    """One sequence's tiles as the policies see them (dashgen/sched/tiling.cuh): which Q tiles
+    a KV tile contributes to and which KV tiles a Q tile receives, as intervals. Full and causal
+    masks in closed form (the kernels' two); other masks from the Problem's tile lists."""
+
+    __slots__ = ("problem", "num_m", "num_n", "kind", "_rows")
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.num_m, self.num_n = problem.num_m_blocks, problem.num_n_blocks
+        self.kind = problem.mask.kind
+        self._rows = None if self.kind in ("full", "causal") else [
+            problem.m_blocks_of(n) for n in range(self.num_n)]
+
+    def first_m(self, n: int) -> int:
+        """The first Q tile KV tile n contributes to (its rows are first_m .. last_m)."""
+        p = self.problem
+        if self.kind == "full":
+            return 0
+        if self.kind == "causal":
+            # Q tile m sees keys up to min(seqlen_q, (m + 1) block_m) - 1 + seqlen_k - seqlen_q.
+            return min(max((n * p.block_n - (p.seqlen_k - p.seqlen_q)) // p.block_m, 0),
+                       self.num_m - 1)
+        rows = self._rows[n]
+        return rows[0] if rows else 0
+
+    def last_m(self, n: int) -> int:
+        if self._rows is None:
+            return self.num_m - 1
+        rows = self._rows[n]
+        return rows[-1] if rows else -1
+
+    def rows(self, n: int) -> int:
+        """Tasks of KV tile n."""
+        return self.last_m(n) - self.first_m(n) + 1
+
+    def first_n(self, m: int) -> int:
+        """The first KV tile that contributes to Q tile m (0 under full and causal masks)."""
+        if self._rows is None:
+            return 0
+        keys = self.problem._key_range(m)
+        return 0 if keys is None else keys[0] // self.problem.block_n
+
+    def count(self, m: int) -> int:
+        """Contributions the dQ sum of Q tile m receives (KV tiles first_n .. first_n+count-1)."""
+        p = self.problem
+        if self.kind == "full":
+            return self.num_n
+        if self.kind == "causal":
+            last_key = min(p.seqlen_q, (m + 1) * p.block_m) - 1 + p.seqlen_k - p.seqlen_q
+            return 0 if last_key < 0 else min(self.num_n - 1, last_key // p.block_n) + 1
+        keys = p._key_range(m)
+        return 0 if keys is None else keys[1] // p.block_n - keys[0] // p.block_n + 1
+
+
+class Step(NamedTuple):
+    """Step i of a unit: the tile, its dq_rank, and whether it starts or ends a segment."""
+
     n_block: int
-    m_order: tuple[int, ...]
-
-
-Unit = list[Segment]
-# launch: a contribution's rank is its segment's position in the launch order (never waits on a
-#   later launch, so the rank edges follow program order and cannot deadlock).
-# arrival: ranks follow (depth in the worker program, worker): the order the adds arrive in when
-#   all tasks cost the same, which is what Lemma 1 asks for.
-RankPolicy = Literal["launch", "arrival"]
+    m_block: int
+    dq_rank: int
+    seg_start: bool
+    seg_end: bool
 
 
 @dataclass(frozen=True)
-class Builder:
+class Policy:
+    """A named schedule: its units per sequence and its steps, as the kernel computes them.
+
+    heads_together: a sequence's units wait on each other both ways (arrival-ordered ranks), so
+    all of one sequence's units must run at once: the worker count is rounded down to a
+    multiple of `units` (never fewer than one sequence's worth: min_workers).
+    """
+
     name: str
+    kernel_id: int  # the policy's number in the kernel (its trace and watchdog report it)
     summary: str
-    units: Callable[[Problem, int], list[Unit]]
-    rank_policy: RankPolicy
-    depends_on_workers: bool
+    units: Callable[[Tiling], int]
+    unit_tasks: Callable[[Tiling, int], int]
+    step: Callable[[Tiling, int, int], Step]
+    heads_together: bool
     supports: Callable[[Problem], str | None]  # None when served, else the reason it is not
     doc: str = ""
 
+    def min_workers(self, problem: Problem) -> int:
+        """The fewest workers the schedule is live on: one sequence's units if they must run
+        together, else one."""
+        return max(1, self.units(Tiling(problem))) if self.heads_together else 1
 
-def deal(units: list[Unit], num_workers: int) -> list[list[tuple[int, Segment]]]:
-    """Static persistent scheduling: unit i goes to worker i mod W, in launch order.
-
-    Returns per worker its (segment launch index, segment) list.
-    """
-    programs: list[list[tuple[int, Segment]]] = [[] for _ in range(num_workers)]
-    index = 0
-    for i, unit in enumerate(units):
-        for seg in unit:
-            programs[i % num_workers].append((index, seg))
-            index += 1
-    return programs
+    def workers_used(self, problem: Problem, num_workers: int) -> int:
+        """The workers a launch on `num_workers` runs: all, or for heads_together a multiple of
+        one sequence's units (whole sequences a wave), never more than there are units."""
+        per_seq = max(1, self.units(Tiling(problem)))
+        total = problem.batch * problem.heads_q * per_seq
+        if self.heads_together:
+            if num_workers < per_seq:
+                raise ValueError(
+                    f"schedule {self.name!r} needs at least {per_seq} workers for this problem "
+                    f"(the {per_seq} units of one sequence wait on each other and must all run at "
+                    f"once), got num_workers={num_workers}")
+            num_workers -= num_workers % per_seq
+        return max(1, min(num_workers, total))
 
 
 def fewest_workers(units: int, num_workers: int) -> int:
@@ -73,45 +143,58 @@ def fewest_workers(units: int, num_workers: int) -> int:
     return -(-units // -(-units // num_workers))
 
 
-def wave_of(unit_index: int, num_workers: int) -> tuple[int, int]:
-    """(wave, worker) of a unit under :func:`deal`."""
-    return divmod(unit_index, num_workers)
+def shift_rank(units: int, rows: int, slot: int, step: int) -> int:
+    """Arrival rank under a cyclic shift: `units` workers start together, unit a visiting row
+    (a + t) mod rows at step t; the adds into a row are ranked by (step, unit). The rank of
+    unit `slot` at its step `step`: the adds at steps before it, plus those of lower units at
+    the same step (when units > rows two units meet on one row). O(1)."""
+    per_row, extra = divmod(units, rows)  # units with a residue below `extra`: one more
+    # Units that reach this row at steps 0..step-1 are those with residues slot+1 .. slot+step
+    # (mod rows); each residue r has per_row units, plus one if r < extra.
+    lo = (slot + 1) % rows
+    if lo + step <= rows:
+        below = max(0, min(lo + step, extra) - min(lo, extra))
+    else:
+        below = (extra - min(lo, extra)) + min(lo + step - rows, extra)
+    return per_row * step + below + slot // rows
 
 
-def assemble(name: str, problem: Problem, num_workers: int, units: list[Unit],
-             policy: RankPolicy, depends_on_workers: bool) -> Schedule:
-    """Deal the units, number dq/dkv ranks by the policy, and produce the Schedule."""
-    programs = deal(units, num_workers)
-    launch = policy == "launch"
-    # Contributions per dQ / dK-dV tile as (order key, worker, depth or segment): sorted, their
-    # positions are the ranks. The key is the segment's launch index, or (depth, worker), flat.
-    dq: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
-    dkv: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
-    for w, program in enumerate(programs):
-        depth = 0
-        for seg_index, (launch_index, segment) in enumerate(program):
-            b, h = segment.batch, segment.head
-            for m in segment.m_order:
-                dq.setdefault((b, h, m), []).append((launch_index if launch else depth, w, depth))
-                depth += 1
-            kv = (b, problem.kv_head(h), segment.n_block)
-            dkv.setdefault(kv, []).append((launch_index if launch else depth - 1, w, seg_index))
-    dq_rank = [[0] * sum(len(seg.m_order) for _, seg in program) for program in programs]
-    for items in dq.values():
-        for r, (_, w, d) in enumerate(sorted(items)):
-            dq_rank[w][d] = r
-    dkv_rank = [[0] * len(program) for program in programs]
-    for items in dkv.values():
-        for r, (_, w, s) in enumerate(sorted(items)):
-            dkv_rank[w][s] = r
-    workers: list[list[Task]] = []
-    for w, program in enumerate(programs):
-        tasks: list[Task] = []
-        ranks = dq_rank[w]
-        for seg_index, (_, seg) in enumerate(program):
-            rank_kv = dkv_rank[w][seg_index] if problem.gqa else None
-            for m in seg.m_order:
-                tasks.append(Task(seg.batch, seg.head, seg.n_block, m, ranks[len(tasks)], rank_kv))
-        workers.append(tasks)
-    return Schedule(name=name, problem=problem, num_workers=num_workers, workers=workers,
-                    depends_on_workers=depends_on_workers)
+def assemble(policy: Policy, problem: Problem, num_workers: int) -> Schedule:
+    """The IR of a policy on `num_workers` workers (the kernel's deal): the units of every
+    (batch, head), in that order, unit g on worker g mod W; dkv_rank under GQA is the query
+    head's place in its group (the heads of a group add their dK/dV in head order)."""
+    tiling = Tiling(problem)
+    workers_used = policy.workers_used(problem, num_workers)
+    per_seq = policy.units(tiling)
+    sizes = [policy.unit_tasks(tiling, u) for u in range(per_seq)]
+    steps = [[policy.step(tiling, u, i) for i in range(size)] for u, size in enumerate(sizes)]
+    group = problem.group_size
+    programs: list[list[Task]] = [[] for _ in range(workers_used)]
+    g = 0
+    for b in range(problem.batch):
+        for h in range(problem.heads_q):
+            dkv_rank = h % group if problem.gqa else None
+            for u in range(per_seq):
+                program = programs[g % workers_used]
+                program.extend(Task(b, h, s.n_block, s.m_block, s.dq_rank, dkv_rank)
+                               for s in steps[u])
+                g += 1
+    return Schedule(name=policy.name, problem=problem, num_workers=workers_used,
+                    workers=programs, depends_on_workers=False)
+
+
+def worker_loads(policy: Policy, problem: Problem, num_workers: int) -> list[int]:
+    """Tasks per worker, from the unit sizes alone (no tasks built: a summary at 1M tokens)."""
+    tiling = Tiling(problem)
+    workers_used = policy.workers_used(problem, num_workers)
+    sizes = [policy.unit_tasks(tiling, u) for u in range(policy.units(tiling))]
+    loads = [0] * workers_used
+    per_seq = len(sizes)
+    seqs = problem.batch * problem.heads_q
+    # Unit g = s * per_seq + u goes to worker g mod W.
+    for u, size in enumerate(sizes):
+        if not size:
+            continue
+        for s in range(seqs):
+            loads[(s * per_seq + u) % workers_used] += size
+    return loads

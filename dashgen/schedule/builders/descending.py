@@ -1,11 +1,10 @@
 """descending: the DASH heuristic of reversed Q-tile iteration."""
 from __future__ import annotations
 
-from ..problem import Problem
-from .base import Segment, Unit
+from .base import Step, Tiling
 
 
-def descending_units(problem: Problem, num_workers: int) -> list[Unit]:
+def descending_units(t: Tiling) -> int:
     """Like fa3, but each KV tile visits its Q tiles from the last down to its first.
 
     Under a causal mask every KV tile starts on the last Q tile: the workers serialize once
@@ -25,5 +24,13 @@ def descending_units(problem: Problem, num_workers: int) -> list[Unit]:
       m2: n0 n1 n2
       m3: n0 n1 n2 n3
     """
-    return [[Segment(b, h, n, tuple(reversed(problem.m_blocks_of(n))))]
-            for b, h, n in problem.kv_tiles()]
+    return t.num_n
+
+
+def descending_tasks(t: Tiling, u: int) -> int:
+    return t.rows(u)
+
+
+def descending_step(t: Tiling, u: int, i: int) -> Step:
+    m = t.last_m(u) - i
+    return Step(u, m, u - t.first_n(m), i == 0, i + 1 == t.rows(u))

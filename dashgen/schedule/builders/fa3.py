@@ -1,11 +1,10 @@
 """fa3: FlashAttention-3's original deterministic order (the baseline every schedule is measured against)."""
 from __future__ import annotations
 
-from ..problem import Problem
-from .base import Segment, Unit
+from .base import Step, Tiling
 
 
-def fa3_units(problem: Problem, num_workers: int) -> list[Unit]:
+def fa3_units(t: Tiling) -> int:
     """KV tiles launched head by head, n ascending; each visits its Q tiles ascending.
 
     Ranks follow the launch order, so the dQ adds of a Q tile land in ascending KV order. Under a
@@ -24,4 +23,13 @@ def fa3_units(problem: Problem, num_workers: int) -> list[Unit]:
       m2: n0 n1 n2 n3
       m3: n0 n1 n2 n3
     """
-    return [[Segment(b, h, n, tuple(problem.m_blocks_of(n)))] for b, h, n in problem.kv_tiles()]
+    return t.num_n
+
+
+def fa3_tasks(t: Tiling, u: int) -> int:
+    return t.rows(u)
+
+
+def fa3_step(t: Tiling, u: int, i: int) -> Step:
+    m = t.first_m(u) + i
+    return Step(u, m, u - t.first_n(m), i == 0, i + 1 == t.rows(u))

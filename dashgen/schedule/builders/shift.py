@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..problem import Problem
-from .base import Segment, Unit
+from .base import Step, Tiling, shift_rank
 
 
 def shift_supports(problem: Problem) -> str | None:
@@ -12,12 +12,12 @@ def shift_supports(problem: Problem) -> str | None:
     return None
 
 
-def shift_units(problem: Problem, num_workers: int) -> list[Unit]:
-    """KV tile n starts on Q tile n mod M and walks the Q tiles cyclically; ranks follow arrival.
-
-    The dQ order of a tile is the order its adds arrive in, which depends on how KV tiles land on
-    workers: the worker count is part of what fixes the bits. Fewer Q tiles than KV tiles active
-    at once (M < A) makes some workers collide; the schedule stays valid, only slower.
+def shift_units(t: Tiling) -> int:
+    """KV tile n starts on Q tile n mod M and walks the Q tiles cyclically. All KV tiles of a
+    head run at once (one wave holds whole heads), so the adds into a Q tile arrive in step
+    order, and that order is the rank: (min(m, N-1) - n) mod N with N <= M, a function of the
+    tiles alone. More KV tiles than Q tiles make two of them meet on one Q tile at one step;
+    the lower KV tile adds first.
 
     >>> from dashgen.cli import main
     >>> main(["show", "--schedule", "shift", "--seqlen", "512", "--hdim", "64", "--workers", "4"])
@@ -32,9 +32,13 @@ def shift_units(problem: Problem, num_workers: int) -> list[Unit]:
       m2: n2 n1 n0 n3
       m3: n3 n2 n1 n0
     """
-    units: list[Unit] = []
-    for b, h, n in problem.kv_tiles():
-        rows = problem.m_blocks_of(n)
-        start = n % len(rows)
-        units.append([Segment(b, h, n, tuple(rows[start:] + rows[:start]))])
-    return units
+    return t.num_n
+
+
+def shift_tasks(t: Tiling, u: int) -> int:
+    return t.num_m
+
+
+def shift_step(t: Tiling, u: int, i: int) -> Step:
+    m = (u + i) % t.num_m
+    return Step(u, m, shift_rank(t.num_n, t.num_m, u, i), i == 0, i + 1 == t.num_m)

@@ -1,16 +1,12 @@
 """spt: shortest processing time first, the order upstream FlashAttention uses for causal masks."""
 from __future__ import annotations
 
-from itertools import groupby
-
-from ..problem import Problem
-from .base import Segment, Unit
+from .base import Step, Tiling
 
 
-def spt_units(problem: Problem, num_workers: int) -> list[Unit]:
-    """Within each head, KV tiles with the fewest tasks launch first (the last ones under a causal
-    mask; ties by descending n); Q tiles ascending; ranks follow the launch, so the highest KV
-    tile adds first.
+def spt_units(t: Tiling) -> int:
+    """Within each head the KV tiles launch last first (under a causal mask the ones with the
+    fewest tasks); Q tiles ascending; ranks follow the launch, so the highest KV tile adds first.
 
     >>> from dashgen.cli import main
     >>> main(["show", "--schedule", "spt", "--seqlen", "512", "--hdim", "64", "--mask", "causal",
@@ -26,8 +22,14 @@ def spt_units(problem: Problem, num_workers: int) -> list[Unit]:
       m2: n2 n1 n0
       m3: n3 n2 n1 n0
     """
-    units: list[Unit] = []
-    for (b, h), tiles in groupby(problem.kv_tiles(), key=lambda t: t[:2]):
-        order = sorted((len(problem.m_blocks_of(n)), -n) for _, _, n in tiles)
-        units += [[Segment(b, h, -neg_n, tuple(problem.m_blocks_of(-neg_n)))] for _, neg_n in order]
-    return units
+    return t.num_n
+
+
+def spt_tasks(t: Tiling, u: int) -> int:
+    return t.rows(t.num_n - 1 - u)
+
+
+def spt_step(t: Tiling, u: int, i: int) -> Step:
+    n = t.num_n - 1 - u
+    m = t.first_m(n) + i
+    return Step(n, m, t.first_n(m) + t.count(m) - 1 - n, i == 0, i + 1 == t.rows(n))

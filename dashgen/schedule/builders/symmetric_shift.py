@@ -1,10 +1,8 @@
 """symmetric_shift: DASH's two-phase schedule for causal masks (workload folding)."""
 from __future__ import annotations
 
-from itertools import groupby
-
 from ..problem import Problem
-from .base import Segment, Unit, wave_of
+from .base import Step, Tiling, shift_rank
 
 
 def symmetric_shift_supports(problem: Problem) -> str | None:
@@ -14,13 +12,16 @@ def symmetric_shift_supports(problem: Problem) -> str | None:
     return None
 
 
-def symmetric_shift_units(problem: Problem, num_workers: int) -> list[Unit]:
-    """KV tiles p and N-1-p run back to back on one worker, so the long and the short tile of a
-    causal head even out (N+1 tasks a worker with square tiles; an odd N leaves the middle tile
-    alone). Phase 1: the big side walks the rectangle of Q tiles that every pair of this head
-    active in the same wave needs, rotated by its slot; then its own extra Q tiles ascending.
-    Phase 2: the small side visits its Q tiles descending, filling the slots the rotation left.
-    Ranks follow arrival; they depend on the worker count (waves decide who is active together).
+def symmetric_shift_units(t: Tiling) -> int:
+    """KV tiles p and N-1-p run back to back on one worker (unit p of P = ceil(N/2)), so the
+    long and the short tile of a causal head even out (N+1 tasks a unit with square tiles; an
+    odd N leaves the middle tile alone). All P units of a head run at once. Phase 1: the big
+    side p walks the rectangle of Q tiles every big side has (from first_m(P-1) on, R of them)
+    rotated by p, then its own extra Q tiles ascending. Phase 2: the small side visits its Q
+    tiles descending. Ranks are the arrival order of that one head, (step, unit): in the
+    rectangle the cyclic shift of P units over R rows; below it the extras, the unit whose
+    extras start nearest first; the small sides after every big side, the one that reaches the
+    tile first first. Functions of the tiles alone.
 
     >>> from dashgen.cli import main
     >>> main(["show", "--schedule", "symmetric_shift", "--seqlen", "512", "--hdim", "64", "--mask", "causal",
@@ -34,33 +35,42 @@ def symmetric_shift_units(problem: Problem, num_workers: int) -> list[Unit]:
       m2: n1 n0 n2
       m3: n1 n0 n2 n3
     """
-    pairs: list[tuple[int, int, int, int | None]] = []  # (batch, head, big n, small n or None)
-    for (b, h), tiles in groupby(problem.kv_tiles(), key=lambda t: t[:2]):
-        ns = [n for _, _, n in tiles]
-        count = len(ns)
-        for p in range(count // 2):
-            pairs.append((b, h, ns[p], ns[count - 1 - p]))
-        if count % 2:
-            pairs.append((b, h, ns[count // 2], None))
+    return (t.num_n + 1) // 2
 
-    # The rectangle of a (batch, head) in one wave: the Q tiles of its active big side with the
-    # fewest rows, which (causal Q sets are nested suffixes) every other active big side needs.
-    slots: dict[tuple[int, int, int], list[int]] = {}
-    for i, (b, h, big, _) in enumerate(pairs):
-        wave, _ = wave_of(i, num_workers)
-        slots.setdefault((b, h, wave), []).append(big)
-    units: list[Unit] = []
-    for i, (b, h, big, small) in enumerate(pairs):
-        wave, _ = wave_of(i, num_workers)
-        active = slots[(b, h, wave)]
-        slot = active.index(big)
-        rect = problem.m_blocks_of(max(active))
-        rows = problem.m_blocks_of(big)
-        rotated = rect[slot % len(rect):] + rect[:slot % len(rect)]
-        in_rect = set(rect)
-        extra = [m for m in rows if m not in in_rect]
-        unit = [Segment(b, h, big, tuple(rotated + extra))]
-        if small is not None:
-            unit.append(Segment(b, h, small, tuple(reversed(problem.m_blocks_of(small)))))
-        units.append(unit)
-    return units
+
+def _has_small(t: Tiling, p: int) -> bool:
+    return t.num_n - 1 - p != p
+
+
+def symmetric_shift_tasks(t: Tiling, p: int) -> int:
+    return t.rows(p) + (t.rows(t.num_n - 1 - p) if _has_small(t, p) else 0)
+
+
+def symmetric_shift_step(t: Tiling, p: int, i: int) -> Step:
+    units, num_n, num_m = (t.num_n + 1) // 2, t.num_n, t.num_m
+    r0 = t.first_m(units - 1)  # the rectangle: Q tiles r0 .. M-1, every big side has them
+    rect = num_m - r0
+    big = num_m - t.first_m(p)
+    if i < rect:  # phase 1, the rectangle
+        return Step(p, r0 + (p + i) % rect, shift_rank(units, rect, p, i), i == 0,
+                    i + 1 == big)
+    f = t.first_m(p)
+
+    def below(x: int) -> int:  # big sides (units) whose first Q tile is at most x
+        return min(units, t.count(x)) if x >= 0 else 0
+
+    if i < big:  # phase 1, the extras below the rectangle, ascending
+        m = f + i - rect
+        # Before it: units whose extras start later (reach m sooner), then equal starts below p.
+        rank = below(m) - below(f) + p - below(f - 1)
+        return Step(p, m, rank, False, i + 1 == big)
+    # Phase 2: the small side N-1-p, its Q tiles descending, after all `units` big sides. Small
+    # sides at m are units q >= N - count(m) (q < N // 2); ahead of p those with a later first
+    # Q tile (shorter big side, so sooner here), then equal first Q tiles below p.
+    small = num_n - 1 - p
+    j = i - big
+    m = num_m - 1 - j
+    lo = max(0, num_n - t.count(m))
+    later = max(0, num_n // 2 - max(lo, below(f)))
+    tied = max(0, p - max(lo, below(f - 1)))
+    return Step(small, m, units + later + tied, j == 0, m == t.first_m(small))

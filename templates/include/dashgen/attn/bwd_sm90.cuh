@@ -1,13 +1,14 @@
 // dashgen/attn/bwd_sm90.cuh: the Hopper-native persistent attention backward.
-// Warp-specialized, one CTA per SM, walking its worker's share of the schedule's task table:
+// Warp-specialized, one CTA per SM, walking its worker's share of the schedule (Cfg::Walk: a
+// named schedule's policy, computed from the tiles, or a schedule file's table):
 //   warpgroup 0, warp 0: producer: TMA loads of K/V once per segment, Q/dO per task (2 stages;
 //                        with kStagedStats also the task's lse and D rows);
 //   warpgroup 0, warp 1: dQ writer: waits for the dQ tile's counter to reach the task's dq_rank,
 //                        bulk-reduces the fp32 partial into global memory, waits until it has
 //                        landed, then releases the next rank (2 dQ buffers in flight);
 //   warpgroup 0, warps 2-3 (kFusedConvert, deterministic): dQ converter: warp 3's lane 0
-//                        walks this worker's share of the dQ tiles (p.conv_tiles, in the order
-//                        they are expected to finish), waits for each tile's counter to reach
+//                        walks this worker's share of the dQ tiles (dealt round-robin in the
+//                        order of their heads' launch), waits for each tile's counter to reach
 //                        its contribution count and bulk-copies the final sum into shared
 //                        memory; warp 2 writes its 16-bit dQ while the MMA warpgroups go on, so
 //                        no convert kernel runs after this one;
@@ -30,6 +31,7 @@
 #include "dashgen/ptx/tma.cuh"
 #include "dashgen/ptx/wgmma.cuh"
 #include "dashgen/attn/tiles_sm90.cuh"
+#include "dashgen/sched/walk.cuh"
 #include "dashgen/swizzle.cuh"
 
 namespace dashgen {
@@ -58,6 +60,9 @@ struct AttnBwdSm90 {
   static constexpr bool kFusedConvert = Cfg::kFusedConvert;
   static constexpr bool kEarlyKv = Cfg::kEarlyKv;
   static constexpr bool kDsStmatrix = Cfg::kDsStmatrix;
+  // The schedule: which tasks this worker runs in which order, and their ranks.
+  using Tiling = sched::Tiling<kBlockM, kBlockN, kCausal>;
+  static constexpr bool kTable = Cfg::kTable;
 
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kThreads = 384;
@@ -104,10 +109,15 @@ struct AttnBwdSm90 {
   static constexpr int kOffStats = kOffDq + kStages * kDqBytes;
   static constexpr int kOffBar = kOffStats + 2 * kStatsBytes;
   static_assert(kStages == 2, "the statistics region holds two copies: per warpgroup or stage");
-  static constexpr int kNumBars = 2 + 4 * kStages;
-  // The producer hands each stage's task to the MMA warpgroups here, so they never read the
-  // schedule table (its bookkeeping stays out of their registers).
+  // The scheduler lane's ring of tasks: kRing slots, each read by the producer and the writer.
+  static constexpr int kRing = 8;
+  static constexpr int kNumBars = 2 + 4 * kStages + 2 * kRing;
+  // The producer hands each stage's task to the MMA warpgroups here, so they never see the
+  // schedule (its state stays out of their registers); after the slots, this worker's task
+  // count, which the producer's walk computes before the roles start.
   static constexpr int kOffTask = kOffBar + kNumBars * 8;
+  static constexpr int kOffCount = kOffTask + kStages * 32;
+  static constexpr int kOffRing = kOffCount + 16;  // kRing Task slots
   // Only the deterministic backward counts each tile's landed contributions, so only it knows
   // when a dQ sum is final; without it, the convert kernel runs after this one.
   static constexpr bool kConvertDq = kFusedConvert && kDeterministic;
@@ -117,13 +127,13 @@ struct AttnBwdSm90 {
   // worker's share of the tiles took longer than the kernel) and writes 16-bit rows from there.
   // Its full and empty barriers and two ConvSlots, then the two chunk buffers; 8 KB chunks
   // where they fit.
-  static constexpr int kOffConv = (kOffTask + kStages * 32 + 127) / 128 * 128;
+  static constexpr int kOffConv = (kOffRing + kRing * 32 + 127) / 128 * 128;
   static constexpr int kConvChunkBytes =
       kOffConv + 128 + 2 * 8192 + 1024 <= kSm90MaxSmemBytes ? 8192 : 4096;
   static constexpr int kConvChunks = kDqBytes / kConvChunkBytes;  // chunks per dQ tile
   static constexpr int kConvChunkRows = kConvChunkBytes / (kHeadDim * 4);
   static constexpr int kSmemBytes = kConvertDq ? kOffConv + 128 + 2 * kConvChunkBytes + 1024
-                                               : kOffTask + kStages * 32 + 1024;  // + alignment slack
+                                               : kOffRing + kRing * 32 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= kSm90MaxSmemBytes,
                 "shared memory exceeds what an sm_90 block may use");
 
@@ -131,12 +141,10 @@ struct AttnBwdSm90 {
     u64 kv_full, kv_empty;
     u64 q_full[kStages], q_empty[kStages];
     u64 dq_full[kStages], dq_empty[kStages];
+    u64 ring_full[kRing], ring_empty[kRing];
   };
 
-  struct Task {
-    int b, h, n, m, dq_rank, dkv_rank;
-    bool seg_start, seg_end;
-  };
+  using Task = sched::Task;
   static_assert(sizeof(Task) <= 32, "one 32-byte task slot per stage");
 
   // One copy into registers: volatile, so the compiler cannot re-read the slot after the
@@ -157,25 +165,54 @@ struct AttnBwdSm90 {
     return reinterpret_cast<const volatile Task*>(smem + kOffTask)[s].seg_end;
   }
 
-  // Task i of this worker's tasks [begin, end) of the schedule's table: the one place that reads
-  // the packed TaskEntry format (dashgen.schedule.lower). The producer and the dQ writer both walk the
-  // table through it; the MMA warpgroups read the producer's decoded copy from the stage's slot.
-  __device__ static Task decode(const BwdParams& p, int i, int begin, int end) {
-    const TaskEntry e = p.tasks[i];
-    Task t;
-    t.b = e.batch_head >> 16;
-    t.h = e.batch_head & 0xffff;
-    t.n = e.n_m >> 16;
-    t.m = e.n_m & 0xffff;
-    t.dq_rank = e.dq_rank;
-    t.dkv_rank = e.dkv_rank;
-    // A segment: consecutive tasks of one (batch, query head) and KV block, which share K/V
-    // and the dK/dV accumulators.
-    t.seg_start = i == begin || p.tasks[i - 1].batch_head != e.batch_head ||
-                  (p.tasks[i - 1].n_m >> 16) != t.n;
-    t.seg_end = i + 1 == end || p.tasks[i + 1].batch_head != e.batch_head ||
-                (p.tasks[i + 1].n_m >> 16) != t.n;
-    return t;
+  // The launch's shape as a named policy's walk reads it: from the parameter block and the
+  // grid, where it is needed (sched::UnitWalk).
+  struct LaunchShape {
+    const BwdParams& p;
+    __device__ __forceinline__ int batch() const { return p.batch; }
+    __device__ __forceinline__ int heads_q() const { return p.heads_q; }
+    __device__ __forceinline__ int heads_kv() const { return p.heads_kv; }
+    __device__ __forceinline__ int seqlen_q() const { return p.seqlen_q; }
+    __device__ __forceinline__ int seqlen_k() const { return p.seqlen_k; }
+    __device__ __forceinline__ int workers() const { return static_cast<int>(gridDim.x); }
+  };
+  using Walk = typename Cfg::template Walk<Tiling, LaunchShape>;
+
+  // This worker's walk: the producer and the dQ writer each walk it, the MMA warpgroups read
+  // the producer's copy of each task from the stage's slot. `shape` outlives the walk.
+  __device__ static Walk make_walk(const BwdParams& p, const LaunchShape& shape) {
+    if constexpr (kTable) {
+      return Walk(p.tasks, p.worker_offsets, blockIdx.x);
+    } else {
+      return Walk(shape, blockIdx.x);
+    }
+  }
+
+  // A rank wait that did not end within p.watchdog_ms: the schedule is not live. Record what
+  // waited for what (host memory Python reads: dashgen.runtime.watchdog) and abort the launch,
+  // so no gradient of a broken order is ever returned. The tile is the counter's index in its
+  // counter array ((batch * heads + head) * tiles + tile), which the host decodes.
+  enum StallRole : u32 { kStallDq = 1, kStallDkv = 2, kStallConvert = 3 };
+  __device__ static void report_stall(const BwdParams& p, StallRole role, const u32* counters,
+                                      const u32* counter, u32 rank) {
+    if (p.stall != nullptr) {
+      volatile u32* row = p.stall + (static_cast<i64>(blockIdx.x) * 4 + role) * kStallWords;
+      row[1] = Cfg::kScheduleId; row[2] = role; row[3] = static_cast<u32>(counter - counters);
+      row[4] = rank; row[5] = ld_acquire_gpu(counter); row[6] = blockIdx.x;
+      __threadfence_system();
+      row[0] = kStallMagic;
+      *static_cast<volatile u32*>(p.stall) = kStallMagic;  // row 0 (no role): "some row is"
+      __threadfence_system();
+    }
+    __trap();
+  }
+
+  __device__ static __forceinline__ void wait_rank(const BwdParams& p, StallRole role,
+                                                   const u32* counters, const u32* counter,
+                                                   u32 rank) {
+    if (!wait_counter_equals_for(counter, rank, p.watchdog_ms * 1000000u)) {
+      report_stall(p, role, counters, counter, rank);
+    }
   }
 
   __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k, const TensorMap* tm_v,
@@ -183,7 +220,7 @@ struct AttnBwdSm90 {
     char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     Bars* bars = reinterpret_cast<Bars*>(smem + kOffBar);
     const int warpgroup = threadIdx.x / 128;
-    const int begin = p.worker_offsets[blockIdx.x], end = p.worker_offsets[blockIdx.x + 1];
+    int* count_slot = reinterpret_cast<int*>(smem + kOffCount);
 
     if (threadIdx.x == 0) {
       mbarrier_init(&bars->kv_full, 1);
@@ -196,6 +233,10 @@ struct AttnBwdSm90 {
         mbarrier_init(&bars->dq_full[s], kMmaThreads);
         mbarrier_init(&bars->dq_empty[s], 1);
       }
+      for (int k = 0; k < kRing; ++k) {
+        mbarrier_init(&bars->ring_full[k], 1);
+        mbarrier_init(&bars->ring_empty[k], 2);  // the producer's and the writer's reads
+      }
       if constexpr (kConvertDq) {
         u64* conv_bars = reinterpret_cast<u64*>(smem + kOffConv);  // full[2], then empty[2]
         // full: the issuing lane's arrive (plus the copy's bytes); empty: every converting lane
@@ -203,21 +244,52 @@ struct AttnBwdSm90 {
         for (int i = 0; i < 4; ++i) mbarrier_init(&conv_bars[i], i < 2 ? 1 : 32);
       }
       fence_barrier_init();
+      const LaunchShape shape{p};
+      *count_slot = make_walk(p, shape).count();
     }
     __syncthreads();
+    const int count = *count_slot;
 
     if (warpgroup == 0) {
       setmaxnreg_dec<kProducerRegs>();
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-      if (warp == 0 && lane == 0) produce(tm_q, tm_k, tm_v, tm_do, p, smem, bars, begin, end);
-      if (warp == 1 && lane == 0) write_dq(p, smem, bars, begin, end);
+      if (warp == 0 && lane == 0) produce(tm_q, tm_k, tm_v, tm_do, p, smem, bars, count);
+      if (warp == 1 && lane == 0) write_dq(p, smem, bars, count);
       if constexpr (kConvertDq) {
         if (warp >= 2) convert_dq(p, smem, threadIdx.x - 64);
       }
+      if (warp == 3 && lane == 1) schedule_tasks(p, smem, bars, count);
     } else {
       setmaxnreg_inc<kMmaRegs>();
-      consume(p, smem, bars, begin, end, warpgroup - 1, threadIdx.x - 128);
+      consume(p, smem, bars, 0, count, warpgroup - 1, threadIdx.x - 128);
     }
+  }
+
+  // ---- scheduler -----------------------------------------------------------------------------
+  // Warp 3's lane 1 walks this worker's schedule (the policy's integer formulas, or the table)
+  // and leaves each task in ring slot i % kRing for the producer and the writer, which only
+  // read it: one lane holds the walk's state, inside the producer warpgroup's 24 registers.
+  __device__ static void schedule_tasks(const BwdParams& p, char* smem, Bars* bars, int count) {
+    const LaunchShape shape{p};
+    Walk walk = make_walk(p, shape);
+    Task* ring = reinterpret_cast<Task*>(smem + kOffRing);
+#pragma unroll 1
+    for (int i = 0; i < count; ++i) {
+      const int k = i % kRing;
+      if (i >= kRing) mbarrier_wait_parity(&bars->ring_empty[k], ((i / kRing) - 1) & 1);
+      ring[k] = walk.next();
+      mbarrier_arrive(&bars->ring_full[k]);  // release: the slot's stores before the arrive
+    }
+  }
+
+  // Task i from the scheduler's ring (the caller arrives on ring_empty once it has read it).
+  __device__ static __forceinline__ Task take_task(const char* smem, Bars* bars, int i) {
+    mbarrier_wait_parity(&bars->ring_full[i % kRing], (i / kRing) & 1);
+    // Plain loads, so a reader keeps only the fields it uses; the arrive (a memory clobber)
+    // keeps them before the slot is released.
+    const Task t = reinterpret_cast<const Task*>(smem + kOffRing)[i % kRing];
+    mbarrier_arrive(&bars->ring_empty[i % kRing]);
+    return t;
   }
 
   // ---- producer ------------------------------------------------------------------------------
@@ -225,18 +297,18 @@ struct AttnBwdSm90 {
   // (column, head, row, batch).
   __device__ static void produce(const TensorMap* tm_q, const TensorMap* tm_k,
                                  const TensorMap* tm_v, const TensorMap* tm_do,
-                                 const BwdParams& p, char* smem, Bars* bars, int begin, int end) {
+                                 const BwdParams& p, char* smem, Bars* bars, int count) {
     const int group = p.heads_q / p.heads_kv;
     int segment = 0;
-    for (int i = begin; i < end; ++i) {
-      const Task t = decode(p, i, begin, end);
+    for (int i = 0; i < count; ++i) {
+      const Task t = take_task(smem, bars, i);
       // A segment's K/V go before its first task's Q/dO, or with kEarlyKv after them: then
       // those Q/dO load while the previous segment's last task still runs, and the K/V as soon
       // as its dQ MMA has freed them (not after its dK/dV stores).
       if (!kEarlyKv && t.seg_start) {
         load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, t.n * kBlockN, t.b);
       }
-      const int s = (i - begin) % kStages, use = (i - begin) / kStages;
+      const int s = i % kStages, use = i / kStages;
       load_task(tm_q, tm_do, p, t, bars, smem, s, use);
       if (kEarlyKv && t.seg_start) {
         load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, t.n * kBlockN, t.b);
@@ -285,16 +357,24 @@ struct AttnBwdSm90 {
   }
 
   // ---- dQ writer -----------------------------------------------------------------------------
-  __device__ static void write_dq(const BwdParams& p, char* smem, Bars* bars, int begin, int end) {
-    for (int i = begin; i < end; ++i) {
-      const Task t = decode(p, i, begin, end);
-      const int s = (i - begin) % kStages, use = (i - begin) / kStages;
+  __device__ static void write_dq(const BwdParams& p, char* smem, Bars* bars, int count) {
+    // Tracing: this worker's rows start at its offset in the IR's order (p.worker_offsets).
+    const int first_row = kTrace ? p.worker_offsets[blockIdx.x] : 0;
+    for (int i = 0; i < count; ++i) {
+      const Task t = take_task(smem, bars, i);
+      const int s = i % kStages, use = i / kStages;
       mbarrier_wait_parity(&bars->dq_full[s], use & 1);
-      i32* row = kTrace ? p.trace + static_cast<i64>(i) * kTraceColumns : nullptr;
+      i32* row = kTrace ? p.trace + static_cast<i64>(first_row + i) * kTraceColumns : nullptr;
       if (kTrace) trace_stamp(row, kTraceReady);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
       if (kDeterministic) {
-        wait_counter_equals(counter, static_cast<u32>(t.dq_rank));
+        if constexpr (kTrace) {
+          // Traced builds (the tests' trace = IR check) wait unbounded: their trace row holds
+          // the registers the watchdog would take.
+          wait_counter_equals(counter, static_cast<u32>(t.dq_rank));
+        } else {
+          wait_rank(p, kStallDq, p.dq_counters, counter, static_cast<u32>(t.dq_rank));
+        }
         fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
       }
       if (kTrace) trace_stamp(row, kTraceAcquired);
@@ -340,8 +420,10 @@ struct AttnBwdSm90 {
   // ---- dQ converter (kConvertDq) -------------------------------------------------------------
   // The convert kernel's per-row work (AttnConvert) for this worker's share of the tiles: fp32
   // sums in the accum_col layout -> 16-bit dQ rows, the same conversion, so the same bits. The
-  // tiles are dealt to the workers in the order the schedule finishes them (dashgen.runtime.plans.conversion_plan),
-  // not by who adds last: a schedule may give one worker the last add of every tile it touches.
+  // dQ tiles that receive any contribution (under a causal mask with more query rows than keys
+  // the first ones get none: the convert kernel writes their zeros) are dealt round-robin to
+  // the workers in (batch, head, m_block) order, the order their heads launch in; not to the
+  // worker that adds last: a schedule may give one worker the last add of every tile it touches.
   // Chunk j of the worker's share (tile j / kConvChunks) goes through buffer j % 2. Warp 3's
   // lane 0 issues each copy once the tile's sum is final and warp 2 has emptied the buffer, and
   // leaves where the chunk's rows go in the buffer's ConvSlot; warp 2 converts. Two roles in
@@ -367,9 +449,14 @@ struct AttnBwdSm90 {
     u64* full = reinterpret_cast<u64*>(smem + kOffConv);
     const ConvBuffers c{full, full + 2, reinterpret_cast<ConvSlot*>(smem + kOffConv + 32),
                         reinterpret_cast<float*>(smem + kOffConv + 128)};
-    const int first = p.conv_offsets[blockIdx.x];
-    const int chunks = (p.conv_offsets[blockIdx.x + 1] - first) * kConvChunks;
-    if (tid == 32) issue_conv_copies(p, c, first, chunks);
+    // Tiles m0 .. num_m - 1 of each head get contributions (m0 = the first Q tile of KV tile 0).
+    const int m0 = Tiling(p.seqlen_q, p.seqlen_k).first_m(0);
+    const int tiles = p.batch * p.heads_q * (p.num_m_blocks - m0);
+    const int mine = static_cast<int>(blockIdx.x) < tiles
+                         ? (tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1
+                         : 0;
+    const int chunks = mine * kConvChunks;
+    if (tid == 32) issue_conv_copies(p, c, m0, chunks);
     if (tid >= 32) return;
     convert_chunks(p, c, chunks, tid);
   }
@@ -377,18 +464,25 @@ struct AttnBwdSm90 {
   // Warp 3's lane 0: each chunk of the worker's share into buffer j % 2, once its tile's sum is
   // final and the buffer is empty.
   __device__ static __forceinline__ void issue_conv_copies(const BwdParams& p, const ConvBuffers& c,
-                                                           int first, int chunks) {
+                                                           int m0, int chunks) {
+    const int per_head = p.num_m_blocks - m0;
 #pragma unroll 1
     for (int j = 0; j < chunks; ++j) {
       if (j >= 2) mbarrier_wait_parity(&c.empty[j % 2], (j / 2 - 1) & 1);
-      const int tile = p.conv_tiles[first + j / kConvChunks];
-      const int m = tile % p.num_m_blocks, bh = tile / p.num_m_blocks;
+      const int k = blockIdx.x + (j / kConvChunks) * gridDim.x;  // the worker's k-th tile
+      const int m = m0 + k % per_head, bh = k / per_head;
+      const int tile = bh * p.num_m_blocks + m;
       const int row0 = m * kBlockM + (j % kConvChunks) * kConvChunkRows;
       if (j % kConvChunks == 0) {
         // Final once every contribution has landed: the writers release the counter after
         // their add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between
         // polls: a polling warp would take issue slots from its sub-partition's MMA warps.
-        while (ld_acquire_gpu(p.dq_counters + tile) != static_cast<u32>(p.dq_counts[m])) {
+        const u32 total = Tiling(p.seqlen_q, p.seqlen_k).count(m);
+        u32 since = global_ns();
+        while (ld_acquire_gpu(p.dq_counters + tile) != total) {
+          if (global_ns() - since > p.watchdog_ms * 1000000u) {
+            report_stall(p, kStallConvert, p.dq_counters, p.dq_counters + tile, total);
+          }
           __nanosleep(kConvPollNs);
         }
         fence_proxy_async_global();  // the copy below reads through the async proxy
@@ -762,7 +856,12 @@ struct AttnBwdSm90 {
                                                const MmaThread& me) {
     const int hk = t.h / (p.heads_q / p.heads_kv);
     u32* counter = p.dkv_counters + (t.b * p.heads_kv + hk) * p.num_n_blocks + t.n;
-    if (kDeterministic && me.tid == 0) wait_counter_equals(counter, static_cast<u32>(t.dkv_rank));
+    if (kDeterministic && me.tid == 0) {
+      // Unbounded: in every named schedule the heads of a group add in head order, which no
+      // later launch precedes, and a schedule file's dK/dV order passed the verifier; a
+      // watchdog here would cost the MMA warpgroups registers.
+      wait_counter_equals(counter, static_cast<u32>(t.dkv_rank));
+    }
     sync_mma_warpgroups();
     // Padded rows (keys past seqlen_k) carry zeros into the padded accumulator rows.
     const i64 tile = (static_cast<i64>(t.b * p.heads_kv + hk) * p.num_n_blocks + t.n) * kBlockN;

@@ -1,6 +1,7 @@
 // dashgen/attn/params.cuh: kernel parameter blocks, passed by value. The host mirrors each one
 // field for field (dashgen/codegen/variants.py); keep the order pointers first, then 32-bit fields.
 #pragma once
+#include "dashgen/sched/walk.cuh"
 #include "dashgen/types.cuh"
 
 namespace dashgen {
@@ -17,13 +18,13 @@ struct FwdParams {
   float softmax_scale;
 };
 
-// One schedule task in the table the lowering writes: what the schedule IR says, packed.
-struct TaskEntry {
-  i32 batch_head;  // batch << 16 | head (query head)
-  i32 n_m;         // n_block << 16 | m_block
-  i32 dq_rank;
-  i32 dkv_rank;    // -1 without GQA
-};
+// The watchdog's record of a rank wait that never ended: per worker and role (dQ writer, dK/dV
+// add, dQ converter) kStallWords words in host memory, word 0 kStallMagic once filled; then the
+// schedule's kernel id, the role, the tile's counter index, the rank waited for, the count the
+// counter showed, the worker.
+// dashgen/runtime/watchdog.py reads it.
+constexpr u32 kStallMagic = 0x57a11ed;
+constexpr int kStallWords = 16;
 
 struct BwdParams {
   const void* q;
@@ -39,24 +40,24 @@ struct BwdParams {
   float* dv_accum;
   u32* dq_counters;      // (batch, heads_q, num_m_blocks), zeroed
   u32* dkv_counters;     // (batch, heads_kv, num_n_blocks), zeroed, GQA only
-  const TaskEntry* tasks;
-  const i32* worker_offsets;  // worker w runs tasks[worker_offsets[w] .. worker_offsets[w + 1])
+  // A schedule file's table (named schedules: null), worker w's tasks at
+  // tasks[worker_offsets[w] .. worker_offsets[w + 1]); the offsets also place each worker's
+  // rows of the trace.
+  const sched::TableEntry* tasks;
+  const i32* worker_offsets;
   i32* trace;            // (total tasks, kTraceColumns) when tracing, else null
+  u32* stall;            // the watchdog's record (workers * 4 * kStallWords), or null
   i32 batch, heads_q, heads_kv, seqlen_q, seqlen_k;
   i32 q_row_stride, k_row_stride;  // q/dout/dq share one layout, k/v/dk/dv another
   i32 num_m_blocks, num_n_blocks;
   float softmax_scale;
+  u32 watchdog_ms;       // a rank wait longer than this aborts the launch (report_stall)
   // (batch, heads_q, num_m_blocks, 2, block_m) when the statistics are staged: per query tile,
   // block_m lse rows as log2 (+inf where P = 0) then block_m D rows (0 past the end); else null.
   const float* stats;
   // With the fused convert (deterministic only), else null: the 16-bit dQ output, laid out like
-  // q; per query tile the number of contributions its dQ sum gets (the same for every batch and
-  // head); and the dQ tiles each worker converts, (batch * heads_q + head) * num_m_blocks +
-  // m_block, worker w's at conv_tiles[conv_offsets[w] .. conv_offsets[w + 1]).
+  // q. Which worker converts which tile, and when a tile's sum is final, are formulas.
   void* dq;
-  const i32* dq_counts;  // (num_m_blocks)
-  const i32* conv_tiles;
-  const i32* conv_offsets;
 };
 
 // Preprocess: D = rowsum(dO * O), zero the fp32 dQ accumulator and the workspace (the ordering

@@ -1,6 +1,7 @@
 // dashgen/ptx/counter.cuh: gpu-scope acquire/release counters in global memory, the hand-off
 // between writers of one dQ tile in dq_rank order.
 #pragma once
+#include "dashgen/ptx/timer.cuh"
 #include "dashgen/types.cuh"
 
 namespace dashgen {
@@ -38,6 +39,24 @@ __device__ __forceinline__ void wait_counter_equals(const u32* ptr, u32 value) {
     __nanosleep(sleep_ns);
     sleep_ns = sleep_ns < kCounterMaxBackoffNs ? sleep_ns * 2 : kCounterMaxBackoffNs;
   }
+}
+
+// The same, giving up after timeout_ns (false): the watchdog of a rank wait. The clock is read
+// only once the first poll has failed, so a wait that is already over costs nothing more; its
+// low 32 bits wrap after 4.29 s, which bounds timeout_ns (unsigned differences survive a wrap).
+__device__ __forceinline__ bool wait_counter_equals_for(const u32* ptr, u32 value,
+                                                        u32 timeout_ns) {
+  u32 sleep_ns = 8, since = 0;  // the first sleep's length marks the first failed poll
+  while (ld_acquire_gpu(ptr) != value) {
+    if (sleep_ns == 8) {
+      since = global_ns();
+    } else if (global_ns() - since > timeout_ns) {
+      return false;
+    }
+    __nanosleep(sleep_ns);
+    sleep_ns = sleep_ns < kCounterMaxBackoffNs ? sleep_ns * 2 : kCounterMaxBackoffNs;
+  }
+  return true;
 }
 
 }  // namespace dashgen

@@ -1,0 +1,111 @@
+"""One long sequence (131k to 1M tokens) forward and backward on the GPU: the first call's host
+time, backward TFLOP/s, peak memory, and accuracy against a float64 reference on sampled query
+rows (dq, o) within 2x of PyTorch's own bf16 error on those rows. Prints a table, writes JSON.
+
+python3 scripts/long_context.py --out DIR [--seqlens 131072,1048576] [--configs d128,d64]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import dashgen  # noqa: E402
+
+CONFIGS = {"d128": (128, 16), "d64": (64, 32)}  # head_dim, heads
+
+
+def reference_rows(q, k, v, do, rows, causal, dtype):
+    """o and dq of query rows `rows` of head 0 in `dtype` (float64: the reference; bfloat16
+    math through fp32 softmax: PyTorch's own low-precision error)."""
+    qs = q[0, rows, 0].to(dtype)
+    kk, vv, dd = k[0, :, 0].to(dtype), v[0, :, 0].to(dtype), do[0, rows, 0].to(dtype)
+    scale = q.shape[-1] ** -0.5
+    s = (qs @ kk.T).float() * scale if dtype != torch.float64 else (qs @ kk.T) * scale
+    if causal:
+        keys = torch.arange(k.shape[1], device=q.device)
+        s = s.masked_fill(keys[None, :] > torch.tensor(rows, device=q.device)[:, None], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    o = (p.to(dtype) @ vv).to(torch.float64)
+    dp = (dd @ vv.T).to(p.dtype)
+    dsum = (p * dp).sum(-1, keepdim=True)
+    ds = p * (dp - dsum) * scale
+    dq = (ds.to(dtype) @ kk).to(torch.float64)
+    return o, dq
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seqlens", default="131072,524288,1048576")
+    ap.add_argument("--configs", default="d128,d64")
+    ap.add_argument("--masks", default="causal,full")
+    args = ap.parse_args()
+    rows_out = []
+    for name in args.configs.split(","):
+        head_dim, heads = CONFIGS[name]
+        for seqlen in map(int, args.seqlens.split(",")):
+            for mask in args.masks.split(","):
+                causal = mask == "causal"
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                g = torch.Generator(device="cuda").manual_seed(seqlen)
+                make = lambda: torch.randn(1, seqlen, heads, head_dim, device="cuda",
+                                           dtype=torch.bfloat16, generator=g)
+                q, k, v, do = make(), make(), make(), make()
+                base = torch.cuda.max_memory_allocated()
+                qg, kg, vg = (t.requires_grad_() for t in (q, k, v))
+                t0 = time.perf_counter()
+                o = dashgen.attention(qg, kg, vg, causal=causal, deterministic=True)
+                t1 = time.perf_counter()
+                dq, dk, dv = torch.autograd.grad(o, (qg, kg, vg), do)
+                t2 = time.perf_counter()
+                torch.cuda.synchronize()
+                first_host = (t1 - t0) + (t2 - t1)
+                peak = torch.cuda.max_memory_allocated() - base
+                # Timed second backward (the kernels only).
+                o2 = dashgen.attention(qg, kg, vg, causal=causal, deterministic=True)
+                torch.cuda.synchronize()
+                s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+                s.record()
+                again = torch.autograd.grad(o2, (qg, kg, vg), do)
+                e.record()
+                torch.cuda.synchronize()
+                ms = s.elapsed_time(e)
+                same = all(torch.equal(a, b) for a, b in zip((dq, dk, dv), again))
+                flops = 2.5 * 4 * seqlen * seqlen * heads * head_dim * (0.5 if causal else 1.0)
+                rows = sorted({0, 1, seqlen // 3, seqlen // 2, seqlen - 1})
+                ro, rdq = reference_rows(q, k, v, do, rows, causal, torch.float64)
+                lo, ldq = reference_rows(q, k, v, do, rows, causal, torch.bfloat16)
+                err = lambda x, r: float((x - r).norm() / r.norm().clamp_min(1e-30))
+                o_err, o_torch = err(o[0, rows, 0].double(), ro), err(lo, ro)
+                dq_err, dq_torch = err(dq[0, rows, 0].double(), rdq), err(ldq, rdq)
+                row = dict(config=name, head_dim=head_dim, heads=heads, seqlen=seqlen, mask=mask,
+                           first_call_host_s=round(first_host, 3), backward_ms=round(ms, 2),
+                           backward_tflops=round(flops / ms / 1e9, 1), peak_gib=round(peak / 2**30, 2),
+                           repeat_bitwise_equal=same, o_err=o_err, o_err_torch_bf16=o_torch,
+                           dq_err=dq_err, dq_err_torch_bf16=dq_torch,
+                           within_2x=bool(o_err <= 2 * o_torch + 1e-7 and dq_err <= 2 * dq_torch + 1e-7))
+                rows_out.append(row)
+                print(row, flush=True)
+                del q, k, v, do, qg, kg, vg, o, o2, dq, dk, dv, again
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "long_context.json").write_text(json.dumps(dict(
+        gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), rows=rows_out), indent=1))
+    print(f"{'cfg':>4} {'seqlen':>8} {'mask':>6} {'host s':>7} {'bwd ms':>9} {'TFLOP/s':>8} "
+          f"{'peak GiB':>8} {'o err/2x':>9} {'dq err/2x':>9}")
+    for r in rows_out:
+        print(f"{r['config']:>4} {r['seqlen']:>8} {r['mask']:>6} {r['first_call_host_s']:>7} "
+              f"{r['backward_ms']:>9} {r['backward_tflops']:>8} {r['peak_gib']:>8} "
+              f"{r['o_err'] / (2 * r['o_err_torch_bf16']):>9.2f} "
+              f"{r['dq_err'] / (2 * r['dq_err_torch_bf16']):>9.2f}")
+
+
+if __name__ == "__main__":
+    main()

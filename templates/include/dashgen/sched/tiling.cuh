@@ -1,0 +1,83 @@
+// dashgen/sched/tiling.cuh: one sequence's tiles as the schedule policies see them, and the
+// task a policy yields. Plain integer code with no CUDA builtins: it compiles as host C++ too
+// (tests/test_policy_header.py builds the policies with g++ and checks them against the Python
+// IR, task for task and rank for rank).
+#ifndef DASHGEN_SCHED_TILING_CUH
+#define DASHGEN_SCHED_TILING_CUH
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define DASHGEN_HD __host__ __device__ __forceinline__
+#else
+#define DASHGEN_HD inline
+#endif
+
+namespace dashgen {
+namespace sched {
+
+// Q tiles of kBlockM rows, KV tiles of kBlockN rows, a full or a causal mask aligned
+// bottom-right (query row i sees keys up to i + seqlen_k - seqlen_q). Under both masks the Q
+// tiles of a KV tile are a suffix first_m(n) .. num_m - 1 and the KV tiles of a Q tile a prefix
+// 0 .. count(m) - 1.
+template <int kBlockM, int kBlockN, bool kCausal>
+struct Tiling {
+  int seqlen_q, seqlen_k;  // the tile counts are computed where used: fewer live registers
+
+  DASHGEN_HD Tiling(int sq, int sk) : seqlen_q(sq), seqlen_k(sk) {}
+  DASHGEN_HD int num_m() const { return (seqlen_q + kBlockM - 1) / kBlockM; }
+  DASHGEN_HD int num_n() const { return (seqlen_k + kBlockN - 1) / kBlockN; }
+
+  // The first Q tile KV tile n contributes to: the first whose last row sees key n * kBlockN.
+  DASHGEN_HD int first_m(int n) const {
+    if (!kCausal) return 0;
+    const int x = n * kBlockN - (seqlen_k - seqlen_q);
+    const int m = x < 0 ? 0 : x / kBlockM;
+    return m < num_m() - 1 ? m : num_m() - 1;
+  }
+  DASHGEN_HD int rows(int n) const { return num_m() - first_m(n); }
+  // Contributions to the dQ sum of Q tile m: the KV tiles up to the one holding its last key.
+  DASHGEN_HD int count(int m) const {
+    if (!kCausal) return num_n();
+    const int end = (m + 1) * kBlockM < seqlen_q ? (m + 1) * kBlockM : seqlen_q;
+    const int last_key = end - 1 + seqlen_k - seqlen_q;
+    if (last_key < 0) return 0;
+    return (last_key / kBlockN < num_n() - 1 ? last_key / kBlockN : num_n() - 1) + 1;
+  }
+};
+
+// A task as a worker's walk yields it: the tile (query head h), its dQ and dK/dV ranks (-1
+// without GQA) and its segment boundaries.
+struct Task {
+  int b, h, n, m, dq_rank, dkv_rank;
+  bool seg_start, seg_end;
+};
+
+// Step i of a unit: its tile, its place in the dQ tile's sum, and whether it starts or ends a
+// segment (the K/V load and the dK/dV store).
+struct Step {
+  int n, m, dq_rank;
+  bool seg_start, seg_end;
+};
+
+// The arrival rank under a cyclic shift: `units` start together, unit a visiting row
+// (a + t) mod rows at step t, the adds into a row ranked by (step, unit). Unit `slot` at step
+// `step`: the adds at earlier steps (units with residues slot + 1 .. slot + step mod rows,
+// `per_row` each plus one below `extra`), then the lower units at the same step.
+DASHGEN_HD int shift_rank(int units, int rows, int slot, int step) {
+  const int per_row = units / rows, extra = units % rows;
+  const int lo = (slot + 1) % rows;
+  const int lo_c = lo < extra ? lo : extra;
+  int below;
+  if (lo + step <= rows) {
+    const int hi_c = lo + step < extra ? lo + step : extra;
+    below = hi_c - lo_c;
+  } else {
+    const int wrap = lo + step - rows;
+    below = (extra - lo_c) + (wrap < extra ? wrap : extra);
+  }
+  return per_row * step + below + slot / rows;
+}
+
+}  // namespace sched
+}  // namespace dashgen
+
+#endif  // DASHGEN_SCHED_TILING_CUH

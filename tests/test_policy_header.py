@@ -1,0 +1,189 @@
+"""One definition, two readings: the kernel's schedule policies (templates/include/dashgen/sched,
+compiled here as host code with g++) enumerate exactly the Python IR that show, plan, verify
+and simulate read: task for task (worker, order, tile, dq_rank, dkv_rank, segment boundaries),
+on hypothesis-drawn problems and every worker count from the schedule's minimum to 132."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from dashgen import Problem
+from dashgen.codegen.render import include_dir
+from dashgen.schedule.builders import BUILDERS, build_schedule
+
+HEADERS = ("dashgen/sched/walk.cuh", "dashgen/sched/ordered.cuh", "dashgen/sched/shift.cuh")
+POLICIES = {"fa3": "Fa3", "spt": "Spt", "descending": "Descending", "shift": "Shift",
+            "symmetric_shift": "SymmetricShift"}
+TILES = ((64, 128), (128, 128))  # the backward's (block_m, block_n) at head_dim 128 and 64
+
+# argv: policy id, block_m, causal, batch, heads_q, heads_kv, seqlen_q, seqlen_k, then worker
+# counts. For each count: "W <count>", then per worker one line of tasks
+# "b,h,n,m,dq_rank,dkv_rank,seg_start,seg_end" in its order.
+DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "dashgen/sched/walk.cuh"
+#include "dashgen/sched/ordered.cuh"
+#include "dashgen/sched/shift.cuh"
+
+using namespace dashgen::sched;
+
+struct Shape {
+  int batch_, heads_q_, heads_kv_, workers_, seqlen_q_, seqlen_k_;
+  int batch() const { return batch_; }
+  int heads_q() const { return heads_q_; }
+  int heads_kv() const { return heads_kv_; }
+  int workers() const { return workers_; }
+  int seqlen_q() const { return seqlen_q_; }
+  int seqlen_k() const { return seqlen_k_; }
+};
+
+template <class Policy, class Tl>
+static void walk(const Tl& t, int batch, int heads_q, int heads_kv, int workers) {
+  std::printf("W %d\n", workers);
+  const Shape shape{batch, heads_q, heads_kv, workers, t.seqlen_q, t.seqlen_k};
+  for (int w = 0; w < workers; ++w) {
+    UnitWalk<Policy, Tl, Shape> walk(shape, w);
+    const int count = walk.count();
+    std::printf("w");
+    for (int k = 0; k < count; ++k) {
+      const Task x = walk.next();
+      std::printf(" %d,%d,%d,%d,%d,%d,%d,%d", x.b, x.h, x.n, x.m, x.dq_rank, x.dkv_rank,
+                  x.seg_start ? 1 : 0, x.seg_end ? 1 : 0);
+    }
+    std::printf("\n");
+  }
+}
+
+template <int kBlockM, bool kCausal>
+static int run(int id, int argc, char** argv) {
+  using Tl = Tiling<kBlockM, 128, kCausal>;
+  const Tl t(std::atoi(argv[7]), std::atoi(argv[8]));
+  const int batch = std::atoi(argv[4]), heads_q = std::atoi(argv[5]), heads_kv = std::atoi(argv[6]);
+  for (int a = 9; a < argc; ++a) {
+    const int workers = std::atoi(argv[a]);
+    switch (id) {
+      case Fa3<Tl>::kId: walk<Fa3<Tl>>(t, batch, heads_q, heads_kv, workers); break;
+      case Spt<Tl>::kId: walk<Spt<Tl>>(t, batch, heads_q, heads_kv, workers); break;
+      case Descending<Tl>::kId: walk<Descending<Tl>>(t, batch, heads_q, heads_kv, workers); break;
+      case Shift<Tl>::kId: walk<Shift<Tl>>(t, batch, heads_q, heads_kv, workers); break;
+      case SymmetricShift<Tl>::kId:
+        walk<SymmetricShift<Tl>>(t, batch, heads_q, heads_kv, workers); break;
+      default: return 3;
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 10) return 2;
+  const int id = std::atoi(argv[1]), block_m = std::atoi(argv[2]), causal = std::atoi(argv[3]);
+  if (block_m == 64) return causal ? run<64, true>(id, argc, argv) : run<64, false>(id, argc, argv);
+  if (block_m == 128) return causal ? run<128, true>(id, argc, argv) : run<128, false>(id, argc, argv);
+  return 4;
+}
+"""
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (host C++)")
+
+
+@pytest.fixture(scope="module")
+def walk_policy(tmp_path_factory):
+    """walk(name, problem, worker_counts) -> {count: per worker its task tuples}, from the
+    kernel's headers."""
+    folder = tmp_path_factory.mktemp("policies")
+    (folder / "walk.cpp").write_text(DRIVER)
+    binary = folder / "walk"
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror",
+                           f"-I{include_dir()}", str(folder / "walk.cpp"), "-o", str(binary)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"the policy headers do not compile as host code:\n{proc.stderr}"
+
+    def walk(name, problem, counts):
+        args = [str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
+                str(int(problem.mask.kind == "causal")), str(problem.batch),
+                str(problem.heads_q), str(problem.heads_kv), str(problem.seqlen_q),
+                str(problem.seqlen_k)] + [str(c) for c in counts]
+        out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
+        result, current = {}, None
+        for line in out.splitlines():
+            if line.startswith("W "):
+                current = result.setdefault(int(line[2:]), [])
+            else:
+                current.append([tuple(map(int, x.split(","))) for x in line.split()[1:]])
+        return result
+    return walk
+
+
+def ir_tasks(schedule) -> list[list[tuple]]:
+    """The IR in the driver's tuples: segment boundaries from the runs of one KV tile."""
+    out = []
+    for w in range(schedule.num_workers):
+        tasks = []
+        for seg in schedule.segments(w):
+            for i, t in enumerate(seg):
+                tasks.append((t.batch, t.head, t.n_block, t.m_block, t.dq_rank,
+                              -1 if t.dkv_rank is None else t.dkv_rank, int(i == 0),
+                              int(i + 1 == len(seg))))
+        out.append(tasks)
+    return out
+
+
+def compare(walk_policy, name, problem):
+    policy = BUILDERS[name]
+    if policy.supports(problem) is not None:
+        return 0
+    lo = policy.min_workers(problem)
+    counts = list(range(lo, 133))
+    used = {c: policy.workers_used(problem, c) for c in counts}
+    walked = walk_policy(name, problem, sorted(set(used.values())))
+    for c in counts:
+        expected = ir_tasks(build_schedule(name, problem, c))
+        assert walked[used[c]] == expected, (name, problem.describe(), c)
+    return len(counts)
+
+
+problems = st.builds(
+    lambda batch, heads_kv, group, seqlen_q, seqlen_k, causal, tiles: Problem(
+        batch=batch, heads_q=heads_kv * group, heads_kv=heads_kv, seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k if seqlen_k else seqlen_q, mask="causal" if causal else "full",
+        head_dim=128 if tiles == (64, 128) else 64, block_m=tiles[0], block_n=tiles[1]),
+    batch=st.integers(1, 2), heads_kv=st.integers(1, 2), group=st.integers(1, 2),
+    seqlen_q=st.integers(1, 1100), seqlen_k=st.one_of(st.just(0), st.integers(1, 1100)),
+    causal=st.booleans(), tiles=st.sampled_from(TILES))
+
+
+@needs_gxx
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=problems)
+def test_every_policy_enumerates_its_ir(walk_policy, problem):
+    checked = sum(compare(walk_policy, name, problem) for name in POLICIES)
+    assert checked > 0  # every problem has at least fa3, spt and descending
+
+
+@needs_gxx
+@pytest.mark.parametrize("name, mask, seqlen, head_dim", [
+    ("shift", "full", 16384, 64), ("symmetric_shift", "causal", 16384, 128),
+    ("spt", "causal", 4096, 64), ("fa3", "full", 2048, 128), ("descending", "causal", 1024, 128),
+    ("symmetric_shift", "causal", 5 * 128 + 7, 64),  # an odd KV tile count: a middle unit
+])
+def test_benchmark_sizes_match(walk_policy, name, mask, seqlen, head_dim):
+    """The benchmark's shapes (one sequence, 2 heads; the ranks never read the others)."""
+    tiles = TILES[0] if head_dim == 128 else TILES[1]
+    problem = Problem(heads_q=2, seqlen_q=seqlen, head_dim=head_dim, mask=mask,
+                      block_m=tiles[0], block_n=tiles[1])
+    counts = sorted({BUILDERS[name].workers_used(problem, c)
+                     for c in (BUILDERS[name].min_workers(problem), 128, 132)})
+    walked = walk_policy(name, problem, counts)
+    for c in counts:
+        assert walked[c] == ir_tasks(build_schedule(name, problem, c)), (name, c)
+
+
+def test_the_kernel_includes_the_walk():
+    text = (include_dir() / "dashgen/attn/bwd_sm90.cuh").read_text()
+    assert '#include "dashgen/sched/walk.cuh"' in text
+    for header in HEADERS:
+        assert (include_dir() / header).is_file()
