@@ -21,7 +21,7 @@ from dashgen.tools.emit import default_mask, emit, masks_served, problem_tag, ta
 from dashgen.codegen.render import KernelSource
 from dashgen.codegen.variants import BackwardVariant
 from dashgen.runtime.select import Overrides, problem_for, select
-from dashgen.schedule.builders import balanced_workers
+from dashgen.schedule.builders import workers_used
 from dashgen.schedule.lower import lower
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,21 +49,18 @@ def test_emit_symmetric_shift_end_to_end(tmp_path, monkeypatch, capsys):
     main(["emit", "--schedule", "symmetric_shift", "--hdim", "128", "--out", str(out)])
     stdout = capsys.readouterr().out
     problem = problem_for(1, 1, 1, 4096, 4096, 128, True)
-    workers = balanced_workers("symmetric_shift", problem, 132)
+    workers = workers_used("symmetric_shift", problem, 132)
     sel = select(problem, "bf16", schedule="symmetric_shift", num_workers=workers)
     assert stdout.startswith(f"emit symmetric_shift: {problem.describe()}")
     assert "blocks 64x128" in problem.describe()
     assert f"{workers} workers; bf16, deterministic\n" in stdout
     fwd, bwd = sel.forward.kernel_name, sel.backward.kernel_name
-    table = f"symmetric_shift_b1_h1_s4096_d128_causal_w{workers}.tasks.json"
+    # A named schedule's policy is in its backward: no task table is written.
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [f"{fwd}.cu", f"{fwd}.cubin", f"{bwd}.cu", f"{bwd}.cubin", table])
+        [f"{fwd}.cu", f"{fwd}.cubin", f"{bwd}.cu", f"{bwd}.cubin"])
     for name in (fwd, bwd):
         assert (out / f"{name}.cubin").read_bytes()[:4] == b"\x7fELF"
-    data = json.loads((out / table).read_text())
-    assert data["schedule"] == "symmetric_shift" and data["num_workers"] == workers
-    assert data["problem"] == problem.to_dict()
-    assert data["worker_offsets"][-1] == len(data["tasks"]) == data["num_tasks"]
+    assert "struct SymmetricShift {" in (out / f"{bwd}.cu").read_text()
 
     rows = report_rows(stdout)
     assert set(rows) == {fwd, bwd, f"{bwd}_preprocess", f"{bwd}_convert"}
