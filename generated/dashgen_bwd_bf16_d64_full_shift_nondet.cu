@@ -50,6 +50,8 @@ struct SymmetricShift {
   DASHGEN_HD static int unit_tasks(const Tl& t, int p) {
     return t.rows(p) + (has_small(t, p) ? t.rows(t.num_n() - 1 - p) : 0);
   }
+  DASHGEN_HD static int max_of(int a, int b) { return a > b ? a : b; }
+  DASHGEN_HD static int clamp_low(int a) { return a > 0 ? a : 0; }
   // Big sides (units) whose first Q tile is at most x.
   DASHGEN_HD static int below(const Tl& t, int x) {
     if (x < 0) return 0;
@@ -67,13 +69,13 @@ struct SymmetricShift {
       const int m = f + i - rect;
       return Step{p, m, below(t, m) - below(t, f) + p - below(t, f - 1), false, i + 1 == big};
     }
-    const int small = t.num_n() - 1 - p, m = t.num_m() - 1 - (i - big);
-    const int lo = t.num_n() - t.count(m) > 0 ? t.num_n() - t.count(m) : 0;
-    const int from_later = lo > below(t, f) ? lo : below(t, f);
-    const int from_tied = lo > below(t, f - 1) ? lo : below(t, f - 1);
-    const int later = t.num_n() / 2 - from_later > 0 ? t.num_n() / 2 - from_later : 0;
-    const int tied = p - from_tied > 0 ? p - from_tied : 0;
-    return Step{small, m, units_ + later + tied, i == big, m == t.first_m(small)};
+    // Small sides at m are units q >= lo (q < N / 2); ahead of p: from below(f) on (a later
+    // first Q tile), and from below(f - 1) up to p (the same one). Summed one term at a time.
+    const int m = t.num_m() - 1 - (i - big);
+    const int lo = clamp_low(t.num_n() - t.count(m));
+    int rank = units_ + clamp_low(t.num_n() / 2 - max_of(lo, below(t, f)));
+    rank += clamp_low(p - max_of(lo, below(t, f - 1)));
+    return Step{t.num_n() - 1 - p, m, rank, i == big, m == t.first_m(t.num_n() - 1 - p)};
   }
 };
 

@@ -1,24 +1,20 @@
 """generated/ holds exactly what the emitter writes today: `dashgen emit --golden` into a fresh
 folder matches it byte for byte. The goldens are the kernel variants select picks on the
-benchmark's sweep, every schedule's task table on the canonical problem, and a README."""
+benchmark's sweep, one backward of every other schedule and of the table walk, and a README."""
 from __future__ import annotations
 
 import contextlib
 import difflib
 import io
-import json
-from array import array
 
 import pytest
 
 from dashgen.cli import main
-from dashgen.tools.emit import (GOLDEN_COMMAND, GOLDEN_DIR, GOLDEN_WORKERS, golden_problem,
-                                  masks_served)
+from dashgen.tools.emit import GOLDEN_COMMAND, GOLDEN_DIR
 from dashgen.codegen.render import render_variant
-from dashgen.schedule.builders import build_schedule, list_schedules
-from dashgen.schedule.lower import KernelPlan, decode
+from dashgen.schedule.builders import list_schedules
 
-from benchmark_picks import all_picked_variants
+from benchmark_picks import all_picked_variants, other_schedule_variants
 
 DIFF_LINES = 60
 OWNED = ("*.cu", "*.tasks.json", "README.md")  # what the emitter writes and removes in generated/
@@ -80,47 +76,27 @@ def test_golden_file_matches(fresh, name):
 
 
 def test_the_kernel_sources_are_the_variants_the_benchmark_runs(fresh):
-    """One .cu file per variant select picks on the sweep (tests/benchmark_picks.py), each that
-    variant's render."""
+    """One .cu file per variant select picks on the sweep (tests/benchmark_picks.py) and per
+    other schedule, each that variant's render; a named schedule's backward holds its policy."""
     directory = fresh[0]
-    variants = {v.kernel_name: v for v in all_picked_variants()}
+    variants = {v.kernel_name: v for v in all_picked_variants() | other_schedule_variants()}
     sources = sorted(p.name[:-3] for p in directory.glob("*.cu"))
     assert sources == sorted(variants)
     for name in sources:
-        assert (directory / f"{name}.cu").read_text() == render_variant(variants[name]).text
+        text = (directory / f"{name}.cu").read_text()
+        assert text == render_variant(variants[name]).text
+        variant = variants[name]
+        if getattr(variant, "policy_class", None):
+            assert f"struct {variant.policy_class} {{" in text
 
 
-def test_the_tables_are_every_schedule_on_every_mask_it_serves(fresh):
+def test_one_backward_per_schedule_and_no_task_tables(fresh):
     directory = fresh[0]
-    tables = sorted(p.name for p in directory.glob("*.tasks.json"))
-    assert tables == sorted(f"{name}_hdim{d}_{mask}.tasks.json" for name in list_schedules()
-                            for d in (64, 128) for mask in masks_served(name))
-
-
-def test_golden_tables_decode_to_their_schedules(fresh):
-    for path in fresh[0].glob("*.tasks.json"):
-        data = json.loads(path.read_text())
-        schedule_name, head_dim, mask = path.name[:-len(".tasks.json")].rsplit("_", 2)
-        problem = golden_problem(int(head_dim[len("hdim"):]), mask)
-        assert data["problem"] == problem.to_dict() and data["num_workers"] == GOLDEN_WORKERS
-        assert data["schedule"] == schedule_name
-        plan = KernelPlan(data["schedule"], problem, data["num_workers"],
-                          array("i", [w for row in data["tasks"] for w in row]),
-                          array("i", data["worker_offsets"]))
-        assert decode(plan) == build_schedule(schedule_name, problem, GOLDEN_WORKERS).workers
-
-
-def test_the_tables_are_in_the_backwards_tiles_and_the_readme_says_so(fresh):
-    directory = fresh[0]
-    for head_dim, blocks in ((64, (128, 128)), (128, (64, 128))):
-        for mask in ("full", "causal"):
-            problem = golden_problem(head_dim, mask)
-            assert (problem.block_m, problem.block_n) == blocks
-        tables = [json.loads(p.read_text()) for p in directory.glob(f"*_hdim{head_dim}_*.json")]
-        assert tables and all((t["problem"]["block_m"], t["problem"]["block_n"]) == blocks
-                              for t in tables)
+    schedules = {v.schedule for v in all_picked_variants() | other_schedule_variants()
+                 if hasattr(v, "schedule")}
+    assert schedules == {*list_schedules(), "table"}
+    assert not list(directory.glob("*.tasks.json"))  # named schedules travel as code
     readme = (directory / "README.md").read_text()
     assert f"Regenerate with `{GOLDEN_COMMAND}`" in readme
-    assert "head_dim 128: blocks 64x128 (4 KV tiles per head)" in readme
-    assert "head_dim 64: blocks 128x128 (4 KV tiles per head)" in readme
-    assert f"the {len(all_picked_variants())} kernel variants that dashgen.runtime.select" in readme
+    count = len(all_picked_variants() | other_schedule_variants())
+    assert f"`<kernel>.cu`: {count} kernel variants" in readme

@@ -35,7 +35,7 @@ struct Shape {
   int batch_, heads_q_, heads_kv_, workers_, seqlen_q_, seqlen_k_;
   int batch() const { return batch_; }
   int heads_q() const { return heads_q_; }
-  int heads_kv() const { return heads_kv_; }
+  int group() const { return heads_q_ / heads_kv_; }
   int workers() const { return workers_; }
   int seqlen_q() const { return seqlen_q_; }
   int seqlen_k() const { return seqlen_k_; }

@@ -62,15 +62,16 @@ def backward_tiles(head_dim: int) -> tuple[int, int]:
 
 
 # The backward's schedule policies: name -> (header under templates/include/dashgen/sched/, C++
-# class template, kernel id). "table" walks a schedule file's task table (dashgen.load_schedule).
-# The ids are dashgen.schedule.builders' kernel_id (tests/test_kernels_compile.py checks).
+# class template, kernel id, the tag kernel names carry). "table" walks a schedule file's task
+# table (dashgen.load_schedule). The ids are dashgen.schedule.builders' kernel_id
+# (tests/test_kernels_compile.py checks).
 SCHEDULE_POLICIES = {
-    "fa3": ("ordered.cuh", "Fa3", 1),
-    "spt": ("ordered.cuh", "Spt", 2),
-    "descending": ("ordered.cuh", "Descending", 3),
-    "shift": ("shift.cuh", "Shift", 4),
-    "symmetric_shift": ("shift.cuh", "SymmetricShift", 5),
-    "table": (None, None, 0),
+    "fa3": ("ordered.cuh", "Fa3", 1, "fa3"),
+    "spt": ("ordered.cuh", "Spt", 2, "spt"),
+    "descending": ("ordered.cuh", "Descending", 3, "desc"),
+    "shift": ("shift.cuh", "Shift", 4, "shift"),
+    "symmetric_shift": ("shift.cuh", "SymmetricShift", 5, "symshift"),
+    "table": (None, None, 0, "table"),
 }
 
 
@@ -211,7 +212,7 @@ class BackwardVariant(_Variant):
     def kernel_name(self) -> str:
         mode = "det" if self.deterministic else "nondet"
         name = (f"dashgen_bwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}_"
-                f"{self.schedule}_{mode}")
+                f"{SCHEDULE_POLICIES[self.schedule][3]}_{mode}")
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
                           (self.early_kv, "ekv"), (self.trace, "trace")):
             if flag:

@@ -20,7 +20,7 @@ from ..schedule.verify import verify
 from ..codegen.compile import Cubin
 from ..codegen.cubins import get_or_compile
 from ..codegen.render import KernelSource, render_variant
-from ..codegen.variants import BackwardVariant, ForwardVariant, backward_tiles
+from ..codegen.variants import BackwardVariant, ForwardVariant
 
 KERNEL_MASKS = ("full", "causal")  # what the kernels implement
 TASKS_FORMAT = "dashgen.tasks/1"
@@ -31,14 +31,6 @@ GOLDEN_DIR = Path(__file__).resolve().parents[2] / "generated"  # in a checkout
 GOLDEN_COMMAND = "dashgen emit --golden"
 GOLDEN_DTYPE = "bf16"
 GOLDEN_HEAD_DIMS = (64, 128)
-# The canonical problem of the golden task tables: 2 heads of 512 rows, in the backward's tiles:
-# 4 KV tiles of 128 rows per head. Six workers (fewer than the 8 KV tiles) so that workers walk
-# several segments and a head straddles two waves: the cases where a table walk or a wave-aware
-# order can go wrong, in files still small enough to read (at most 128 tasks).
-GOLDEN_BATCH = 1
-GOLDEN_HEADS = 2
-GOLDEN_SEQLEN = 512
-GOLDEN_WORKERS = 6
 # The golden kernels: every variant `select` picks on the benchmark's sweep (16384 tokens,
 # hidden 2048, seqlen 1k-16k, both masks, both modes), so the files show what runs.
 GOLDEN_SWEEP_SEQLENS = (1024, 2048, 4096, 8192, 16384)
@@ -195,13 +187,6 @@ def report_lines(kernels: tuple[EmittedKernel, ...]) -> list[str]:
 
 
 # -- golden renders ----------------------------------------------------------------------------
-
-def golden_problem(head_dim: int, mask: str) -> Problem:
-    """The canonical problem of the task tables, in the backward's tiles."""
-    block_m, block_n = backward_tiles(head_dim)
-    return Problem(batch=GOLDEN_BATCH, heads_q=GOLDEN_HEADS, seqlen_q=GOLDEN_SEQLEN,
-                   head_dim=head_dim, mask=mask, block_m=block_m, block_n=block_n)
-
 
 @memo(max_entries=1)
 def golden_variants() -> tuple[ForwardVariant | BackwardVariant, ...]:

@@ -169,12 +169,22 @@ struct AttnBwdSm90 {
   // grid, where it is needed (sched::UnitWalk).
   struct LaunchShape {
     const BwdParams& p;
-    __device__ __forceinline__ int batch() const { return p.batch; }
-    __device__ __forceinline__ int heads_q() const { return p.heads_q; }
-    __device__ __forceinline__ int heads_kv() const { return p.heads_kv; }
-    __device__ __forceinline__ int seqlen_q() const { return p.seqlen_q; }
-    __device__ __forceinline__ int seqlen_k() const { return p.seqlen_k; }
-    __device__ __forceinline__ int workers() const { return static_cast<int>(gridDim.x); }
+    // Each read is opaque (a volatile move the compiler cannot hoist), so the walk's loop keeps
+    // no shape value in a register across steps: the scheduler lane has 24.
+    __device__ __forceinline__ static int fresh(int value) {
+      int out;
+      asm volatile("mov.b32 %0, %1;" : "=r"(out) : "r"(value));
+      return out;
+    }
+    __device__ __forceinline__ int batch() const { return fresh(p.batch); }
+    __device__ __forceinline__ int heads_q() const { return fresh(p.heads_q); }
+    // Query heads per KV head: 1 unless GQA (a constant there, so no division per task).
+    __device__ __forceinline__ int group() const {
+      return kGqa ? fresh(p.heads_q) / fresh(p.heads_kv) : 1;
+    }
+    __device__ __forceinline__ int seqlen_q() const { return fresh(p.seqlen_q); }
+    __device__ __forceinline__ int seqlen_k() const { return fresh(p.seqlen_k); }
+    __device__ __forceinline__ int workers() const { return fresh(static_cast<int>(gridDim.x)); }
   };
   using Walk = typename Cfg::template Walk<Tiling, LaunchShape>;
 

@@ -11,7 +11,7 @@ namespace dashgen {
 namespace sched {
 
 // Shape: where the walk reads the launch's shape, each time it needs it: batch(), heads_q(),
-// heads_kv(), workers(), seqlen_q(), seqlen_k(). In the kernel these read the parameter block
+// group() (query heads per KV head), workers(), seqlen_q(), seqlen_k(). In the kernel these read the parameter block
 // and gridDim (no register holds them: the producer warpgroup has 24 a thread); the host test
 // passes plain fields.
 template <class Policy, class Tl, class Shape>
@@ -52,7 +52,7 @@ struct UnitWalk {
       tasks = Policy::unit_tasks(t, u);
     }
     const Step s = Policy::step(t, u, i++);
-    const int group = shape.heads_q() / shape.heads_kv();
+    const int group = shape.group();
     return Task{b, h, s.n, s.m, s.dq_rank, group > 1 ? h % group : -1, s.seg_start, s.seg_end};
   }
 };
