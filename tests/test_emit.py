@@ -21,7 +21,7 @@ from dashgen.tools.emit import default_mask, emit, masks_served, problem_tag, ta
 from dashgen.codegen.render import KernelSource
 from dashgen.codegen.variants import BackwardVariant
 from dashgen.runtime.select import Overrides, problem_for, select
-from dashgen.schedule.builders import workers_used
+from dashgen.schedule.builders import BUILDERS, workers_used
 from dashgen.schedule.lower import lower
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,7 +65,8 @@ def test_emit_symmetric_shift_end_to_end(tmp_path, monkeypatch, capsys):
     rows = report_rows(stdout)
     assert set(rows) == {fwd, bwd, f"{bwd}_preprocess", f"{bwd}_convert"}
     for name, (regs, spills, static, dynamic, when) in rows.items():
-        assert spills == "0" and when != "cached"  # the cache folder started empty
+        # the scheduler lane's walk may keep a few bytes (tests/test_kernels_compile.py bounds it)
+        assert (spills == "0" or name == bwd) and when != "cached"  # the cache started empty
         assert (int(dynamic) > 0) == (name in (fwd, bwd))  # the main kernels' own constant
     assert int(rows[bwd][0]) == int(rows[fwd][0]) == 168
     assert "ptxas:" not in stdout  # ds_stmatrix at head_dim 128: no injected arrive
@@ -106,8 +107,19 @@ def test_emit_writes_the_kernels_select_picks(tmp_path, dtype, head_dim, heads_k
         assert kernel.cubin is None and kernel.dynamic_smem_bytes is None
         assert kernel.source_path.read_text() == kernel.source.text
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f"{sel.forward.kernel_name}.cu", f"{sel.backward.kernel_name}.cu",
-         f"spt_{problem_tag(problem, 5)}.tasks.json"])
+        [f"{sel.forward.kernel_name}.cu", f"{sel.backward.kernel_name}.cu"])
+    assert emission.plan is None and emission.tasks_path is None  # the policy is in the source
+
+
+def test_emit_of_a_schedule_file_writes_its_table_and_the_table_backward(tmp_path):
+    problem = problem_for(1, 4, 4, 512, 512, 128, True)
+    edited = build_schedule("spt", problem, 5)
+    edited.name = "edited"  # any schedule that is not its name's policy travels as a table
+    emission = emit(edited, tmp_path, compile=False)
+    assert emission.selection.backward.schedule == "table"
+    assert emission.tasks_path.name == f"edited_{problem_tag(problem, 5)}.tasks.json"
+    data = json.loads(emission.tasks_path.read_text())
+    assert [w for row in data["tasks"] for w in row] == list(emission.plan.tasks)
 
 
 def test_emit_refuses_a_schedule_in_other_tiles(tmp_path):
@@ -131,7 +143,10 @@ def test_emit_and_the_runtime_select_the_same(tmp_path):
             emitted = emit(build_schedule(name, problem, 9), tmp_path,
                            deterministic=deterministic, compile=False).selection
             assert at_runtime == emitted
-            assert at_runtime.problem == problem and at_runtime.num_workers == 9
+            # a whole number of one sequence's units: 6 KV tiles (6 of 9), or 3 pairs (9)
+            assert at_runtime.problem == problem
+            assert at_runtime.num_workers == BUILDERS[name].workers_used(problem, 9) == (
+                9 if causal else 6)
 
 
 def test_emit_reports_cached_second_time(tmp_path, monkeypatch, capsys):
@@ -149,8 +164,8 @@ def test_emit_reports_cached_second_time(tmp_path, monkeypatch, capsys):
     rows = report_rows(second)
     assert len(rows) == 4 and all(when == "cached" for *_, when in rows.values())
     written = {p.name for p in (tmp_path / "out").iterdir()}
-    assert "fa3_b1_h4kv1_s256_d64_full_w4.tasks.json" in written
-    assert any(n.startswith("dashgen_bwd_fp16_d64_full_nondet_gqa") and n.endswith(".cubin")
+    assert not any(n.endswith(".tasks.json") for n in written)  # fa3's policy is in its kernel
+    assert any(n.startswith("dashgen_bwd_fp16_d64_full_fa3_nondet_gqa") and n.endswith(".cubin")
                for n in written)
 
 
@@ -209,7 +224,7 @@ def test_emit_compile_error_prints_log_and_exits_1(tmp_path, monkeypatch, capsys
               "--out", str(tmp_path / "out")])
     assert exit_.value.code == 1
     err = capsys.readouterr().err
-    assert "NVRTC failed to compile dashgen_bwd_bf16_d64_causal_det" in err
+    assert "NVRTC failed to compile dashgen_bwd_bf16_d64_causal_spt_det" in err
     assert "undeclared_thing" in err and "Traceback" not in err
     assert list((tmp_path / "out").glob("dashgen_bwd_*.cu"))  # left on disk to read
     assert not list((tmp_path / "out").glob("dashgen_bwd_*.cubin"))

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from dashgen import Mask, Problem, Schedule, Task, build_schedule, list_schedules
 from dashgen.schedule.lower import TASK_WORDS, decode, lower
-from dashgen.schedule.builders import unsupported_reason
+from dashgen.schedule.builders import BUILDERS, unsupported_reason
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MASKS = {"full": Mask.full(), "causal": Mask.causal(), "window": Mask.window(100, 30)}
@@ -32,7 +32,8 @@ def schedules(draw):
                       seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                       head_dim=draw(st.sampled_from([64, 128])), mask=MASKS[kind], block_m=draw(st.sampled_from([64, 128])),
                       block_n=draw(st.sampled_from([64, 128])))
-    return build_schedule(name, problem, draw(st.integers(1, 64)))
+    least = BUILDERS[name].min_workers(problem)  # the shift orders: one sequence at once
+    return build_schedule(name, problem, draw(st.integers(least, max(least, 64))))
 
 
 @FAST

@@ -271,13 +271,22 @@ def test_a_gpu_that_is_not_sm90_is_named_with_its_capability(monkeypatch):
 def test_more_workers_than_sms_is_refused(fake_cuda):
     with pytest.raises(ValueError, match=r"^num_workers=133 exceeds this GPU's 132 SMs"):
         op.check_inputs(*qkv(device="cuda"), num_workers=133)
-    assert op.check_inputs(*qkv(device="cuda"), num_workers=132).num_workers == 132
+    # 2 x 8 heads of 16 KV tiles: 256 units, so no fewer workers than asked for
+    assert op.check_inputs(*qkv(device="cuda", seqlen_k=2048), schedule="fa3",
+                           num_workers=132).num_workers == 132
 
 
-@pytest.mark.parametrize("schedule, causal", [("shift", False), ("symmetric_shift", True)])
-def test_worker_dependent_schedule_needs_explicit_num_workers(fake_cuda, schedule, causal):
-    with pytest.raises(ValueError, match=rf"^schedule='{schedule}'.*pass num_workers explicitly"):
-        op.check_inputs(*qkv(device="cuda"), causal=causal, schedule=schedule)
+@pytest.mark.parametrize("schedule, causal, least", [("shift", False, 16),
+                                                    ("symmetric_shift", True, 8)])
+def test_a_shift_schedule_below_one_sequences_units_is_refused(fake_cuda, schedule, causal,
+                                                               least):
+    """A sequence's units all run at once: 16 KV tiles (shift) or 8 pairs (symmetric_shift)."""
+    shape = dict(device="cuda", seqlen_q=2048, seqlen_k=2048)
+    with pytest.raises(ValueError, match=rf"^num_workers: schedule '{schedule}' needs at least "
+                                         rf"{least} workers .*num_workers={least - 1}"):
+        op.check_inputs(*qkv(**shape), causal=causal, schedule=schedule, num_workers=least - 1)
+    opts = op.check_inputs(*qkv(**shape), causal=causal, schedule=schedule, num_workers=least)
+    assert opts.num_workers == least
 
 
 @pytest.mark.parametrize("schedule, causal", [("shift", True), ("symmetric_shift", False)])
@@ -288,7 +297,8 @@ def test_schedule_that_cannot_serve_is_a_value_error_naming_schedule(fake_cuda, 
 
 def test_errors_raised_through_attention_launch_nothing(on_cpu, kernels):
     q, k, v = cpu_leaves()
-    for kwargs in (dict(num_workers=133), dict(schedule="shift"), dict(softmax_scale=-1.0)):
+    for kwargs in (dict(num_workers=133), dict(schedule="symmetric_shift"),
+                   dict(softmax_scale=-1.0)):
         with pytest.raises(ValueError):
             op.attention(q, k, v, **kwargs)
     assert kernels.calls == []
@@ -302,7 +312,7 @@ def test_check_inputs_resolves_the_defaults(fake_cuda):
     assert opts == op.Options(causal=True, softmax_scale=1 / 8, deterministic=True,
                               schedule="symmetric_shift", num_workers=16)
     assert op.check_inputs(*qkv(device="cuda"), softmax_scale=2).softmax_scale == 2.0
-    full = op.check_inputs(*qkv(device="cuda", head_dim=128), schedule="fa3")
+    full = op.check_inputs(*qkv(device="cuda", head_dim=128, seqlen_k=2048), schedule="fa3")
     assert full == op.Options(causal=False, softmax_scale=1 / math.sqrt(128), deterministic=True,
                               schedule="fa3", num_workers=132)
 
@@ -310,7 +320,8 @@ def test_check_inputs_resolves_the_defaults(fake_cuda):
 def test_the_sm_count_comes_from_the_device(monkeypatch):
     monkeypatch.setattr(op, "_device_facts", lambda index: (9, 0, 114, "NVIDIA H100 PCIe"))
     with FakeTensorMode():
-        assert op.check_inputs(*qkv(device="cuda"), schedule="spt").num_workers == 114
+        assert op.check_inputs(*qkv(device="cuda", seqlen_k=2048),
+                               schedule="spt").num_workers == 114
         with pytest.raises(ValueError, match=r"^num_workers=115 exceeds this GPU's 114 SMs"):
             op.check_inputs(*qkv(device="cuda"), num_workers=115)
 

@@ -25,6 +25,7 @@ TILES = ((64, 128), (128, 128))  # the backward's (block_m, block_n) at head_dim
 DRIVER = r"""
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include "dashgen/sched/walk.cuh"
 #include "dashgen/sched/ordered.cuh"
 #include "dashgen/sched/shift.cuh"
@@ -78,7 +79,32 @@ static int run(int id, int argc, char** argv) {
   return 0;
 }
 
+// argv: "convert", block_m, causal, seqs, seqlen_q, seqlen_k, workers: "count <m> <count>" per
+// Q tile, then per worker "w" and its converted tiles "seq,m".
+template <int kBlockM, bool kCausal>
+static int convert(char** argv) {
+  using Tl = Tiling<kBlockM, 128, kCausal>;
+  const Tl t(std::atoi(argv[5]), std::atoi(argv[6]));
+  const int seqs = std::atoi(argv[4]), workers = std::atoi(argv[7]);
+  for (int m = 0; m < t.num_m(); ++m) std::printf("count %d %d\n", m, t.count(m));
+  for (int w = 0; w < workers; ++w) {
+    std::printf("w");
+    const int share = ConvertDeal<Tl>::share(t, seqs, w, workers);
+    for (int k = 0; k < share; ++k) {
+      std::printf(" %d,%d", ConvertDeal<Tl>::seq_of(t, w, workers, k),
+                  ConvertDeal<Tl>::m_of(t, w, workers, k));
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 8 && std::string(argv[1]) == "convert") {
+    const int block_m = std::atoi(argv[2]), causal = std::atoi(argv[3]);
+    if (block_m == 64) return causal ? convert<64, true>(argv) : convert<64, false>(argv);
+    return causal ? convert<128, true>(argv) : convert<128, false>(argv);
+  }
   if (argc < 10) return 2;
   const int id = std::atoi(argv[1]), block_m = std::atoi(argv[2]), causal = std::atoi(argv[3]);
   if (block_m == 64) return causal ? run<64, true>(id, argc, argv) : run<64, false>(id, argc, argv);
@@ -102,6 +128,21 @@ def walk_policy(tmp_path_factory):
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"the policy headers do not compile as host code:\n{proc.stderr}"
 
+    def convert(problem, workers):
+        """(count per Q tile, per worker its (sequence, Q tile) list) from the header."""
+        out = subprocess.run([str(binary), "convert", str(problem.block_m),
+                              str(int(problem.mask.kind == "causal")),
+                              str(problem.batch * problem.heads_q), str(problem.seqlen_q),
+                              str(problem.seqlen_k), str(workers)],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        counts, shares = [], []
+        for line in out.splitlines():
+            if line.startswith("count "):
+                counts.append(int(line.split()[2]))
+            else:
+                shares.append([tuple(map(int, x.split(","))) for x in line.split()[1:]])
+        return counts, shares
+
     def walk(name, problem, counts):
         args = [str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
                 str(int(problem.mask.kind == "causal")), str(problem.batch),
@@ -115,6 +156,7 @@ def walk_policy(tmp_path_factory):
             else:
                 current.append([tuple(map(int, x.split(","))) for x in line.split()[1:]])
         return result
+    walk.convert = convert
     return walk
 
 
@@ -187,3 +229,20 @@ def test_the_kernel_includes_the_walk():
     assert '#include "dashgen/sched/walk.cuh"' in text
     for header in HEADERS:
         assert (include_dir() / header).is_file()
+
+
+@needs_gxx
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=problems, workers=st.integers(1, 132))
+def test_the_fused_converter_takes_every_finished_tile_once(walk_policy, problem, workers):
+    """The converter's deal (sched::ConvertDeal) and the counts it waits for (Tiling::count):
+    a Q tile's dQ sum gets one contribution per KV tile the mask keeps with it; every tile
+    with any is converted by exactly one worker, in sequence-major order, shares within one."""
+    counts, shares = walk_policy.convert(problem, workers)
+    assert counts == [sum(problem.tile_kept(n, m) for n in range(problem.num_n_blocks))
+                      for m in range(problem.num_m_blocks)]
+    seqs = problem.batch * problem.heads_q
+    reached = [(s, m) for s in range(seqs) for m in range(problem.num_m_blocks) if counts[m]]
+    assert sorted(t for share in shares for t in share) == reached
+    assert all(share == sorted(share) for share in shares)
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1

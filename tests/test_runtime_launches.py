@@ -6,6 +6,7 @@ dashgen.runtime.select; Overrides pin a policy where a test needs one path."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 
 import pytest
@@ -17,7 +18,7 @@ from dashgen.codegen.variants import (BwdParams, ConvertParams, FwdParams,  # no
                                       PrepParams)
 from dashgen.runtime import backward as runtime  # noqa: E402
 from dashgen.runtime import forward as runtime_forward  # noqa: E402
-from dashgen.runtime import launch, op, plans, workspace  # noqa: E402
+from dashgen.runtime import launch, op, workspace  # noqa: E402
 from dashgen.runtime.select import Overrides  # noqa: E402
 
 SEPARATE_CONVERT = Overrides(fused_convert=False)  # the convert kernel writes dQ
@@ -257,9 +258,10 @@ def expected_counts(seqlen_k, seqlen_q=200):
 
 @pytest.mark.parametrize("seqlen_k, convert", [(200, False), (64, True)])
 def test_fused_convert_hands_dq_to_the_main_kernel(recorder, seqlen_k, convert):
-    """With fused_convert the main kernel gets dQ and the per-tile contribution counts, and the
-    convert kernel runs only where some query tile gets no contribution (causal, 200 query rows
-    against 64 keys: the first two 64-row tiles see no key)."""
+    """With fused_convert the main kernel gets dQ (which tiles it converts and their counts are
+    formulas: tests/test_policy_header.py), and the convert kernel runs only where some query
+    tile gets no contribution (causal, 200 query rows against 64 keys: the first two 64-row
+    tiles see no key)."""
     do, q, k, v, o, lse = inputs(4, 4)
     k, v = k[:, :seqlen_k].contiguous(), v[:, :seqlen_k].contiguous()
     dq, dk, dv = runtime.backward(do, q, k, v, o, lse, causal=True, softmax_scale=0.1,
@@ -272,13 +274,8 @@ def test_fused_convert_hands_dq_to_the_main_kernel(recorder, seqlen_k, convert):
     params = main_args[4]
     assert "_fconv" in name
     assert params.dq == dq.data_ptr()
-    assert params.conv_tiles is not None and params.conv_offsets is not None
-    shares = (ctypes.c_int32 * 4).from_address(params.conv_offsets)  # 3 workers
-    tiles = (ctypes.c_int32 * shares[3]).from_address(params.conv_tiles)
-    reached = [m for m in range(4) if expected_counts(seqlen_k)[m] > 0]
-    assert shares[0] == 0 and sorted(tiles) == [h * 4 + m for h in range(4) for m in reached]
-    counts = (ctypes.c_int32 * 4).from_address(params.dq_counts)
-    assert list(counts) == expected_counts(seqlen_k)
+    assert params.tasks is None and params.worker_offsets is None  # fa3's policy: no table
+    assert convert == (min(expected_counts(seqlen_k)) == 0)
     if convert:
         assert recorder.launches[2][2][0].dst == dq.data_ptr()
 
@@ -319,75 +316,65 @@ def test_fused_convert_leaves_the_non_deterministic_backward_alone(recorder):
                      schedule="fa3", num_workers=3, overrides=FUSED_CONVERT)
     assert len(recorder.launches) == 3 and recorder.launches[2][0].endswith("_convert")
     params = recorder.launches[1][2][4]
-    assert params.dq is None and params.dq_counts is None
+    assert params.dq is None and params.tasks is None
 
 
-@pytest.mark.parametrize("schedule", ["fa3", "spt", "descending", "shift", "symmetric_shift"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("seqlens", [(300, 300), (300, 100), (100, 300)])
-def test_conversion_plan_covers_each_finished_tile_once_in_order(schedule, causal, seqlens):
-    """The fused convert waits for a tile's counter to reach its count: for every schedule, a
-    query tile's dQ sum gets one contribution per KV tile it keeps, in every batch and head.
-    Every tile some task reaches is converted by exactly one worker, the workers' shares differ
-    by at most one tile, and each share runs in the order the schedule finishes its tiles."""
-    from dashgen import Mask, Problem, build_schedule
-    from dashgen.schedule.lower import lower
-    from dashgen.schedule.builders import unsupported_reason
-    problem = Problem(batch=2, heads_q=3, seqlen_q=seqlens[0], seqlen_k=seqlens[1], head_dim=128,
-                      mask=Mask.causal() if causal else Mask.full(), block_m=64, block_n=128)
-    if unsupported_reason(schedule, problem) is not None:
-        pytest.skip(unsupported_reason(schedule, problem))
-    plan = lower(build_schedule(schedule, problem, 4))
-    expected = [sum(problem.tile_kept(n, m) for n in range(problem.num_n_blocks))
-                for m in range(problem.num_m_blocks)]
-    counts, tiles, offsets = plans.conversion_plan(plan)
-    assert counts == expected
-    reached = [bh * problem.num_m_blocks + m for bh in range(problem.batch * problem.heads_q)
-               for m in range(problem.num_m_blocks) if counts[m] > 0]
-    assert sorted(tiles) == reached
-    shares = [offsets[w + 1] - offsets[w] for w in range(len(offsets) - 1)]
-    assert offsets[0] == 0 and offsets[-1] == len(tiles) and max(shares) - min(shares) <= 1
-    finished = {}  # tile -> position of its last add in its worker's task list
-    for w in range(len(plan.worker_offsets) - 1):
-        for i in range(plan.worker_offsets[w], plan.worker_offsets[w + 1]):
-            bh, nm, dq_rank, _ = plan.tasks[4 * i: 4 * i + 4]
-            if dq_rank == counts[nm & 0xFFFF] - 1:
-                tile = ((bh >> 16) * problem.heads_q + (bh & 0xFFFF)) * problem.num_m_blocks + (
-                    nm & 0xFFFF)
-                finished[tile] = i - plan.worker_offsets[w]
-    for w in range(len(shares)):
-        share = [finished[t] for t in tiles[offsets[w]:offsets[w + 1]]]
-        assert share == sorted(share)
+def schedule_file(seqlen=200, heads=4):
+    """A verified schedule that is not its name's policy (fa3's, renamed): the table path."""
+    from dashgen import build_schedule
+    from dashgen.runtime.select import problem_for
+    from dashgen.runtime.tables import register
+    schedule = build_schedule("fa3", problem_for(1, heads, heads, seqlen, seqlen, 128, True), 3)
+    schedule.name = "edited"
+    return register(schedule)
+
+
+def test_a_named_schedule_holds_no_table_and_a_schedule_file_its_own(recorder):
+    kw = dict(causal=True, softmax_scale=0.1, deterministic=True, num_workers=3)
+    runtime.backward(*inputs(4, 4, seqlen=200), schedule="fa3", **kw)
+    name, _, args = recorder.launches[1]
+    assert "_fa3_" in name and args[4].tasks is None and args[4].worker_offsets is None
+    recorder.launches.clear()
+    key = schedule_file()
+    runtime.backward(*inputs(4, 4, seqlen=200), schedule=key, **kw)
+    name, _, args = recorder.launches[1]
+    (bl,) = [value for value, _ in runtime._backward_launch._entries.values()
+             if value.tables]
+    assert "_table_" in name and args[4].tasks == bl.tasks.data_ptr()
+    assert args[4].worker_offsets == bl.offsets.data_ptr()
+    from dashgen.runtime.tables import table_of
+    assert bl.tasks.numel() == 4 * table_of(key).num_tasks  # 16 bytes a task
+    assert bl.offsets.tolist() == [0, *itertools.accumulate(map(len, table_of(key).workers))]
 
 
 def test_prepared_launches_are_bounded_by_their_tables_bytes(recorder, monkeypatch):
-    """Each signature's launch holds its task tables on the device; past the byte budget the
+    """A schedule file's launch holds its task table on the device; past the byte budget the
     oldest signature is dropped (and rebuilt if it comes back)."""
     cache = runtime._backward_launch
-    kw = dict(causal=True, softmax_scale=0.1, deterministic=True, schedule="fa3", num_workers=3)
-    runtime.backward(*inputs(4, 4, seqlen=200), **kw)
+    kw = dict(causal=True, softmax_scale=0.1, deterministic=True, num_workers=3)
+    runtime.backward(*inputs(4, 4, seqlen=200), schedule=schedule_file(200), **kw)
     one = cache.cache_bytes()
     assert len(cache) == 1 and one >= 16 * 4  # at least the task table, 16 bytes a task
     monkeypatch.setattr(cache, "max_bytes", one)
-    runtime.backward(*inputs(4, 4, seqlen=300), **kw)
+    runtime.backward(*inputs(4, 4, seqlen=300), schedule=schedule_file(300), **kw)
     assert len(cache) == 1 and cache.cache_bytes() > one  # the 200-token launch went
     monkeypatch.setattr(cache, "max_bytes", 1 << 30)
-    runtime.backward(*inputs(4, 4, seqlen=200), **kw)
+    runtime.backward(*inputs(4, 4, seqlen=200), schedule=schedule_file(200), **kw)
     assert len(cache) == 2 and cache.cache_bytes() > 2 * one
 
 
 @pytest.mark.parametrize("call_stream, recorded", [(0, False), (1, True)])
 def test_tables_record_their_use_on_another_stream(recorder, monkeypatch, call_stream,
                                                    recorded):
-    """Every table the kernels read (the task table, the worker offsets and the fused
-    convert's three) is recorded on the call's stream when it was allocated on another one, so
-    a dropped launch's memory is not reused under kernels still queued."""
-    kw = dict(causal=True, softmax_scale=0.1, deterministic=True, schedule="fa3", num_workers=3,
-              overrides=FUSED_CONVERT)
+    """A schedule file's task table and worker offsets are recorded on the call's stream when
+    they were allocated on another one, so a dropped launch's memory is not reused under kernels
+    still queued."""
+    kw = dict(causal=True, softmax_scale=0.1, deterministic=True, num_workers=3,
+              schedule=schedule_file(), overrides=FUSED_CONVERT)
     runtime.backward(*inputs(4, 4), **kw)  # built on the CPU's stream 0
     (bl,) = [value for value, _ in runtime._backward_launch._entries.values()]
     assert bl.converts_dq
-    tables = [bl.tasks, bl.offsets, bl.dq_counts, bl.conv_tiles, bl.conv_offsets]
+    tables = [bl.tasks, bl.offsets]
     seen = []
     monkeypatch.setattr(runtime, "stream", lambda device: call_stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: "the call's stream")

@@ -47,8 +47,10 @@ def record(device: torch.device, num_workers: int) -> int:
     index = device.index or 0
     buf = _records.get(index)
     if buf is None:
+        # Pinned, so the kernels write it through the unified address space; a process
+        # without CUDA (the host path's tests) runs no kernel that could.
         buf = torch.zeros(MAX_WORKERS * 4 * STALL_WORDS, dtype=torch.int32,
-                          pin_memory=True)
+                          pin_memory=torch.cuda.is_available())
         _records[index] = buf
     return buf.data_ptr()
 

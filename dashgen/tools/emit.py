@@ -135,17 +135,16 @@ def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
     Raises VerificationError, ValueError (a problem the kernels cannot run) or CompileError.
     """
     verify(schedule)
-    sm_count = max(DEFAULT_SM_COUNT, schedule.num_workers)
+    policy = is_policy(schedule)
+    sel = select(schedule.problem, dtype, deterministic=deterministic,
+                 schedule=schedule.name if policy else schedule,
+                 num_workers=schedule.num_workers,
+                 sm_count=max(DEFAULT_SM_COUNT, schedule.num_workers))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = tasks_path = None
-    if is_policy(schedule):
-        sel = select(schedule.problem, dtype, deterministic=deterministic, schedule=schedule.name,
-                     num_workers=schedule.num_workers, sm_count=sm_count)
-    else:
+    if not policy:
         plan = lower(schedule)
-        sel = select(schedule.problem, dtype, deterministic=deterministic, schedule=schedule,
-                     num_workers=schedule.num_workers, sm_count=sm_count)
         name = f"{schedule.name}_{problem_tag(schedule.problem, schedule.num_workers)}.tasks.json"
         tasks_path = _write(out_dir / name, tasks_json(plan).encode())
     kernels = []

@@ -430,10 +430,9 @@ struct AttnBwdSm90 {
   // ---- dQ converter (kConvertDq) -------------------------------------------------------------
   // The convert kernel's per-row work (AttnConvert) for this worker's share of the tiles: fp32
   // sums in the accum_col layout -> 16-bit dQ rows, the same conversion, so the same bits. The
-  // dQ tiles that receive any contribution (under a causal mask with more query rows than keys
-  // the first ones get none: the convert kernel writes their zeros) are dealt round-robin to
-  // the workers in (batch, head, m_block) order, the order their heads launch in; not to the
-  // worker that adds last: a schedule may give one worker the last add of every tile it touches.
+  // dQ tiles that receive any contribution are dealt round-robin to the workers in
+  // (batch, head, m_block) order, the order their heads launch in (sched::ConvertDeal); not to
+  // the worker that adds last: a schedule may give one worker the last add of every tile.
   // Chunk j of the worker's share (tile j / kConvChunks) goes through buffer j % 2. Warp 3's
   // lane 0 issues each copy once the tile's sum is final and warp 2 has emptied the buffer, and
   // leaves where the chunk's rows go in the buffer's ConvSlot; warp 2 converts. Two roles in
@@ -454,19 +453,15 @@ struct AttnBwdSm90 {
     float* buf;
   };
   static constexpr int kChunkFloats = kConvChunkBytes / 4;
+  using Deal = sched::ConvertDeal<Tiling>;
 
   __device__ static void convert_dq(const BwdParams& p, char* smem, int tid) {
     u64* full = reinterpret_cast<u64*>(smem + kOffConv);
     const ConvBuffers c{full, full + 2, reinterpret_cast<ConvSlot*>(smem + kOffConv + 32),
                         reinterpret_cast<float*>(smem + kOffConv + 128)};
-    // Tiles m0 .. num_m - 1 of each head get contributions (m0 = the first Q tile of KV tile 0).
-    const int m0 = Tiling(p.seqlen_q, p.seqlen_k).first_m(0);
-    const int tiles = p.batch * p.heads_q * (p.num_m_blocks - m0);
-    const int mine = static_cast<int>(blockIdx.x) < tiles
-                         ? (tiles - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1
-                         : 0;
-    const int chunks = mine * kConvChunks;
-    if (tid == 32) issue_conv_copies(p, c, m0, chunks);
+    const int chunks = Deal::share(Tiling(p.seqlen_q, p.seqlen_k), p.batch * p.heads_q,
+                                   blockIdx.x, gridDim.x) * kConvChunks;
+    if (tid == 32) issue_conv_copies(p, c, chunks);
     if (tid >= 32) return;
     convert_chunks(p, c, chunks, tid);
   }
@@ -474,20 +469,21 @@ struct AttnBwdSm90 {
   // Warp 3's lane 0: each chunk of the worker's share into buffer j % 2, once its tile's sum is
   // final and the buffer is empty.
   __device__ static __forceinline__ void issue_conv_copies(const BwdParams& p, const ConvBuffers& c,
-                                                           int m0, int chunks) {
-    const int per_head = p.num_m_blocks - m0;
+                                                           int chunks) {
+    const Tiling t(p.seqlen_q, p.seqlen_k);
 #pragma unroll 1
     for (int j = 0; j < chunks; ++j) {
       if (j >= 2) mbarrier_wait_parity(&c.empty[j % 2], (j / 2 - 1) & 1);
-      const int k = blockIdx.x + (j / kConvChunks) * gridDim.x;  // the worker's k-th tile
-      const int m = m0 + k % per_head, bh = k / per_head;
+      const int k = j / kConvChunks;  // the worker's k-th tile (sched::ConvertDeal)
+      const int m = Deal::m_of(t, blockIdx.x, gridDim.x, k);
+      const int bh = Deal::seq_of(t, blockIdx.x, gridDim.x, k);
       const int tile = bh * p.num_m_blocks + m;
       const int row0 = m * kBlockM + (j % kConvChunks) * kConvChunkRows;
       if (j % kConvChunks == 0) {
         // Final once every contribution has landed: the writers release the counter after
         // their add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between
         // polls: a polling warp would take issue slots from its sub-partition's MMA warps.
-        const u32 total = Tiling(p.seqlen_q, p.seqlen_k).count(m);
+        const u32 total = t.count(m);
         u32 since = global_ns();
         while (ld_acquire_gpu(p.dq_counters + tile) != total) {
           if (global_ns() - since > p.watchdog_ms * 1000000u) {

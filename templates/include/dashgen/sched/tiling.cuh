@@ -77,6 +77,27 @@ DASHGEN_HD int shift_rank(int units, int rows, int slot, int step) {
   return per_row * step + below + slot / rows;
 }
 
+// The fused dQ converter's deal: the Q tiles that receive a contribution (first_m(0) on; under
+// a causal mask with more query rows than keys the first ones receive none: the convert kernel
+// writes their zeros) of `seqs` sequences, numbered sequence-major, dealt round-robin: worker w
+// converts numbers w, w + workers, ... (the order the sequences launch in).
+template <class Tl>
+struct ConvertDeal {
+  DASHGEN_HD static int per_seq(const Tl& t) { return t.num_m() - t.first_m(0); }
+  // How many tiles `worker` converts.
+  DASHGEN_HD static int share(const Tl& t, int seqs, int worker, int workers) {
+    const int tiles = seqs * per_seq(t);
+    return worker < tiles ? (tiles - 1 - worker) / workers + 1 : 0;
+  }
+  // Its k-th: the sequence (batch * heads_q + head) and the Q tile.
+  DASHGEN_HD static int seq_of(const Tl& t, int worker, int workers, int k) {
+    return (worker + k * workers) / per_seq(t);
+  }
+  DASHGEN_HD static int m_of(const Tl& t, int worker, int workers, int k) {
+    return t.first_m(0) + (worker + k * workers) % per_seq(t);
+  }
+};
+
 }  // namespace sched
 }  // namespace dashgen
 
