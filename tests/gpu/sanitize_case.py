@@ -25,6 +25,7 @@ CASES = [
     (1, 300, 257, 4, 1, 128, False, torch.bfloat16, "shift", 4),
     (1, 200, 200, 4, 2, 64, True, torch.bfloat16, "fa3", 3),
     (1, 130, 130, 2, 1, 64, False, torch.float16, "spt", 3),
+    (1, 333, 333, 2, 2, 128, True, torch.bfloat16, "descending", 5),
 ]
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 

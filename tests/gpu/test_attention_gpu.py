@@ -486,7 +486,8 @@ def test_more_workers_than_sms_is_refused(sm_count):
         attention(q, q, q, num_workers=sm_count + 1)
 
 
-def test_worker_dependent_schedule_without_num_workers_is_refused():
-    q = torch.randn(1, 128, 2, 64, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="num_workers"):
-        attention(q, q, q, schedule="shift")
+def test_a_shift_schedule_below_one_sequences_units_is_refused():
+    # 1024 keys: 8 KV tiles of one sequence, which shift runs all at once
+    q = torch.randn(1, 1024, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^num_workers: schedule 'shift' needs at least 8"):
+        attention(q, q, q, schedule="shift", num_workers=7)
