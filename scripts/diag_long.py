@@ -8,8 +8,9 @@ for seqlen in (131072,):
     mk = lambda: torch.randn(1, seqlen, 32, 64, device="cuda", dtype=torch.bfloat16, generator=g)
     q, k, v, do = mk(), mk(), mk(), mk()
     rows = sorted({0, 1, seqlen // 3, seqlen // 2, seqlen - 1})
-    (ro, rdq), (lo, ldq) = reference_rows(q, k, v, do, rows, True)
-    print(seqlen, 'torch bf16 per row', [f"{float((ldq[i] - rdq[i]).norm() / rdq[i].norm().clamp_min(1e-30)):.1e}" for i in range(len(rows))])
+    (ro, rdq), (lo, ldq), (_, mdq) = reference_rows(q, k, v, do, rows, True)
+    print(seqlen, 'torch bf16 math per row', [f"{float((mdq[i] - rdq[i]).norm() / rdq[i].norm().clamp_min(1e-30)):.1e}" for i in range(len(rows))])
+    print(seqlen, 'torch bf16 fused per row', [f"{float((ldq[i] - rdq[i]).norm() / rdq[i].norm().clamp_min(1e-30)):.1e}" for i in range(len(rows))])
     for sched, det in (("spt", True), ("auto", True)):
         try:
             qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))

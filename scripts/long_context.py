@@ -1,6 +1,6 @@
 """One long sequence (131k to 1M tokens) forward and backward on the GPU: the first call's host
 time, backward TFLOP/s, peak memory, and accuracy against a float64 reference on sampled query
-rows (dq, o) within 2x of PyTorch's own bf16 error on those rows (its math SDPA in bf16). Prints a table, writes JSON.
+rows (dq, o) within 2x of PyTorch's own bf16 error on those rows (its fused bf16 SDPA). Prints a table, writes JSON.
 
 python3 scripts/long_context.py --out DIR [--seqlens 131072,1048576] [--configs d128,d64]
 """
@@ -21,19 +21,24 @@ CONFIGS = {"d128": (128, 16), "d64": (64, 32)}  # head_dim, heads
 
 
 def reference_rows(q, k, v, do, rows, causal):
-    """o and dq of query rows `rows` of head 0 in float64 (the reference), and the same from
-    PyTorch's own bf16 attention (SDPA's math backend through autograd: its low-precision
-    error, D from its bf16 o as the kernels take it). A query row's o and dq read only that
-    row, so the rows alone suffice."""
+    """o and dq of query rows `rows` of head 0: in float64 (the reference, SDPA's math backend),
+    and from PyTorch's own bf16 kernels: its fused memory-efficient SDPA (which, like dashgen,
+    takes D = rowsum(dO * o) from its bf16 o) and its bf16 math SDPA (D from the softmax's own
+    probabilities). A query row's o and dq read only that row, so the rows alone suffice."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     out = []
-    for dtype in (torch.float64, torch.bfloat16):
+    for dtype, backend in ((torch.float64, SDPBackend.MATH),
+                           (torch.bfloat16, SDPBackend.EFFICIENT_ATTENTION),
+                           (torch.bfloat16, SDPBackend.MATH)):
         qs = q[:, rows, :1].transpose(1, 2).to(dtype).requires_grad_()
         kk, vv = (t[:, :, :1].transpose(1, 2).to(dtype) for t in (k, v))
         mask = None
         if causal:  # bottom-right aligned; seqlen_q == seqlen_k here
             keys = torch.arange(k.shape[1], device=q.device)
-            mask = keys[None, :] <= torch.tensor(rows, device=q.device)[:, None]
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            seen = keys[None, :] <= torch.tensor(rows, device=q.device)[:, None]
+            mask = torch.zeros(seen.shape, dtype=dtype, device=q.device).masked_fill(
+                ~seen, float("-inf"))[None, None]
+        with sdpa_kernel(backend):
             o = torch.nn.functional.scaled_dot_product_attention(qs, kk, vv, attn_mask=mask)
         (dq,) = torch.autograd.grad(o, (qs,), do[:, rows, :1].transpose(1, 2).to(dtype))
         out.append((o[0, 0].double().detach(), dq[0, 0].double()))
@@ -81,7 +86,7 @@ def main() -> None:
                 same = all(torch.equal(a, b) for a, b in zip((dq, dk, dv), again))
                 flops = 2.5 * 4 * seqlen * seqlen * heads * head_dim * (0.5 if causal else 1.0)
                 rows = sorted({0, 1, seqlen // 3, seqlen // 2, seqlen - 1})
-                (ro, rdq), (lo, ldq) = reference_rows(q, k, v, do, rows, causal)
+                (ro, rdq), (lo, ldq), (_, mdq) = reference_rows(q, k, v, do, rows, causal)
                 err = lambda x, r: float((x - r).norm() / r.norm().clamp_min(1e-30))
                 o_err, o_torch = err(o[0, rows, 0].double(), ro), err(lo, ro)
                 dq_err, dq_torch = err(dq[0, rows, 0].double(), rdq), err(ldq, rdq)
@@ -90,6 +95,9 @@ def main() -> None:
                            backward_tflops=round(flops / ms / 1e9, 1), peak_gib=round(peak / 2**30, 2),
                            repeat_bitwise_equal=same, o_err=o_err, o_err_torch_bf16=o_torch,
                            dq_err=dq_err, dq_err_torch_bf16=dq_torch,
+                           dq_err_torch_bf16_math=err(mdq, rdq),
+                           dq_err_per_row=[err(dq[0, r, 0].double(), rdq[i])
+                                           for i, r in enumerate(rows)],
                            within_2x=bool(o_err <= 2 * o_torch + 1e-7 and dq_err <= 2 * dq_torch + 1e-7))
                 rows_out.append(row)
                 print(row, flush=True)
