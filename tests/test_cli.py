@@ -415,12 +415,6 @@ def task_table(tmp_path):
     return path, schedule
 
 
-def test_the_task_table_format_is_the_one_emit_writes():
-    from dashgen.tools.emit import TASKS_FORMAT as EMITTED
-
-    assert TASKS_FORMAT == EMITTED
-
-
 def test_verify_and_load_schedule_read_an_emitted_task_table(task_table):
     path, schedule = task_table
     proc = run_cli("verify", str(path))

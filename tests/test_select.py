@@ -11,7 +11,7 @@ from dashgen.runtime.select import (AUTO_SCHEDULES, DEFAULT_SM_COUNT, Overrides,
                                     check_kernel_problem, early_kv_pays,
                                     forward_persistent_pays, problem_for, resolve_schedule,
                                     select, select_forward, balanced_workers, fuses_convert)
-from dashgen.schedule.builders import BUILDERS, Tiling
+from dashgen.schedule.builders import BUILDERS, Tiling, build_schedule
 
 from benchmark_picks import BENCHMARK_PICKS, picked_variants
 
@@ -237,3 +237,18 @@ def test_a_mask_the_kernels_lack_is_refused():
 def test_fused_convert_without_the_order_is_refused_by_the_variant():
     with pytest.raises(ValueError, match=r"^fused_convert needs deterministic=True"):
         BackwardVariant("bf16", 128, False, "fa3", deterministic=False, fused_convert=True)
+
+
+def test_a_schedule_file_gets_one_key_and_is_digested_once(monkeypatch):
+    """The op carries a schedule file as a key; the same object passed again is not digested
+    again (its digest reads every task), and an equal schedule gets the same key."""
+    from dashgen import Schedule
+    from dashgen.runtime.tables import register, table_of
+    problem = problem_for(1, 2, 2, 512, 512, 128, True)
+    first = build_schedule("fa3", problem, 3)
+    key = register(first)
+    assert key.startswith("table:") and table_of(key) is first
+    twin = build_schedule("fa3", problem, 3)
+    assert register(twin) == key and table_of(key) is first
+    monkeypatch.setattr(Schedule, "to_json", lambda self: pytest.fail("digested again"))
+    assert register(first) == key

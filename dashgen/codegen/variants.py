@@ -12,6 +12,8 @@ import ctypes
 from dataclasses import dataclass
 from typing import ClassVar
 
+from ..schedule.builders import BUILDERS
+
 ELEMENT_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}  # dtype -> CUDA type
 HEAD_DIMS = (64, 128)
 SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
@@ -62,16 +64,15 @@ def backward_tiles(head_dim: int) -> tuple[int, int]:
 
 
 # The backward's schedule policies: name -> (header under templates/include/dashgen/sched/, C++
-# class template, kernel id, the tag kernel names carry). "table" walks a schedule file's task
-# table (dashgen.load_schedule). The ids are dashgen.schedule.builders' kernel_id
-# (tests/test_kernels_compile.py checks).
+# class template, the tag kernel names carry). "table" walks a schedule file's task table
+# (dashgen.load_schedule). A policy's number in the kernel is its builder's kernel_id.
 SCHEDULE_POLICIES = {
-    "fa3": ("ordered.cuh", "Fa3", 1, "fa3"),
-    "spt": ("ordered.cuh", "Spt", 2, "spt"),
-    "descending": ("ordered.cuh", "Descending", 3, "desc"),
-    "shift": ("shift.cuh", "Shift", 4, "shift"),
-    "symmetric_shift": ("shift.cuh", "SymmetricShift", 5, "symshift"),
-    "table": (None, None, 0, "table"),
+    "fa3": ("ordered.cuh", "Fa3", "fa3"),
+    "spt": ("ordered.cuh", "Spt", "spt"),
+    "descending": ("ordered.cuh", "Descending", "desc"),
+    "shift": ("shift.cuh", "Shift", "shift"),
+    "symmetric_shift": ("shift.cuh", "SymmetricShift", "symshift"),
+    "table": (None, None, "table"),
 }
 
 
@@ -206,13 +207,14 @@ class BackwardVariant(_Variant):
 
     @property
     def schedule_id(self) -> int:
-        return SCHEDULE_POLICIES[self.schedule][2]
+        """The policy's number in the kernel (the watchdog reports it); 0 for the table."""
+        return 0 if self.table else BUILDERS[self.schedule].kernel_id
 
     @property
     def kernel_name(self) -> str:
         mode = "det" if self.deterministic else "nondet"
         name = (f"dashgen_bwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}_"
-                f"{SCHEDULE_POLICIES[self.schedule][3]}_{mode}")
+                f"{SCHEDULE_POLICIES[self.schedule][2]}_{mode}")
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
                           (self.early_kv, "ekv"), (self.trace, "trace")):
             if flag:

@@ -13,6 +13,7 @@ from ..caches import memo
 from ..codegen.variants import (FORWARD_BLOCK_M, FORWARD_BLOCK_N, BackwardVariant,
                                 ForwardVariant, backward_tiles, check_dtype_head_dim)
 from ..schedule.builders import Tiling, get_builder, schedule_loads, unsupported_reason
+from ..schedule.builders.base import fewest_workers
 from ..schedule.ir import Schedule
 from ..schedule.problem import Mask, Problem
 from .tables import register
@@ -126,11 +127,8 @@ def balanced_workers(problem: Problem, per_seq: int, workers: int) -> int:
     as many rounds as `workers` do (docs/design.md, `balanced-workers`): a shift schedule's units
     of one sequence are alike, so no worker gets more work, and fewer workers hold fewer
     partial rounds (measured 0.3-4.8% faster: 128 rather than 132 workers at 1k-16k)."""
-    units = problem.batch * problem.heads_q * per_seq
-    rounds = -(-units // workers)
-    fewest = -(-units // rounds)
-    fewest = -(-fewest // per_seq) * per_seq
-    return min(workers, fewest)
+    fewest = fewest_workers(problem.batch * problem.heads_q * per_seq, workers)
+    return min(workers, -(-fewest // per_seq) * per_seq)
 
 
 def forward_persistent_pays(seqlen_k: int, head_dim: int, causal: bool) -> bool:

@@ -7,12 +7,19 @@ from ..schedule.ir import Schedule
 
 TABLE_PREFIX = "table:"
 _TABLES: dict[str, Schedule] = {}
+# Keys by the identity of the Schedule objects already registered (kept alive in _TABLES, so an
+# id is never reused): a training loop passes the same object every call, and its digest
+# reads every task.
+_KEYS: dict[int, str] = {}
 
 
 def register(schedule: Schedule) -> str:
     """The key a verified schedule file travels under (the same schedule, the same key)."""
-    key = TABLE_PREFIX + digest({"schedule": schedule.to_json()})[:24]
-    _TABLES.setdefault(key, schedule)
+    key = _KEYS.get(id(schedule))
+    if key is None:
+        key = TABLE_PREFIX + digest({"schedule": schedule.to_json()})[:24]
+        if _TABLES.setdefault(key, schedule) is schedule:
+            _KEYS[id(schedule)] = key
     return key
 
 

@@ -15,7 +15,8 @@ import os
 
 import torch
 
-from ..codegen.variants import SCHEDULE_POLICIES, STALL_MAGIC, STALL_ROLES, STALL_WORDS
+from ..codegen.variants import STALL_MAGIC, STALL_ROLES, STALL_WORDS
+from ..schedule.builders import BUILDERS
 
 DEFAULT_TIMEOUT_MS = 4000  # the clock's low 32 bits wrap after 4.29 s (ptx/counter.cuh)
 MAX_WORKERS = 1024
@@ -56,7 +57,7 @@ def record(device: torch.device, num_workers: int) -> int:
 
 
 def _decode(row: list[int]) -> str:
-    names = {policy[2]: name for name, policy in SCHEDULE_POLICIES.items()}
+    names = {policy.kernel_id: name for name, policy in BUILDERS.items()} | {0: "table"}
     schedule, role, tile, rank, seen, worker = row[1:7]
     return (f"the {STALL_ROLES.get(role, f'role {role}')} of worker {worker} waited longer than "
             f"{timeout_ms()} ms for the counter of tile {tile} (index into the (batch, head, "

@@ -11,8 +11,7 @@ from .lower import TASK_WORDS
 from .problem import Problem
 from .verify import verify
 
-# dashgen.tools.emit.TASKS_FORMAT, spelled out so that reading a file needs no kernel code
-# (tests/test_cli.py checks the two agree).
+# The task table `dashgen emit` writes for a schedule file (dashgen.tools.emit.tasks_json).
 TASKS_FORMAT = "dashgen.tasks/1"
 FORMATS = (FORMAT, TASKS_FORMAT)
 _INT32_MAX = (1 << 31) - 1

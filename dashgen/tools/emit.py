@@ -13,6 +13,7 @@ from pathlib import Path
 from ..caches import memo
 from ..runtime.select import DEFAULT_SM_COUNT, Selection, problem_for, select
 from ..schedule.builders import build_schedule, list_schedules, unsupported_reason
+from ..schedule.files import TASKS_FORMAT
 from ..schedule.ir import Schedule
 from ..schedule.lower import TASK_WORDS, KernelPlan, lower
 from ..schedule.problem import Problem
@@ -23,7 +24,6 @@ from ..codegen.render import KernelSource, render_variant
 from ..codegen.variants import BackwardVariant, ForwardVariant
 
 KERNEL_MASKS = ("full", "causal")  # what the kernels implement
-TASKS_FORMAT = "dashgen.tasks/1"
 TASK_WORDS_LEGEND = ("batch << 16 | head", "n_block << 16 | m_block", "dq_rank",
                      "dkv_rank (-1: none)")
 
