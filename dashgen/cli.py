@@ -145,11 +145,8 @@ def cmd_show(args: argparse.Namespace) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from .schedule.simulate import Cost, simulate
-    from .schedule.verify import verify
+    from .schedule.simulate import Cost
 
-    problem = _problem(args)
-    names = list_schedules() if args.schedule == "all" else [args.schedule]
     try:
         cost = (Cost.masked(args.c, args.r, args.signal_latency) if args.masked_cost
                 else Cost(c=args.c, r=args.r, signal_latency=args.signal_latency))
@@ -157,6 +154,12 @@ def cmd_plan(args: argparse.Namespace) -> None:
         raise CliError(str(exc)) from None
     if args.png:
         _check_writable("--png", args.png)
+    if args.schedule_file:
+        schedule = _verified_file("--schedule-file", args.schedule_file)
+        _print_plan(args, schedule.problem, cost, [(schedule.name, schedule)])
+        return
+    problem = _problem(args)
+    names = list_schedules() if args.schedule == "all" else [args.schedule]
     workers = _workers(args)
     num_tasks = problem_tasks(problem)
     asked = [opt for opt, on in (("--full", args.full), ("--png", args.png), ("--text", args.text),
@@ -167,6 +170,18 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if not full:
         _print_plan_summary(args, problem, workers, num_tasks, summaries)
         return
+    _print_plan(args, problem, cost, [
+        (name, summary if isinstance(summary, str) else build_schedule(name, problem, workers))
+        for name, summary in summaries.items()])
+
+
+def _print_plan(args: argparse.Namespace, problem: Problem, cost,
+                schedules: list[tuple[str, Schedule | str]]) -> None:
+    """The simulation's table (a str in place of a schedule: why it was skipped), then the text
+    and PNG Gantt charts asked for."""
+    from .schedule.simulate import simulate
+    from .schedule.verify import verify
+
     print(f"plan: {problem.describe()}; "
           f"cost c={args.c:g} r={args.r:g} signal_latency={args.signal_latency:g}"
           + (" (c scaled by the kept fraction of each tile)" if args.masked_cost else ""))
@@ -174,11 +189,10 @@ def cmd_plan(args: argparse.Namespace) -> None:
               f"{'efficiency':>11} {'conflicts':>10}")
     print(header + (f" {'kernel model':>13}" if args.kernel_model else ""))
     results = []
-    for name, summary in summaries.items():
-        if isinstance(summary, str):
-            print(f"{name:<16} skipped: {summary}")
+    for name, schedule in schedules:
+        if isinstance(schedule, str):
+            print(f"{name:<16} skipped: {schedule}")
             continue
-        schedule = build_schedule(name, problem, workers)
         report = verify(schedule)
         result = simulate(schedule, cost)
         results.append((name, result))
@@ -246,16 +260,35 @@ def _kernel_model_makespan(schedule: Schedule, args: argparse.Namespace) -> str:
     return f"{kernel_makespan(schedule, cost):.2f}"
 
 
-def cmd_verify(args: argparse.Namespace) -> None:
+def _read_file(path: str) -> Schedule:
+    """A schedule file or an emitted task table, unverified; unreadable or malformed: CliError."""
     from .schedule.files import read_schedule
-    from .schedule.verify import VerificationError, verify
 
     try:
-        schedule = read_schedule(args.file)  # either format; the message names the file
+        return read_schedule(path)  # either format; the message names the file
     except OSError as exc:
-        raise CliError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
     except ScheduleFormatError as exc:
         raise CliError(str(exc)) from None
+
+
+def _verified_file(option: str, path: str) -> Schedule:
+    """`option`'s schedule file, verified (a violation: exit 1 with the verifier's list)."""
+    from .schedule.verify import VerificationError, verify
+
+    schedule = _read_file(path)
+    try:
+        verify(schedule)
+    except VerificationError as exc:
+        print(f"dashgen: {option} {path} failed verification:\n{exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    return schedule
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    from .schedule.verify import VerificationError, verify
+
+    schedule = _read_file(args.file)
     try:
         report = verify(schedule)
     except VerificationError as exc:
@@ -320,10 +353,15 @@ def cmd_emit(args: argparse.Namespace) -> None:
         print(f"wrote {len(written)} golden files to {directory}"
               + (f"; removed stale {', '.join(removed)}" if removed else ""))
         return
-    if args.schedule is None:
-        raise CliError("--schedule is required (or --golden to rewrite generated/)")
-    problem = _emit_problem(args)
-    schedule = _build(args.schedule, problem, _workers(args))
+    if args.schedule_file:
+        schedule = _verified_file("--schedule-file", args.schedule_file)
+        problem = schedule.problem
+    elif args.schedule is None:
+        raise CliError("--schedule or --schedule-file is required (or --golden to rewrite "
+                       "generated/)")
+    else:
+        problem = _emit_problem(args)
+        schedule = _build(args.schedule, problem, _workers(args))
     out = _out_dir(Path(args.out or "dashgen-out"))
     mode = "non-deterministic" if args.nondeterministic else "deterministic"
     print(f"emit {schedule.name}: {problem.describe()}")
@@ -412,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Simulate schedules on a problem: makespan against the lower "
                                    "bound (total work / workers), with an optional Gantt chart.")
     p.add_argument("--schedule", default="all", choices=list_schedules() + ["all"])
+    p.add_argument("--schedule-file", metavar="FILE",
+                   help="simulate this schedule file (dashgen show --json, or an emitted task "
+                        "table) instead; its own problem and workers")
     p.add_argument("--png", metavar="FILE", help="write a Gantt chart (needs matplotlib)")
     p.add_argument("--text", action="store_true", help="print a text Gantt chart per schedule")
     p.add_argument("--c", type=float, default=1.0, help="compute cost of one task (default 1)")
@@ -435,16 +476,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE.json")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("emit", help="write a schedule's kernel sources, task table and cubins",
+    p = sub.add_parser("emit", help="write a schedule's kernel sources and cubins",
                        description="Build and verify a schedule, then write the forward and "
-                                   "backward kernel sources (<kernel>.cu), the task table the "
-                                   "backward kernel walks (<schedule>_<problem>.tasks.json) and "
-                                   "the cubins (compiled for sm_90a with NVRTC, through the "
-                                   "cache; no GPU needed), and print ptxas's figures per kernel "
-                                   "function. The kernels are the ones dashgen.attention would "
-                                   "run for the problem; their sources do not depend on the "
-                                   "schedule.")
+                                   "backward kernel sources (<kernel>.cu; the backward contains "
+                                   "the schedule's policy) and the cubins (compiled for sm_90a "
+                                   "with NVRTC, through the cache; no GPU needed), and print "
+                                   "ptxas's figures per kernel function. The kernels are the "
+                                   "ones dashgen.attention would run for the problem. A "
+                                   "--schedule-file runs as a task table, which is written "
+                                   "too (<schedule>_<problem>.tasks.json).")
     p.add_argument("--schedule", choices=list_schedules(), help="the schedule to emit")
+    p.add_argument("--schedule-file", metavar="FILE",
+                   help="emit a schedule file (dashgen show --json, verified): the table "
+                        "backward and its task table, unless it is exactly its name's policy")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16",
                    help="element type of q, k, v (default bf16)")
     p.add_argument("--out", metavar="DIR",

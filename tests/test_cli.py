@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
 
@@ -528,3 +529,47 @@ def test_emit_reports_every_kernel_function(emitted):
 def test_emit_prints_lines_under_100_columns(emitted):
     lines, _ = emitted
     assert max(map(len, lines)) < 100, max(lines, key=len)
+
+
+def _edited_schedule_file(tmp_path, capsys) -> Path:
+    """spt's schedule written by `show --json` and renamed: a schedule file that is not its
+    name's policy (it runs as a table)."""
+    path = tmp_path / "spt.json"
+    main(["show", "--schedule", "spt", "--seqlen", "512", "--hdim", "64", "--mask", "causal",
+          "--workers", "3", "--json", str(path)])
+    capsys.readouterr()
+    data = json.loads(path.read_text())
+    data["name"] = "edited"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_plan_simulates_a_schedule_file(tmp_path, capsys):
+    path = _edited_schedule_file(tmp_path, capsys)
+    main(["plan", "--schedule-file", str(path)])
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("edited"))
+    assert row.split()[1] == "3" and "causal mask" in out
+
+
+def test_emit_runs_a_schedule_file_as_a_table(tmp_path, capsys):
+    path = _edited_schedule_file(tmp_path, capsys)
+    out = tmp_path / "out"
+    main(["emit", "--schedule-file", str(path), "--out", str(out)])
+    names = sorted(p.name for p in out.iterdir())
+    assert "edited_b1_h1_s512_d64_causal_w3.tasks.json" in names
+    assert any(n.startswith("dashgen_bwd_bf16_d64_causal_table_det") and n.endswith(".cu")
+               for n in names)
+
+
+def test_a_schedule_file_that_fails_verification_is_not_planned_or_emitted(tmp_path, capsys):
+    path = _edited_schedule_file(tmp_path, capsys)
+    data = json.loads(path.read_text())
+    data["workers"][0] = data["workers"][0][1:]  # a task gone: coverage fails
+    path.write_text(json.dumps(data))
+    for command in (["plan"], ["emit", "--out", str(tmp_path / "out")]):
+        with pytest.raises(SystemExit) as exit_:
+            main([*command, "--schedule-file", str(path)])
+        assert exit_.value.code == 1
+        assert "failed verification" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
