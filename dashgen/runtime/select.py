@@ -204,9 +204,15 @@ def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: b
         early_kv = early_kv_pays(problem)
     fused = bool(overrides.fused_convert) and deterministic
     if overrides.fused_convert is None and deterministic:
-        loads = ([len(tasks) for tasks in table.workers] if table is not None
-                 else schedule_loads(name, problem, workers))
-        fused = fuses_convert(problem, max(loads, default=0))
+        # The busiest worker carries at least the mean: where even that rules the converter
+        # out (long sequences), the per-worker loads, O(units), are never counted.
+        tiling = Tiling(problem)
+        total = problem.batch * problem.heads_q * sum(map(tiling.rows, range(tiling.num_n)))
+        fused = fuses_convert(problem, -(-total // workers))
+        if fused:
+            loads = ([len(program) for program in table.workers] if table is not None
+                     else schedule_loads(name, problem, workers))
+            fused = fuses_convert(problem, max(loads, default=0))
     backward = BackwardVariant(dtype, problem.head_dim, causal, name, deterministic=deterministic,
                                gqa=problem.gqa, fused_convert=fused, early_kv=early_kv,
                                trace=trace)
