@@ -188,7 +188,7 @@ def test_emit_reports_cached_second_time(tmp_path, monkeypatch, capsys):
                                             "got 96"),
     (["--schedule", "fa3", "--gqa"], "--gqa needs fewer KV heads than query heads"),
     (["--schedule", "fa3", "--heads", "6", "--heads-kv", "4"], "heads_q (6) must be a multiple"),
-    (["--hdim", "64"], "--schedule is required"),
+    (["--hdim", "64"], "--schedule or --schedule-file is required"),
 ])
 def test_emit_refusals_are_readable(args, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
