@@ -11,24 +11,33 @@ from .schedule.builders import UnsupportedProblem, build_schedule, list_schedule
 from .schedule.simulate import Cost, SimResult, SimulationDeadlock, simulate
 from .schedule.verify import VerificationError, VerificationReport, Violation, verify
 
+# The torch entry points, each loaded (with torch, and on first call the driver) only when asked
+# for, so that `import dashgen` stays light for the schedule tools.
+_TORCH_ENTRY_POINTS = {
+    "attention": ("runtime.op", "attention"),
+    "sdpa": ("interfaces.sdpa", "sdpa"),
+    "flash_attn_func": ("interfaces.flash_attn", "flash_attn_func"),
+}
+
+
 def __getattr__(name: str):
-    # The torch op loads torch (and on first call the driver) only when asked for, so that
-    # `import dashgen` stays light for the schedule tools.
-    if name == "attention":
+    if name in _TORCH_ENTRY_POINTS:
         try:
             import torch  # noqa: F401
         except ImportError:
-            raise ImportError("dashgen.attention needs PyTorch 2.11 or newer (pip install "
-                              "'torch>=2.11'); the schedule and kernel tools work without "
-                              "it") from None
-        from .runtime.op import attention
-        globals()["attention"] = attention  # later lookups skip this function: host time a call
-        return attention
+            raise ImportError(f"dashgen.{name} needs PyTorch 2.11 or newer (pip install "
+                              f"'torch>=2.11'); the schedule and kernel tools work without "
+                              f"it") from None
+        import importlib
+        module, attr = _TORCH_ENTRY_POINTS[name]
+        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        globals()[name] = value  # later lookups skip this function: host time a call
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
-    "Cost", "Mask", "attention", "Problem", "Schedule", "ScheduleFormatError", "SimResult",
+    "Cost", "Mask", "attention", "flash_attn_func", "sdpa", "Problem", "Schedule", "ScheduleFormatError", "SimResult",
     "SimulationDeadlock", "Task", "UnsupportedProblem", "VerificationError",
     "VerificationReport", "Violation", "build_schedule", "clear_caches", "list_schedules",
     "load_schedule", "simulate", "verify",

@@ -77,7 +77,8 @@ def main():
                                                schedule, sms)
 
     ql, kl, vl = (t.detach().requires_grad_() for t in (q, k, v))
-    out = attention(ql, kl, vl, causal=args.causal, schedule=schedule, num_workers=sms)
+    out = attention(ql, kl, vl, causal=args.causal, schedule=schedule, num_workers=sms,
+                    deterministic=True)
 
     def autograd():
         return torch.autograd.grad(out, (ql, kl, vl), do, retain_graph=True)
@@ -123,7 +124,7 @@ def main():
 
     def forward_no_grad():
         with torch.no_grad():
-            return attention(q, k, v, causal=args.causal)
+            return attention(q, k, v, causal=args.causal, deterministic=True)
 
     def forward_runtime():
         return runtime_forward.forward(q, k, v, causal=args.causal, softmax_scale=scale,

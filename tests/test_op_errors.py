@@ -306,7 +306,8 @@ def test_errors_raised_through_attention_launch_nothing(on_cpu, kernels):
 
 # -- the resolved Options ------------------------------------------------------------------------
 
-def test_check_inputs_resolves_the_defaults(fake_cuda):
+def test_check_inputs_resolves_the_defaults(fake_cuda, restore_determinism):
+    torch.use_deterministic_algorithms(True)  # the default deterministic=None follows it
     opts = op.check_inputs(*qkv(device="cuda"), causal=True)
     # batch 2 x 8 query heads x one KV tile (70 keys): 16 units, one a worker
     assert opts == op.Options(causal=True, softmax_scale=1 / 8, deterministic=True,
@@ -330,7 +331,31 @@ def test_the_sm_count_comes_from_the_device(monkeypatch):
 def test_deterministic_none_follows_torch(fake_cuda, restore_determinism, flag):
     torch.use_deterministic_algorithms(flag)
     assert op.check_inputs(*qkv(device="cuda"), deterministic=None).deterministic is flag
-    assert op.check_inputs(*qkv(device="cuda"), deterministic=not flag).deterministic is not flag
+    assert op.check_inputs(*qkv(device="cuda")).deterministic is flag  # None is the default
+    assert op.check_inputs(*qkv(device="cuda"), deterministic=True).deterministic is True
+
+
+def test_deterministic_false_under_the_flag_raises_before_any_kernel(on_cpu, kernels,
+                                                                     restore_determinism):
+    torch.use_deterministic_algorithms(True)
+    q, k, v = cpu_leaves()
+    with pytest.raises(RuntimeError, match=r"^deterministic=False asks for dashgen's "
+                                           r"non-deterministic backward .* "
+                                           r"torch.use_deterministic_algorithms\(True\)"):
+        op.attention(q, k, v, deterministic=False)
+    assert kernels.calls == []
+    torch.use_deterministic_algorithms(False)
+    assert op.check_inputs(q, k, v, deterministic=False).deterministic is False
+
+
+def test_deterministic_false_under_warn_only_warns_and_runs_nondeterministic(
+        on_cpu, kernels, restore_determinism):
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    q, k, v = cpu_leaves()
+    with pytest.warns(UserWarning, match=r"^deterministic=False asks for"):
+        op.attention(q, k, v, deterministic=False).sum().backward()
+    prepared = [options for name, options in kernels.calls if name == "prepare"]
+    assert prepared[-1]["deterministic"] is False
 
 
 def test_deterministic_none_follows_the_flag_on_every_call(on_cpu, restore_determinism):
@@ -379,7 +404,8 @@ def test_options_reach_forward_and_the_prepared_backward(on_cpu, kernels):
     assert kernels.prepared[0][:3] == tuple(t.data_ptr() for t in (q, k, v))
 
 
-def test_the_resolved_defaults_reach_the_kernels(on_cpu, kernels):
+def test_the_resolved_defaults_reach_the_kernels(on_cpu, kernels, restore_determinism):
+    torch.use_deterministic_algorithms(True)
     q, k, v = cpu_leaves(head_dim=128)
     op.attention(q, k, v).sum().backward()
     assert kernels.calls[0] == ("forward", dict(causal=False, softmax_scale=1 / math.sqrt(128)))
@@ -387,6 +413,22 @@ def test_the_resolved_defaults_reach_the_kernels(on_cpu, kernels):
     assert kernels.calls[1] == ("prepare", dict(causal=False, softmax_scale=1 / math.sqrt(128),
                                                 deterministic=True, schedule="shift",
                                                 num_workers=16))
+
+
+def test_return_lse_gives_the_forwards_lse_not_differentiable(on_cpu, kernels):
+    q, k, v = cpu_leaves()
+    o, lse = op.attention(q, k, v, causal=True, return_lse=True)
+    with torch.no_grad():
+        plain_o, plain_lse = op.attention(q, k, v, causal=True, return_lse=True)
+    ref_o, ref_lse = kernels.forward(q.detach(), k.detach(), v.detach(), causal=True,
+                                     softmax_scale=1 / 8)
+    assert torch.equal(o.detach(), ref_o) and torch.equal(lse, ref_lse)
+    assert torch.equal(plain_o, ref_o) and torch.equal(plain_lse, ref_lse)
+    assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32 and not lse.requires_grad
+    o.sum().backward()  # the lse output takes no part in the backward
+    assert q.grad is not None
+    with pytest.raises(TypeError, match=r"^return_lse must be a bool, got 1"):
+        op.attention(q, k, v, return_lse=1)
 
 
 def test_gradients_reach_the_right_inputs(on_cpu):
@@ -524,8 +566,10 @@ def test_eager_and_traced_paths_agree_and_a_second_derivative_raises(on_cpu, ker
         torch.autograd.grad(grads[0].sum(), q)
 
 
-def test_torch_compile_traces_the_custom_ops_and_matches_eager_bitwise(on_cpu, kernels):
+def test_torch_compile_traces_the_custom_ops_and_matches_eager_bitwise(on_cpu, kernels,
+                                                                       restore_determinism):
     torch._dynamo.reset()
+    torch.use_deterministic_algorithms(True)  # the default deterministic=None follows it
     q, k, v = cpu_leaves()
     do = torch.randn_like(q)
     eager = op.attention(q, k, v, causal=True)

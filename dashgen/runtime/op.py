@@ -10,6 +10,7 @@ kernel launches; errors name the argument.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -172,7 +173,7 @@ def _plan_cached(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
         return "", 0, str(exc)
 
 
-def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=True,
+def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=None,
                  schedule="auto", num_workers=None) -> Options:
     """Validate the arguments of :func:`attention` and resolve its defaults.
 
@@ -189,9 +190,24 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Tru
     else:
         opts = _VALIDATED.get(key, lambda: _check_all(q, k, v, causal, softmax_scale,
                                                       deterministic, schedule, num_workers))
-    if deterministic is None:  # follows the flag at call time, never a cached answer
+    # The flag is read at call time, never a cached answer.
+    if deterministic is None:
         opts = opts._replace(deterministic=torch.are_deterministic_algorithms_enabled())
+    elif deterministic is False and torch.are_deterministic_algorithms_enabled():
+        refuse_nondeterministic("deterministic=False")
     return opts
+
+
+def refuse_nondeterministic(argument: str) -> None:
+    """A non-deterministic backward asked for under torch.use_deterministic_algorithms(True):
+    an error, or with warn_only=True a warning, as PyTorch's own non-deterministic ops do."""
+    message = (f"{argument} asks for dashgen's non-deterministic backward (unordered atomic dQ "
+               f"adds), but torch.use_deterministic_algorithms(True) is set; pass "
+               f"deterministic=None (follow the flag) or True")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, stacklevel=3)
+    else:
+        raise RuntimeError(message)
 
 
 # Options of argument signatures that passed every check: a training loop repeats the same
@@ -327,11 +343,12 @@ class _EagerAttention(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.opts = opts
         ctx.call = rt.BackwardCall(q, k, v, o, lse, **_backward_options(opts))
-        return o
+        ctx.mark_non_differentiable(lse)
+        return o, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable  # the kernels have no backward of their own
-    def backward(ctx, grad_o):
+    def backward(ctx, grad_o, grad_lse):
         saved = ctx.saved_tensors
         call = ctx.call
         if not call.serves(*saved):
@@ -357,19 +374,24 @@ def _traced(q: torch.Tensor) -> bool:
 # -- the public function -----------------------------------------------------------------------
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              softmax_scale: float | None = None, deterministic: bool | None = True,
-              schedule: str | Schedule = "auto", num_workers: int | None = None) -> torch.Tensor:
+              softmax_scale: float | None = None, deterministic: bool | None = None,
+              schedule: str | Schedule = "auto", num_workers: int | None = None,
+              return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention whose backward is bitwise reproducible on Hopper.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), bf16
     or fp16 CUDA tensors on an sm_90 GPU, heads_q a multiple of heads_kv (GQA/MQA). causal masks
     bottom-right aligned: query row i sees key j iff j <= i + seqlen_k - seqlen_q (a row that sees
-    no key gets o = 0). softmax_scale defaults to 1/sqrt(head_dim). Returns o, shaped like q.
+    no key gets o = 0). softmax_scale defaults to 1/sqrt(head_dim). Returns o, shaped like q;
+    with return_lse=True, (o, lse): lse is float32 (batch, heads_q, seqlen_q), the natural-log
+    logsumexp of each row's scaled scores (-inf for a row that sees no key), not differentiable.
 
-    deterministic: True makes dq/dk/dv bitwise reproducible: a function of each sequence's
-    shape, the dtype, head_dim and the schedule alone (never of num_workers, the GPU's SM count,
-    the batch or the other heads); False uses atomic adds (faster, not reproducible); None
-    follows torch.are_deterministic_algorithms_enabled().
+    deterministic: None (the default) follows torch.are_deterministic_algorithms_enabled(), so
+    torch.use_deterministic_algorithms(True) is the one switch; True makes dq/dk/dv bitwise
+    reproducible: a function of each sequence's shape, the dtype, head_dim and the schedule
+    alone (never of num_workers, the GPU's SM count, the batch or the other heads); False uses
+    atomic adds (faster, not reproducible), and under the deterministic flag raises
+    RuntimeError (a warning with warn_only=True, then it runs non-deterministic).
 
     schedule: a name from dashgen.list_schedules(), "auto", or a verified dashgen.Schedule
     (dashgen.load_schedule), which runs from its task table. "auto" picks the fastest order
@@ -385,14 +407,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     """
     if isinstance(schedule, Schedule):
         schedule = register(schedule)  # the op carries a key string
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     opts = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if _traced(q):
-        o, _ = torch.ops.dashgen.attention_fwd(q, k, v, *opts)
-        return o
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        o, lse = torch.ops.dashgen.attention_fwd(q, k, v, *opts)
+    elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # Nothing to differentiate (inference, no_grad): the kernel without autograd's
         # bookkeeping, whose host time the GPU would wait for.
-        return _run_forward(q, k, v, opts)[0]
-    return _EagerAttention.apply(q, k, v, opts)
+        o, lse = _run_forward(q, k, v, opts)
+    else:
+        o, lse = _EagerAttention.apply(q, k, v, opts)
+    return (o, lse) if return_lse else o

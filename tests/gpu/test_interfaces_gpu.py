@@ -1,0 +1,129 @@
+"""dashgen's entry points where users already call attention, on an sm_90 GPU: dashgen.sdpa,
+SDPA's flash backend with dashgen activated, flash_attn_func and attention(return_lse=True).
+Each runs the same kernels as dashgen.attention, so their bits must equal its bits; accuracy is
+held to 2x PyTorch's own bf16 error against float64.
+
+Run: PYTHONPATH=. python3 -m pytest tests/gpu/test_interfaces_gpu.py -q
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+import dashgen  # noqa: E402
+from dashgen.interfaces import sdpa as sdpa_mod  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+@contextlib.contextmanager
+def deterministic_flag(flag: bool):
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(flag)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def bhsd(batch, heads, seqlen, head_dim, dtype=torch.bfloat16):
+    """SDPA-layout tensors over (batch, seqlen, heads, head_dim) memory."""
+    return torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype).transpose(1, 2)
+
+
+def run(fn, q, k, v, do):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o = fn(*leaves)
+    return (o.detach(), *torch.autograd.grad(o, leaves, do))
+
+
+def rel_err(x, ref) -> float:
+    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
+
+
+def check_accuracy(ours, q, k, v, do, causal):
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+        ref = run(lambda *t: F.scaled_dot_product_attention(
+            *(x.double() for x in t), is_causal=causal, enable_gqa=q.shape[1] != k.shape[1]),
+            q, k, v, do.double())
+        theirs = run(lambda *t: F.scaled_dot_product_attention(
+            *t, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1]), q, k, v, do)
+    for name, x, t, r in zip(("o", "dq", "dk", "dv"), ours, theirs, ref):
+        assert rel_err(x, r) <= 2 * rel_err(t, r) + 1e-6, name
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim, heads_q, heads_kv", [(64, 8, 2), (128, 4, 4)])
+def test_sdpa_matches_attention_bitwise_and_float64(causal, head_dim, heads_q, heads_kv, seed):
+    q, k, v = bhsd(2, heads_q, 1000, head_dim), *(bhsd(2, heads_kv, 1000, head_dim)
+                                                  for _ in range(2))
+    do = torch.randn_like(q)
+    with deterministic_flag(True):
+        ours = run(lambda *t: dashgen.sdpa(*t, is_causal=causal, enable_gqa=True), q, k, v, do)
+        again = run(lambda *t: dashgen.sdpa(*t, is_causal=causal, enable_gqa=True), q, k, v, do)
+        plain = run(lambda *t: dashgen.attention(*(x.transpose(1, 2) for x in t),
+                                                 causal=causal).transpose(1, 2), q, k, v, do)
+    assert all(torch.equal(a, b) for a, b in zip(ours, again))
+    assert all(torch.equal(a, b) for a, b in zip(ours, plain))
+    check_accuracy(ours, q, k, v, do, causal)
+
+
+@pytest.mark.skipif(not sdpa_mod.registry_available(),
+                    reason="this torch has no torch.nn.attention.register_flash_attention_impl")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_flash_backend_runs_dashgen_once_activated(causal, seed):
+    q, k, v = (bhsd(2, 8, 1000, 128) for _ in range(3))
+    do = torch.randn_like(q)
+    flash = lambda *t: F.scaled_dot_product_attention(*t, is_causal=causal)  # noqa: E731
+    backend = torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+    with deterministic_flag(True), backend:
+        pytorch_flash = run(flash, q, k, v, do)
+        torch.nn.attention.activate_flash_attention_impl(sdpa_mod.IMPL_NAME)
+        try:
+            routed = [run(flash, q, k, v, do) for _ in range(3)]
+        finally:
+            torch.nn.attention.restore_flash_attention_impl()
+        ours = run(lambda *t: dashgen.sdpa(*t, is_causal=causal), q, k, v, do)
+        restored = run(flash, q, k, v, do)
+    for r in routed:  # dashgen's bits, every time
+        assert all(torch.equal(a, b) for a, b in zip(r, ours))
+    # After restore, PyTorch's own flash kernels again (their forward is deterministic).
+    assert torch.equal(restored[0], pytorch_flash[0])
+    check_accuracy(routed[0], q, k, v, do, causal)
+
+
+def test_flash_attn_func_and_return_lse_give_attentions_bits_and_logsumexp(seed):
+    q = torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 700, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    o, lse = dashgen.attention(q, k, v, causal=True, return_lse=True)
+    fo, flse, mask = dashgen.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert mask is None and torch.equal(fo, o) and torch.equal(flse, lse)
+    # The logsumexp of each row's scaled scores, bottom-right causal; -inf where no key is seen.
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double().repeat_interleave(4, 2))
+    scores = scores / 128 ** 0.5
+    i = torch.arange(1000, device="cuda")[:, None]
+    j = torch.arange(700, device="cuda")[None, :]
+    scores = scores.masked_fill(~(j <= i + 700 - 1000), float("-inf"))
+    ref = torch.logsumexp(scores, -1)
+    seen = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(lse), seen) and bool((lse[~seen] == float("-inf")).all())
+    assert (lse[seen].double() - ref[seen]).abs().max().item() < 2e-2
+
+
+def test_default_deterministic_follows_the_flag_on_the_gpu(seed):
+    q, k, v = (torch.randn(2, 1000, 8, 64, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    do = torch.randn_like(q)
+    fn = lambda *t: dashgen.attention(*t, causal=True)  # noqa: E731
+    with deterministic_flag(True):
+        runs = [run(fn, q, k, v, do) for _ in range(5)]
+        explicit = run(lambda *t: dashgen.attention(*t, causal=True, deterministic=True),
+                       q, k, v, do)
+        with pytest.raises(RuntimeError, match=r"^deterministic=False asks for"):
+            dashgen.attention(q, k, v, deterministic=False)
+    assert all(torch.equal(a, b) for r in runs + [explicit] for a, b in zip(r, runs[0]))
