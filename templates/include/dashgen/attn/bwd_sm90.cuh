@@ -271,7 +271,12 @@ struct AttnBwdSm90 {
       if (warp == 3 && lane == 1) schedule_tasks(p, smem, bars, count);
     } else {
       setmaxnreg_inc<kMmaRegs>();
-      consume(p, smem, bars, 0, count, warpgroup - 1, threadIdx.x - 128);
+      // The MMA loop runs from an opaque first index: with a literal 0 the compiler turned the
+      // stage index (i - begin) % kStages into i & 1, and ptxas then recomputed the stages'
+      // wgmma descriptors inside the task loop (docs/design.md, `scheduler-lane`).
+      int begin;
+      asm volatile("mov.b32 %0, 0;" : "=r"(begin));
+      consume(p, smem, bars, begin, begin + count, warpgroup - 1, threadIdx.x - 128);
     }
   }
 
