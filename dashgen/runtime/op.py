@@ -344,6 +344,9 @@ class _EagerAttention(torch.autograd.Function):
         ctx.opts = opts
         ctx.call = rt.BackwardCall(q, k, v, o, lse, **_backward_options(opts))
         ctx.mark_non_differentiable(lse)
+        # lse takes no gradient: without this, autograd would fill a zero tensor for it in every
+        # backward (an allocation and a kernel launch, host time a short backward waits for).
+        ctx.set_materialize_grads(False)
         return o, lse
 
     @staticmethod
