@@ -1,0 +1,209 @@
+"""dashgen as a Hugging Face transformers attention implementation (transformers 5).
+
+register() adds "dashgen" to transformers' AttentionInterface (dashgen_attention) and
+AttentionMaskInterface (dashgen_mask); after it, from_pretrained(..., attn_implementation=
+"dashgen") runs every attention layer on dashgen.attention, whose backward follows
+torch.use_deterministic_algorithms. Nothing is registered until register() is called.
+
+dashgen serves plain causal or full attention over whole sequences, GQA included (key and value
+keep their own heads). What it cannot serve raises ValueError naming the argument, never a
+silent change: padding, sequences packed into one row (cu_seq_lens_* or position_ids that
+restart), sliding windows, chunked attention, soft-capping, attention sinks, position biases,
+dropout. The mask function is what makes padding visible: transformers builds no mask at all for
+an implementation without one, and the padding would go unseen.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from ..runtime import op
+
+# transformers is optional: this module imports without it (pytest's --doctest-modules imports
+# every module of the package), and register() says how to install it.
+try:
+    import transformers
+    from transformers import masking_utils
+except ImportError:
+    transformers = masking_utils = None
+
+IMPL_NAME = "dashgen"
+
+_PREFIX = f'attn_implementation="{IMPL_NAME}": '
+_NO_VARLEN = ("variable-length packing is not supported by dashgen yet; pass batches of whole, "
+              "unpadded sequences of one length, or use attn_implementation=\"sdpa\"")
+# The padding-free kwargs transformers' data collators and FlashAttention path hand over.
+_PACKED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def _refuse(message: str) -> ValueError:
+    return ValueError(_PREFIX + message)
+
+
+def _require_transformers() -> None:
+    if transformers is None:
+        raise ImportError("dashgen.interfaces.transformers needs Hugging Face transformers 5 or "
+                          "newer: pip install 'transformers>=5' (or pip install 'dashgen[hf]')")
+    major = int(transformers.__version__.split(".")[0])
+    if major < 5:
+        raise ImportError(f"dashgen.interfaces.transformers needs transformers 5 or newer, found "
+                          f"{transformers.__version__}: pip install 'transformers>=5'")
+
+
+# -- packed sequences in position_ids ------------------------------------------------------------
+# Every layer of a forward gets the same position_ids tensor; checking it costs a device sync, so
+# the last tensor found consecutive (and its version, for in-place changes) is remembered.
+_CONSECUTIVE: tuple[weakref.ref, int] | None = None
+
+
+def _positions_restart(position_ids: torch.Tensor) -> bool:
+    """Whether (batch, seqlen) position_ids hold more than one sequence per row, as transformers'
+    padding-free collators pack them ([0, 1, 2, 0, 1, ...]). Other ranks (multimodal rotary
+    positions) are not sequence boundaries and are left alone."""
+    global _CONSECUTIVE
+    if position_ids.dim() != 2 or position_ids.shape[-1] < 2:
+        return False
+    # Inference tensors keep no version counter, and traced ones no identity worth keeping.
+    remember = not (torch.compiler.is_compiling() or position_ids.is_inference())
+    if remember and _CONSECUTIVE is not None:
+        ref, version = _CONSECUTIVE
+        if ref() is position_ids and version == position_ids._version:
+            return False
+    restarts = bool((position_ids.diff(dim=-1) != 1).any())
+    if remember and not restarts:
+        _CONSECUTIVE = (weakref.ref(position_ids), position_ids._version)
+    return restarts
+
+
+# -- the attention function ----------------------------------------------------------------------
+
+def _support_error(module, attention_mask, dropout, kwargs) -> str | None:
+    """Why dashgen cannot serve a call, or None (the tensors are dashgen.attention's checks).
+    The mask comes before position_ids: a padded batch's position_ids restart too."""
+    for name in _PACKED_KWARGS:
+        if kwargs.get(name) is not None:
+            return f"{name}: {_NO_VARLEN}"
+    if attention_mask is not None:
+        what = ("padding" if attention_mask.dim() == 2 else
+                f"a custom mask of shape {tuple(attention_mask.shape)}")
+        return f"attention_mask: the batch has {what}, and dashgen takes no mask; {_NO_VARLEN}"
+    position_ids = kwargs.get("position_ids")
+    if isinstance(position_ids, torch.Tensor) and _positions_restart(position_ids):
+        return f"position_ids restart within a row (packed sequences): {_NO_VARLEN}"
+    window = kwargs.get("sliding_window")
+    if window is None:
+        window = getattr(module, "sliding_window", None)
+    if window is not None:
+        return f"sliding_window: dashgen has no sliding window yet, got {window}"
+    if kwargs.get("softcap") not in (None, 0, 0.0):
+        return f"softcap: dashgen has no logit soft-capping, got {kwargs['softcap']}"
+    for name in ("s_aux", "sinks"):
+        if kwargs.get(name) is not None:
+            return f"{name}: dashgen has no attention sinks"
+    if kwargs.get("position_bias") is not None:
+        return "position_bias: dashgen adds no bias to the scores"
+    if dropout != 0.0:
+        # transformers' modules pass their dropout only in training; sdpa and FlashAttention
+        # would apply a nonzero rate whenever it came, so it is refused, never ignored.
+        return (f"dropout: dashgen has no dropout, got {dropout} (module.training is "
+                f"{getattr(module, 'training', None)}); set the model's attention dropout to 0")
+    return None
+
+
+def _mask_function_missing(module) -> str | None:
+    """The implementation name a module runs under when no mask function is registered for it:
+    transformers then passes attention_mask=None whatever the padding."""
+    name = getattr(getattr(module, "config", None), "_attn_implementation", None)
+    if masking_utils is None or not isinstance(name, str):
+        return None
+    return None if name in masking_utils.ALL_MASK_ATTENTION_FUNCTIONS else name
+
+
+def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, attention_mask: torch.Tensor | None,
+                      dropout: float = 0.0, scaling: float | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """The attention function transformers calls for attn_implementation="dashgen", with the
+    contract of its sdpa_attention_forward: query (batch, heads_q, seqlen_q, head_dim), key and
+    value (batch, heads_kv, seqlen_k, head_dim); returns (attn_output, None), attn_output
+    (batch, seqlen_q, heads_q, head_dim) and no attention weights.
+
+    Causal where kwargs["is_causal"] says so, else where module.is_causal does (True when the
+    module has none), bottom-right aligned as FlashAttention's: with a cache, the last query
+    row sees every key. scaling is the softmax scale (None: 1/sqrt(head_dim)). attention_mask
+    must be None, which dashgen_mask returns for whole, unpadded sequences; any mask tensor,
+    the padding-free kwargs, dropout and the options dashgen lacks raise ValueError.
+    """
+    missing = _mask_function_missing(module)
+    if missing is not None:
+        raise _refuse(f"attention_mask: no mask function is registered for {missing!r}, so "
+                      f"transformers would hide padding from dashgen; call "
+                      f"dashgen.interfaces.transformers.register() (or register dashgen_mask "
+                      f"with transformers.AttentionMaskInterface under {missing!r})")
+    error = _support_error(module, attention_mask, dropout, kwargs)
+    if error is not None:
+        raise _refuse(error)
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    # One query row sees every key either way (bottom-right alignment), and the full mask is
+    # the simpler problem: decoding steps run unmasked, as in sdpa_attention_forward.
+    causal = bool(is_causal) and query.shape[2] > 1
+    out = op.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                       causal=causal, softmax_scale=scaling)
+    return out, None
+
+
+# -- the mask function ---------------------------------------------------------------------------
+
+def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset: int = 0,
+                 mask_function=None, attention_mask: torch.Tensor | None = None,
+                 allow_is_causal_skip: bool = True, allow_is_bidirectional_skip: bool = False,
+                 **kwargs) -> torch.Tensor | None:
+    """transformers' mask function for "dashgen" (AttentionMaskInterface), called once per
+    forward by create_causal_mask and its siblings. Returns None where dashgen's own masks serve
+    the model: plain causal attention whose last query meets the last key, or plain full
+    attention, with no padding among the keys; that None reaches dashgen_attention, which
+    takes causality from the module. Returns the (batch, kv_length) boolean padding mask where
+    some key is padding, so that dashgen_attention refuses the batch. Raises ValueError for a
+    pattern dashgen has no kernel for: a mask function other than transformers' plain causal or
+    bidirectional one (sliding windows, chunks, sequences packed by position_ids, a model's
+    overlays), a caller that needs a mask tensor, or a cache whose keys run past the queries
+    (a static cache's unfilled slots)."""
+    if mask_function is None or mask_function is masking_utils.causal_mask_function:
+        if not allow_is_causal_skip:
+            raise _refuse("allow_is_causal_skip=False: the model needs a causal mask tensor "
+                          "(to combine with a bias, or for a compiled static-cache decode), and "
+                          "dashgen takes none")
+        q_end = int(q_offset) + q_length  # a StaticCache hands q_offset over as a tensor
+        if q_end != kv_offset + kv_length:
+            raise _refuse(f"the queries end at position {q_end} but the keys at "
+                          f"{kv_offset + kv_length} (a static cache's unfilled slots?); "
+                          f"dashgen's causal mask aligns the last query with the last key, use "
+                          f"a DynamicCache")
+    elif mask_function is masking_utils.bidirectional_mask_function:
+        if not allow_is_bidirectional_skip:
+            raise _refuse("allow_is_bidirectional_skip=False: the model needs a mask tensor, "
+                          "and dashgen takes none")
+    else:
+        raise _refuse(f"mask_function: the model asks for a mask other than plain causal or "
+                      f"full attention ({getattr(mask_function, '__name__', mask_function)}: a "
+                      f"sliding window, chunked attention, sequences packed by position_ids or "
+                      f"a model-specific pattern); {_NO_VARLEN}")
+    if attention_mask is None:
+        return None
+    # Keys past the end of the 2-D mask count as padding, as in transformers' own masks.
+    padding = masking_utils.prepare_padding_mask(attention_mask, kv_length, kv_offset)
+    padding = padding[:, kv_offset:kv_offset + kv_length]
+    return None if bool(padding.all()) else padding
+
+
+def register() -> str:
+    """Register "dashgen" with transformers.AttentionInterface and AttentionMaskInterface, and
+    return the name (for attn_implementation=). Registering again is harmless. Raises
+    ImportError without transformers 5 or newer."""
+    _require_transformers()
+    transformers.AttentionInterface.register(IMPL_NAME, dashgen_attention)
+    transformers.AttentionMaskInterface.register(IMPL_NAME, dashgen_mask)
+    return IMPL_NAME

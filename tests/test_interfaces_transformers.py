@@ -1,0 +1,322 @@
+"""dashgen as a transformers attention implementation, on the CPU: dashgen_attention's layout
+contract (transformers' (batch, heads, seqlen, head_dim) in, (batch, seqlen, heads, head_dim)
+out), GQA without repeated heads, every refusal, the mask function's answers, and a tiny Llama
+built with attn_implementation="dashgen" running forward, backward and generate. The driver
+boundary is faked as in test_op_errors (op._kernels); the GPU test runs the real kernels."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import masking_utils  # noqa: E402
+
+from dashgen.interfaces import transformers as hf  # noqa: E402
+from test_op_errors import (  # noqa: E402,F401  (fixtures by name)
+    BF16, fake_gradients, h200, kernels, on_cpu, restore_determinism)
+
+
+def bhsd_leaves(batch=2, heads_q=8, heads_kv=2, seqlen_q=100, seqlen_k=100, head_dim=64):
+    """Leaves in transformers' layout over (batch, seqlen, heads, head_dim) memory, as its
+    attention modules make them: proj(x).view(...).transpose(1, 2)."""
+    torch.manual_seed(0)
+    return tuple(torch.randn(batch, s, h, head_dim, dtype=BF16).transpose(1, 2).requires_grad_()
+                 for h, s in ((heads_q, seqlen_q), (heads_kv, seqlen_k), (heads_kv, seqlen_k)))
+
+
+def attention_module(is_causal=True, training=False, **attributes):
+    """What dashgen_attention reads of transformers' attention modules."""
+    return SimpleNamespace(is_causal=is_causal, training=training, **attributes)
+
+
+@pytest.fixture
+def registered():
+    hf.register()
+
+
+def forwards(kernels):
+    return [options for name, options in kernels.calls if name == "forward"]
+
+
+# -- registration --------------------------------------------------------------------------------
+
+def test_register_adds_the_attention_and_mask_functions_and_may_run_twice():
+    assert hf.register() == "dashgen"
+    assert hf.register() == "dashgen"
+    assert transformers.AttentionInterface._global_mapping["dashgen"] is hf.dashgen_attention
+    assert transformers.AttentionMaskInterface._global_mapping["dashgen"] is hf.dashgen_mask
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_importing_dashgen_registers_nothing():
+    result = run_python(
+        "import dashgen, dashgen.interfaces.transformers\n"
+        "import transformers\n"
+        "assert 'dashgen' not in transformers.AttentionInterface._global_mapping\n"
+        "assert 'dashgen' not in transformers.AttentionMaskInterface._global_mapping\n")
+    assert result.returncode == 0, result.stderr
+
+
+def test_register_without_transformers_says_how_to_install_it():
+    result = run_python(
+        "import sys\n"
+        "sys.modules['transformers'] = None  # as if it were not installed\n"
+        "import dashgen.interfaces.transformers as hf\n"
+        "try:\n"
+        "    hf.register()\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "else:\n"
+        "    raise SystemExit('register() did not raise')\n")
+    assert result.returncode == 0, result.stderr
+    assert "pip install 'transformers>=5'" in result.stdout
+
+
+# -- the attention function ------------------------------------------------------------------------
+
+def test_output_is_the_kernels_output_in_transformers_layout(on_cpu, kernels):
+    q, k, v = bhsd_leaves()
+    out, weights = hf.dashgen_attention(attention_module(), q, k, v, None, scaling=0.25)
+    ref_o, _ = kernels.forward(*(t.detach().transpose(1, 2).contiguous() for t in (q, k, v)),
+                               causal=True, softmax_scale=0.25)
+    assert weights is None
+    assert out.shape == (2, 100, 8, 64)  # (batch, seqlen, heads, head_dim), as sdpa returns it
+    assert torch.equal(out.detach(), ref_o)
+    do = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    want = fake_gradients(do, *(t.transpose(1, 2) for t in (q, k, v)))
+    for got, ref in zip((dq, dk, dv), want):
+        assert torch.equal(got, ref.transpose(1, 2))
+
+
+def test_gqa_hands_key_and_value_over_with_their_own_heads(on_cpu, kernels, monkeypatch):
+    seen = []
+    forward = kernels.forward
+
+    def spy(q, k, v, **options):
+        seen.append((q.shape, k.shape, v.shape))
+        return forward(q, k, v, **options)
+
+    monkeypatch.setattr(kernels, "forward", spy)
+    q, k, v = bhsd_leaves(heads_q=8, heads_kv=2)
+    hf.dashgen_attention(attention_module(num_key_value_groups=4), q, k, v, None)
+    assert seen == [((2, 100, 8, 64), (2, 100, 2, 64), (2, 100, 2, 64))]
+    # The projections' memory went to the kernels as it was: no repeat_kv, no copy.
+    assert kernels.prepared[0][:3] == tuple(t.data_ptr() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("module_causal, kwargs, seqlen_q, causal", [
+    (True, {}, 100, True),
+    (False, {}, 100, False),
+    (True, dict(is_causal=False), 100, False),  # the kwarg overrides the module
+    (False, dict(is_causal=True), 100, True),
+    (True, {}, 1, False),  # a decoding step sees every key: no mask to apply
+])
+def test_causality_follows_is_causal_then_the_module(on_cpu, kernels, module_causal, kwargs,
+                                                     seqlen_q, causal):
+    q, k, v = bhsd_leaves(seqlen_q=seqlen_q, seqlen_k=100)
+    hf.dashgen_attention(attention_module(is_causal=module_causal), q, k, v, None, **kwargs)
+    assert forwards(kernels) == [dict(causal=causal, softmax_scale=1 / 8)]
+
+
+def test_a_cache_longer_than_the_queries_is_bottom_right_causal(on_cpu, kernels):
+    q, k, v = bhsd_leaves(seqlen_q=30, seqlen_k=100)
+    out, _ = hf.dashgen_attention(attention_module(), q, k, v, None, scaling=0.5)
+    assert out.shape == (2, 30, 8, 64)
+    assert forwards(kernels) == [dict(causal=True, softmax_scale=0.5)]
+
+
+def test_backward_follows_the_deterministic_flag(on_cpu, kernels, restore_determinism):
+    for flag in (True, False):
+        torch.use_deterministic_algorithms(flag)
+        q, k, v = bhsd_leaves()
+        hf.dashgen_attention(attention_module(), q, k, v, None)[0].sum().backward()
+        prepared = [options for name, options in kernels.calls if name == "prepare"]
+        assert prepared[-1]["deterministic"] is flag
+
+
+@pytest.mark.parametrize("module, mask, kwargs, pattern", [
+    (attention_module(), torch.ones(2, 100, dtype=torch.bool), {},
+     r"attention_mask: the batch has padding.*variable-length packing is not supported"),
+    (attention_module(), torch.ones(2, 1, 100, 100, dtype=torch.bool), {},
+     r"attention_mask: the batch has a custom mask of shape \(2, 1, 100, 100\)"),
+    (attention_module(), None, dict(cu_seq_lens_q=torch.tensor([0, 50, 100])),
+     r"cu_seq_lens_q: variable-length packing is not supported"),
+    (attention_module(), None, dict(cu_seq_lens_k=torch.tensor([0, 50, 100])),
+     r"cu_seq_lens_k: variable-length packing"),
+    (attention_module(), None, dict(max_length_q=50), r"max_length_q: variable-length packing"),
+    (attention_module(), None, dict(max_length_k=50), r"max_length_k: variable-length packing"),
+    (attention_module(), None,
+     dict(position_ids=torch.cat([torch.arange(60), torch.arange(40)])[None]),
+     r"position_ids restart within a row \(packed sequences\): variable-length packing"),
+    (attention_module(), None, dict(sliding_window=64), r"sliding_window: .* got 64"),
+    (attention_module(sliding_window=32), None, {}, r"sliding_window: .* got 32"),
+    (attention_module(), None, dict(softcap=50.0), r"softcap: .* got 50.0"),
+    (attention_module(), None, dict(s_aux=torch.zeros(8)), r"s_aux: dashgen has no attention"),
+    (attention_module(training=True), None, dict(dropout=0.1),
+     r"dropout: dashgen has no dropout, got 0.1 \(module.training is True\)"),
+    (attention_module(), None, dict(position_bias=torch.zeros(1, 8, 100, 100)),
+     r"position_bias: "),
+])
+def test_refusals_name_the_argument_before_any_kernel(on_cpu, kernels, module, mask, kwargs,
+                                                      pattern):
+    q, k, v = bhsd_leaves()
+    with pytest.raises(ValueError, match=r'^attn_implementation="dashgen": ' + pattern):
+        hf.dashgen_attention(module, q, k, v, mask, **kwargs)
+    assert kernels.calls == []
+
+
+def test_options_left_at_their_defaults_are_accepted(on_cpu, kernels):
+    q, k, v = bhsd_leaves()
+    hf.dashgen_attention(attention_module(sliding_window=None), q, k, v, None, dropout=0.0,
+                         sliding_window=None, softcap=None, s_aux=None, cu_seq_lens_q=None,
+                         position_ids=torch.arange(100)[None].expand(2, -1), use_cache=True)
+    assert len(forwards(kernels)) == 1
+
+
+def test_position_ids_are_checked_again_after_an_in_place_change(on_cpu, kernels):
+    q, k, v = bhsd_leaves()
+    positions = torch.arange(100)[None].clone()
+    hf.dashgen_attention(attention_module(), q, k, v, None, position_ids=positions)
+    positions[0, 50:] -= 50  # now two sequences of 50
+    with pytest.raises(ValueError, match=r"position_ids restart"):
+        hf.dashgen_attention(attention_module(), q, k, v, None, position_ids=positions)
+    assert len(forwards(kernels)) == 1
+
+
+def test_a_name_without_a_mask_function_is_refused(on_cpu, kernels, registered):
+    # Without a mask function transformers passes attention_mask=None whatever the padding.
+    q, k, v = bhsd_leaves()
+    lone = attention_module(config=SimpleNamespace(_attn_implementation="dashgen-unmasked"))
+    with pytest.raises(ValueError, match=r"attention_mask: no mask function is registered for "
+                                         r"'dashgen-unmasked'.*register\(\)"):
+        hf.dashgen_attention(lone, q, k, v, None)
+    known = attention_module(config=SimpleNamespace(_attn_implementation="dashgen"))
+    hf.dashgen_attention(known, q, k, v, None)
+    assert len(forwards(kernels)) == 1
+
+
+# -- the mask function -----------------------------------------------------------------------------
+
+CAUSAL = masking_utils.causal_mask_function
+FULL = masking_utils.bidirectional_mask_function
+
+
+@pytest.mark.parametrize("q_length, kv_length, q_offset", [(10, 10, 0), (1, 11, 10), (4, 11, 7)])
+def test_mask_is_none_for_causal_attention_without_padding(q_length, kv_length, q_offset):
+    for mask in (None, torch.ones(2, kv_length, dtype=torch.bool)):
+        assert hf.dashgen_mask(batch_size=2, q_length=q_length, kv_length=kv_length,
+                               q_offset=q_offset, mask_function=CAUSAL, attention_mask=mask,
+                               allow_is_causal_skip=True) is None
+
+
+def test_mask_is_none_for_full_attention_without_padding():
+    assert hf.dashgen_mask(batch_size=2, q_length=10, kv_length=10, mask_function=FULL,
+                           attention_mask=torch.ones(2, 10, dtype=torch.bool),
+                           allow_is_causal_skip=False, allow_is_bidirectional_skip=True) is None
+
+
+@pytest.mark.parametrize("mask_function, skips", [
+    (CAUSAL, dict(allow_is_causal_skip=True)),
+    (FULL, dict(allow_is_causal_skip=False, allow_is_bidirectional_skip=True)),
+])
+def test_mask_is_the_padding_of_the_keys_where_there_is_some(mask_function, skips):
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[1, :3] = False  # left padding
+    got = hf.dashgen_mask(batch_size=2, q_length=10, kv_length=10, mask_function=mask_function,
+                          attention_mask=mask, **skips)
+    assert torch.equal(got, mask)
+    # Keys the 2-D mask does not reach are padding too.
+    got = hf.dashgen_mask(batch_size=2, q_length=1, kv_length=11, q_offset=10,
+                          mask_function=mask_function, attention_mask=torch.ones(2, 10).bool(),
+                          **skips)
+    assert got.shape == (2, 11) and not got[:, 10].any() and got[:, :10].all()
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(mask_function=masking_utils.sliding_window_causal_mask_function(4)),
+     r"mask_function: the model asks for a mask other than plain causal or full attention"),
+    (dict(mask_function=masking_utils.and_masks(
+        CAUSAL, masking_utils.packed_sequence_mask_function(torch.tensor([[0] * 5 + [1] * 5])))),
+     r"mask_function: .*packed by position_ids.*variable-length packing is not supported"),
+    (dict(mask_function=CAUSAL, allow_is_causal_skip=False), r"allow_is_causal_skip=False"),
+    (dict(mask_function=FULL, allow_is_bidirectional_skip=False),
+     r"allow_is_bidirectional_skip=False"),
+    (dict(mask_function=CAUSAL, kv_length=32),  # a static cache: 10 queries, 32 key slots
+     r"the queries end at position 10 but the keys at 32"),
+])
+def test_mask_refuses_patterns_dashgen_has_no_kernel_for(kwargs, pattern):
+    arguments = dict(batch_size=1, q_length=10, kv_length=10, allow_is_causal_skip=True)
+    arguments.update(kwargs)
+    with pytest.raises(ValueError, match=r'^attn_implementation="dashgen": ' + pattern):
+        hf.dashgen_mask(**arguments)
+
+
+# -- a transformers model --------------------------------------------------------------------------
+
+LAYERS = 2
+
+
+@pytest.fixture
+def llama(registered):
+    config = transformers.LlamaConfig(
+        num_hidden_layers=LAYERS, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, vocab_size=128, attn_implementation="dashgen")
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).to(BF16)
+
+
+def test_a_llama_runs_each_layer_on_dashgen_causal(on_cpu, kernels, llama):
+    assert llama.config._attn_implementation == "dashgen"
+    ids = torch.randint(0, 128, (2, 100))
+    logits = llama(ids, use_cache=False).logits
+    assert logits.shape == (2, 100, 128)
+    assert forwards(kernels) == [dict(causal=True, softmax_scale=1 / 8)] * LAYERS
+    logits.float().sum().backward()
+    assert [name for name, _ in kernels.calls].count("call") == LAYERS  # one backward per layer
+    for layer in llama.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            assert proj.weight.grad is not None and proj.weight.grad.abs().sum() > 0
+
+
+def test_a_llama_accepts_a_mask_without_padding_and_refuses_padding(on_cpu, kernels, llama):
+    ids = torch.randint(0, 128, (2, 100))
+    mask = torch.ones(2, 100, dtype=torch.long)
+    llama(ids, attention_mask=mask)
+    assert len(forwards(kernels)) == LAYERS
+    mask[0, :7] = 0
+    with pytest.raises(ValueError, match=r"attention_mask: the batch has padding"):
+        llama(ids, attention_mask=mask)
+    assert len(forwards(kernels)) == LAYERS  # no kernel ran for the padded batch
+
+
+@pytest.mark.parametrize("use_cache, pattern", [
+    (False, r"mask_function: .*packed by position_ids"),  # transformers finds the packing
+    (True, r"position_ids restart within a row"),  # with a cache it looks for none
+])
+def test_a_llama_refuses_packed_position_ids(on_cpu, kernels, llama, use_cache, pattern):
+    ids = torch.randint(0, 128, (1, 100))
+    packed = torch.cat([torch.arange(60), torch.arange(40)])[None]
+    with pytest.raises(ValueError, match=pattern):
+        llama(ids, position_ids=packed, use_cache=use_cache)
+    assert kernels.calls == []
+
+
+def test_a_llama_generates_through_a_cache(on_cpu, kernels, llama):
+    llama.eval()
+    ids = torch.randint(0, 128, (2, 20))
+    out = llama.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                         do_sample=False, pad_token_id=0)
+    assert out.shape == (2, 23)
+    # The prompt causal, then one unmasked step per new token against the grown cache.
+    assert forwards(kernels) == ([dict(causal=True, softmax_scale=1 / 8)] * LAYERS
+                                 + [dict(causal=False, softmax_scale=1 / 8)] * LAYERS * 2)
