@@ -38,6 +38,11 @@ def _problem_options(parser: argparse.ArgumentParser, helps: dict[str, str] | No
     g.add_argument("--seqlen", type=int, default=4096, help="seqlen_q and seqlen_k (default 4096)")
     g.add_argument("--seqlen-q", type=int, default=None, help="overrides --seqlen for queries")
     g.add_argument("--seqlen-k", type=int, default=None, help="overrides --seqlen for keys")
+    g.add_argument("--seqlens", type=_lengths, default=None, metavar="L,L,...",
+                   help="a pack: the sequences' lengths, comma-separated (0 allowed); replaces "
+                        "--batch and --seqlen")
+    g.add_argument("--seqlens-k", type=_lengths, default=None, metavar="L,L,...",
+                   help="the pack's key lengths, if they differ from --seqlens")
     g.add_argument("--hdim", type=int, default=128, help="head_dim (default 128)")
     g.add_argument("--mask", default="full",
                    help=helps.get("mask", "full, causal or window:LEFT,RIGHT (default full)"))
@@ -54,10 +59,29 @@ def _problem_options(parser: argparse.ArgumentParser, helps: dict[str, str] | No
                    f"least that many and run a multiple of it"))
 
 
+def _lengths(text: str) -> tuple[int, ...]:
+    """--seqlens: comma-separated non-negative ints."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"lengths must be non-negative, got {text!r}")
+    return values
+
+
 def _problem(args: argparse.Namespace) -> Problem:
     """The problem of the options, in the backward kernel's tiles unless --block-m/-n say."""
     default_m, default_n = backward_tiles(args.hdim) if args.hdim in HEAD_DIMS else (128, 128)
     try:
+        if getattr(args, "seqlens", None) is not None or getattr(args, "seqlens_k", None):
+            if args.seqlens is None:
+                raise ValueError("--seqlens-k needs --seqlens (the pack's query lengths)")
+            return Problem.pack(args.seqlens, args.seqlens_k, heads_q=args.heads,
+                                heads_kv=args.heads_kv, head_dim=args.hdim,
+                                mask=Mask.parse(args.mask),
+                                block_m=default_m if args.block_m is None else args.block_m,
+                                block_n=default_n if args.block_n is None else args.block_n)
         return Problem(batch=args.batch, heads_q=args.heads, heads_kv=args.heads_kv,
                        seqlen_q=args.seqlen_q or args.seqlen, seqlen_k=args.seqlen_k or args.seqlen,
                        head_dim=args.hdim, mask=Mask.parse(args.mask),
@@ -316,6 +340,9 @@ def _emit_problem(args: argparse.Namespace) -> Problem:
         raise CliError(f"--hdim must be one of {', '.join(map(str, HEAD_DIMS))} for the "
                        f"kernels, got {args.hdim}")
     problem = _problem(args)
+    if problem.is_pack:
+        raise CliError("--seqlens: the kernels have no variable-length (packed) path yet; show, "
+                       "plan and verify take a pack")
     try:
         check_kernel_problem(problem)
     except ValueError as exc:

@@ -93,6 +93,9 @@ def check_kernel_problem(problem: Problem) -> None:
                              f"{problem.head_dim} ({block_m}x{block_n}), got {value}")
     if problem.mask.kind not in ("full", "causal"):
         raise ValueError(f"mask must be full or causal for the kernels, got {problem.mask}")
+    if problem.is_pack:
+        raise ValueError("the kernels have no variable-length (packed) path yet: a pack's "
+                         "schedules can be shown, planned and verified, not run")
 
 
 def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,

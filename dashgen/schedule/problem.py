@@ -87,6 +87,11 @@ class Problem:
     q is (batch, seqlen_q, heads_q, head_dim), k and v are (batch, seqlen_k, heads_kv, head_dim);
     heads_q must be a multiple of heads_kv (GQA/MQA). ``mask`` accepts a Mask or the strings
     'full', 'causal', 'window:LEFT,RIGHT'.
+
+    A pack (packed variable-length batch, Problem.pack): ``seqlens_q`` and ``seqlens_k`` give
+    each sequence's lengths (0 allowed), batch is their number and seqlen_q / seqlen_k the
+    longest (at least 1: the bounds of the tile indices). The mask applies to each sequence on
+    its own (bottom-right aligned per sequence), and every tile method takes the sequence.
     """
 
     batch: int = 1
@@ -98,8 +103,18 @@ class Problem:
     mask: Mask | str = field(default_factory=Mask.full)
     block_m: int = 128
     block_n: int = 128
+    seqlens_q: tuple[int, ...] | None = None
+    seqlens_k: tuple[int, ...] | None = None
+
+    @classmethod
+    def pack(cls, seqlens_q, seqlens_k=None, **fields) -> "Problem":
+        """A packed batch of sequences of these lengths (seqlens_k: the same as seqlens_q)."""
+        return cls(seqlens_q=tuple(seqlens_q),
+                   seqlens_k=None if seqlens_k is None else tuple(seqlens_k), **fields)
 
     def __post_init__(self) -> None:
+        if self.seqlens_q is not None or self.seqlens_k is not None:
+            self._init_pack()
         # None means "same as the query side": the common self-attention case.
         if self.heads_kv is None:
             object.__setattr__(self, "heads_kv", self.heads_q)
@@ -116,7 +131,63 @@ class Problem:
             raise ValueError(
                 f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
 
+    def _init_pack(self) -> None:
+        if self.seqlens_q is None:
+            raise ValueError("seqlens_k needs seqlens_q (a pack gives both sides' lengths)")
+        lengths = {}
+        for name in ("seqlens_q", "seqlens_k"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, list):
+                value = tuple(value)
+            if not isinstance(value, tuple) or not value or not all(
+                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value):
+                raise ValueError(f"{name} must be a non-empty sequence of non-negative ints, "
+                                 f"got {value!r}")
+            lengths[name] = value
+        seqlens_q = lengths["seqlens_q"]
+        seqlens_k = lengths.get("seqlens_k", seqlens_q)
+        if len(seqlens_k) != len(seqlens_q):
+            raise ValueError(f"seqlens_k has {len(seqlens_k)} sequences but seqlens_q has "
+                             f"{len(seqlens_q)}")
+        if self.batch not in (1, len(seqlens_q)):
+            raise ValueError(f"batch is {self.batch} but the pack has {len(seqlens_q)} sequences "
+                             f"(leave batch out: a pack's batch is its number of sequences)")
+        for name, value in (("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k),
+                            ("batch", len(seqlens_q)), ("seqlen_q", max(max(seqlens_q), 1)),
+                            ("seqlen_k", max(max(seqlens_k), 1))):
+            object.__setattr__(self, name, value)
+
+    @property
+    def is_pack(self) -> bool:
+        return self.seqlens_q is not None
+
+    def lengths(self, batch: int | None = None) -> tuple[int, int]:
+        """(seqlen_q, seqlen_k) of sequence `batch` (every sequence's outside a pack)."""
+        if self.seqlens_q is None:
+            return self.seqlen_q, self.seqlen_k
+        if batch is None:
+            raise ValueError("a pack's tiles depend on the sequence: pass its batch index")
+        return self.seqlens_q[batch], self.seqlens_k[batch]
+
+    def sequence(self, batch: int) -> "Problem":
+        """Sequence `batch` on its own: a batch-1 problem with its lengths (a pack of one where a
+        length is 0, since a Problem's seqlens are otherwise positive)."""
+        seqlen_q, seqlen_k = self.lengths(batch)
+        fields = dict(heads_q=self.heads_q, heads_kv=self.heads_kv, head_dim=self.head_dim,
+                      mask=self.mask, block_m=self.block_m, block_n=self.block_n)
+        if seqlen_q and seqlen_k:
+            return Problem(batch=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, **fields)
+        return Problem.pack((seqlen_q,), (seqlen_k,), **fields)
+
     # -- tiling -------------------------------------------------------------------------------
+
+    def num_m_blocks_of(self, batch: int | None = None) -> int:
+        return _ceil_div(self.lengths(batch)[0], self.block_m)
+
+    def num_n_blocks_of(self, batch: int | None = None) -> int:
+        return _ceil_div(self.lengths(batch)[1], self.block_n)
 
     @property
     def num_m_blocks(self) -> int:
@@ -138,36 +209,40 @@ class Problem:
     def kv_head(self, head: int) -> int:
         return head // self.group_size
 
-    def _key_range(self, m_block: int) -> tuple[int, int] | None:
+    def _key_range(self, m_block: int, batch: int | None = None) -> tuple[int, int] | None:
         """Inclusive key interval seen by any row of Q tile m_block, or None if it sees none."""
+        seqlen_q, seqlen_k = self.lengths(batch)
         first_row = m_block * self.block_m
-        last_row = min(self.seqlen_q, first_row + self.block_m) - 1
-        off = self.seqlen_k - self.seqlen_q
+        last_row = min(seqlen_q, first_row + self.block_m) - 1
+        if last_row < first_row or seqlen_k == 0:
+            return None
+        off = seqlen_k - seqlen_q
         lo = 0 if self.mask.left is None else first_row + off - self.mask.left
-        hi = self.seqlen_k - 1 if self.mask.right is None else last_row + off + self.mask.right
-        lo, hi = max(lo, 0), min(hi, self.seqlen_k - 1)
+        hi = seqlen_k - 1 if self.mask.right is None else last_row + off + self.mask.right
+        lo, hi = max(lo, 0), min(hi, seqlen_k - 1)
         return (lo, hi) if lo <= hi else None
 
-    def tile_kept(self, n_block: int, m_block: int) -> bool:
+    def tile_kept(self, n_block: int, m_block: int, batch: int | None = None) -> bool:
         """Whether the mask keeps any (query, key) pair of this tile."""
-        keys = self._key_range(m_block)
+        keys = self._key_range(m_block, batch)
         if keys is None:
             return False
         first_key = n_block * self.block_n
-        last_key = min(self.seqlen_k, first_key + self.block_n) - 1
+        last_key = min(self.lengths(batch)[1], first_key + self.block_n) - 1
         return first_key <= keys[1] and last_key >= keys[0]
 
-    def m_blocks_of(self, n_block: int) -> list[int]:
+    def m_blocks_of(self, n_block: int, batch: int | None = None) -> list[int]:
         """Q tiles that KV tile n_block contributes to, ascending."""
-        kept = _kept_m_blocks(self)
+        kept = _kept_m_blocks(self, batch if self.is_pack else None)
         return list(kept[n_block]) if 0 <= n_block < len(kept) else []
 
-    def kept_fraction(self, n_block: int, m_block: int) -> float:
+    def kept_fraction(self, n_block: int, m_block: int, batch: int | None = None) -> float:
         """Fraction of the tile's (query, key) pairs the mask keeps (diagonal tiles < 1)."""
-        rows = range(m_block * self.block_m, min(self.seqlen_q, (m_block + 1) * self.block_m))
+        seqlen_q, seqlen_k = self.lengths(batch)
+        rows = range(m_block * self.block_m, min(seqlen_q, (m_block + 1) * self.block_m))
         first_key = n_block * self.block_n
-        last_key = min(self.seqlen_k, first_key + self.block_n) - 1
-        off = self.seqlen_k - self.seqlen_q
+        last_key = min(seqlen_k, first_key + self.block_n) - 1
+        off = seqlen_k - seqlen_q
         kept = 0
         for i in rows:
             lo = first_key if self.mask.left is None else max(first_key, i + off - self.mask.left)
@@ -177,8 +252,9 @@ class Problem:
 
     def kv_tiles(self) -> Iterator[tuple[int, int, int]]:
         """(batch, head, n_block) of every KV tile with at least one kept task, per query head."""
-        kept = [n for n, rows in enumerate(_kept_m_blocks(self)) if rows]
         for b in range(self.batch):
+            kept = [n for n, rows in enumerate(_kept_m_blocks(self, b if self.is_pack else None))
+                    if rows]
             for h in range(self.heads_q):
                 for n in kept:
                     yield (b, h, n)
@@ -186,11 +262,14 @@ class Problem:
     # -- serialization ------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        return {
+        data = {
             "batch": self.batch, "heads_q": self.heads_q, "heads_kv": self.heads_kv,
             "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k, "head_dim": self.head_dim,
             "mask": str(self.mask), "block_m": self.block_m, "block_n": self.block_n,
         }
+        if self.is_pack:
+            data["seqlens_q"], data["seqlens_k"] = list(self.seqlens_q), list(self.seqlens_k)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "Problem":
@@ -199,25 +278,44 @@ class Problem:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"problem has unknown fields: {', '.join(sorted(unknown))}")
+        if data.get("seqlens_q") is not None:
+            # A pack's batch and longest lengths follow from its sequences; a file that states
+            # them must agree.
+            problem = cls(**{k: v for k, v in data.items()
+                             if k not in ("batch", "seqlen_q", "seqlen_k")})
+            for name in ("batch", "seqlen_q", "seqlen_k"):
+                if name in data and data[name] != getattr(problem, name):
+                    raise ValueError(f"problem.{name} is {data[name]!r} but the pack's sequences "
+                                     f"give {getattr(problem, name)}")
+            return problem
         return cls(**data)
 
     def describe(self) -> str:
         heads = f"heads {self.heads_q}" + (f"/{self.heads_kv}kv" if self.gqa else "")
+        if self.is_pack:
+            tokens = (f"{sum(self.seqlens_q):,} tokens" if self.seqlens_q == self.seqlens_k else
+                      f"{sum(self.seqlens_q):,}/{sum(self.seqlens_k):,} tokens")
+            lead = (f"pack of {self.batch} sequences ({tokens}, the longest "
+                    f"{self.seqlen_q}" + ("" if self.seqlens_q == self.seqlens_k
+                                          else f"/{self.seqlen_k}") + ")")
+            return (f"{lead}, {heads}, head_dim {self.head_dim}, {self.mask} mask, "
+                    f"blocks {self.block_m}x{self.block_n}")
         seq = (f"seqlen {self.seqlen_q}" if self.seqlen_q == self.seqlen_k
                else f"seqlen {self.seqlen_q}/{self.seqlen_k}")
         return (f"batch {self.batch}, {heads}, {seq}, head_dim {self.head_dim}, {self.mask} mask, "
                 f"blocks {self.block_m}x{self.block_n}")
 
 
-@memo(max_entries=64)
-def _kept_m_blocks(problem: Problem) -> tuple[tuple[int, ...], ...]:
-    """For each n_block, the Q tiles the mask keeps with it, ascending: the same for every batch
-    and head, so computed once per problem (the schedule builders and the verifier ask per KV
-    tile; asking tile_kept for every (n, m) pair took seconds at 16k tokens). Q tile m sees keys
-    [lo, hi], so the KV tiles lo // block_n ... hi // block_n (Problem.tile_kept, inverted)."""
-    rows: list[list[int]] = [[] for _ in range(problem.num_n_blocks)]
-    for m in range(problem.num_m_blocks):
-        keys = problem._key_range(m)
+@memo(max_entries=1024)
+def _kept_m_blocks(problem: Problem, batch: int | None) -> tuple[tuple[int, ...], ...]:
+    """For each n_block, the Q tiles the mask keeps with it, ascending: the same for every head
+    (and outside a pack every batch), so computed once per sequence (the schedule builders and
+    the verifier ask per KV tile; asking tile_kept for every (n, m) pair took seconds at 16k
+    tokens). Q tile m sees keys [lo, hi], so the KV tiles lo // block_n ... hi // block_n
+    (Problem.tile_kept, inverted)."""
+    rows: list[list[int]] = [[] for _ in range(problem.num_n_blocks_of(batch))]
+    for m in range(problem.num_m_blocks_of(batch)):
+        keys = problem._key_range(m, batch)
         if keys is not None:
             for n in range(keys[0] // problem.block_n, keys[1] // problem.block_n + 1):
                 rows[n].append(m)

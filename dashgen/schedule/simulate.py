@@ -36,9 +36,9 @@ def _resolve(name: str, value: CostValue, task: Task, problem: Problem) -> float
 
 
 @memo(max_entries=1 << 16)
-def _kept_fraction(problem: Problem, n_block: int, m_block: int) -> float:
+def _kept_fraction(problem: Problem, n_block: int, m_block: int, batch: int | None) -> float:
     # Problem.kept_fraction loops over rows; large schedules ask for the same few tiles per head.
-    return problem.kept_fraction(n_block, m_block)
+    return problem.kept_fraction(n_block, m_block, batch)
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,9 @@ class _MaskedCompute:
     c: float
 
     def __call__(self, task: Task, problem: Problem) -> float:
-        return self.c * _kept_fraction(problem, task.n_block, task.m_block)
+        # A pack's tiles differ per sequence, the others' only per tile.
+        batch = task.batch if problem.is_pack else None
+        return self.c * _kept_fraction(problem, task.n_block, task.m_block, batch)
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .builders import Tiling, get_builder, schedule_loads
+from .builders.base import pack_tilings
 from .problem import Problem
 
 
 def problem_tasks(problem: Problem) -> int:
     """The tasks of `problem` under any schedule: the tiles its mask keeps, in every sequence."""
+    if problem.is_pack:
+        return problem.heads_q * sum(sum(t.rows(n) for n in range(t.num_n))
+                                     for t in pack_tilings(problem))
     tiling = Tiling(problem)  # closed forms under full and causal masks: no tile list
     return problem.batch * problem.heads_q * sum(tiling.rows(n) for n in range(tiling.num_n))
 
@@ -27,7 +31,8 @@ class ScheduleSummary:
     min_load: int
     max_load: int
     busiest: int  # the first worker that carries max_load
-    sequence_units: int  # units of one (batch, head) sequence
+    sequence_units: int  # units of one (batch, head) sequence (a pack: of its largest)
+    total_units: int  # units of every (batch, head) sequence
 
     @property
     def mean_load(self) -> float:
@@ -50,10 +55,13 @@ def summarize(name: str, problem: Problem, num_workers: int) -> ScheduleSummary:
     raises (UnsupportedProblem; ValueError for a worker count below the schedule's minimum)."""
     loads = schedule_loads(name, problem, num_workers)
     max_load = max(loads)
+    policy = get_builder(name)
+    tilings = pack_tilings(problem) if problem.is_pack else [Tiling(problem)] * problem.batch
+    units = [policy.units(t) for t in tilings]
     return ScheduleSummary(name=name, problem=problem, num_workers=num_workers,
                            workers_used=len(loads), num_tasks=sum(loads), min_load=min(loads),
                            max_load=max_load, busiest=loads.index(max_load),
-                           sequence_units=get_builder(name).units(Tiling(problem)))
+                           sequence_units=max(units), total_units=problem.heads_q * sum(units))
 
 
 def format_summary(summary: ScheduleSummary) -> str:
@@ -66,7 +74,7 @@ def format_summary(summary: ScheduleSummary) -> str:
              f"  busiest worker {s.busiest}: {s.max_load:,} tasks, {s.ratio:.3f}x the bound "
              f"ceil({s.num_tasks:,} / {s.num_workers}) = {s.bound:,}"]
     if s.workers_used < s.num_workers:
-        units = s.problem.batch * s.problem.heads_q * s.sequence_units
+        units = s.total_units
         # else the schedule runs a head's units at once (Policy.heads_together): whole heads
         why = (f"there are {units:,} units" if s.workers_used == units else
                f"a head's {s.sequence_units} units run together, so a multiple of "

@@ -99,8 +99,14 @@ def verify(schedule: Schedule) -> VerificationReport:
     num = len(tasks)
 
     # -- coverage ------------------------------------------------------------------------------
-    kept_m = {n: problem.m_blocks_of(n) for n in range(problem.num_n_blocks)}
-    kept_nm = {(n, m) for n, ms in kept_m.items() for m in ms}
+    # The kept (n_block, m_block) pairs of each sequence: one set for all outside a pack.
+    seq_ids = range(problem.batch) if problem.is_pack else (None,)
+    kept_m = {b: {n: problem.m_blocks_of(n, b) for n in range(problem.num_n_blocks_of(b))}
+              for b in seq_ids}
+    kept_nm = {b: {(n, m) for n, ms in per.items() for m in ms} for b, per in kept_m.items()}
+    # Sequence b's kept pairs at kept_of[b] (outside a pack one set, shared).
+    kept_of = ([kept_nm[b] for b in range(problem.batch)] if problem.is_pack
+               else [kept_nm[None]] * problem.batch)
     bounds = (("batch", problem.batch), ("head", problem.heads_q),
               ("n_block", problem.num_n_blocks), ("m_block", problem.num_m_blocks))
     seen: dict[tuple, int] = {}
@@ -110,11 +116,14 @@ def verify(schedule: Schedule) -> VerificationReport:
         # The common case first, in one test (exact ints, in range, kept); the field-by-field
         # report only for a task that fails it.
         if not (type(b) is int and type(h) is int and type(n) is int and type(m) is int
-                and 0 <= b < problem.batch and 0 <= h < problem.heads_q and (n, m) in kept_nm):
+                and 0 <= b < problem.batch and 0 <= h < problem.heads_q
+                and (n, m) in kept_of[b]):
             bad = [f"{name} {value} is outside 0..{bound - 1}"
                    for (name, bound), value in zip(bounds, tile) if not _in_range(value, bound)]
-            if not bad and (n, m) not in kept_nm:
-                bad.append(f"the {problem.mask} mask drops this tile")
+            if not bad and (n, m) not in kept_of[b]:
+                bad.append(f"the {problem.mask} mask drops this tile"
+                           + (f" of sequence {b} ({problem.lengths(b)[0]} queries, "
+                              f"{problem.lengths(b)[1]} keys)" if problem.is_pack else ""))
             if bad:
                 extra = True
                 out.append(Violation("coverage-extra", "; ".join(bad), worker_of[i], pos_of[i],
@@ -125,10 +134,12 @@ def verify(schedule: Schedule) -> VerificationReport:
                                  f"position {pos_of[first]}", worker_of[i], pos_of[i], tile))
     # Every tile seen is a distinct kept one unless reported above: then as many as the mask
     # keeps means none is missing, and the search below can be skipped.
-    if extra or len(seen) != problem.batch * problem.heads_q * len(kept_nm):
+    kept_total = problem.heads_q * (sum(map(len, kept_nm.values())) if problem.is_pack
+                                    else problem.batch * len(kept_nm[None]))
+    if extra or len(seen) != kept_total:
         for b in range(problem.batch):
             for h in range(problem.heads_q):
-                for n, ms in kept_m.items():
+                for n, ms in kept_m[b if problem.is_pack else None].items():
                     for m in ms:
                         if (b, h, n, m) not in seen:
                             out.append(Violation("coverage-missing", "the mask keeps this tile "

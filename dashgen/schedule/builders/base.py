@@ -35,16 +35,18 @@ def _ceil_div(a: int, b: int) -> int:
 class Tiling:
     """One sequence's tiles as the policies see them (dashgen/sched/tiling.cuh): which Q tiles
     a KV tile contributes to and which KV tiles a Q tile receives, as intervals. Full and causal
-    masks in closed form (the kernels' two); other masks from the Problem's tile lists."""
+    masks in closed form (the kernels' two); other masks from the Problem's tile lists. In a
+    pack, `batch` names the sequence."""
 
-    __slots__ = ("problem", "num_m", "num_n", "kind", "_rows")
+    __slots__ = ("problem", "batch", "seqlen_q", "seqlen_k", "num_m", "num_n", "kind", "_rows")
 
-    def __init__(self, problem: Problem):
-        self.problem = problem
-        self.num_m, self.num_n = problem.num_m_blocks, problem.num_n_blocks
+    def __init__(self, problem: Problem, batch: int | None = None):
+        self.problem, self.batch = problem, batch if problem.is_pack else None
+        self.seqlen_q, self.seqlen_k = problem.lengths(self.batch)
+        self.num_m, self.num_n = problem.num_m_blocks_of(self.batch), problem.num_n_blocks_of(self.batch)
         self.kind = problem.mask.kind
         self._rows = None if self.kind in ("full", "causal") else [
-            problem.m_blocks_of(n) for n in range(self.num_n)]
+            problem.m_blocks_of(n, self.batch) for n in range(self.num_n)]
 
     def first_m(self, n: int) -> int:
         """The first Q tile KV tile n contributes to (its rows are first_m .. last_m)."""
@@ -52,8 +54,10 @@ class Tiling:
         if self.kind == "full":
             return 0
         if self.kind == "causal":
+            if self.num_m == 0:  # a sequence without queries (a pack's): no tile has rows
+                return 0
             # Q tile m sees keys up to min(seqlen_q, (m + 1) block_m) - 1 + seqlen_k - seqlen_q.
-            return min(max((n * p.block_n - (p.seqlen_k - p.seqlen_q)) // p.block_m, 0),
+            return min(max((n * p.block_n - (self.seqlen_k - self.seqlen_q)) // p.block_m, 0),
                        self.num_m - 1)
         rows = self._rows[n]
         return rows[0] if rows else 0
@@ -72,7 +76,7 @@ class Tiling:
         """The first KV tile that contributes to Q tile m (0 under full and causal masks)."""
         if self._rows is None:
             return 0
-        keys = self.problem._key_range(m)
+        keys = self.problem._key_range(m, self.batch)
         return 0 if keys is None else keys[0] // self.problem.block_n
 
     def count(self, m: int) -> int:
@@ -81,9 +85,10 @@ class Tiling:
         if self.kind == "full":
             return self.num_n
         if self.kind == "causal":
-            last_key = min(p.seqlen_q, (m + 1) * p.block_m) - 1 + p.seqlen_k - p.seqlen_q
+            last_key = (min(self.seqlen_q, (m + 1) * p.block_m) - 1 + self.seqlen_k
+                        - self.seqlen_q)
             return 0 if last_key < 0 else min(self.num_n - 1, last_key // p.block_n) + 1
-        keys = p._key_range(m)
+        keys = p._key_range(m, self.batch)
         return 0 if keys is None else keys[1] // p.block_n - keys[0] // p.block_n + 1
 
 
@@ -118,12 +123,27 @@ class Policy:
 
     def min_workers(self, problem: Problem) -> int:
         """The fewest workers the schedule is live on: one sequence's units if they must run
-        together, else one."""
-        return max(1, self.units(Tiling(problem))) if self.heads_together else 1
+        together (in a pack the largest sequence's), else one."""
+        if not self.heads_together:
+            return 1
+        if problem.is_pack:
+            return max([1] + [self.units(t) for t in pack_tilings(problem) if _tasks(self, t)])
+        return max(1, self.units(Tiling(problem)))
 
     def workers_used(self, problem: Problem, num_workers: int) -> int:
         """The workers a launch on `num_workers` runs: all, or for heads_together a multiple of
-        one sequence's units (whole sequences a wave), never more than there are units."""
+        one sequence's units (whole sequences a wave), never more than there are units. A pack
+        runs up to `num_workers` (pack_deal places each sequence's units in one wave)."""
+        if problem.is_pack:
+            need = self.min_workers(problem)
+            if num_workers < need:
+                raise ValueError(
+                    f"schedule {self.name!r} needs at least {need} workers for this pack (the "
+                    f"{need} units of its largest sequence wait on each other and must all run "
+                    f"at once), got num_workers={num_workers}")
+            total = problem.heads_q * sum(self.units(t) for t in pack_tilings(problem)
+                                          if _tasks(self, t))
+            return max(1, min(num_workers, total))
         per_seq = max(1, self.units(Tiling(problem)))
         total = problem.batch * problem.heads_q * per_seq
         if self.heads_together:
@@ -134,6 +154,53 @@ class Policy:
                     f"once), got num_workers={num_workers}")
             num_workers -= num_workers % per_seq
         return max(1, min(num_workers, total))
+
+
+def pack_tilings(problem: Problem) -> list[Tiling]:
+    """Each sequence's Tiling, in batch order."""
+    return [Tiling(problem, b) for b in range(problem.batch)]
+
+
+def _tasks(policy: Policy, tiling: Tiling) -> int:
+    """One (batch, head) sequence's tasks under the policy."""
+    return sum(policy.unit_tasks(tiling, u) for u in range(policy.units(tiling)))
+
+
+def pack_order(policy: Policy, tilings: list[Tiling]) -> list[int]:
+    """The order a pack's sequences are dealt in: most tasks first (the long sequences, whose
+    units cost most, before the short ones fill in behind them), ties in batch order; sequences
+    without tasks are left out."""
+    tasks = [_tasks(policy, t) for t in tilings]
+    return sorted((b for b, n in enumerate(tasks) if n), key=lambda b: (-tasks[b], b))
+
+
+def pack_deal(policy: Policy, problem: Problem, num_workers: int) -> list[list[tuple[int, int, int]]]:
+    """Each worker's units (batch, head, unit) of a pack, in the order it runs them. Sequences
+    go in pack_order, each sequence's heads in order. A policy whose units run independently
+    deals unit g of that sequence to worker g mod W. One whose units wait on each other
+    (heads_together) places each (batch, head)'s units on consecutive workers of one wave, next
+    fit: where they do not fit in what is left of the wave, the next wave starts (its first
+    workers may still be in the previous one). Every wait is then between units of one wave on
+    distinct workers, and a worker's earlier waves wait on nothing later, so the deal is live
+    (docs/design.md, `pack-deal`)."""
+    workers = policy.workers_used(problem, num_workers)
+    tilings = pack_tilings(problem)
+    programs: list[list[tuple[int, int, int]]] = [[] for _ in range(workers)]
+    g = cursor = 0
+    for b in pack_order(policy, tilings):
+        units = policy.units(tilings[b])
+        for h in range(problem.heads_q):
+            if policy.heads_together:
+                if cursor + units > workers:
+                    cursor = 0
+                for u in range(units):
+                    programs[cursor + u].append((b, h, u))
+                cursor += units
+            else:
+                for u in range(units):
+                    programs[g % workers].append((b, h, u))
+                    g += 1
+    return programs
 
 
 def fewest_workers(units: int, num_workers: int) -> int:
@@ -163,6 +230,8 @@ def assemble(policy: Policy, problem: Problem, num_workers: int) -> Schedule:
     """The IR of a policy on `num_workers` workers (the kernel's deal): the units of every
     (batch, head), in that order, unit g on worker g mod W; dkv_rank under GQA is the query
     head's place in its group (the heads of a group add their dK/dV in head order)."""
+    if problem.is_pack:
+        return _assemble_pack(policy, problem, num_workers)
     tiling = Tiling(problem)
     workers_used = policy.workers_used(problem, num_workers)
     per_seq = policy.units(tiling)
@@ -183,8 +252,33 @@ def assemble(policy: Policy, problem: Problem, num_workers: int) -> Schedule:
                     workers=programs, depends_on_workers=False)
 
 
+def _assemble_pack(policy: Policy, problem: Problem, num_workers: int) -> Schedule:
+    """assemble for a pack: pack_deal's units, each sequence's steps from its own Tiling."""
+    tilings = pack_tilings(problem)
+    steps: dict[tuple[int, int], list[Step]] = {}
+    group = problem.group_size
+    programs: list[list[Task]] = []
+    for units in pack_deal(policy, problem, num_workers):
+        program: list[Task] = []
+        for b, h, u in units:
+            key = (b, u)
+            if key not in steps:
+                t = tilings[b]
+                steps[key] = [policy.step(t, u, i) for i in range(policy.unit_tasks(t, u))]
+            dkv_rank = h % group if problem.gqa else None
+            program.extend(Task(b, h, s.n_block, s.m_block, s.dq_rank, dkv_rank)
+                           for s in steps[key])
+        programs.append(program)
+    return Schedule(name=policy.name, problem=problem, num_workers=len(programs),
+                    workers=programs, depends_on_workers=False)
+
+
 def worker_loads(policy: Policy, problem: Problem, num_workers: int) -> list[int]:
     """Tasks per worker, from the unit sizes alone (no tasks built: a summary at 1M tokens)."""
+    if problem.is_pack:
+        tilings = pack_tilings(problem)
+        return [sum(policy.unit_tasks(tilings[b], u) for b, _, u in units)
+                for units in pack_deal(policy, problem, num_workers)]
     tiling = Tiling(problem)
     workers_used = policy.workers_used(problem, num_workers)
     sizes = [policy.unit_tasks(tiling, u) for u in range(policy.units(tiling))]
