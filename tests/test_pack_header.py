@@ -1,0 +1,179 @@
+"""One definition, two readings, for packs: the pack walk of templates/include/dashgen/sched/
+pack.cuh (compiled here as host code with g++) enumerates exactly the Python IR of a pack
+(dashgen.schedule.builders.base.pack_deal): task for task, rank for rank, segment for segment,
+on hypothesis-drawn packs (empty and one-token sequences, other key lengths, GQA) and every
+worker count from the schedule's minimum to 132."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from dashgen import Problem
+from dashgen.codegen.render import include_dir
+from dashgen.schedule.builders import BUILDERS, build_schedule
+from test_policy_header import POLICIES, TILES, ir_tasks
+
+# argv: policy id, block_m, causal, heads_q, heads_kv, sequences, their seqlen_q, their
+# seqlen_k, then worker counts; for each count "W <count>", then per worker its tasks
+# "b,h,n,m,dq_rank,dkv_rank,seg_start,seg_end" in order.
+DRIVER = r"""
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include "dashgen/sched/pack.cuh"
+#include "dashgen/sched/ordered.cuh"
+#include "dashgen/sched/shift.cuh"
+
+using namespace dashgen::sched;
+
+struct Pack {
+  int heads_q_, heads_kv_, workers_;
+  std::vector<int> seqlen_q_, seqlen_k_, order_;
+  int heads_q() const { return heads_q_; }
+  int group() const { return heads_q_ / heads_kv_; }
+  int workers() const { return workers_; }
+  int seqlen_q(int b) const { return seqlen_q_[b]; }
+  int seqlen_k(int b) const { return seqlen_k_[b]; }
+  int dealt() const { return static_cast<int>(order_.size()); }
+  int order(int k) const { return order_[k]; }
+};
+
+template <class Policy, class Tl>
+static void walk(Pack pack, int workers) {
+  // The launch's order: the sequences with tasks, sorted by sched::dealt_before.
+  std::vector<int> tasks(pack.seqlen_q_.size());
+  pack.order_.clear();
+  for (size_t b = 0; b < tasks.size(); ++b) {
+    tasks[b] = sequence_tasks<Policy>(Tl(pack.seqlen_q_[b], pack.seqlen_k_[b]));
+    if (tasks[b] > 0) pack.order_.push_back(static_cast<int>(b));
+  }
+  std::sort(pack.order_.begin(), pack.order_.end(),
+            [&](int a, int b) { return dealt_before(tasks[a], a, tasks[b], b); });
+  pack.workers_ = workers;
+  std::printf("W %d\n", workers);
+  for (int w = 0; w < workers; ++w) {
+    PackWalk<Policy, Tl, Pack> walk(pack, w);
+    const int count = walk.count();
+    std::printf("w");
+    for (int k = 0; k < count; ++k) {
+      const Task x = walk.next();
+      std::printf(" %d,%d,%d,%d,%d,%d,%d,%d", x.b, x.h, x.n, x.m, x.dq_rank, x.dkv_rank,
+                  x.seg_start ? 1 : 0, x.seg_end ? 1 : 0);
+    }
+    std::printf("\n");
+  }
+}
+
+template <int kBlockM, bool kCausal>
+static int run(int id, int argc, char** argv) {
+  using Tl = Tiling<kBlockM, 128, kCausal>;
+  Pack pack{std::atoi(argv[4]), std::atoi(argv[5]), 0, {}, {}, {}};
+  const int seqs = std::atoi(argv[6]);
+  int a = 7;
+  for (int b = 0; b < seqs; ++b) pack.seqlen_q_.push_back(std::atoi(argv[a++]));
+  for (int b = 0; b < seqs; ++b) pack.seqlen_k_.push_back(std::atoi(argv[a++]));
+  for (; a < argc; ++a) {
+    const int workers = std::atoi(argv[a]);
+    switch (id) {
+      case Fa3<Tl>::kId: walk<Fa3<Tl>, Tl>(pack, workers); break;
+      case Spt<Tl>::kId: walk<Spt<Tl>, Tl>(pack, workers); break;
+      case Descending<Tl>::kId: walk<Descending<Tl>, Tl>(pack, workers); break;
+      case Shift<Tl>::kId: walk<Shift<Tl>, Tl>(pack, workers); break;
+      case SymmetricShift<Tl>::kId: walk<SymmetricShift<Tl>, Tl>(pack, workers); break;
+      default: return 3;
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 8) return 2;
+  const int id = std::atoi(argv[1]), block_m = std::atoi(argv[2]), causal = std::atoi(argv[3]);
+  if (block_m == 64) return causal ? run<64, true>(id, argc, argv) : run<64, false>(id, argc, argv);
+  if (block_m == 128) return causal ? run<128, true>(id, argc, argv) : run<128, false>(id, argc, argv);
+  return 4;
+}
+"""
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (host C++)")
+
+
+@pytest.fixture(scope="module")
+def walk_pack(tmp_path_factory):
+    """walk(name, pack, worker_counts) -> {count: per worker its task tuples}, from pack.cuh."""
+    folder = tmp_path_factory.mktemp("pack")
+    (folder / "walk.cpp").write_text(DRIVER)
+    binary = folder / "walk"
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror",
+                           f"-I{include_dir()}", str(folder / "walk.cpp"), "-o", str(binary)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"pack.cuh does not compile as host code:\n{proc.stderr}"
+
+    def walk(name, problem, counts):
+        args = [str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
+                str(int(problem.mask.kind == "causal")), str(problem.heads_q),
+                str(problem.heads_kv), str(problem.batch),
+                *map(str, problem.seqlens_q), *map(str, problem.seqlens_k),
+                *map(str, counts)]
+        out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
+        result, current = {}, None
+        for line in out.splitlines():
+            if line.startswith("W "):
+                current = result.setdefault(int(line[2:]), [])
+            else:
+                current.append([tuple(map(int, x.split(","))) for x in line.split()[1:]])
+        return result
+    return walk
+
+
+def compare(walk_pack, name, problem, counts=None):
+    policy = BUILDERS[name]
+    if policy.supports(problem) is not None:
+        return 0
+    counts = counts or list(range(policy.min_workers(problem), 133))
+    used = {c: policy.workers_used(problem, c) for c in counts}
+    walked = walk_pack(name, problem, sorted(set(used.values())))
+    for c in counts:
+        expected = ir_tasks(build_schedule(name, problem, c))
+        assert walked[used[c]] == expected, (name, problem.describe(), c)
+    return len(counts)
+
+
+length = st.one_of(st.sampled_from([0, 1, 63, 64, 65, 127, 128, 129]), st.integers(0, 1100))
+
+
+@st.composite
+def packs(draw):
+    seqlens_q = draw(st.lists(length, min_size=1, max_size=5))
+    seqlens_k = draw(st.one_of(st.none(), st.lists(length, min_size=len(seqlens_q),
+                                                   max_size=len(seqlens_q))))
+    heads_kv = draw(st.integers(1, 2))
+    tiles = draw(st.sampled_from(TILES))
+    return Problem.pack(seqlens_q, seqlens_k, heads_q=heads_kv * draw(st.integers(1, 2)),
+                        heads_kv=heads_kv, head_dim=128 if tiles == (64, 128) else 64,
+                        mask=draw(st.sampled_from(["full", "causal"])), block_m=tiles[0],
+                        block_n=tiles[1])
+
+
+@needs_gxx
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(problem=packs())
+def test_the_pack_walk_enumerates_the_packs_ir(walk_pack, problem):
+    checked = sum(compare(walk_pack, name, problem) for name in POLICIES)
+    assert checked > 0
+
+
+@needs_gxx
+@pytest.mark.parametrize("name, mask", [("shift", "full"), ("symmetric_shift", "causal"),
+                                        ("spt", "causal"), ("fa3", "full")])
+def test_a_long_tailed_pack_of_16k_tokens(walk_pack, name, mask):
+    """A pack like the benchmark's: one long document, a few mid-sized, many short ones."""
+    lengths = [9000, 2500, 1200, 1100, 700, 500, 300, 300, 200, 100, 100, 60, 30, 1, 0]
+    problem = Problem.pack(lengths, heads_q=2, head_dim=128, mask=mask, block_m=64, block_n=128)
+    compare(walk_pack, name, problem,
+            counts=[BUILDERS[name].min_workers(problem), 100, 128, 132])
