@@ -5,30 +5,21 @@ on hypothesis-drawn packs (empty and one-token sequences, other key lengths, GQA
 worker count from the schedule's minimum to 132."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dashgen import Problem
-from dashgen.codegen.render import include_dir
 from dashgen.schedule.builders import BUILDERS, build_schedule
-from test_policy_header import POLICIES, TILES, ir_tasks
+from test_policy_header import (COMMON, POLICIES, TILES, build_driver, ir_tasks, needs_gxx,
+                                run_walks)
 
 # argv: policy id, block_m, causal, heads_q, heads_kv, sequences, their seqlen_q, their
 # seqlen_k, then worker counts; for each count "W <count>", then per worker its tasks
 # "b,h,n,m,dq_rank,dkv_rank,seg_start,seg_end" in order.
-DRIVER = r"""
+DRIVER = COMMON + r"""
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <vector>
 #include "dashgen/sched/pack.cuh"
-#include "dashgen/sched/ordered.cuh"
-#include "dashgen/sched/shift.cuh"
-
-using namespace dashgen::sched;
 
 struct Pack {
   int heads_q_, heads_kv_, workers_;
@@ -57,14 +48,7 @@ static void walk(Pack pack, int workers) {
   std::printf("W %d\n", workers);
   for (int w = 0; w < workers; ++w) {
     PackWalk<Policy, Tl, Pack> walk(pack, w);
-    const int count = walk.count();
-    std::printf("w");
-    for (int k = 0; k < count; ++k) {
-      const Task x = walk.next();
-      std::printf(" %d,%d,%d,%d,%d,%d,%d,%d", x.b, x.h, x.n, x.m, x.dq_rank, x.dkv_rank,
-                  x.seg_start ? 1 : 0, x.seg_end ? 1 : 0);
-    }
-    std::printf("\n");
+    print_walk(walk);
   }
 }
 
@@ -78,14 +62,10 @@ static int run(int id, int argc, char** argv) {
   for (int b = 0; b < seqs; ++b) pack.seqlen_k_.push_back(std::atoi(argv[a++]));
   for (; a < argc; ++a) {
     const int workers = std::atoi(argv[a]);
-    switch (id) {
-      case Fa3<Tl>::kId: walk<Fa3<Tl>, Tl>(pack, workers); break;
-      case Spt<Tl>::kId: walk<Spt<Tl>, Tl>(pack, workers); break;
-      case Descending<Tl>::kId: walk<Descending<Tl>, Tl>(pack, workers); break;
-      case Shift<Tl>::kId: walk<Shift<Tl>, Tl>(pack, workers); break;
-      case SymmetricShift<Tl>::kId: walk<SymmetricShift<Tl>, Tl>(pack, workers); break;
-      default: return 3;
-    }
+    const int status = with_policy<Tl>(id, [&](auto policy) {
+      walk<decltype(policy), Tl>(pack, workers);
+    });
+    if (status) return status;
   }
   return 0;
 }
@@ -99,34 +79,17 @@ int main(int argc, char** argv) {
 }
 """
 
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (host C++)")
-
-
 @pytest.fixture(scope="module")
 def walk_pack(tmp_path_factory):
     """walk(name, pack, worker_counts) -> {count: per worker its task tuples}, from pack.cuh."""
-    folder = tmp_path_factory.mktemp("pack")
-    (folder / "walk.cpp").write_text(DRIVER)
-    binary = folder / "walk"
-    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror",
-                           f"-I{include_dir()}", str(folder / "walk.cpp"), "-o", str(binary)],
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, f"pack.cuh does not compile as host code:\n{proc.stderr}"
+    binary = build_driver(tmp_path_factory, "pack", DRIVER)
 
     def walk(name, problem, counts):
-        args = [str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
-                str(int(problem.mask.kind == "causal")), str(problem.heads_q),
-                str(problem.heads_kv), str(problem.batch),
-                *map(str, problem.seqlens_q), *map(str, problem.seqlens_k),
-                *map(str, counts)]
-        out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
-        result, current = {}, None
-        for line in out.splitlines():
-            if line.startswith("W "):
-                current = result.setdefault(int(line[2:]), [])
-            else:
-                current.append([tuple(map(int, x.split(","))) for x in line.split()[1:]])
-        return result
+        return run_walks([str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
+                          str(int(problem.mask.kind == "causal")), str(problem.heads_q),
+                          str(problem.heads_kv), str(problem.batch),
+                          *map(str, problem.seqlens_q), *map(str, problem.seqlens_k),
+                          *map(str, counts)])
     return walk
 
 

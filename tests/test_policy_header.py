@@ -22,7 +22,9 @@ TILES = ((64, 128), (128, 128))  # the backward's (block_m, block_n) at head_dim
 # argv: policy id, block_m, causal, batch, heads_q, heads_kv, seqlen_q, seqlen_k, then worker
 # counts. For each count: "W <count>", then per worker one line of tasks
 # "b,h,n,m,dq_rank,dkv_rank,seg_start,seg_end" in its order.
-DRIVER = r"""
+# What both host drivers share (this one and tests/test_pack_header.py's): one worker's walk as a
+# line of tasks, and a call with the policy of a kernel id.
+COMMON = r"""
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -31,6 +33,34 @@ DRIVER = r"""
 #include "dashgen/sched/shift.cuh"
 
 using namespace dashgen::sched;
+
+template <class Walk>
+static void print_walk(Walk& walk) {
+  const int count = walk.count();
+  std::printf("w");
+  for (int k = 0; k < count; ++k) {
+    const Task x = walk.next();
+    std::printf(" %d,%d,%d,%d,%d,%d,%d,%d", x.b, x.h, x.n, x.m, x.dq_rank, x.dkv_rank,
+                x.seg_start ? 1 : 0, x.seg_end ? 1 : 0);
+  }
+  std::printf("\n");
+}
+
+// f(Policy{}) for the policy with kernel id `id`; 3 for an unknown id.
+template <class Tl, class F>
+static int with_policy(int id, F&& f) {
+  switch (id) {
+    case Fa3<Tl>::kId: f(Fa3<Tl>{}); return 0;
+    case Spt<Tl>::kId: f(Spt<Tl>{}); return 0;
+    case Descending<Tl>::kId: f(Descending<Tl>{}); return 0;
+    case Shift<Tl>::kId: f(Shift<Tl>{}); return 0;
+    case SymmetricShift<Tl>::kId: f(SymmetricShift<Tl>{}); return 0;
+    default: return 3;
+  }
+}
+"""
+
+DRIVER = COMMON + r"""
 
 struct Shape {
   int batch_, heads_q_, heads_kv_, workers_, seqlen_q_, seqlen_k_;
@@ -48,14 +78,7 @@ static void walk(const Tl& t, int batch, int heads_q, int heads_kv, int workers)
   const Shape shape{batch, heads_q, heads_kv, workers, t.seqlen_q, t.seqlen_k};
   for (int w = 0; w < workers; ++w) {
     UnitWalk<Policy, Tl, Shape> walk(shape, w);
-    const int count = walk.count();
-    std::printf("w");
-    for (int k = 0; k < count; ++k) {
-      const Task x = walk.next();
-      std::printf(" %d,%d,%d,%d,%d,%d,%d,%d", x.b, x.h, x.n, x.m, x.dq_rank, x.dkv_rank,
-                  x.seg_start ? 1 : 0, x.seg_end ? 1 : 0);
-    }
-    std::printf("\n");
+    print_walk(walk);
   }
 }
 
@@ -66,15 +89,10 @@ static int run(int id, int argc, char** argv) {
   const int batch = std::atoi(argv[4]), heads_q = std::atoi(argv[5]), heads_kv = std::atoi(argv[6]);
   for (int a = 9; a < argc; ++a) {
     const int workers = std::atoi(argv[a]);
-    switch (id) {
-      case Fa3<Tl>::kId: walk<Fa3<Tl>>(t, batch, heads_q, heads_kv, workers); break;
-      case Spt<Tl>::kId: walk<Spt<Tl>>(t, batch, heads_q, heads_kv, workers); break;
-      case Descending<Tl>::kId: walk<Descending<Tl>>(t, batch, heads_q, heads_kv, workers); break;
-      case Shift<Tl>::kId: walk<Shift<Tl>>(t, batch, heads_q, heads_kv, workers); break;
-      case SymmetricShift<Tl>::kId:
-        walk<SymmetricShift<Tl>>(t, batch, heads_q, heads_kv, workers); break;
-      default: return 3;
-    }
+    const int status = with_policy<Tl>(id, [&](auto policy) {
+      walk<decltype(policy)>(t, batch, heads_q, heads_kv, workers);
+    });
+    if (status) return status;
   }
   return 0;
 }
@@ -116,17 +134,35 @@ int main(int argc, char** argv) {
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (host C++)")
 
 
-@pytest.fixture(scope="module")
-def walk_policy(tmp_path_factory):
-    """walk(name, problem, worker_counts) -> {count: per worker its task tuples}, from the
-    kernel's headers."""
-    folder = tmp_path_factory.mktemp("policies")
-    (folder / "walk.cpp").write_text(DRIVER)
+def build_driver(tmp_path_factory, name: str, source: str):
+    """A host driver compiled with g++ against the kernel's headers (warnings are errors)."""
+    folder = tmp_path_factory.mktemp(name)
+    (folder / "walk.cpp").write_text(source)
     binary = folder / "walk"
     proc = subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror",
                            f"-I{include_dir()}", str(folder / "walk.cpp"), "-o", str(binary)],
                           capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, f"the policy headers do not compile as host code:\n{proc.stderr}"
+    assert proc.returncode == 0, f"the headers do not compile as host code:\n{proc.stderr}"
+    return binary
+
+
+def run_walks(args: list[str]) -> dict[int, list[list[tuple]]]:
+    """Run a driver: {worker count: per worker its task tuples}."""
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
+    result, current = {}, None
+    for line in out.splitlines():
+        if line.startswith("W "):
+            current = result.setdefault(int(line[2:]), [])
+        else:
+            current.append([tuple(map(int, x.split(","))) for x in line.split()[1:]])
+    return result
+
+
+@pytest.fixture(scope="module")
+def walk_policy(tmp_path_factory):
+    """walk(name, problem, worker_counts) -> {count: per worker its task tuples}, from the
+    kernel's headers."""
+    binary = build_driver(tmp_path_factory, "policies", DRIVER)
 
     def convert(problem, workers):
         """(count per Q tile, per worker its (sequence, Q tile) list) from the header."""
@@ -144,18 +180,10 @@ def walk_policy(tmp_path_factory):
         return counts, shares
 
     def walk(name, problem, counts):
-        args = [str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
-                str(int(problem.mask.kind == "causal")), str(problem.batch),
-                str(problem.heads_q), str(problem.heads_kv), str(problem.seqlen_q),
-                str(problem.seqlen_k)] + [str(c) for c in counts]
-        out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
-        result, current = {}, None
-        for line in out.splitlines():
-            if line.startswith("W "):
-                current = result.setdefault(int(line[2:]), [])
-            else:
-                current.append([tuple(map(int, x.split(","))) for x in line.split()[1:]])
-        return result
+        return run_walks([str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
+                          str(int(problem.mask.kind == "causal")), str(problem.batch),
+                          str(problem.heads_q), str(problem.heads_kv), str(problem.seqlen_q),
+                          str(problem.seqlen_k)] + [str(c) for c in counts])
     walk.convert = convert
     return walk
 

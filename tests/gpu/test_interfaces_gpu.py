@@ -7,8 +7,6 @@ Run: PYTHONPATH=. python3 -m pytest tests/gpu/test_interfaces_gpu.py -q
 """
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -16,20 +14,10 @@ F = torch.nn.functional
 
 import dashgen  # noqa: E402
 from dashgen.interfaces import sdpa as sdpa_mod  # noqa: E402
+from dashgen.tools.bench import deterministic_algorithms  # noqa: E402
 from test_attention_gpu import math_attention  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-@contextlib.contextmanager
-def deterministic_flag(flag: bool):
-    before = (torch.are_deterministic_algorithms_enabled(),
-              torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(flag)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def bhsd(batch, heads, seqlen, head_dim, dtype=torch.bfloat16):
@@ -66,7 +54,7 @@ def test_sdpa_matches_attention_bitwise_and_float64(causal, head_dim, heads_q, h
     q, k, v = bhsd(2, heads_q, 1000, head_dim), *(bhsd(2, heads_kv, 1000, head_dim)
                                                   for _ in range(2))
     do = torch.randn_like(q)
-    with deterministic_flag(True):
+    with deterministic_algorithms(True):
         ours = run(lambda *t: dashgen.sdpa(*t, is_causal=causal, enable_gqa=True), q, k, v, do)
         again = run(lambda *t: dashgen.sdpa(*t, is_causal=causal, enable_gqa=True), q, k, v, do)
         plain = run(lambda *t: dashgen.attention(*(x.transpose(1, 2) for x in t),
@@ -84,7 +72,7 @@ def test_sdpa_flash_backend_runs_dashgen_once_activated(causal, seed):
     do = torch.randn_like(q)
     flash = lambda *t: F.scaled_dot_product_attention(*t, is_causal=causal)  # noqa: E731
     backend = torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
-    with deterministic_flag(True), backend:
+    with deterministic_algorithms(True), backend:
         pytorch_flash = run(flash, q, k, v, do)
         torch.nn.attention.activate_flash_attention_impl(sdpa_mod.IMPL_NAME)
         try:
@@ -123,7 +111,7 @@ def test_default_deterministic_follows_the_flag_on_the_gpu(seed):
                for _ in range(3))
     do = torch.randn_like(q)
     fn = lambda *t: dashgen.attention(*t, causal=True)  # noqa: E731
-    with deterministic_flag(True):
+    with deterministic_algorithms(True):
         runs = [run(fn, q, k, v, do) for _ in range(5)]
         explicit = run(lambda *t: dashgen.attention(*t, causal=True, deterministic=True),
                        q, k, v, do)

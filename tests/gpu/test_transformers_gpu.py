@@ -7,27 +7,15 @@ Run: PYTHONPATH=. python3 -m pytest tests/gpu/test_transformers_gpu.py -q
 """
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from dashgen.interfaces import transformers as hf  # noqa: E402
+from dashgen.tools.bench import deterministic_algorithms  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-
-@contextlib.contextmanager
-def deterministic_flag(flag: bool):
-    before = (torch.are_deterministic_algorithms_enabled(),
-              torch.is_deterministic_algorithms_warn_only_enabled())
-    torch.use_deterministic_algorithms(flag)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def tiny_llama(attn_implementation: str, state_dict=None):
@@ -74,7 +62,7 @@ def test_dashgen_llama_gradients_are_bitwise_reproducible(seed, monkeypatch):
         (logits.float() * weight).sum().backward()
         return [p.grad.clone() for p in model.parameters()]
 
-    with deterministic_flag(True):
+    with deterministic_algorithms(True):
         first = gradients()
         second = gradients()
     assert len(first) == len(second) > 0
