@@ -320,3 +320,28 @@ def test_a_llama_generates_through_a_cache(on_cpu, kernels, llama):
     # The prompt causal, then one unmasked step per new token against the grown cache.
     assert forwards(kernels) == ([dict(causal=True, softmax_scale=1 / 8)] * LAYERS
                                  + [dict(causal=False, softmax_scale=1 / 8)] * LAYERS * 2)
+
+
+def test_a_compiled_llama_matches_eager_and_still_refuses_packing(on_cpu, kernels, llama):
+    """Under torch.compile transformers always adds its packed-sequence mask (it cannot look
+    at position_ids while tracing): dashgen_mask takes it for the plain causal mask, and the
+    position_ids check runs when the graph does."""
+    torch._dynamo.reset()
+    ids = torch.randint(0, 128, (2, 100))
+    eager = llama(ids, use_cache=False).logits
+    eager.float().sum().backward()
+    eager_grads = [p.grad.clone() for p in llama.parameters()]
+    llama.zero_grad(set_to_none=True)
+    kernels.calls.clear()
+    compiled = torch.compile(llama, backend="aot_eager")
+    logits = compiled(ids, use_cache=False).logits
+    logits.float().sum().backward()
+    assert torch.equal(logits, eager)
+    assert all(torch.equal(p.grad, g) for p, g in zip(llama.parameters(), eager_grads))
+    # The custom ops ran (no eager prepared call), causal, once a layer each way.
+    assert [name for name, _ in kernels.calls] == ["forward"] * LAYERS + ["backward"] * LAYERS
+    assert all(options["causal"] for _, options in kernels.calls)
+    packed = torch.cat([torch.arange(60), torch.arange(40)])[None]
+    with pytest.raises(ValueError, match=r"position_ids restart within a row"):
+        compiled(ids[:1], position_ids=packed, use_cache=False)
+    torch._dynamo.reset()

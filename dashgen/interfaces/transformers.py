@@ -10,7 +10,9 @@ keep their own heads). What it cannot serve raises ValueError naming the argumen
 silent change: padding, sequences packed into one row (cu_seq_lens_* or position_ids that
 restart), sliding windows, chunked attention, soft-capping, attention sinks, position biases,
 dropout. The mask function is what makes padding visible: transformers builds no mask at all for
-an implementation without one, and the padding would go unseen.
+an implementation without one, and the padding would go unseen. torch.compile works (the
+custom ops trace); there transformers cannot look for packing in position_ids while tracing,
+so dashgen_attention does when the graph runs.
 """
 from __future__ import annotations
 
@@ -171,6 +173,12 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     bidirectional one (sliding windows, chunks, sequences packed by position_ids, a model's
     overlays), a caller that needs a mask tensor, or a cache whose keys run past the queries
     (a static cache's unfilled slots)."""
+    if _traced_packing_check(mask_function):
+        # Under torch.compile transformers cannot tell whether position_ids pack several
+        # sequences, so it always adds its packed-sequence mask, and that alone turns the
+        # causal skip off (it comes only without a cache); dashgen_attention checks the
+        # position_ids themselves when the graph runs and refuses a pack then.
+        mask_function, allow_is_causal_skip = masking_utils.causal_mask_function, True
     if mask_function is None or mask_function is masking_utils.causal_mask_function:
         if not allow_is_causal_skip:
             raise _refuse("allow_is_causal_skip=False: the model needs a causal mask tensor "
@@ -197,6 +205,18 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     padding = masking_utils.prepare_padding_mask(attention_mask, kv_length, kv_offset)
     padding = padding[:, kv_offset:kv_offset + kv_length]
     return None if bool(padding.all()) else padding
+
+
+def _traced_packing_check(mask_function) -> bool:
+    """Whether mask_function is what transformers builds while tracing a causal model with
+    position_ids: and_masks(causal_mask_function, packed_sequence_mask_function(...))."""
+    if not torch.compiler.is_compiling() or getattr(mask_function, "__name__", "") != "and_mask":
+        return False
+    parts = next((cell.cell_contents for cell in mask_function.__closure__ or ()
+                  if isinstance(cell.cell_contents, tuple)), ())
+    return (len(parts) == 2 and parts[0] is masking_utils.causal_mask_function
+            and getattr(parts[1], "__qualname__", "").startswith(
+                "packed_sequence_mask_function."))
 
 
 def register() -> str:
