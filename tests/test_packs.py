@@ -181,3 +181,13 @@ def test_emit_refuses_a_pack_naming_the_option(capsys):
     assert exit_.value.code == 2
     assert "--seqlens: the kernels have no variable-length (packed) path yet" in \
         capsys.readouterr().err
+
+
+def test_plan_draws_a_packs_gantt_chart(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "pack.png"
+    assert main(["plan", "--schedule", "symmetric_shift", "--seqlens", "700,0,1,300,129",
+                 "--heads", "2", "--hdim", "64", "--mask", "causal", "--workers", "8",
+                 "--png", str(png)]) in (0, None)
+    assert f"wrote {png}" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
