@@ -23,7 +23,7 @@ DRIVER = COMMON + r"""
 
 struct Pack {
   int heads_q_, heads_kv_, workers_;
-  std::vector<int> seqlen_q_, seqlen_k_, order_;
+  std::vector<int> seqlen_q_, seqlen_k_, order_, unit_seq_, unit_index_;
   int heads_q() const { return heads_q_; }
   int group() const { return heads_q_ / heads_kv_; }
   int workers() const { return workers_; }
@@ -31,6 +31,9 @@ struct Pack {
   int seqlen_k(int b) const { return seqlen_k_[b]; }
   int dealt() const { return static_cast<int>(order_.size()); }
   int order(int k) const { return order_[k]; }
+  int units_dealt() const { return static_cast<int>(unit_seq_.size()); }
+  int unit_seq(int k) const { return unit_seq_[k]; }
+  int unit_index(int k) const { return unit_index_[k]; }
 };
 
 template <class Policy, class Tl>
@@ -44,6 +47,25 @@ static void walk(Pack pack, int workers) {
   }
   std::sort(pack.order_.begin(), pack.order_.end(),
             [&](int a, int b) { return dealt_before(tasks[a], a, tasks[b], b); });
+  // The units with tasks, sorted by sched::unit_dealt_before.
+  struct Unit { int key, place, u, b; };
+  std::vector<Unit> units;
+  for (int place = 0; place < pack.dealt(); ++place) {
+    const int b = pack.order_[place];
+    const Tl t(pack.seqlen_q_[b], pack.seqlen_k_[b]);
+    for (int u = 0; u < Policy::units(t); ++u) {
+      if (Policy::unit_tasks(t, u) > 0) units.push_back({deal_key<Policy>(t, u), place, u, b});
+    }
+  }
+  std::sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) {
+    return unit_dealt_before<Policy, Tl>(x.key, x.place, x.u, y.key, y.place, y.u);
+  });
+  pack.unit_seq_.clear();
+  pack.unit_index_.clear();
+  for (const Unit& x : units) {
+    pack.unit_seq_.push_back(x.b);
+    pack.unit_index_.push_back(x.u);
+  }
   pack.workers_ = workers;
   std::printf("W %d\n", workers);
   for (int w = 0; w < workers; ++w) {
@@ -55,7 +77,7 @@ static void walk(Pack pack, int workers) {
 template <int kBlockM, bool kCausal>
 static int run(int id, int argc, char** argv) {
   using Tl = Tiling<kBlockM, 128, kCausal>;
-  Pack pack{std::atoi(argv[4]), std::atoi(argv[5]), 0, {}, {}, {}};
+  Pack pack{std::atoi(argv[4]), std::atoi(argv[5]), 0, {}, {}, {}, {}, {}};
   const int seqs = std::atoi(argv[6]);
   int a = 7;
   for (int b = 0; b < seqs; ++b) pack.seqlen_q_.push_back(std::atoi(argv[a++]));

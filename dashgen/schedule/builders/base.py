@@ -120,6 +120,10 @@ class Policy:
     heads_together: bool
     supports: Callable[[Problem], str | None]  # None when served, else the reason it is not
     doc: str = ""
+    # A pack deals units that run independently sorted by cost, in the direction their costs
+    # run along the unit order under a causal mask: falling (fa3, descending: the first KV tile
+    # has the most Q tiles) or rising (spt: the last first, the fewest). pack_units.
+    deal_rising: bool = False
 
     def min_workers(self, problem: Problem) -> int:
         """The fewest workers the schedule is live on: one sequence's units if they must run
@@ -141,9 +145,11 @@ class Policy:
                     f"schedule {self.name!r} needs at least {need} workers for this pack (the "
                     f"{need} units of its largest sequence wait on each other and must all run "
                     f"at once), got num_workers={num_workers}")
-            total = problem.heads_q * sum(self.units(t) for t in pack_tilings(problem)
-                                          if _tasks(self, t))
-            return max(1, min(num_workers, total))
+            if self.heads_together:
+                total = sum(self.units(t) for t in pack_tilings(problem) if _tasks(self, t))
+            else:
+                total = len(pack_units(self, problem))
+            return max(1, min(num_workers, problem.heads_q * total))
         per_seq = max(1, self.units(Tiling(problem)))
         total = problem.batch * problem.heads_q * per_seq
         if self.heads_together:
@@ -174,32 +180,78 @@ def pack_order(policy: Policy, tilings: list[Tiling]) -> list[int]:
     return sorted((b for b, n in enumerate(tasks) if n), key=lambda b: (-tasks[b], b))
 
 
-def pack_deal(policy: Policy, problem: Problem, num_workers: int) -> list[list[tuple[int, int, int]]]:
-    """Each worker's units (batch, head, unit) of a pack, in the order it runs them. Sequences
-    go in pack_order, each sequence's heads in order. A policy whose units run independently
-    deals unit g of that sequence to worker g mod W. One whose units wait on each other
-    (heads_together) places each (batch, head)'s units on consecutive workers of one wave, next
-    fit: where they do not fit in what is left of the wave, the next wave starts (its first
-    workers may still be in the previous one). Every wait is then between units of one wave on
-    distinct workers, and a worker's earlier waves wait on nothing later, so the deal is live
-    (docs/design.md, `pack-deal`)."""
-    workers = policy.workers_used(problem, num_workers)
+def _deals_rising(policy: Policy, problem: Problem) -> bool:
+    """Whether a pack deals this policy's units cheapest first: where its unit costs rise along
+    the unit order (spt under a causal mask). Under a full mask a sequence's units cost the
+    same, and costliest first balances best for every policy."""
+    return policy.deal_rising and problem.mask.kind != "full"
+
+
+def _deal_keys(policy: Policy, tiling: Tiling, rising: bool) -> list[int]:
+    """Each unit's cost as the pack deal sorts it: its tasks, made monotone along the unit order
+    (the running maximum when dealing rising, else the running minimum), so that the sort keeps
+    every sequence's units in their order, the order its ranks assume, whatever the costs."""
+    keys, best = [], None
+    for u in range(policy.units(tiling)):
+        cost = policy.unit_tasks(tiling, u)
+        best = cost if best is None else (max(best, cost) if rising else min(best, cost))
+        keys.append(best)
+    return keys
+
+
+def pack_units(policy: Policy, problem: Problem) -> list[tuple[int, int]]:
+    """(batch, unit) of a pack's units with tasks, in the order a policy with independent units
+    deals them: by _deal_keys (costliest first, or for a rising policy cheapest first), ties by
+    the sequence's place in pack_order, then the unit."""
     tilings = pack_tilings(problem)
+    place = {b: k for k, b in enumerate(pack_order(policy, tilings))}
+    rising = _deals_rising(policy, problem)
+    items = []
+    for b in place:
+        for u, key in enumerate(_deal_keys(policy, tilings[b], rising)):
+            if policy.unit_tasks(tilings[b], u):
+                items.append((key if rising else -key, place[b], u, b))
+    return [(b, u) for _, _, u, b in sorted(items)]
+
+
+def snake_worker(j: int, workers: int) -> int:
+    """The worker of item j in a snake deal: rounds of `workers` items, every second reversed."""
+    r, c = divmod(j, workers)
+    return c if r % 2 == 0 else workers - 1 - c
+
+
+def pack_deal(policy: Policy, problem: Problem, num_workers: int) -> list[list[tuple[int, int, int]]]:
+    """Each worker's units (batch, head, unit) of a pack, in the order it runs them.
+
+    Units that run independently (fa3, spt, descending): the (unit, head) pairs of pack_units,
+    heads innermost, dealt in a snake (pair j to worker j mod W, every second round of W
+    reversed), so the costly units spread one a worker and each worker gets about as many
+    tasks. Each sequence's units keep their order, and every wait of these schedules is on a
+    sequence's earlier unit, dealt before, so the deal is live (by induction over j).
+
+    Units that wait on each other (heads_together): sequences in pack_order, each sequence's
+    heads in order, each (batch, head)'s units on consecutive workers of one wave, next fit:
+    where they do not fit in what is left of the wave, the next wave starts (its first workers
+    may still be in the previous one). Every wait is then between units of one wave on distinct
+    workers, and a worker's earlier waves wait on nothing later, so the deal is live.
+    docs/design.md, `pack-deal`."""
+    workers = policy.workers_used(problem, num_workers)
     programs: list[list[tuple[int, int, int]]] = [[] for _ in range(workers)]
-    g = cursor = 0
+    if not policy.heads_together:
+        heads = problem.heads_q
+        for j, (b, u) in enumerate(bu for bu in pack_units(policy, problem) for _ in range(heads)):
+            programs[snake_worker(j, workers)].append((b, j % heads, u))
+        return programs
+    tilings = pack_tilings(problem)
+    cursor = 0
     for b in pack_order(policy, tilings):
         units = policy.units(tilings[b])
         for h in range(problem.heads_q):
-            if policy.heads_together:
-                if cursor + units > workers:
-                    cursor = 0
-                for u in range(units):
-                    programs[cursor + u].append((b, h, u))
-                cursor += units
-            else:
-                for u in range(units):
-                    programs[g % workers].append((b, h, u))
-                    g += 1
+            if cursor + units > workers:
+                cursor = 0
+            for u in range(units):
+                programs[cursor + u].append((b, h, u))
+            cursor += units
     return programs
 
 

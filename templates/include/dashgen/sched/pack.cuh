@@ -1,13 +1,14 @@
 // dashgen/sched/pack.cuh: a worker's walk through a packed batch (sequences of their own
 // lengths, as cu_seqlens give them): the deal of dashgen.schedule.builders.base.pack_deal.
-// Sequences go most tasks first (ties: the lower index), each sequence's heads in order. A
-// policy whose units run independently deals unit g of that order to worker g mod W; one whose
-// units wait on each other (kHeadsTogether) puts a (sequence, head)'s units on consecutive
-// workers of one wave, next fit. Each unit's steps and ranks are the policy's formulas over its
+// A policy whose units run independently deals its units sorted by cost (unit_dealt_before),
+// heads innermost, in a snake over the workers; one whose units wait on each other
+// (kHeadsTogether) puts each (sequence, head)'s units on consecutive workers of one wave, next
+// fit, sequences most tasks first (dealt_before). Each unit's steps and ranks are the policy's formulas over its
 // own sequence's tiles, so a sequence's bits never depend on the others. Host-compilable like
 // tiling.cuh (tests/test_pack_header.py checks it against the Python IR).
 #ifndef DASHGEN_SCHED_PACK_CUH
 #define DASHGEN_SCHED_PACK_CUH
+#include "dashgen/sched/ordered.cuh"
 #include "dashgen/sched/tiling.cuh"
 
 namespace dashgen {
@@ -29,20 +30,56 @@ DASHGEN_HD int sequence_tasks(const Tl& t) {
   return n;
 }
 
-// Pack: heads_q(), group() (query heads per KV head), workers(), seqlen_q(b), seqlen_k(b),
-// dealt() (the sequences with tasks) and order(k) (the k-th of them dealt).
+// Whether a pack deals Policy's independent units cheapest first (base.py, _deals_rising):
+// where their costs rise along the unit order, spt's under a causal mask.
+template <class Policy, class Tl>
+struct DealsRising {
+  static constexpr bool value = false;
+};
+template <int kBlockM, int kBlockN>
+struct DealsRising<Spt<Tiling<kBlockM, kBlockN, true>>, Tiling<kBlockM, kBlockN, true>> {
+  static constexpr bool value = true;
+};
+
+// Unit u's cost as the deal sorts it: its tasks made monotone along the unit order (the running
+// maximum when dealing rising, else the running minimum), so the sort keeps a sequence's units
+// in the order its ranks assume.
+template <class Policy, class Tl>
+DASHGEN_HD int deal_key(const Tl& t, int u) {
+  constexpr bool kRising = DealsRising<Policy, Tl>::value;
+  int best = Policy::unit_tasks(t, 0);
+  for (int v = 1; v <= u; ++v) {
+    const int cost = Policy::unit_tasks(t, v);
+    best = kRising ? (cost > best ? cost : best) : (cost < best ? cost : best);
+  }
+  return best;
+}
+
+// Whether unit (key_a, place_a, u_a) is dealt before (key_b, place_b, u_b): by key (falling,
+// or rising where DealsRising), then the sequence's place in the order, then the unit.
+template <class Policy, class Tl>
+DASHGEN_HD bool unit_dealt_before(int key_a, int place_a, int u_a, int key_b, int place_b,
+                                  int u_b) {
+  if (key_a != key_b) return DealsRising<Policy, Tl>::value ? key_a < key_b : key_a > key_b;
+  return place_a != place_b ? place_a < place_b : u_a < u_b;
+}
+
+// Pack: heads_q(), group() (query heads per KV head), workers(), seqlen_q(b), seqlen_k(b);
+// dealt() and order(k): the sequences with tasks in the order they are dealt (dealt_before);
+// for independent units, units_dealt() and unit_seq(k), unit_index(k): the units with tasks
+// in the order they are dealt (unit_dealt_before). The launch computes these orders once.
 template <class Policy, class Tl, class Pack>
 struct PackWalk {
   const Pack& pack;
   int worker;
-  // The deal so far: the next (sequence position k, head h) to place, and the wave cursor
-  // (kHeadsTogether) or the units placed before (the others).
-  int k, h, placed;
+  // The deal so far. Independent units: the next snake round r. Units that wait on each other:
+  // the next (sequence position k, head h) to place and the wave cursor.
+  int r, k, h, cursor;
   // The current unit (sequence b, head hu, unit u) and its next step i of tasks.
   int b, hu, u, i, tasks;
 
   DASHGEN_HD PackWalk(const Pack& pack_, int worker_)
-      : pack(pack_), worker(worker_), k(0), h(0), placed(0), b(-1), hu(0), u(0), i(0),
+      : pack(pack_), worker(worker_), r(0), k(0), h(0), cursor(0), b(-1), hu(0), u(0), i(0),
         tasks(0) {}
 
   DASHGEN_HD Tl tiling(int seq) const { return Tl(pack.seqlen_q(seq), pack.seqlen_k(seq)); }
@@ -50,39 +87,35 @@ struct PackWalk {
   // Moves to this worker's next unit with tasks; false past the last.
   DASHGEN_HD bool advance() {
     const int workers = pack.workers();
-    if (!Policy::kHeadsTogether && b >= 0) {
-      // The same head's next unit on this worker: units stride by the worker count.
-      const Tl t = tiling(b);
-      for (int next = u + workers; next < Policy::units(t); next += workers) {
-        if (Policy::unit_tasks(t, next) > 0) {
-          u = next; i = 0; tasks = Policy::unit_tasks(t, next);
-          return true;
-        }
+    if (!Policy::kHeadsTogether) {
+      // Snake: item j = (unit k, head j % heads) of round j / workers, every second reversed.
+      const int heads = pack.heads_q(), total = heads * pack.units_dealt();
+      for (;;) {
+        const int j = r * workers + ((r & 1) ? workers - 1 - worker : worker);
+        ++r;
+        if (j >= total) return false;
+        b = pack.unit_seq(j / heads);
+        hu = j % heads;
+        u = pack.unit_index(j / heads);
+        i = 0;
+        tasks = Policy::unit_tasks(tiling(b), u);
+        if (tasks > 0) return true;
       }
     }
     while (k < pack.dealt()) {
       const int seq = pack.order(k), head = h;
       const Tl t = tiling(seq);
       const int units = Policy::units(t);
-      int mine = -1;  // this worker's first unit of (seq, head), if any
-      if (Policy::kHeadsTogether) {
-        if (placed + units > workers) placed = 0;  // the next wave
-        if (worker >= placed && worker < placed + units) mine = worker - placed;
-        placed += units;
-      } else {
-        const int first = ((worker - placed) % workers + workers) % workers;
-        if (first < units) mine = first;
-        placed += units;
-      }
+      if (cursor + units > workers) cursor = 0;  // the next wave
+      const int mine = worker - cursor;  // this worker's unit of (seq, head), if in range
+      cursor += units;
       if (++h == pack.heads_q()) {
         h = 0;
         ++k;
       }
-      for (; mine >= 0 && mine < units; mine += Policy::kHeadsTogether ? units : workers) {
-        if (Policy::unit_tasks(t, mine) > 0) {
-          b = seq; hu = head; u = mine; i = 0; tasks = Policy::unit_tasks(t, mine);
-          return true;
-        }
+      if (mine >= 0 && mine < units && Policy::unit_tasks(t, mine) > 0) {
+        b = seq; hu = head; u = mine; i = 0; tasks = Policy::unit_tasks(t, mine);
+        return true;
       }
     }
     return false;
