@@ -194,16 +194,16 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Non
     if deterministic is None:
         opts = opts._replace(deterministic=torch.are_deterministic_algorithms_enabled())
     elif deterministic is False and torch.are_deterministic_algorithms_enabled():
-        refuse_nondeterministic("deterministic=False")
+        _refuse_nondeterministic()
     return opts
 
 
-def refuse_nondeterministic(argument: str) -> None:
-    """A non-deterministic backward asked for under torch.use_deterministic_algorithms(True):
-    an error, or with warn_only=True a warning, as PyTorch's own non-deterministic ops do."""
-    message = (f"{argument} asks for dashgen's non-deterministic backward (unordered atomic dQ "
-               f"adds), but torch.use_deterministic_algorithms(True) is set; pass "
-               f"deterministic=None (follow the flag) or True")
+def _refuse_nondeterministic() -> None:
+    """deterministic=False under torch.use_deterministic_algorithms(True): an error, or with
+    warn_only=True a warning, as PyTorch's own non-deterministic ops do."""
+    message = ("deterministic=False asks for dashgen's non-deterministic backward (unordered "
+               "atomic dQ adds), but torch.use_deterministic_algorithms(True) is set; pass "
+               "deterministic=None (follow the flag) or True")
     if torch.is_deterministic_algorithms_warn_only_enabled():
         warnings.warn(message, stacklevel=3)
     else:

@@ -145,10 +145,12 @@ class Policy:
                     f"schedule {self.name!r} needs at least {need} workers for this pack (the "
                     f"{need} units of its largest sequence wait on each other and must all run "
                     f"at once), got num_workers={num_workers}")
+            tilings = pack_tilings(problem)
             if self.heads_together:
-                total = sum(self.units(t) for t in pack_tilings(problem) if _tasks(self, t))
-            else:
-                total = len(pack_units(self, problem))
+                total = sum(self.units(t) for t in tilings if _tasks(self, t))
+            else:  # the units pack_units deals: those with tasks
+                total = sum(1 for t in tilings for u in range(self.units(t))
+                            if self.unit_tasks(t, u))
             return max(1, min(num_workers, problem.heads_q * total))
         per_seq = max(1, self.units(Tiling(problem)))
         total = problem.batch * problem.heads_q * per_seq

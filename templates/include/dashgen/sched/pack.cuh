@@ -41,18 +41,13 @@ struct DealsRising<Spt<Tiling<kBlockM, kBlockN, true>>, Tiling<kBlockM, kBlockN,
   static constexpr bool value = true;
 };
 
-// Unit u's cost as the deal sorts it: its tasks made monotone along the unit order (the running
-// maximum when dealing rising, else the running minimum), so the sort keeps a sequence's units
-// in the order its ranks assume.
+// Unit u's cost as the deal sorts it (base.py, _deal_keys). Python makes the tasks monotone
+// along the unit order (a running minimum, or maximum when dealing rising) for any mask; under
+// the kernels' two masks they already are (fa3 and descending: non-increasing, spt:
+// non-decreasing, full: equal), so the key is the unit's tasks.
 template <class Policy, class Tl>
 DASHGEN_HD int deal_key(const Tl& t, int u) {
-  constexpr bool kRising = DealsRising<Policy, Tl>::value;
-  int best = Policy::unit_tasks(t, 0);
-  for (int v = 1; v <= u; ++v) {
-    const int cost = Policy::unit_tasks(t, v);
-    best = kRising ? (cost > best ? cost : best) : (cost < best ? cost : best);
-  }
-  return best;
+  return Policy::unit_tasks(t, u);
 }
 
 // Whether unit (key_a, place_a, u_a) is dealt before (key_b, place_b, u_b): by key (falling,
