@@ -17,6 +17,8 @@ _TORCH_ENTRY_POINTS = {
     "attention": ("runtime.op", "attention"),
     "sdpa": ("interfaces.sdpa", "sdpa"),
     "flash_attn_func": ("interfaces.flash_attn", "flash_attn_func"),
+    "attention_varlen": ("runtime.op_varlen", "attention_varlen"),
+    "flash_attn_varlen_func": ("interfaces.flash_attn", "flash_attn_varlen_func"),
 }
 
 
@@ -37,7 +39,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "Cost", "Mask", "attention", "flash_attn_func", "sdpa", "Problem", "Schedule", "ScheduleFormatError", "SimResult",
+    "Cost", "Mask", "attention", "attention_varlen", "flash_attn_func",
+    "flash_attn_varlen_func", "sdpa", "Problem", "Schedule", "ScheduleFormatError", "SimResult",
     "SimulationDeadlock", "Task", "UnsupportedProblem", "VerificationError",
     "VerificationReport", "Violation", "build_schedule", "clear_caches", "list_schedules",
     "load_schedule", "simulate", "verify",

@@ -92,7 +92,7 @@ class _Variant:
     def __post_init__(self) -> None:
         check_dtype_head_dim(self.dtype, self.head_dim)
         for name in ("causal", "deterministic", "gqa", "fused_convert", "early_kv", "trace",
-                     "persistent"):
+                     "persistent", "varlen"):
             value = getattr(self, name, False)
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
@@ -119,13 +119,20 @@ class _Variant:
 @dataclass(frozen=True)
 class ForwardVariant(_Variant):
     """The Hopper forward (TMA + wgmma, 128 query rows a CTA); `persistent`: fewer CTAs, each
-    walking query tiles and loading the next one's Q and K/V while it finishes the last."""
+    walking query tiles and loading the next one's Q and K/V while it finishes the last.
+    `varlen`: a pack of sequences of their own lengths (cu_seqlens), one CTA a query tile."""
 
     template: ClassVar[str] = "attn_fwd_sm90.cu.j2"
     dtype: str
     head_dim: int
     causal: bool
     persistent: bool = False
+    varlen: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.varlen and self.persistent:
+            raise ValueError("a varlen forward runs one CTA a query tile: persistent=False")
 
     block_m: ClassVar[int] = FORWARD_BLOCK_M
     block_n: ClassVar[int] = FORWARD_BLOCK_N
@@ -133,7 +140,8 @@ class ForwardVariant(_Variant):
     @property
     def kernel_name(self) -> str:
         name = f"dashgen_fwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}"
-        return name + ("_persistent" if self.persistent else "")
+        return name + ("_persistent" if self.persistent else "") + (
+            "_varlen" if self.varlen else "")
 
     @property
     def params_bytes(self) -> int:
@@ -150,7 +158,8 @@ class BackwardVariant(_Variant):
     early_kv: a KV segment's K/V are freed once its last dQ MMA has landed and the next
     segment's loads start then. trace: the dQ writer records each task's hand-off times.
     schedule: the policy compiled into the kernel (SCHEDULE_POLICIES), or "table" for a
-    schedule file's task table.
+    schedule file's task table. varlen: a pack of sequences of their own lengths (cu_seqlens),
+    dealt by the policy's pack deal from orders a plan kernel computes on the GPU.
     """
 
     template: ClassVar[str] = "attn_bwd_sm90.cu.j2"
@@ -163,9 +172,13 @@ class BackwardVariant(_Variant):
     fused_convert: bool = False
     early_kv: bool = False
     trace: bool = False
+    varlen: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.varlen and (self.schedule == "table" or self.fused_convert or self.trace):
+            raise ValueError("a varlen backward runs a named schedule without fused_convert "
+                             "or trace")
         if self.schedule not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULE_POLICIES)}, "
                              f"got {self.schedule!r}")
@@ -216,7 +229,8 @@ class BackwardVariant(_Variant):
         name = (f"dashgen_bwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}_"
                 f"{SCHEDULE_POLICIES[self.schedule][2]}_{mode}")
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
-                          (self.early_kv, "ekv"), (self.trace, "trace")):
+                          (self.early_kv, "ekv"), (self.trace, "trace"),
+                          (self.varlen, "varlen")):
             if flag:
                 name += "_" + tag
         return name
@@ -237,7 +251,8 @@ class FwdParams(ctypes.Structure):
     _fields_ = [("q", _P), ("k", _P), ("v", _P), ("o", _P), ("lse", _P),
                 ("batch", _I), ("heads_q", _I), ("heads_kv", _I), ("seqlen_q", _I),
                 ("seqlen_k", _I), ("q_row_stride", _I), ("k_row_stride", _I),
-                ("o_row_stride", _I), ("softmax_scale", _F)]
+                ("o_row_stride", _I), ("softmax_scale", _F),
+                ("cu_seqlens_q", _P), ("cu_seqlens_k", _P)]
 
 
 # Columns of a traced backward's rows (templates/include/dashgen/ptx/timer.cuh): b, h, n, m,
@@ -255,7 +270,8 @@ class BwdParams(ctypes.Structure):
         "dq_counters", "dkv_counters", "tasks", "worker_offsets", "trace", "stall")] + [
         (name, _I) for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
                                 "q_row_stride", "k_row_stride", "num_m_blocks", "num_n_blocks")] + [
-        ("softmax_scale", _F), ("watchdog_ms", ctypes.c_uint32), ("stats", _P), ("dq", _P)]
+        ("softmax_scale", _F), ("watchdog_ms", ctypes.c_uint32), ("stats", _P), ("dq", _P),
+        ("cu_seqlens_q", _P), ("cu_seqlens_k", _P), ("pack_plan", _P), ("max_units", _I)]
 
 
 # The watchdog's record (params.cuh): STALL_WORDS uint32 per worker and role, word 0
@@ -271,7 +287,8 @@ class PrepParams(ctypes.Structure):
     _fields_ = [("o", _P), ("dout", _P), ("dpsum", _P), ("dq_accum", _P), ("zero", _P),
                 ("zero_vec4s", ctypes.c_int64),
                 ("batch", _I), ("heads", _I), ("seqlen", _I), ("row_stride", _I),
-                ("padded_rows", _I), ("zero_dq", _I), ("lse", _P), ("stats", _P)]
+                ("padded_rows", _I), ("zero_dq", _I), ("lse", _P), ("stats", _P),
+                ("cu_seqlens", _P)]
 
 
 class ConvertParams(ctypes.Structure):
@@ -279,4 +296,4 @@ class ConvertParams(ctypes.Structure):
 
     _fields_ = [("src", _P), ("dst", _P), ("counters", _P), ("batch", _I), ("heads", _I),
                 ("seqlen", _I), ("row_stride", _I), ("padded_rows", _I), ("swizzled", _I),
-                ("block_m", _I)]
+                ("block_m", _I), ("cu_seqlens", _P)]

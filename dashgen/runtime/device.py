@@ -18,7 +18,8 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # torch dtype -> 
 
 
 class LoadedKernels:
-    """A variant's module: its main kernel (and the backward's `_preprocess` and `_convert`),
+    """A variant's module: its main kernel (and the backward's `_preprocess`, `_convert` and, for
+    a pack, `_plan`),
     and the main kernel's dynamic shared memory as the C++ layout computed it."""
 
     def __init__(self, variant: ForwardVariant | BackwardVariant):
@@ -35,6 +36,8 @@ class LoadedKernels:
         if isinstance(variant, BackwardVariant):
             self.preprocess = launch.load_kernel(cubin.data, source.name + "_preprocess")
             self.convert = launch.load_kernel(cubin.data, source.name + "_convert")
+            if variant.varlen:
+                self.plan = launch.load_kernel(cubin.data, source.name + "_plan")
 
 
 @memo(max_entries=256)

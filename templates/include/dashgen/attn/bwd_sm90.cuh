@@ -44,6 +44,16 @@ static_assert(static_cast<u32>(Sm90Barrier::kStats1) == static_cast<u32>(Sm90Bar
 
 enum class DqSplit { kColumns, kRows, kKvRows };
 
+// A if kFirst, else B (std::conditional, which NVRTC's headers may lack).
+template <bool kFirst, class A, class B>
+struct Either {
+  using type = A;
+};
+template <class A, class B>
+struct Either<false, A, B> {
+  using type = B;
+};
+
 // Cfg: the configuration the entry template renders (attn_bwd_sm90.cu.j2); its members are
 // named here as the kernel uses them.
 template <class Cfg>
@@ -63,6 +73,12 @@ struct AttnBwdSm90 {
   // The schedule: which tasks this worker runs in which order, and their ranks.
   using Tiling = sched::Tiling<kBlockM, kBlockN, kCausal>;
   static constexpr bool kTable = Cfg::kTable;
+  // A pack of sequences of their own lengths (BwdParams::cu_seqlens_q/k): the walk is the
+  // policy's pack deal (sched::PackWalk over the plan AttnPackPlan wrote), and every address
+  // and mask reads the task's sequence.
+  static constexpr bool kVarlen = Cfg::kVarlen;
+  static_assert(!kVarlen || (!kTable && !kFusedConvert),
+                "a pack runs a named policy, its dQ converted by the convert kernel");
 
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kThreads = 384;
@@ -186,11 +202,34 @@ struct AttnBwdSm90 {
     __device__ __forceinline__ int seqlen_k() const { return fresh(p.seqlen_k); }
     __device__ __forceinline__ int workers() const { return fresh(static_cast<int>(gridDim.x)); }
   };
-  using Walk = typename Cfg::template Walk<Tiling, LaunchShape>;
+  // A pack's shape (sched::PackWalk): per-sequence lengths from cu_seqlens, the deal's orders
+  // from the plan.
+  struct PackShape : LaunchShape {
+    __device__ explicit PackShape(const BwdParams& params) : LaunchShape{params} {}
+    __device__ __forceinline__ int seqlen_q(int b) const {
+      return this->p.cu_seqlens_q[b + 1] - this->p.cu_seqlens_q[b];
+    }
+    __device__ __forceinline__ int seqlen_k(int b) const {
+      return this->p.cu_seqlens_k[b + 1] - this->p.cu_seqlens_k[b];
+    }
+    __device__ __forceinline__ int dealt() const { return this->p.pack_plan[0]; }
+    __device__ __forceinline__ int units_dealt() const { return this->p.pack_plan[1]; }
+    __device__ __forceinline__ int order(int k) const {
+      return this->p.pack_plan[kPlanHeader + k];
+    }
+    __device__ __forceinline__ int unit_seq(int k) const {
+      return this->p.pack_plan[kPlanHeader + this->p.batch + k];
+    }
+    __device__ __forceinline__ int unit_index(int k) const {
+      return this->p.pack_plan[kPlanHeader + this->p.batch + this->p.max_units + k];
+    }
+  };
+  using Shape = typename Either<kVarlen, PackShape, LaunchShape>::type;
+  using Walk = typename Cfg::template Walk<Tiling, Shape>;
 
   // This worker's walk: the producer and the dQ writer each walk it, the MMA warpgroups read
   // the producer's copy of each task from the stage's slot. `shape` outlives the walk.
-  __device__ static Walk make_walk(const BwdParams& p, const LaunchShape& shape) {
+  __device__ static Walk make_walk(const BwdParams& p, const Shape& shape) {
     if constexpr (kTable) {
       return Walk(p.tasks, p.worker_offsets, blockIdx.x);
     } else {
@@ -254,7 +293,7 @@ struct AttnBwdSm90 {
         for (int i = 0; i < 4; ++i) mbarrier_init(&conv_bars[i], i < 2 ? 1 : 32);
       }
       fence_barrier_init();
-      const LaunchShape shape{p};
+      const Shape shape{p};
       *count_slot = make_walk(p, shape).count();
     }
     __syncthreads();
@@ -285,7 +324,7 @@ struct AttnBwdSm90 {
   // and leaves each task in ring slot i % kRing for the producer and the writer, which only
   // read it: one lane holds the walk's state, inside the producer warpgroup's 24 registers.
   __device__ static void schedule_tasks(const BwdParams& p, char* smem, Bars* bars, int count) {
-    const LaunchShape shape{p};
+    const Shape shape{p};
     Walk walk = make_walk(p, shape);
     Task* ring = reinterpret_cast<Task*>(smem + kOffRing);
 #pragma unroll 1
@@ -321,15 +360,23 @@ struct AttnBwdSm90 {
       // those Q/dO load while the previous segment's last task still runs, and the K/V as soon
       // as its dQ MMA has freed them (not after its dK/dV stores).
       if (!kEarlyKv && t.seg_start) {
-        load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, t.n * kBlockN, t.b);
+        load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, kv_row(p, t), kv_batch(t));
       }
       const int s = i % kStages, use = i / kStages;
       load_task(tm_q, tm_do, p, t, bars, smem, s, use);
       if (kEarlyKv && t.seg_start) {
-        load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, t.n * kBlockN, t.b);
+        load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, kv_row(p, t), kv_batch(t));
       }
     }
   }
+
+  // The task's K/V tile in the K/V tensor maps: row and batch (a pack's rows are the sequence's
+  // from its first, in a batch of one).
+  __device__ static __forceinline__ int kv_row(const BwdParams& p, const Task& t) {
+    if constexpr (kVarlen) return p.cu_seqlens_k[t.b] + t.n * kBlockN;
+    return t.n * kBlockN;
+  }
+  __device__ static __forceinline__ int kv_batch(const Task& t) { return kVarlen ? 0 : t.b; }
 
   // A task into stage s, once the MMA warpgroups have freed it: its decoded entry into the
   // stage's slot, its Q and dO tiles and, with kStagedStats, its softmax statistics.
@@ -342,18 +389,34 @@ struct AttnBwdSm90 {
     if constexpr (kStagedStats) {
       mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes + kStatsBytes);
       // The preprocess kernel laid the statistics out per query tile (BwdParams::stats).
-      bulk_load(smem + kOffStats + s * kStatsBytes,
-                p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *
-                              (2 * kBlockM),
-                kStatsBytes, &bars->q_full[s]);
+      if constexpr (kVarlen) {
+        bulk_load(smem + kOffStats + s * kStatsBytes,
+                  p.stats + static_cast<i64>(q_tile(p, t)) * (2 * kBlockM), kStatsBytes,
+                  &bars->q_full[s]);
+      } else {
+        bulk_load(smem + kOffStats + s * kStatsBytes,
+                  p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *
+                                (2 * kBlockM),
+                  kStatsBytes, &bars->q_full[s]);
+      }
     } else {
       mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes);
     }
-    for (int cb = 0; cb < kColBlocks; ++cb) {
-      tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
-                  cb * 64, t.h, t.m * kBlockM, t.b);
-      tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
-                  cb * 64, t.h, t.m * kBlockM, t.b);
+    if constexpr (kVarlen) {
+      const int row = p.cu_seqlens_q[t.b] + t.m * kBlockM;  // the sequence's rows, batch 0
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
+                    cb * 64, t.h, row, 0);
+        tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
+                    cb * 64, t.h, row, 0);
+      }
+    } else {
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
+                    cb * 64, t.h, t.m * kBlockM, t.b);
+        tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
+                    cb * 64, t.h, t.m * kBlockM, t.b);
+      }
     }
   }
 
@@ -372,6 +435,16 @@ struct AttnBwdSm90 {
   }
 
   // ---- dQ writer -----------------------------------------------------------------------------
+  // The task's query tile among the dQ counters, sums and statistics: per (batch, head)
+  // num_m_blocks (a pack: the sequence's block, PackedRows).
+  __device__ static __forceinline__ int q_tile(const BwdParams& p, const Task& t) {
+    if constexpr (kVarlen) {
+      const PackedRows r(p.cu_seqlens_q, t.b, kBlockM);
+      return p.heads_q * r.tile0 + t.h * r.tiles(kBlockM) + t.m;
+    }
+    return (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
+  }
+
   __device__ static void write_dq(const BwdParams& p, char* smem, Bars* bars, int count) {
     // Tracing: this worker's rows start at its offset in the IR's order (p.worker_offsets).
     const int first_row = kTrace ? p.worker_offsets[blockIdx.x] : 0;
@@ -382,6 +455,7 @@ struct AttnBwdSm90 {
       i32* row = kTrace ? p.trace + static_cast<i64>(first_row + i) * kTraceColumns : nullptr;
       if (kTrace) trace_stamp(row, kTraceReady);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
+      if constexpr (kVarlen) counter = p.dq_counters + q_tile(p, t);
       if (kDeterministic) {
         if constexpr (kTrace) {
           // Traced builds (the tests' trace = IR check) wait unbounded: their trace row holds
@@ -406,6 +480,7 @@ struct AttnBwdSm90 {
                                                          const char* smem, int s) {
     float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
                                static_cast<i64>(t.m) * kBlockM) * kHeadDim;
+    if constexpr (kVarlen) dst = p.dq_accum + static_cast<i64>(q_tile(p, t)) * kBlockM * kHeadDim;
     const float* src = reinterpret_cast<const float*>(smem + kOffDq + s * kDqBytes);
     if (kDeterministic && t.dq_rank == 0) {
       // The first contribution in dq_rank order: the tile holds nothing yet (the preprocess
@@ -564,6 +639,7 @@ struct AttnBwdSm90 {
     const int group = p.heads_q / p.heads_kv;
     const float scale_log2 = p.softmax_scale * kLog2e;
     const int causal_offset = p.seqlen_k - p.seqlen_q;
+    int seq_k = 0, seq_offset = 0;  // a pack: the task's sequence's keys and causal offset
     float dk[kHeadDim / 2], dv[kHeadDim / 2];  // m64n128 accumulators: this warpgroup's 64 KV rows
     int segment = 0;
 
@@ -571,6 +647,10 @@ struct AttnBwdSm90 {
       const int s = (i - begin) % kStages, use = (i - begin) / kStages;
       mbarrier_wait_parity(&bars->q_full[s], use & 1);
       const Task t = load_task_slot(reinterpret_cast<const Task*>(smem + kOffTask) + s);
+      if constexpr (kVarlen) {
+        seq_k = p.cu_seqlens_k[t.b + 1] - p.cu_seqlens_k[t.b];
+        seq_offset = seq_k - (p.cu_seqlens_q[t.b + 1] - p.cu_seqlens_q[t.b]);
+      }
       if (t.seg_start) {
         mbarrier_wait_parity(&bars->kv_full, segment & 1);
 #pragma unroll
@@ -608,7 +688,9 @@ struct AttnBwdSm90 {
           const int ii = i2 + e;
           const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
           const int qrow = t.m * kBlockM + col;
-          const bool masked = key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
+          const bool masked = kVarlen
+                                  ? key >= seq_k || (kCausal && key > qrow + seq_offset)
+                                  : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
           pv[e] = masked ? 0.f : exp2f(st[ii] * scale_log2 - stats[col]);
           ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * p.softmax_scale;
         }
@@ -709,14 +791,30 @@ struct AttnBwdSm90 {
     float* stats = reinterpret_cast<float*>(smem + kOffStats) + (kStagedStats ? s : me.wg) * 2 * kBlockM;
     if constexpr (!kStagedStats) {
       // 128 threads, 2 * kBlockM values: lse (as log2) then D for each query row.
+      if constexpr (kVarlen) {
+        // A pack's rows: the sequence's (heads_q, seqlen) block (PackedRows).
+        const PackedRows seq(p.cu_seqlens_q, t.b, kBlockM);
+        const int seqlen_q = seq.seqlen;
 #pragma unroll
-      for (int v = me.tid % 128; v < 2 * kBlockM; v += 128) {
-        const int r = v % kBlockM, row = t.m * kBlockM + r;
-        const i64 idx = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.seqlen_q + row;
-        if (v < kBlockM) {
-          stats[r] = lse_log2(row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF);
-        } else {
-          stats[kBlockM + r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
+        for (int v = me.tid % 128; v < 2 * kBlockM; v += 128) {
+          const int r = v % kBlockM, row = t.m * kBlockM + r;
+          const i64 idx = static_cast<i64>(p.heads_q) * seq.row0 + t.h * seqlen_q + row;
+          if (v < kBlockM) {
+            stats[r] = lse_log2(row < seqlen_q ? p.lse[idx] : -DASHGEN_INF);
+          } else {
+            stats[kBlockM + r] = row < seqlen_q ? p.dpsum[idx] : 0.f;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int v = me.tid % 128; v < 2 * kBlockM; v += 128) {
+          const int r = v % kBlockM, row = t.m * kBlockM + r;
+          const i64 idx = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.seqlen_q + row;
+          if (v < kBlockM) {
+            stats[r] = lse_log2(row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF);
+          } else {
+            stats[kBlockM + r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
+          }
         }
       }
       named_barrier_sync(static_cast<u32>(Sm90Barrier::kStats0) + me.wg, 128);
@@ -844,12 +942,20 @@ struct AttnBwdSm90 {
     const int hk = t.h / group;
     T* dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
     T* dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+    int seqlen_k = p.seqlen_k;
+    if constexpr (kVarlen) {
+      // A pack's rows: the sequence's from its first.
+      const int k0 = p.cu_seqlens_k[t.b];
+      seqlen_k = p.cu_seqlens_k[t.b + 1] - k0;
+      dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(k0) * p.heads_kv + hk) * kHeadDim;
+      dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(k0) * p.heads_kv + hk) * kHeadDim;
+    }
 #pragma unroll
     for (int ii = 0; ii < kHeadDim / 2; ii += 2) {
       const int row = 16 * me.warp + me.g + 8 * ((ii / 2) % 2);
       const int key = t.n * kBlockN + 64 * me.wg + row;
       const int col = 8 * (ii / 4) + 2 * me.t4;
-      if (key < p.seqlen_k) {
+      if (kVarlen ? key < seqlen_k : key < p.seqlen_k) {
         const i64 off = static_cast<i64>(key) * p.k_row_stride + col;
         *reinterpret_cast<u32*>(dk_out + off) = Element<T>::pack(dk[ii], dk[ii + 1]);
         *reinterpret_cast<u32*>(dv_out + off) = Element<T>::pack(dv[ii], dv[ii + 1]);
@@ -867,6 +973,13 @@ struct AttnBwdSm90 {
                                                const MmaThread& me) {
     const int hk = t.h / (p.heads_q / p.heads_kv);
     u32* counter = p.dkv_counters + (t.b * p.heads_kv + hk) * p.num_n_blocks + t.n;
+    // A pack: the sequence's block of KV tiles (PackedRows).
+    int kv_tile = 0;
+    if constexpr (kVarlen) {
+      const PackedRows r(p.cu_seqlens_k, t.b, kBlockN);
+      kv_tile = p.heads_kv * r.tile0 + hk * r.tiles(kBlockN) + t.n;
+      counter = p.dkv_counters + kv_tile;
+    }
     if (kDeterministic && me.tid == 0) {
       // Unbounded: in every named schedule the heads of a group add in head order, which no
       // later launch precedes, and a schedule file's dK/dV order passed the verifier; a
@@ -875,7 +988,8 @@ struct AttnBwdSm90 {
     }
     sync_mma_warpgroups();
     // Padded rows (keys past seqlen_k) carry zeros into the padded accumulator rows.
-    const i64 tile = (static_cast<i64>(t.b * p.heads_kv + hk) * p.num_n_blocks + t.n) * kBlockN;
+    i64 tile = (static_cast<i64>(t.b * p.heads_kv + hk) * p.num_n_blocks + t.n) * kBlockN;
+    if constexpr (kVarlen) tile = static_cast<i64>(kv_tile) * kBlockN;
     float* dk_acc = p.dk_accum + (tile + 64 * me.wg) * kHeadDim;
     float* dv_acc = p.dv_accum + (tile + 64 * me.wg) * kHeadDim;
 #pragma unroll

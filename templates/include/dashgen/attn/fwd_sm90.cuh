@@ -84,6 +84,40 @@ struct AttnFwdSm90 {
                    threadIdx.x % 128);
   }
 
+  // A pack (Cfg::kVarlen; FwdParams::cu_seqlens_q/k): CTA (m, h, b) is query tile m of
+  // sequence b, and exits at once past the sequence's last tile. It runs the one-tile code on
+  // the sequence as a batch of one: its rows and keys are the packed tensors' from the
+  // sequence's first, its lse rows a (heads_q, seqlen_q) block. Loads past its end read the next
+  // sequence's rows (finite, so their P = 0 adds exact zeros), which the key mask (keys past
+  // seqlen_k) and the stores' row bound leave out: the sequence's bits are those it has alone.
+  __device__ static void run_packed(const TensorMap* tm_q, const TensorMap* tm_k,
+                                    const TensorMap* tm_v, const FwdParams& p, char* smem_raw) {
+    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+    FwdParams seq = p;
+    seq.seqlen_q = p.cu_seqlens_q[b + 1] - q0;
+    seq.seqlen_k = p.cu_seqlens_k[b + 1] - k0;
+    if (m * kBlockM >= seq.seqlen_q) return;
+    seq.o = static_cast<T*>(p.o) + static_cast<i64>(q0) * p.o_row_stride;
+    seq.lse = p.lse + static_cast<i64>(p.heads_q) * q0;
+    char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
+    Bars* bars = reinterpret_cast<Bars*>(smem + kOffBar);
+    const int n_tiles = num_kv_tiles(seq, m);
+    if (threadIdx.x == 0) init_barriers<false>(bars);
+    __syncthreads();
+
+    if (threadIdx.x / 128 == 0) {
+      setmaxnreg_dec<kProducerRegs>();
+      if (threadIdx.x == 0) {
+        produce<false>(tm_q, tm_k, tm_v, seq, smem, bars, m, h, 0, n_tiles, 0, 0, q0, k0);
+      }
+      return;
+    }
+    setmaxnreg_inc<kMmaRegs>();
+    consume<false>(seq, smem, bars, m, h, 0, n_tiles, 0, 0, threadIdx.x / 128 - 1,
+                   threadIdx.x % 128);
+  }
+
   // kQEmpty: the barriers include Q's empty one (persistent CTAs).
   template <bool kQEmpty, class B>
   __device__ static void init_barriers(B* bars) {
@@ -99,12 +133,14 @@ struct AttnFwdSm90 {
   }
 
   // The producer's loads for query tile (m, h, b), the CTA's i-th, whose K/V tiles are its
-  // kv-th on. kWaitQ (persistent CTAs, fwd_sm90_persistent.cuh): Q's buffer is reused, free once
-  // both MMA warpgroups issued the previous tile's last S. B: the kernel's barriers.
+  // kv-th on (a pack: b = 0, and the sequence's rows start at q_row0 and k_row0 of the packed
+  // tensors). kWaitQ (persistent CTAs, fwd_sm90_persistent.cuh): Q's buffer is reused, free
+  // once both MMA warpgroups issued the previous tile's last S. B: the kernel's barriers.
   template <bool kWaitQ, class B>
   __device__ static void produce(const TensorMap* tm_q, const TensorMap* tm_k,
                                  const TensorMap* tm_v, const FwdParams& p, char* smem, B* bars,
-                                 int m, int h, int b, int n_tiles, int i, int kv) {
+                                 int m, int h, int b, int n_tiles, int i, int kv, int q_row0 = 0,
+                                 int k_row0 = 0) {
     const int hk = h / (p.heads_q / p.heads_kv);
     if constexpr (kWaitQ) mbarrier_wait_parity(&bars->q_empty, (i & 1) ^ 1);
     // Tensor-map coordinates run innermost first: (column, head, row, batch).
@@ -112,7 +148,7 @@ struct AttnFwdSm90 {
     for (int half = 0; half < 2; ++half) {
       for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(smem + kOffQ + half * (kQBytes / 2) + cb * 64 * 128, tm_q, &bars->q_full,
-                    cb * 64, h, m * kBlockM + 64 * half, b);
+                    cb * 64, h, q_row0 + m * kBlockM + 64 * half, b);
       }
     }
     for (int n = 0; n < n_tiles; ++n) {
@@ -121,13 +157,13 @@ struct AttnFwdSm90 {
       mbarrier_arrive_expect_tx(&bars->k_full[s], kKBytes);
       for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(smem + kOffK + s * kKBytes + cb * kBlockN * 128, tm_k, &bars->k_full[s],
-                    cb * 64, hk, n * kBlockN, b);
+                    cb * 64, hk, k_row0 + n * kBlockN, b);
       }
       mbarrier_wait_parity(&bars->v_empty[s], (use & 1) ^ 1);
       mbarrier_arrive_expect_tx(&bars->v_full[s], kKBytes);
       for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(smem + kOffV + s * kKBytes + cb * kBlockN * 128, tm_v, &bars->v_full[s],
-                    cb * 64, hk, n * kBlockN, b);
+                    cb * 64, hk, k_row0 + n * kBlockN, b);
       }
     }
   }

@@ -16,6 +16,11 @@ struct FwdParams {
   i32 batch, heads_q, heads_kv, seqlen_q, seqlen_k;
   i32 q_row_stride, k_row_stride, o_row_stride;  // elements between consecutive sequence rows
   float softmax_scale;
+  // A pack (varlen kernels; else null): sequence b's rows are [cu_seqlens[b], cu_seqlens[b + 1])
+  // of (total, heads, head_dim) tensors, and its lse rows a (heads_q, seqlen) block from
+  // heads_q * cu_seqlens_q[b] (PackedRows).
+  const i32* cu_seqlens_q;
+  const i32* cu_seqlens_k;
 };
 
 // The watchdog's record of a rank wait that never ended: per worker and role (dQ writer, dK/dV
@@ -58,7 +63,33 @@ struct BwdParams {
   // With the fused convert (deterministic only), else null: the 16-bit dQ output, laid out like
   // q. Which worker converts which tile, and when a tile's sum is final, are formulas.
   void* dq;
+  // A pack (varlen kernels; else null): every buffer holds sequence b as a batch of one
+  // (PackedRows). pack_plan: the deal's orders (AttnPackPlan), max_units its unit slots.
+  const i32* cu_seqlens_q;
+  const i32* cu_seqlens_k;
+  i32* pack_plan;
+  i32 max_units;
 };
+
+// Where a pack keeps sequence b: in every buffer a batch of one, so the fixed-length code runs
+// on it unchanged. Its rows [cu_seqlens[b], cu_seqlens[b + 1]) of the (total, heads, head_dim)
+// tensors; its per-row values (lse, D) a (heads, seqlen) block from heads * cu_seqlens[b]; its
+// per-tile buffers (fp32 sums, statistics, counters) a (heads, tiles) block from
+// heads * tile0(b), tile0(b) = (cu_seqlens[b] + b * block) / block, which moves on by at least
+// floor(seqlen / block) + 1 (the sequence's tiles or more) per sequence: total / block + batch
+// tiles per head in all.
+struct PackedRows {
+  i32 row0, seqlen, tile0;
+  __device__ __forceinline__ PackedRows(const i32* cu_seqlens, int b, int block)
+      : row0(cu_seqlens[b]), seqlen(cu_seqlens[b + 1] - cu_seqlens[b]),
+        tile0((cu_seqlens[b] + b * block) / block) {}
+  __device__ __forceinline__ int tiles(int block) const { return (seqlen + block - 1) / block; }
+};
+
+// The pack plan's words (BwdParams::pack_plan): the sequences dealt, the units dealt, then the
+// sequences in deal order (batch words), then the units' sequences and indices in deal order
+// (max_units words each), then AttnPackPlan's scratch.
+constexpr int kPlanHeader = 2;
 
 // Preprocess: D = rowsum(dO * O), zero the fp32 dQ accumulator and the workspace (the ordering
 // counters; the fp32 dK/dV accumulators under GQA). Postprocess: fp32 -> 16 bit.
@@ -73,6 +104,8 @@ struct PrepParams {
   i32 zero_dq;     // 0 when the backward's first dQ writer of each tile stores instead of adding
   const float* lse;  // (batch, heads, seqlen), with `stats`
   float* stats;      // BwdParams::stats to fill, or null
+  // A pack (varlen kernels; else null): PackedRows of the backward's query tiles.
+  const i32* cu_seqlens;
 };
 
 struct ConvertParams {
@@ -83,7 +116,9 @@ struct ConvertParams {
   const u32* counters;
   i32 batch, heads, seqlen, row_stride, padded_rows;
   i32 swizzled;      // src rows in the accum_col layout (the Hopper backward's dQ sums)
-  i32 block_m;       // rows per counter, with `counters`
+  i32 block_m;       // rows per counter, with `counters`; a pack's tiles (PackedRows)
+  // A pack (varlen kernels; else null): PackedRows of tiles of block_m rows.
+  const i32* cu_seqlens;
 };
 
 }  // namespace dashgen

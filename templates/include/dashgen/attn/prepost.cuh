@@ -31,6 +31,7 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
   using T = typename Cfg::Element;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kStatsBlockM = Cfg::kStagedStats ? Cfg::kBlockM : 0;
+  static constexpr int kBlockM = Cfg::kBlockM;  // the backward's query tiles
 
   __device__ static void run(const PrepParams& p) {
     // The workspace, grid-stride over all blocks: it has no row structure.
@@ -39,8 +40,28 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
     for (i64 i = block * L::kThreads + threadIdx.x; i < p.zero_vec4s; i += blocks * L::kThreads) {
       p.zero[i] = make_uint4(0u, 0u, 0u, 0u);
     }
+    if constexpr (Cfg::kVarlen) {
+      // A pack: sequence blockIdx.z as a batch of one (PackedRows).
+      const PackedRows r(p.cu_seqlens, blockIdx.z, kBlockM);
+      PrepParams seq = p;
+      seq.seqlen = r.seqlen;
+      seq.padded_rows = r.tiles(kBlockM) * kBlockM;
+      seq.o = static_cast<const T*>(p.o) + static_cast<i64>(r.row0) * p.row_stride;
+      seq.dout = static_cast<const T*>(p.dout) + static_cast<i64>(r.row0) * p.row_stride;
+      seq.dpsum = p.dpsum + static_cast<i64>(p.heads) * r.row0;
+      seq.lse = p.lse + static_cast<i64>(p.heads) * r.row0;
+      seq.dq_accum = p.dq_accum + static_cast<i64>(p.heads) * r.tile0 * kBlockM * kHeadDim;
+      if (p.stats != nullptr) seq.stats = p.stats + static_cast<i64>(p.heads) * r.tile0 * 2 * kBlockM;
+      rows(seq, 0);
+    } else {
+      rows(p, blockIdx.z);
+    }
+  }
+
+  // D (and the statistics, the zeroed dQ rows) of head blockIdx.y of sequence b.
+  __device__ static __forceinline__ void rows(const PrepParams& p, int b) {
     const int lane = threadIdx.x % L::kLanes, sub = threadIdx.x / L::kLanes;
-    const int h = blockIdx.y, b = blockIdx.z;
+    const int h = blockIdx.y;
     const T* o = static_cast<const T*>(p.o);
     const T* dout = static_cast<const T*>(p.dout);
 #pragma unroll
@@ -87,8 +108,25 @@ struct AttnConvert : RowLanes<Cfg::kHeadDim> {
   static constexpr int kHeadDim = Cfg::kHeadDim;
 
   __device__ static void run(const ConvertParams& p) {
+    if constexpr (Cfg::kVarlen) {
+      // A pack: sequence blockIdx.z as a batch of one (PackedRows).
+      const PackedRows r(p.cu_seqlens, blockIdx.z, p.block_m);
+      ConvertParams seq = p;
+      seq.seqlen = r.seqlen;
+      seq.padded_rows = r.tiles(p.block_m) * p.block_m;
+      seq.src = p.src + static_cast<i64>(p.heads) * r.tile0 * p.block_m * kHeadDim;
+      seq.dst = static_cast<T*>(p.dst) + static_cast<i64>(r.row0) * p.row_stride;
+      if (p.counters != nullptr) seq.counters = p.counters + static_cast<i64>(p.heads) * r.tile0;
+      rows(seq, 0);
+    } else {
+      rows(p, blockIdx.z);
+    }
+  }
+
+  // Head blockIdx.y of sequence b.
+  __device__ static __forceinline__ void rows(const ConvertParams& p, int b) {
     const int lane = threadIdx.x % L::kLanes, sub = threadIdx.x / L::kLanes;
-    const int h = blockIdx.y, b = blockIdx.z;
+    const int h = blockIdx.y;
     T* dst = static_cast<T*>(p.dst);
     const i64 tiles = p.counters ? p.padded_rows / p.block_m : 0;
 #pragma unroll

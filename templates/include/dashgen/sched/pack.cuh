@@ -82,7 +82,7 @@ struct PackWalk {
   // Moves to this worker's next unit with tasks; false past the last.
   DASHGEN_HD bool advance() {
     const int workers = pack.workers();
-    if (!Policy::kHeadsTogether) {
+    if constexpr (!Policy::kHeadsTogether) {
       // Snake: item j = (unit k, head j % heads) of round j / workers, every second reversed.
       const int heads = pack.heads_q(), total = heads * pack.units_dealt();
       for (;;) {
@@ -96,7 +96,14 @@ struct PackWalk {
         tasks = Policy::unit_tasks(tiling(b), u);
         if (tasks > 0) return true;
       }
+    } else {
+      return advance_together(workers);
     }
+  }
+
+  // advance() for units that wait on each other: each (sequence, head)'s units on consecutive
+  // workers of one wave, next fit.
+  DASHGEN_HD bool advance_together(int workers) {
     while (k < pack.dealt()) {
       const int seq = pack.order(k), head = h;
       const Tl t = tiling(seq);

@@ -1,0 +1,284 @@
+"""The packed torch op: ``dashgen.attention_varlen`` over sequences of their own lengths.
+
+Registers ``dashgen::attention_varlen_fwd`` and ``dashgen::attention_varlen_bwd`` with
+torch.library (fake kernels for torch.compile: cu_seqlens are tensors, so a new pack's lengths
+trace to the same graph; autograd via register_autograd). Eager calls take a
+torch.autograd.Function over the same runtime calls (dashgen.runtime.varlen), as
+dashgen.attention does. No call reads the lengths on the host, so a call is CUDA-graph
+capturable. Every argument is checked before any kernel launches; errors name the argument.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from ..codegen.variants import BACKWARD_CONSTANTS, HEAD_DIMS
+from . import op
+
+# A pack's "auto": fa3's deal balances long-tailed packs within 1-3% of the bound and is live
+# on any worker count (docs/design.md, `pack-deal`).
+PACK_AUTO_SCHEDULE = "fa3"
+PACK_SCHEDULES = ("fa3", "spt", "descending", "shift", "symmetric_shift")
+
+
+class VarlenOptions(NamedTuple):
+    causal: bool
+    softmax_scale: float
+    deterministic: bool
+    schedule: str
+    num_workers: int
+
+
+def _check_tensors(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total_tokens, heads, head_dim), "
+                             f"got shape {tuple(t.shape)}")
+    if q.dtype not in op.SUPPORTED_DTYPES:
+        raise TypeError(f"q has dtype {q.dtype}; dashgen supports torch.bfloat16 and torch.float16")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; "
+                            f"q, k and v must share one dtype")
+        if t.shape[2] != q.shape[2]:
+            raise ValueError(f"{name} has head_dim {t.shape[2]} but q has head_dim {q.shape[2]}")
+    if v.shape != k.shape:
+        raise ValueError(f"v has shape {tuple(v.shape)} but k has shape {tuple(k.shape)}")
+    for name, t in (("q", q), ("k", k)):
+        if t.shape[1] == 0:
+            raise ValueError(f"{name} has 0 heads (shape {tuple(t.shape)})")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"k has {k.shape[1]} heads, which does not divide q's {q.shape[1]} heads "
+                         f"(heads_q must be a multiple of heads_kv for GQA/MQA)")
+    if q.shape[2] not in HEAD_DIMS:
+        raise ValueError(f"q has head_dim {q.shape[2]}; supported head_dims: {HEAD_DIMS}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (head_dim), "
+                             f"got strides {tuple(t.stride())}")
+
+
+def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 1:
+            raise ValueError(f"{name} must be a 1-D int32 tensor of batch + 1 offsets, got "
+                             f"dtype {cu.dtype} and shape {tuple(cu.shape)}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} offsets but cu_seqlens_k has "
+                         f"{cu_seqlens_k.shape[0]}: one per sequence boundary each")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    for cu, name, total, longest in ((cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q),
+                                     (cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k)):
+        if cu.device.type != "cpu" or torch.compiler.is_compiling():
+            continue  # on the GPU: read only by the kernels (no host synchronization)
+        values = cu.tolist()
+        lengths = [b - a for a, b in zip(values, values[1:])]
+        if values[0] != 0 or any(n < 0 for n in lengths) or values[-1] != total:
+            raise ValueError(f"{name} must rise from 0 to {total} (the packed tokens), got "
+                             f"{values[:8]}{'...' if len(values) > 8 else ''}")
+        if lengths and max(lengths) > longest:
+            raise ValueError(f"{name}: a sequence of {max(lengths)} tokens exceeds the "
+                             f"max_seqlen given for it ({longest})")
+
+
+def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                        causal=False, softmax_scale=None, deterministic=None, schedule="auto",
+                        num_workers=None) -> VarlenOptions:
+    """Validate attention_varlen's arguments and resolve its defaults (ValueError/TypeError
+    naming the argument)."""
+    _check_tensors(q, k, v)
+    _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    op._check_options(causal, softmax_scale, deterministic, "auto", num_workers)
+    if not isinstance(schedule, str) or not (schedule == "auto" or schedule in PACK_SCHEDULES):
+        raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
+                         f"{schedule!r} (schedule files describe one fixed shape)")
+    if schedule == "shift" and causal:
+        raise ValueError("schedule='shift' serves the full mask; use 'symmetric_shift' with "
+                         "causal=True")
+    if schedule == "symmetric_shift" and not causal:
+        raise ValueError("schedule='symmetric_shift' serves the causal mask; use 'shift' with "
+                         "causal=False")
+    sm_count = op._check_device(q, k, v)
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.device != q.device and cu.device.type != "cpu":
+            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+    if num_workers is not None and num_workers > sm_count:
+        raise ValueError(f"num_workers={num_workers} exceeds this GPU's {sm_count} SMs")
+    name = PACK_AUTO_SCHEDULE if schedule == "auto" else schedule
+    workers = sm_count if num_workers is None else num_workers
+    from .varlen import pack_workers
+    block_n = BACKWARD_CONSTANTS[q.shape[2], bool(causal)].block_n
+    workers = pack_workers(name, int(max_seqlen_k), block_n, workers)
+    scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    elif deterministic is False and torch.are_deterministic_algorithms_enabled():
+        op._refuse_nondeterministic()
+    return VarlenOptions(bool(causal), scale, bool(deterministic), name, workers)
+
+
+def _runtime():
+    from . import varlen
+    return varlen
+
+
+def _on_device(cu: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """cu_seqlens where the kernels read them: CPU offsets (checked on the host) are copied."""
+    return cu if cu.device == device else cu.to(device, non_blocking=True)
+
+
+def _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts: VarlenOptions):
+    return _runtime().forward(op._ready(q), op._ready(k), op._ready(v), cu_q, cu_k, int(max_q),
+                              int(max_k), causal=opts.causal, softmax_scale=opts.softmax_scale)
+
+
+def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: VarlenOptions):
+    return _runtime().backward(op._ready(do), op._ready(q), op._ready(k), op._ready(v),
+                               op._ready(o), lse, cu_q, cu_k, int(max_q), int(max_k),
+                               causal=opts.causal, softmax_scale=opts.softmax_scale,
+                               deterministic=opts.deterministic, schedule=opts.schedule,
+                               workers=opts.num_workers)
+
+
+@torch.library.custom_op("dashgen::attention_varlen_fwd", mutates_args=())
+def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                         max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                         softmax_scale: float, deterministic: bool, schedule: str,
+                         num_workers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """o (like q) and lse (float32, heads_q * total_q: sequence b's (heads_q, seqlen) block
+    from heads_q * cu_seqlens_q[b]); lse is not differentiable."""
+    return _run_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        VarlenOptions(causal, softmax_scale, deterministic, schedule,
+                                      num_workers))
+
+
+@attention_varlen_fwd.register_fake
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+              softmax_scale, deterministic, schedule, num_workers):
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return o, q.new_empty((q.shape[0] * q.shape[1],), dtype=torch.float32)
+
+
+@torch.library.custom_op("dashgen::attention_varlen_bwd", mutates_args=())
+def attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                         cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                         causal: bool, softmax_scale: float, deterministic: bool, schedule: str,
+                         num_workers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _run_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                         max_seqlen_k, VarlenOptions(causal, softmax_scale, deterministic,
+                                                     schedule, num_workers))
+
+
+@attention_varlen_bwd.register_fake
+def _bwd_fake(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              causal, softmax_scale, deterministic, schedule, num_workers):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k, *options = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+    ctx.lengths = (max_q, max_k)
+    ctx.options = tuple(options)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = torch.ops.dashgen.attention_varlen_bwd(grad_o, q, k, v, o, lse, cu_q, cu_k,
+                                                         *ctx.lengths, *ctx.options)
+    return (dq, dk, dv, None, None, None, None) + (None,) * len(ctx.options)
+
+
+attention_varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerVarlen(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, opts: VarlenOptions):
+        q, k, v = op._ready(q), op._ready(k), op._ready(v)
+        o, lse = _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts)
+        ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
+        ctx.lengths, ctx.opts = (max_q, max_k), opts
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return o, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_o, grad_lse):
+        q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = _run_backward(grad_o, q, k, v, o, lse, cu_q, cu_k, *ctx.lengths, ctx.opts)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def lse_by_head(lse: torch.Tensor, cu_seqlens_q: torch.Tensor, heads_q: int) -> torch.Tensor:
+    """The kernels' lse (each sequence's (heads_q, seqlen) block) as FlashAttention lays it out:
+    (heads_q, total_q). Gathered on the GPU, without reading the lengths on the host."""
+    total = lse.numel() // heads_q
+    tokens = torch.arange(total, device=lse.device, dtype=torch.int64)
+    cu = cu_seqlens_q.to(torch.int64)
+    seq = torch.searchsorted(cu[1:], tokens, right=True)
+    start = cu[seq]
+    length = cu[seq + 1] - start
+    heads = torch.arange(heads_q, device=lse.device, dtype=torch.int64)[:, None]
+    return lse[heads_q * start[None, :] + heads * length[None, :] + (tokens - start)[None, :]]
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                     max_seqlen_k: int, causal: bool = False,
+                     softmax_scale: float | None = None, deterministic: bool | None = None,
+                     schedule: str = "auto", return_lse: bool = False,
+                     num_workers: int | None = None):
+    """Attention over a packed batch of sequences of their own lengths, bitwise reproducible
+    and batch-invariant: each sequence's o, dq, dk, dv are the bits dashgen.attention gives it
+    alone (batch 1), wherever it sits in the pack and whatever else is packed with it.
+
+    q: (total_q, heads_q, head_dim); k, v: (total_k, heads_kv, head_dim), bf16/fp16 CUDA
+    tensors, heads_q a multiple of heads_kv; head_dim 64 or 128. cu_seqlens_q/k: int32 (batch +
+    1) offsets rising from 0 to total_q / total_k, sequence b's tokens
+    [cu_seqlens[b], cu_seqlens[b + 1]); sequences of 0 and 1 tokens are allowed, and seqlen_q
+    may differ from seqlen_k per sequence. On the GPU they are read only by the kernels (no
+    host synchronization: the call is CUDA-graph capturable), so they must be right: every
+    sequence at most max_seqlen_q / max_seqlen_k long (as FlashAttention requires). On the CPU
+    they are checked and copied to the GPU each call (not capturable).
+
+    causal masks bottom-right per sequence: row i of a sequence sees its keys j <= i +
+    seqlen_k - seqlen_q (a row that sees none gets o = 0, lse = -inf). deterministic: as in
+    dashgen.attention (None follows torch.use_deterministic_algorithms). schedule: "auto" (fa3)
+    or a named schedule, dealt over the pack on the GPU; the shift schedules need the longest
+    sequence's units on the SMs at once. Returns o, or (o, lse) with lse float32
+    (heads_q, total_q), not differentiable.
+    """
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
+    opts = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               causal=causal, softmax_scale=softmax_scale,
+                               deterministic=deterministic, schedule=schedule,
+                               num_workers=num_workers)
+    cu_q, cu_k = _on_device(cu_seqlens_q, q.device), _on_device(cu_seqlens_k, q.device)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if op._traced(q):
+        o, lse = torch.ops.dashgen.attention_varlen_fwd(q, k, v, cu_q, cu_k, max_seqlen_q,
+                                                        max_seqlen_k, *opts)
+    elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        o, lse = _run_forward(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, opts)
+    else:
+        o, lse = _EagerVarlen.apply(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, opts)
+    if not return_lse:
+        return o
+    return o, lse_by_head(lse, cu_q, q.shape[1])

@@ -1,0 +1,182 @@
+"""Packed batches: sequences of their own lengths (cu_seqlens) in one forward and one backward,
+on PyTorch's current stream, with no host synchronization: the lengths stay on the GPU. The host
+knows the totals, the number of sequences and the longest ones (max_seqlen_q/k), which size the
+grids and the buffers; the backward's deal over the pack is computed on the GPU by its plan
+kernel (templates/include/dashgen/attn/pack_plan.cuh).
+
+In every buffer a sequence is a batch of one (params.cuh, PackedRows): its lse and D rows a
+(heads_q, seqlen) block from heads_q * cu_seqlens_q[b], its tiles a (heads, tiles) block. So
+the kernels run the fixed-length code on it, and its bits are the ones it has alone.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from ..caches import memo
+from ..codegen.variants import (AUX_THREADS, BACKWARD_CONSTANTS, FORWARD_BLOCK_M,
+                                FORWARD_BLOCK_N, PREP_ROWS_PER_BLOCK, THREADS, BackwardVariant,
+                                BwdParams, ConvertParams, ForwardVariant, FwdParams, PrepParams)
+from . import launch, watchdog
+from .device import DTYPE_NAMES, addresses, kernels, stream, tensor_map
+from .workspace import allocator
+
+PLAN_THREADS = 512  # AttnPackPlan::kThreads
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pack_tiles(total: int, batch: int, block: int) -> int:
+    """Tiles of `block` rows per head that a pack's per-tile buffers hold (PackedRows)."""
+    return total // block + batch
+
+
+def plan_words(batch: int, max_units: int) -> int:
+    """AttnPackPlan's words: the header, the orders and its scratch."""
+    return 3 + 4 * batch + 6 * max_units
+
+
+@memo(max_entries=256)
+def _launcher(kernel, grid: tuple, threads: int, smem: int) -> launch.Launcher:
+    return launch.Launcher(kernel, grid, threads, smem)
+
+
+def _maps(x: torch.Tensor, rows: int):
+    """A (total, heads, head_dim) tensor's descriptor as a batch of one."""
+    return tensor_map(x.unsqueeze(0), rows)
+
+
+def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+            causal: bool, softmax_scale: float):
+    """o (total_q, heads_q, head_dim) and lse (heads_q * total_q floats, sequence b's
+    (heads_q, seqlen) block from heads_q * cu_seqlens_q[b]); q, k, v contiguous."""
+    total_q, heads_q, head_dim = q.shape
+    total_k, heads_kv = k.shape[:2]
+    batch = cu_seqlens_q.numel() - 1
+    empty = allocator()
+    o = empty(q.shape, q.dtype, q.device)
+    lse = empty((heads_q * total_q,), torch.float32, q.device)
+    if total_q == 0 or max_seqlen_q == 0:
+        return o, lse
+    if total_k == 0:  # no keys in any sequence: every row sees none
+        return o.zero_(), lse.fill_(-math.inf)
+    variant = ForwardVariant(DTYPE_NAMES[q.dtype], head_dim, causal, varlen=True)
+    loaded = kernels(variant, q.device)
+    grid = (_cdiv(max_seqlen_q, FORWARD_BLOCK_M), heads_q, batch)
+    maps = (_maps(q, 64), _maps(k, FORWARD_BLOCK_N), _maps(v, FORWARD_BLOCK_N))
+    params = FwdParams(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
+                       batch, heads_q, heads_kv, max_seqlen_q, max_seqlen_k, q.stride(0),
+                       k.stride(0), o.stride(0), float(softmax_scale),
+                       cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr())
+    launch.make_current(q.device.index or 0)
+    _launcher(loaded.main, grid, THREADS, loaded.smem_bytes)(
+        stream(q.device), [int(m.getPtr()) for m in maps] + [ctypes.addressof(params)])
+    return o, lse
+
+
+class PackWorkspace:
+    """The packed backward's scratch in words, each part on a 16-byte boundary: the fp32 dQ
+    sums, D, the staged statistics, the plan, then what the preprocess zeroes: GQA's fp32 dK/dV
+    sums and the tile counters."""
+
+    PARTS = ("dq_accum", "dpsum", "stats", "plan", "dk_accum", "dv_accum", "dq_counters",
+             "dkv_counters")
+
+    def __init__(self, batch, total_q, total_k, heads_q, heads_kv, head_dim, block_m, block_n,
+                 staged_stats, gqa):
+        tq, tk = pack_tiles(total_q, batch, block_m), pack_tiles(total_k, batch, block_n)
+        self.max_units = pack_tiles(total_k, batch, block_n)
+        kv = heads_kv * tk * block_n * head_dim if gqa else 0
+        sizes = [heads_q * tq * block_m * head_dim, heads_q * total_q,
+                 heads_q * tq * 2 * block_m if staged_stats else 0,
+                 plan_words(batch, self.max_units), kv, kv, heads_q * tq,
+                 heads_kv * tk if gqa else 0]
+        sizes = [_cdiv(s, 4) * 4 for s in sizes]
+        self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.words = sum(sizes)
+        self.zeroed = self.offsets[self.PARTS.index("dk_accum")]
+
+
+def pack_workers(schedule: str, max_seqlen_k: int, block_n: int, workers: int) -> int:
+    """The workers a packed backward runs on: all of them; a schedule whose units run together
+    needs the longest sequence's units (its KV tiles; half of them, symmetric_shift)."""
+    tiles = _cdiv(max_seqlen_k, block_n)
+    need = {"shift": tiles, "symmetric_shift": _cdiv(tiles, 2)}.get(schedule, 1)
+    if need > workers:
+        raise ValueError(f"schedule={schedule!r} needs {need} workers for a sequence of "
+                         f"{max_seqlen_k} keys (its units run together), more than the "
+                         f"{workers} this launch has")
+    return workers
+
+
+def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+             max_seqlen_k: int, *, causal: bool, softmax_scale: float, deterministic: bool,
+             schedule: str, workers: int, early_kv: bool = True):
+    """dq, dk, dv of a pack; every tensor contiguous, lse as `forward` returns it."""
+    total_q, heads_q, head_dim = q.shape
+    total_k, heads_kv = k.shape[:2]
+    batch = cu_seqlens_q.numel() - 1
+    dev = q.device
+    empty = allocator()
+    gqa = heads_q != heads_kv
+    if total_q == 0 or total_k == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    const = BACKWARD_CONSTANTS[head_dim, causal]
+    bm, bn = const.block_m, const.block_n
+    variant = BackwardVariant(DTYPE_NAMES[q.dtype], head_dim, causal, schedule,
+                              deterministic=deterministic, gqa=gqa, early_kv=early_kv,
+                              varlen=True)
+    loaded = kernels(variant, dev)
+    layout = PackWorkspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn,
+                           const.staged_stats, gqa)
+    watchdog.check()
+    launch.make_current(dev.index or 0)
+    strm = stream(dev)
+    workspace = empty((layout.words,), torch.float32, dev)
+    base = workspace.data_ptr()
+    dq_accum, dpsum, stats, plan, dk_accum, dv_accum, dq_counters, dkv_counters = (
+        base + 4 * offset for offset in layout.offsets)
+    stats = stats if const.staged_stats else 0
+    cu_q, cu_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+    q_stride, k_stride = heads_q * head_dim, heads_kv * head_dim
+    # A sequence without queries has no tasks: its dK/dV rows are zeros nobody writes.
+    dk = dv = None
+    if not gqa:
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    params = BwdParams(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(), dpsum,
+        dq_accum, dk.data_ptr() if dk is not None else 0, dv.data_ptr() if dv is not None else 0,
+        dk_accum if gqa else 0, dv_accum if gqa else 0, dq_counters,
+        dkv_counters if gqa else 0, 0, 0, 0, watchdog.record(dev, workers), batch, heads_q,
+        heads_kv, max_seqlen_q, max_seqlen_k, q_stride, k_stride, _cdiv(max_seqlen_q, bm),
+        _cdiv(max_seqlen_k, bn), float(softmax_scale), watchdog.timeout_ms(), stats, 0, cu_q,
+        cu_k, plan, layout.max_units)
+    block_args = addresses(params)
+    _launcher(loaded.plan, (1, 1, 1), PLAN_THREADS, 0)(strm, block_args)
+    prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum, dq_accum, base + 4 * layout.zeroed,
+                      (layout.words - layout.zeroed) // 4, batch, heads_q, max_seqlen_q,
+                      q_stride, 0, not deterministic, lse.data_ptr(), stats, cu_q)
+    padded_rows = _cdiv(max_seqlen_q, bm) * bm
+    _launcher(loaded.preprocess, (_cdiv(padded_rows, PREP_ROWS_PER_BLOCK), heads_q, batch),
+              AUX_THREADS, 0)(strm, addresses(prep))
+    maps = (_maps(q, bm), _maps(k, bn), _maps(v, bn), _maps(do, bm))
+    _launcher(loaded.main, (workers, 1, 1), THREADS, loaded.smem_bytes)(
+        strm, [int(m.getPtr()) for m in maps] + [ctypes.addressof(params)])
+    dq = empty(q.shape, q.dtype, dev)
+    convert = ConvertParams(dq_accum, dq.data_ptr(), dq_counters if deterministic else 0, batch,
+                            heads_q, max_seqlen_q, q_stride, 0, True, bm, cu_q)
+    _launcher(loaded.convert, (_cdiv(max_seqlen_q, PREP_ROWS_PER_BLOCK), heads_q, batch),
+              AUX_THREADS, 0)(strm, addresses(convert))
+    if gqa:
+        dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
+        for src, dst in ((dk_accum, dk), (dv_accum, dv)):
+            convert = ConvertParams(src, dst.data_ptr(), 0, batch, heads_kv, max_seqlen_k,
+                                    k_stride, 0, False, bn, cu_k)
+            _launcher(loaded.convert, (_cdiv(max_seqlen_k, PREP_ROWS_PER_BLOCK), heads_kv,
+                                       batch), AUX_THREADS, 0)(strm, addresses(convert))
+    del maps, params, prep  # the driver copied the arguments at each launch
+    return dq, dk, dv

@@ -1,0 +1,103 @@
+// dashgen/attn/pack_plan.cuh: the pack deal's orders, computed on the GPU from cu_seqlens before
+// a packed backward (one CTA), so a new pack costs the host nothing and no synchronization: the
+// sequences with tasks sorted by sched::dealt_before, and for policies whose units run
+// independently their units with tasks sorted by sched::unit_dealt_before (the orders
+// sched::PackWalk reads, the ones dashgen.schedule.builders.base.pack_deal computes). Each item's
+// place is the count of items that precede it (a comparison sort: both rules are strict total
+// orders), O(batch^2 + units^2) comparisons over the CTA's threads.
+#pragma once
+#include "dashgen/attn/params.cuh"
+#include "dashgen/sched/pack.cuh"
+
+namespace dashgen {
+
+template <class Cfg>
+struct AttnPackPlan {
+  static constexpr int kThreads = 512;
+  using Tl = sched::Tiling<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>;
+  using Policy = typename Cfg::template Policy<Tl>;
+
+  __device__ static Tl tiling(const BwdParams& p, int b) {
+    return Tl(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
+  }
+
+  // p.pack_plan (BwdParams): the header, the orders, then the scratch: per unit slot its key
+  // (-1 without tasks), its sequence's place, sequence and index; per sequence its tasks, place
+  // and first unit slot (batch + 1 words).
+  __device__ static void run(const BwdParams& p) {
+    const int batch = p.batch, slots = p.max_units, tid = threadIdx.x;
+    int* plan = p.pack_plan;
+    int* order = plan + kPlanHeader;
+    int* unit_seq = order + batch;
+    int* unit_index = unit_seq + slots;
+    int* key = unit_index + slots;
+    int* place = key + slots;
+    int* seq_of = place + slots;
+    int* index_of = seq_of + slots;
+    int* tasks = index_of + slots;
+    int* seq_place = tasks + batch;
+    int* first_slot = seq_place + batch;
+    __shared__ int dealt, units;
+    if (tid == 0) dealt = units = 0;
+    for (int b = tid; b < batch; b += kThreads) {
+      tasks[b] = sched::sequence_tasks<Policy>(tiling(p, b));
+    }
+    __syncthreads();
+    for (int b = tid; b < batch; b += kThreads) {
+      int before = 0;
+      if (tasks[b] > 0) {
+        for (int c = 0; c < batch; ++c) {
+          before += tasks[c] > 0 && sched::dealt_before(tasks[c], c, tasks[b], b);
+        }
+        order[before] = b;
+        atomicAdd(&dealt, 1);
+      }
+      seq_place[b] = before;
+    }
+    if (tid == 0) {
+      // Unit slots in sequence order: a serial prefix over the sequences.
+      int next = 0;
+      for (int b = 0; b < batch; ++b) {
+        first_slot[b] = next;
+        if (tasks[b] > 0) next += Policy::units(tiling(p, b));
+      }
+      first_slot[batch] = next;
+    }
+    __syncthreads();
+    const int total = first_slot[batch];
+    for (int j = tid; j < total; j += kThreads) {
+      int b = 0;  // the sequence of slot j: the last with first_slot <= j
+      for (int lo = 0, hi = batch - 1; lo <= hi;) {
+        const int mid = (lo + hi) / 2;
+        if (first_slot[mid] <= j) { b = mid; lo = mid + 1; } else { hi = mid - 1; }
+      }
+      const int u = j - first_slot[b];
+      const Tl t = tiling(p, b);
+      key[j] = Policy::unit_tasks(t, u) > 0 ? sched::deal_key<Policy>(t, u) : -1;
+      place[j] = seq_place[b];
+      seq_of[j] = b;
+      index_of[j] = u;
+    }
+    __syncthreads();
+    if constexpr (!Policy::kHeadsTogether) {
+      for (int j = tid; j < total; j += kThreads) {
+        if (key[j] < 0) continue;
+        int before = 0;
+        for (int i = 0; i < total; ++i) {
+          before += key[i] >= 0 && sched::unit_dealt_before<Policy, Tl>(
+                                       key[i], place[i], index_of[i], key[j], place[j], index_of[j]);
+        }
+        unit_seq[before] = seq_of[j];
+        unit_index[before] = index_of[j];
+        atomicAdd(&units, 1);
+      }
+    }
+    __syncthreads();
+    if (tid == 0) {
+      plan[0] = dealt;
+      plan[1] = units;
+    }
+  }
+};
+
+}  // namespace dashgen
