@@ -462,6 +462,11 @@ def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=16384, help="batch = tokens / seqlen")
     p.add_argument("--hidden", type=int, default=2048, help="heads = hidden / head_dim")
     p.add_argument("--commit", default=None, help="commit id to record (default: git rev-parse)")
+    p.add_argument("--varlen", action="store_true",
+                   help="packed variable-length batches instead (dashgen.tools.bench_varlen: "
+                        "log-normal documents, median 1024, against SDPA padded, FlexAttention "
+                        "with a document mask and torch.nn.attention.varlen; --peers none "
+                        "drops them)")
     p.add_argument("--out", type=Path, default=Path("bench_out"),
                    help="folder for bench.json, bench.md, bench.png (default ./bench_out)")
     return p
@@ -478,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Measure, write DIR/bench.json, bench.md, bench.png, print the table; SystemExit with a
     message on bad options or without a CUDA GPU."""
+    if getattr(args, "varlen", False):
+        from .bench_varlen import run as run_varlen
+        return run_varlen(args)
     peers = [] if args.peers == ["none"] else args.peers
     unknown = set(peers) - set(PEERS)
     if unknown:

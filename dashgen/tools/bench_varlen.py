@@ -1,0 +1,184 @@
+"""`dashgen bench --varlen`: packed variable-length batches on the GPU. A pack of `--tokens`
+tokens of documents whose lengths are log-normal (median 1024, sigma 1.0, capped at the pack),
+each attending only within itself (full, or causal per document), against a fixed-length
+control of the same tokens (batch tokens/1024 of 1024) and, on the same pack: SDPA on the
+padded batch (a boolean mask for padding and causality), FlexAttention with a document mask,
+and torch.nn.attention.varlen where the installed torch has it. Backward TFLOP/s count the FLOPs
+the masks keep (2.5x the forward's: five matmuls against two); medians of CUDA-event timings.
+Writes DIR/bench_varlen.json and .md.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+
+from .bench import commit_id, median_ms
+
+MEDIAN_LENGTH, SIGMA = 1024, 1.0
+
+
+def document_lengths(tokens: int, seed: int) -> list[int]:
+    """Log-normal document lengths (median MEDIAN_LENGTH) filling exactly `tokens` tokens."""
+    rng = random.Random(seed)
+    out: list[int] = []
+    while sum(out) < tokens:
+        n = max(1, min(tokens, int(rng.lognormvariate(math.log(MEDIAN_LENGTH), SIGMA))))
+        out.append(min(n, tokens - sum(out)))
+    return out
+
+
+def kept_pairs(lengths: list[int], causal: bool) -> int:
+    return sum(n * (n + 1) // 2 if causal else n * n for n in lengths)
+
+
+def _inputs(total: int, heads: int, head_dim: int, seed: int):
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    make = lambda: torch.randn(total, heads, head_dim, device="cuda",  # noqa: E731
+                               dtype=torch.bfloat16, generator=gen)
+    return make(), make(), make(), make()
+
+
+def _backward(forward, tensors, do):
+    """A backward closure: the forward runs once, each call differentiates it again."""
+    import torch
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    o = forward(*leaves)
+    return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+
+def rows_for(lengths, heads, head_dim, causal, seed, peers):
+    """(label, setup) pairs: setup() returns the backward closure, or raises."""
+    import torch
+    import dashgen
+    total = sum(lengths)
+    q, k, v, do = _inputs(total, heads, head_dim, seed)
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)),
+                      dtype=torch.int32, device="cuda")
+    longest = max(lengths)
+
+    def packed(deterministic):
+        return lambda: _backward(lambda a, b, c: dashgen.attention_varlen(
+            a, b, c, cu, cu, longest, longest, causal=causal, deterministic=deterministic),
+            (q, k, v), do)
+
+    def fixed():
+        n = MEDIAN_LENGTH
+        shape = (total // n, n, heads, head_dim)
+        t = [x[: shape[0] * n].reshape(shape) for x in (q, k, v, do)]
+        return _backward(lambda a, b, c: dashgen.attention(a, b, c, causal=causal,
+                                                           deterministic=True), t[:3], t[3])
+
+    def padded_sdpa():
+        import torch.nn.functional as F
+        batch = len(lengths)
+        pad = lambda x: torch.zeros(batch, longest, heads, head_dim, device="cuda",  # noqa: E731
+                                    dtype=x.dtype)
+        tensors = []
+        for x in (q, k, v, do):
+            p_ = pad(x)
+            for b, (a, e) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
+                p_[b, : e - a] = x[a:e]
+            tensors.append(p_.transpose(1, 2))
+        n = torch.tensor(lengths, device="cuda")
+        pos = torch.arange(longest, device="cuda")
+        valid = pos[None, :] < n[:, None]
+        mask = valid[:, None, :, None] & valid[:, None, None, :]
+        if causal:
+            mask = mask & (pos[:, None] >= pos[None, :])[None, None]
+        # Padding rows see no key: give them their own diagonal so no row is all -inf.
+        mask = mask | torch.eye(longest, dtype=torch.bool, device="cuda")[None, None]
+        return _backward(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, attn_mask=mask),
+                         tensors[:3], tensors[3])
+
+    def flex():
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        doc = torch.repeat_interleave(torch.arange(len(lengths), device="cuda"),
+                                      torch.tensor(lengths, device="cuda"))
+
+        def mask_mod(b, h, qi, ki):
+            same = doc[qi] == doc[ki]
+            return same & (qi >= ki) if causal else same
+        block = create_block_mask(mask_mod, None, None, total, total, device="cuda")
+        fn = torch.compile(flex_attention, dynamic=False)
+        tr = lambda x: x.transpose(0, 1)[None]  # noqa: E731
+        return _backward(lambda a, b, c: fn(tr(a), tr(b), tr(c), block_mask=block)[0]
+                         .transpose(0, 1), (q, k, v), do)
+
+    def torch_varlen():
+        import inspect
+        from torch.nn.attention.varlen import varlen_attn
+        # Its causal switch: is_causal in its first release, window_size (-1, 0) since.
+        named = inspect.signature(varlen_attn).parameters
+        mask = ({"is_causal": causal} if "is_causal" in named
+                else {"window_size": (-1, 0)} if causal else {})
+        return _backward(lambda a, b, c: varlen_attn(a, b, c, cu, cu, longest, longest, **mask),
+                         (q, k, v), do)
+
+    rows = [("dashgen varlen det (auto)", packed(True)), ("dashgen varlen nondet", packed(False)),
+            (f"dashgen fixed-length det ({MEDIAN_LENGTH} x {total // MEDIAN_LENGTH})", fixed)]
+    if "sdpa_padded" in peers:
+        rows.append(("sdpa padded batch (mask)", padded_sdpa))
+    if "flex" in peers:
+        rows.append(("flex document mask", flex))
+    if "torch_varlen" in peers:
+        rows.append(("torch.nn.attention.varlen", torch_varlen))
+    return rows
+
+
+PEERS = ("sdpa_padded", "flex", "torch_varlen")
+
+
+def run(args) -> int:
+    import torch
+    if not torch.cuda.is_available():
+        raise SystemExit("dashgen bench --varlen needs a CUDA GPU")
+    peers = [] if args.peers == ["none"] else list(PEERS)
+    lengths = document_lengths(args.tokens, seed=0)
+    results = []
+    for head_dim in args.hdims:
+        heads = args.hidden // head_dim
+        for mask in args.masks:
+            causal = mask == "causal"
+            pairs = kept_pairs(lengths, causal)
+            for label, setup in rows_for(lengths, heads, head_dim, causal, 0, peers):
+                row = {"label": label, "head_dim": head_dim, "heads": heads, "mask": mask}
+                try:
+                    ms = median_ms(setup(), args.warmup, args.repeats)
+                    fixed_pairs = (args.tokens // MEDIAN_LENGTH) * kept_pairs([MEDIAN_LENGTH],
+                                                                              causal)
+                    work = fixed_pairs if "fixed-length" in label else pairs
+                    row.update(ms=ms, tflops=10 * head_dim * heads * work / ms / 1e9, error=None)
+                except Exception as exc:  # a peer that cannot run here is reported, not fatal
+                    row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {exc}"[:300])
+                results.append(row)
+                print(f"[d{head_dim} {mask}] {label}: "
+                      + (f"{row['ms']:.3f} ms, {row['tflops']:.1f} TFLOP/s" if row["ms"]
+                         else row["error"]), flush=True)
+                torch.cuda.empty_cache()
+    props = torch.cuda.get_device_properties(0)
+    meta = dict(gpu=props.name, torch=torch.__version__, commit=commit_id(args.commit),
+                date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), tokens=args.tokens,
+                hidden=args.hidden, repeats=args.repeats, documents=len(lengths),
+                lengths=lengths, median_length=statistics.median(lengths),
+                distribution=f"log-normal, median {MEDIAN_LENGTH}, sigma {SIGMA}, capped at "
+                             f"the pack")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_varlen.json").write_text(json.dumps({"meta": meta, "rows": results}, indent=1))
+    lines = [f"# Packed batches: {meta['gpu']}, {meta['date']}, {meta['commit']}", "",
+             f"{len(lengths)} documents in {args.tokens} tokens ({meta['distribution']}); "
+             f"backward ms and TFLOP/s of the kept FLOPs.", "",
+             "| head_dim | mask | row | ms | TFLOP/s |", "|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['head_dim']} | {r['mask']} | {r['label']} | "
+                     + (f"{r['ms']:.3f} | {r['tflops']:.1f} |" if r["ms"] else
+                        f"- | {r['error'][:80]} |"))
+    (out / "bench_varlen.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
