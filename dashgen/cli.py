@@ -341,8 +341,9 @@ def _emit_problem(args: argparse.Namespace) -> Problem:
                        f"kernels, got {args.hdim}")
     problem = _problem(args)
     if problem.is_pack:
-        raise CliError("--seqlens: the kernels have no variable-length (packed) path yet; show, "
-                       "plan and verify take a pack")
+        raise CliError("--seqlens: emit writes fixed-length kernels; a pack's kernels read its "
+                       "lengths at run time (dashgen.attention_varlen); show, plan and verify "
+                       "take a pack")
     try:
         check_kernel_problem(problem)
     except ValueError as exc:

@@ -94,8 +94,8 @@ def check_kernel_problem(problem: Problem) -> None:
     if problem.mask.kind not in ("full", "causal"):
         raise ValueError(f"mask must be full or causal for the kernels, got {problem.mask}")
     if problem.is_pack:
-        raise ValueError("the kernels have no variable-length (packed) path yet: a pack's "
-                         "schedules can be shown, planned and verified, not run")
+        raise ValueError("a pack has no per-shape kernel selection: the varlen kernels read "
+                         "its lengths at run time (dashgen.attention_varlen)")
 
 
 def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
