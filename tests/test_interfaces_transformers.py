@@ -43,6 +43,32 @@ def forwards(kernels):
     return [options for name, options in kernels.calls if name == "forward"]
 
 
+@pytest.fixture
+def varlen(monkeypatch):
+    """dashgen.attention_varlen replaced by causal attention per document in float32 (the
+    packed kernels need a GPU): records each call's shapes, offsets, longest documents and
+    causality."""
+    from dashgen.runtime import op_varlen
+    calls = []
+
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_scale=None, **_):
+        calls.append(dict(q=tuple(q.shape), k=tuple(k.shape), cu_q=cu_q.tolist(),
+                          cu_k=cu_k.tolist(), max_q=max_q, max_k=max_k, causal=causal))
+        group = q.shape[1] // k.shape[1]
+        out = []
+        for (a, b), (c, d) in zip(zip(cu_q.tolist(), cu_q.tolist()[1:]),
+                                  zip(cu_k.tolist(), cu_k.tolist()[1:])):
+            qs, ks, vs = (t.float().transpose(0, 1) for t in (q[a:b], k[c:d], v[c:d]))
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qs, ks.repeat_interleave(group, 0), vs.repeat_interleave(group, 0),
+                is_causal=causal, scale=softmax_scale)
+            out.append(o.transpose(0, 1).to(q.dtype))
+        return torch.cat(out)
+
+    monkeypatch.setattr(op_varlen, "attention_varlen", fake)
+    return calls
+
+
 # -- registration --------------------------------------------------------------------------------
 
 def test_register_adds_the_attention_and_mask_functions_and_may_run_twice():
@@ -146,18 +172,18 @@ def test_backward_follows_the_deterministic_flag(on_cpu, kernels, restore_determ
 
 @pytest.mark.parametrize("module, mask, kwargs, pattern", [
     (attention_module(), torch.ones(2, 100, dtype=torch.bool), {},
-     r"attention_mask: the batch has padding.*variable-length packing is not supported"),
+     r"attention_mask: the batch has padding.*pack them padding-free"),
     (attention_module(), torch.ones(2, 1, 100, 100, dtype=torch.bool), {},
      r"attention_mask: the batch has a custom mask of shape \(2, 1, 100, 100\)"),
     (attention_module(), None, dict(cu_seq_lens_q=torch.tensor([0, 50, 100])),
-     r"cu_seq_lens_q: variable-length packing is not supported"),
+     r"a padding-free pack is one row; the queries have 2 rows"),
     (attention_module(), None, dict(cu_seq_lens_k=torch.tensor([0, 50, 100])),
-     r"cu_seq_lens_k: variable-length packing"),
-    (attention_module(), None, dict(max_length_q=50), r"max_length_q: variable-length packing"),
-    (attention_module(), None, dict(max_length_k=50), r"max_length_k: variable-length packing"),
+     r"cu_seq_lens_k without cu_seq_lens_q"),
     (attention_module(), None,
-     dict(position_ids=torch.cat([torch.arange(60), torch.arange(40)])[None]),
-     r"position_ids restart within a row \(packed sequences\): variable-length packing"),
+     dict(position_ids=torch.cat([torch.arange(60), torch.arange(40)])[None].expand(2, -1)),
+     r"a padding-free pack is one row"),
+    (attention_module(), None, dict(seq_idx=torch.zeros(2, 100, dtype=torch.int32)),
+     r"seq_idx: "),
     (attention_module(), None, dict(sliding_window=64), r"sliding_window: .* got 64"),
     (attention_module(sliding_window=32), None, {}, r"sliding_window: .* got 32"),
     (attention_module(), None, dict(softcap=50.0), r"softcap: .* got 50.0"),
@@ -183,14 +209,39 @@ def test_options_left_at_their_defaults_are_accepted(on_cpu, kernels):
     assert len(forwards(kernels)) == 1
 
 
-def test_position_ids_are_checked_again_after_an_in_place_change(on_cpu, kernels):
-    q, k, v = bhsd_leaves()
+def test_position_ids_are_checked_again_after_an_in_place_change(on_cpu, kernels, varlen):
+    q, k, v = bhsd_leaves(batch=1)
     positions = torch.arange(100)[None].clone()
     hf.dashgen_attention(attention_module(), q, k, v, None, position_ids=positions)
-    positions[0, 50:] -= 50  # now two sequences of 50
-    with pytest.raises(ValueError, match=r"position_ids restart"):
-        hf.dashgen_attention(attention_module(), q, k, v, None, position_ids=positions)
+    positions[0, 60:] -= 60  # now documents of 60 and 40
+    hf.dashgen_attention(attention_module(), q, k, v, None, position_ids=positions)
     assert len(forwards(kernels)) == 1
+    assert [(c["cu_q"], c["max_q"], c["causal"]) for c in varlen] == [([0, 60, 100], 60, True)]
+
+
+def test_a_pack_runs_per_document_in_transformers_layout(on_cpu, kernels, varlen):
+    q, k, v = bhsd_leaves(batch=1)
+    positions = torch.cat([torch.arange(30), torch.arange(1), torch.arange(69)])[None]
+    out, weights = hf.dashgen_attention(attention_module(), q, k, v, None,
+                                        position_ids=positions, scaling=0.125)
+    assert weights is None and out.shape == (1, 100, 8, 64) and kernels.calls == []
+    assert varlen == [dict(q=(100, 8, 64), k=(100, 2, 64), cu_q=[0, 30, 31, 100],
+                           cu_k=[0, 30, 31, 100], max_q=69, max_k=69, causal=True)]
+    # Each document alone: the same rows as attention over that document only.
+    alone = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, 31:].float(), k[:, :, 31:].float().repeat_interleave(4, 1),
+        v[:, :, 31:].float().repeat_interleave(4, 1), is_causal=True, scale=0.125)
+    assert torch.allclose(out[0, 31:].float(), alone[0].transpose(0, 1), atol=1e-2)
+
+
+def test_collator_offsets_are_taken_as_given(on_cpu, kernels, varlen):
+    q, k, v = bhsd_leaves(batch=1)
+    cu = torch.tensor([0, 50, 100], dtype=torch.int32)
+    hf.dashgen_attention(attention_module(), q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                         max_length_q=50, max_length_k=50)
+    assert varlen[0]["cu_q"] == [0, 50, 100] and varlen[0]["max_k"] == 50
+    with pytest.raises(ValueError, match=r"max_length_q and max_length_k must come with it"):
+        hf.dashgen_attention(attention_module(), q, k, v, None, cu_seq_lens_q=cu)
 
 
 def test_a_name_without_a_mask_function_is_refused(on_cpu, kernels, registered):
@@ -245,9 +296,6 @@ def test_mask_is_the_padding_of_the_keys_where_there_is_some(mask_function, skip
 @pytest.mark.parametrize("kwargs, pattern", [
     (dict(mask_function=masking_utils.sliding_window_causal_mask_function(4)),
      r"mask_function: the model asks for a mask other than plain causal or full attention"),
-    (dict(mask_function=masking_utils.and_masks(
-        CAUSAL, masking_utils.packed_sequence_mask_function(torch.tensor([[0] * 5 + [1] * 5])))),
-     r"mask_function: .*packed by position_ids.*variable-length packing is not supported"),
     (dict(mask_function=CAUSAL, allow_is_causal_skip=False), r"allow_is_causal_skip=False"),
     (dict(mask_function=FULL, allow_is_bidirectional_skip=False),
      r"allow_is_bidirectional_skip=False"),
@@ -299,16 +347,27 @@ def test_a_llama_accepts_a_mask_without_padding_and_refuses_padding(on_cpu, kern
     assert len(forwards(kernels)) == LAYERS  # no kernel ran for the padded batch
 
 
-@pytest.mark.parametrize("use_cache, pattern", [
-    (False, r"mask_function: .*packed by position_ids"),  # transformers finds the packing
-    (True, r"position_ids restart within a row"),  # with a cache it looks for none
-])
-def test_a_llama_refuses_packed_position_ids(on_cpu, kernels, llama, use_cache, pattern):
+def test_the_mask_of_packed_causal_documents_is_left_to_the_attention():
+    packed = masking_utils.and_masks(
+        CAUSAL, masking_utils.packed_sequence_mask_function(torch.tensor([[0] * 5 + [1] * 5])))
+    assert hf.dashgen_mask(batch_size=1, q_length=10, kv_length=10, mask_function=packed,
+                           allow_is_causal_skip=False) is None
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_a_llama_runs_packed_position_ids_per_document(on_cpu, kernels, varlen, llama,
+                                                       use_cache):
     ids = torch.randint(0, 128, (1, 100))
     packed = torch.cat([torch.arange(60), torch.arange(40)])[None]
-    with pytest.raises(ValueError, match=pattern):
-        llama(ids, position_ids=packed, use_cache=use_cache)
-    assert kernels.calls == []
+    logits = llama(ids, position_ids=packed, use_cache=use_cache).logits
+    assert kernels.calls == [] and len(varlen) == LAYERS
+    assert all(c["cu_q"] == [0, 60, 100] and c["causal"] for c in varlen)
+    # Another second document leaves the first one's logits as they were, bit for bit.
+    other = ids.clone()
+    other[:, 60:] = (other[:, 60:] + 1) % 128
+    again = llama(other, position_ids=packed, use_cache=use_cache).logits
+    assert torch.equal(again[:, :60], logits[:, :60])
+    assert not torch.equal(again[:, 60:], logits[:, 60:])
 
 
 def test_a_llama_generates_through_a_cache(on_cpu, kernels, llama):
@@ -322,10 +381,10 @@ def test_a_llama_generates_through_a_cache(on_cpu, kernels, llama):
                                  + [dict(causal=False, softmax_scale=1 / 8)] * LAYERS * 2)
 
 
-def test_a_compiled_llama_matches_eager_and_still_refuses_packing(on_cpu, kernels, llama):
+def test_a_compiled_llama_matches_eager_and_runs_packs(on_cpu, kernels, varlen, llama):
     """Under torch.compile transformers always adds its packed-sequence mask (it cannot look
     at position_ids while tracing): dashgen_mask takes it for the plain causal mask, and the
-    position_ids check runs when the graph does."""
+    position_ids decide when the graph runs."""
     torch._dynamo.reset()
     ids = torch.randint(0, 128, (2, 100))
     eager = llama(ids, use_cache=False).logits
@@ -342,6 +401,6 @@ def test_a_compiled_llama_matches_eager_and_still_refuses_packing(on_cpu, kernel
     assert [name for name, _ in kernels.calls] == ["forward"] * LAYERS + ["backward"] * LAYERS
     assert all(options["causal"] for _, options in kernels.calls)
     packed = torch.cat([torch.arange(60), torch.arange(40)])[None]
-    with pytest.raises(ValueError, match=r"position_ids restart within a row"):
-        compiled(ids[:1], position_ids=packed, use_cache=False)
+    compiled(ids[:1], position_ids=packed, use_cache=False)
+    assert len(varlen) == LAYERS and all(c["cu_q"] == [0, 60, 100] for c in varlen)
     torch._dynamo.reset()

@@ -6,13 +6,15 @@ AttentionMaskInterface (dashgen_mask); after it, from_pretrained(..., attn_imple
 torch.use_deterministic_algorithms. Nothing is registered until register() is called.
 
 dashgen serves plain causal or full attention over whole sequences, GQA included (key and value
-keep their own heads). What it cannot serve raises ValueError naming the argument, never a
-silent change: padding, sequences packed into one row (cu_seq_lens_* or position_ids that
-restart), sliding windows, chunked attention, soft-capping, attention sinks, position biases,
-dropout. The mask function is what makes padding visible: transformers builds no mask at all for
-an implementation without one, and the padding would go unseen. torch.compile works (the
-custom ops trace); there transformers cannot look for packing in position_ids while tracing,
-so dashgen_attention does when the graph runs.
+keep their own heads), and the padding-free path: documents packed into one row, as
+transformers' DataCollatorWithFlattening hands them over (the cu_seq_lens_q/k and max_length_q/k
+kwargs, or position_ids that restart at each document), run on dashgen.attention_varlen, each
+document's bits its own. What it cannot serve raises ValueError naming the argument, never a
+silent change: padding, sliding windows, chunked attention, soft-capping, attention sinks,
+position biases, dropout, seq_idx. The mask function is what makes padding visible:
+transformers builds no mask at all for an implementation without one, and the padding would go
+unseen. torch.compile works (the custom ops trace); pass the cu_seq_lens kwargs there, since
+offsets found from position_ids read them on the host.
 """
 from __future__ import annotations
 
@@ -33,10 +35,9 @@ except ImportError:
 IMPL_NAME = "dashgen"
 
 _PREFIX = f'attn_implementation="{IMPL_NAME}": '
-_NO_VARLEN = ("variable-length packing is not supported by dashgen yet; pass batches of whole, "
-              "unpadded sequences of one length, or use attn_implementation=\"sdpa\"")
-# The padding-free kwargs transformers' data collators and FlashAttention path hand over.
-_PACKED_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+_NO_PADDING = ("dashgen takes whole sequences: pack them padding-free (one row, position_ids "
+               "restarting per document, e.g. DataCollatorWithFlattening) instead of padding, "
+               "or use attn_implementation=\"sdpa\"")
 
 
 def _refuse(message: str) -> ValueError:
@@ -78,21 +79,66 @@ def _positions_restart(position_ids: torch.Tensor) -> bool:
     return restarts
 
 
+def _offsets_of_positions(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(cu_seqlens int32, longest document) of one row of position_ids packing documents: a
+    document starts wherever the position does not step by one. Reads the longest on the host,
+    once per position_ids tensor (every layer of a forward gets the same one)."""
+    global _OFFSETS
+    key = (weakref.ref(position_ids), position_ids._version)
+    if _OFFSETS is not None and _OFFSETS[0][0]() is position_ids and _OFFSETS[0][1] == key[1]:
+        return _OFFSETS[1]
+    row = position_ids[0]
+    starts = torch.nonzero(row.diff() != 1).flatten() + 1
+    cu = torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), row.numel())])
+    cu = cu.to(torch.int32)
+    value = (cu, int(cu.diff().max()))
+    if not position_ids.is_inference():
+        _OFFSETS = (key, value)
+    return value
+
+
+_OFFSETS = None
+
+
+def _pack_of(query, key, kwargs) -> tuple | None:
+    """(cu_seqlens_q, cu_seqlens_k, max_q, max_k) where the call packs documents into one row,
+    else None; ValueError where a pack comes in a form dashgen cannot serve."""
+    cu_q = kwargs.get("cu_seq_lens_q")
+    position_ids = kwargs.get("position_ids")
+    if cu_q is None and not (isinstance(position_ids, torch.Tensor)
+                             and _positions_restart(position_ids)):
+        if kwargs.get("cu_seq_lens_k") is not None:
+            raise _refuse("cu_seq_lens_k without cu_seq_lens_q: pass both (or neither)")
+        return None
+    if query.shape[0] != 1:
+        raise _refuse(f"a padding-free pack is one row; the queries have {query.shape[0]} rows "
+                      f"(batch the documents into one row)")
+    if cu_q is not None:
+        cu_k = kwargs.get("cu_seq_lens_k")
+        cu_k = cu_q if cu_k is None else cu_k
+        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        if max_q is None or max_k is None:
+            raise _refuse("cu_seq_lens_q: max_length_q and max_length_k must come with it")
+        return cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k)
+    if key.shape[2] != query.shape[2]:
+        raise _refuse(f"position_ids restart within a row (packed documents) but the keys "
+                      f"({key.shape[2]}) are not the queries ({query.shape[2]}): a cache does not "
+                      f"go with a pack")
+    cu, longest = _offsets_of_positions(position_ids)
+    return cu, cu, longest, longest
+
+
 # -- the attention function ----------------------------------------------------------------------
 
 def _support_error(module, attention_mask, dropout, kwargs) -> str | None:
     """Why dashgen cannot serve a call, or None (the tensors are dashgen.attention's checks).
     The mask comes before position_ids: a padded batch's position_ids restart too."""
-    for name in _PACKED_KWARGS:
-        if kwargs.get(name) is not None:
-            return f"{name}: {_NO_VARLEN}"
+    if kwargs.get("seq_idx") is not None:
+        return "seq_idx: dashgen takes a pack as cu_seq_lens_q/k or position_ids"
     if attention_mask is not None:
         what = ("padding" if attention_mask.dim() == 2 else
                 f"a custom mask of shape {tuple(attention_mask.shape)}")
-        return f"attention_mask: the batch has {what}, and dashgen takes no mask; {_NO_VARLEN}"
-    position_ids = kwargs.get("position_ids")
-    if isinstance(position_ids, torch.Tensor) and _positions_restart(position_ids):
-        return f"position_ids restart within a row (packed sequences): {_NO_VARLEN}"
+        return f"attention_mask: the batch has {what}, and dashgen takes no mask; {_NO_PADDING}"
     window = kwargs.get("sliding_window")
     if window is None:
         window = getattr(module, "sliding_window", None)
@@ -152,6 +198,13 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # One query row sees every key either way (bottom-right alignment), and the full mask is
     # the simpler problem: decoding steps run unmasked, as in sdpa_attention_forward.
     causal = bool(is_causal) and query.shape[2] > 1
+    pack = _pack_of(query, key, kwargs)
+    if pack is not None:
+        from ..runtime.op_varlen import attention_varlen
+        out = attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1),
+                               value[0].transpose(0, 1), *pack, causal=bool(is_causal),
+                               softmax_scale=scaling)
+        return out[None], None
     out = op.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                        causal=causal, softmax_scale=scaling)
     return out, None
@@ -173,11 +226,11 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     bidirectional one (sliding windows, chunks, sequences packed by position_ids, a model's
     overlays), a caller that needs a mask tensor, or a cache whose keys run past the queries
     (a static cache's unfilled slots)."""
-    if _traced_packing_check(mask_function):
-        # Under torch.compile transformers cannot tell whether position_ids pack several
-        # sequences, so it always adds its packed-sequence mask, and that alone turns the
-        # causal skip off (it comes only without a cache); dashgen_attention checks the
-        # position_ids themselves when the graph runs and refuses a pack then.
+    if _packed_causal(mask_function):
+        # Documents packed by position_ids (found by transformers, or under torch.compile
+        # assumed, since it cannot look while tracing): causal within each document, which
+        # dashgen_attention serves from the position_ids (or the cu_seq_lens kwargs) itself.
+        # The packed-sequence mask alone turns the causal skip off.
         mask_function, allow_is_causal_skip = masking_utils.causal_mask_function, True
     if mask_function is None or mask_function is masking_utils.causal_mask_function:
         if not allow_is_causal_skip:
@@ -197,8 +250,9 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     else:
         raise _refuse(f"mask_function: the model asks for a mask other than plain causal or "
                       f"full attention ({getattr(mask_function, '__name__', mask_function)}: a "
-                      f"sliding window, chunked attention, sequences packed by position_ids or "
-                      f"a model-specific pattern); {_NO_VARLEN}")
+                      f"sliding window, chunked attention, a bidirectional pack or a "
+                      f"model-specific pattern); dashgen serves causal or full attention, and "
+                      f"causal documents packed into one row")
     if attention_mask is None:
         return None
     # Keys past the end of the 2-D mask count as padding, as in transformers' own masks.
@@ -207,10 +261,10 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     return None if bool(padding.all()) else padding
 
 
-def _traced_packing_check(mask_function) -> bool:
-    """Whether mask_function is what transformers builds while tracing a causal model with
-    position_ids: and_masks(causal_mask_function, packed_sequence_mask_function(...))."""
-    if not torch.compiler.is_compiling() or getattr(mask_function, "__name__", "") != "and_mask":
+def _packed_causal(mask_function) -> bool:
+    """Whether mask_function is what transformers builds for a causal model whose position_ids
+    pack documents: and_masks(causal_mask_function, packed_sequence_mask_function(...))."""
+    if getattr(mask_function, "__name__", "") != "and_mask":
         return False
     parts = next((cell.cell_contents for cell in mask_function.__closure__ or ()
                   if isinstance(cell.cell_contents, tuple)), ())

@@ -68,3 +68,27 @@ def test_dashgen_llama_gradients_are_bitwise_reproducible(seed, monkeypatch):
     assert len(first) == len(second) > 0
     assert all(g.abs().sum() > 0 for g in first)  # every parameter gets a gradient
     assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_packed_documents_match_sdpa_and_keep_each_documents_bits(seed):
+    """Padding-free packing (position_ids restarting per document, and the collator's
+    cu_seq_lens kwargs): logits within bf16 accuracy of "sdpa" (which masks the pack), and a
+    document's logits the bits it has when packed beside another document."""
+    hf.register()
+    ours = tiny_llama("dashgen").eval()
+    theirs = tiny_llama("sdpa", ours.state_dict()).eval()
+    lengths = [700, 1, 300, 23]
+    ids = torch.randint(0, 1000, (1, sum(lengths)), device="cuda")
+    positions = torch.cat([torch.arange(n, device="cuda") for n in lengths])[None]
+    with torch.no_grad():
+        a = ours(ids, position_ids=positions, use_cache=False).logits
+        b = theirs(ids, position_ids=positions, use_cache=False).logits
+        cu = torch.tensor([0, 700, 701, 1001, 1024], dtype=torch.int32, device="cuda")
+        c = ours(ids, position_ids=positions, use_cache=False, cu_seq_lens_q=cu,
+                 cu_seq_lens_k=cu, max_length_q=700, max_length_k=700).logits
+        other = ids.clone()
+        other[:, 701:] = (other[:, 701:] + 1) % 1000
+        d = ours(other, position_ids=positions, use_cache=False).logits
+    assert rel_err(a, b) < 5e-2
+    assert torch.equal(a, c)
+    assert torch.equal(a[:, :701], d[:, :701])
