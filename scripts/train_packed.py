@@ -5,9 +5,9 @@ two runs' losses and final parameters must be bitwise identical. The same run wi
 (transformers masks the pack) gives the loss curve to compare against; step times against
 "sdpa" without and with the deterministic flag and "flex_attention", eager and compiled.
 
-Documents: log-normal lengths (median 1024, sigma 1.0) packed into rows of --tokens tokens;
-each document repeats a random 64-token motif, so the loss falls as the model learns to copy.
-Every run sees the same batches (seeded per step). Writes DIR/train_packed.json and .png.
+Documents: log-normal lengths (median 1024, sigma 1.0) packed into rows of --tokens tokens
+(--data: a repeated random motif per document, or walks through a fixed successor table);
+every run sees the same batches (seeded per step). Writes DIR/train_packed.json and .png.
 
 CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 scripts/train_packed.py --out DIR
 """
@@ -31,15 +31,25 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def documents(step: int, tokens: int, vocab: int):
-    """input_ids, labels, position_ids (1, tokens) and cu_seqlens of the pack for `step`."""
+def documents(step: int, tokens: int, vocab: int, data: str = "motif"):
+    """input_ids, labels, position_ids (1, tokens) and cu_seqlens of the pack for `step`.
+    "motif": each document repeats a random 64-token motif (learnable only in context);
+    "successor": each is a walk through one fixed successor table over 1000 tokens (the
+    successor nine times in ten, else a random token), which a model learns within steps."""
     rng = random.Random(1000 + step)
+    table = random.Random(7).sample(range(min(vocab, 1000)), min(vocab, 1000))
     lengths, ids = [], []
     while sum(lengths) < tokens:
         n = min(tokens - sum(lengths),
                 max(2, int(rng.lognormvariate(math.log(1024), 1.0))))
-        motif = [rng.randrange(vocab) for _ in range(64)]
-        ids += [motif[i % 64] for i in range(n)]
+        if data == "motif":
+            motif = [rng.randrange(vocab) for _ in range(64)]
+            ids += [motif[i % 64] for i in range(n)]
+        else:
+            token = rng.randrange(len(table))
+            for _ in range(n):
+                ids.append(token)
+                token = table[token] if rng.random() < 0.9 else rng.randrange(len(table))
         lengths.append(n)
     labels = list(ids)
     start = 0
@@ -78,7 +88,8 @@ def train(args, impl: str, deterministic: bool, steps: int, compiled: bool, devi
     losses, times = [], []
     for step in range(steps):
         ids, labels, positions, cu, longest = (t.to(device) if torch.is_tensor(t) else t
-                                               for t in documents(step, args.tokens, args.vocab))
+                                               for t in documents(step, args.tokens, args.vocab,
+                                                                  args.data))
         kwargs = {}
         if impl == "dashgen":  # the collator's padding-free kwargs: no offsets found on the host
             kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
@@ -137,7 +148,7 @@ def write(args, runs) -> bool:
                 gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                 config=dict(layers=args.layers, hidden=args.hidden, heads=args.heads,
                             kv_heads=args.kv_heads, head_dim=args.hidden // args.heads,
-                            vocab=args.vocab, tokens=args.tokens, lr=args.lr),
+                            vocab=args.vocab, tokens=args.tokens, lr=args.lr, data=args.data),
                 dashgen_runs_bitwise_identical=same, max_loss_gap_to_sdpa=gap)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "train_packed.json").write_text(json.dumps({"meta": meta, "runs": runs},
@@ -159,6 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--data", choices=("motif", "successor"), default="motif")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--runs", default="dashgen,dashgen,sdpa,sdpa_det,flex,dashgen_compiled,"
