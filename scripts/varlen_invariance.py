@@ -76,17 +76,22 @@ class Pool:
                 alone = tuple(torch.zeros_like(t) for t in (q, q, k, v))
             self.items.append(((q, k, v, do), alone))
 
+    def pack(self, members):
+        """q, k, v, dO of pool sequences `members` packed in that order, their lengths and
+        offsets."""
+        parts = [self.items[i][0] for i in members]
+        q, k, v, do = (torch.cat([p[j] for p in parts]) for j in range(4))
+        lq = [p[0].shape[0] for p in parts]
+        lk = [p[1].shape[0] for p in parts]
+        cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)),  # noqa: E731
+                                     dtype=torch.int32, device="cuda")
+        return q, k, v, do, lq, lk, cu(lq), cu(lk)
+
 
 def check_pack(pool, members, causal, schedule):
     """Pack pool sequences `members` (in that order, repeats allowed): the first sequence and
     output whose packed bits differ from its own, or None."""
-    parts = [pool.items[i][0] for i in members]
-    q, k, v, do = (torch.cat([p[j] for p in parts]) for j in range(4))
-    lq = [p[0].shape[0] for p in parts]
-    lk = [p[1].shape[0] for p in parts]
-    cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)),  # noqa: E731
-                                 dtype=torch.int32, device="cuda")
-    cu_q, cu_k = cu(lq), cu(lk)
+    q, k, v, do, lq, lk, cu_q, cu_k = pool.pack(members)
     packed = grads(lambda a, b, c: dashgen.attention_varlen(
         a, b, c, cu_q, cu_k, max(lq), max(lk), causal=causal, deterministic=True,
         schedule=schedule), q, k, v, do)
@@ -104,13 +109,7 @@ def check_pack(pool, members, causal, schedule):
 def repeats_equal(pool, members, causal, schedule, repeats: int) -> int:
     """Repeats of one pack's forward and backward, while a second stream keeps the GPU busy with
     matmuls of its own (so the workers' timing varies): how many differ from the first."""
-    parts = [pool.items[i][0] for i in members]
-    q, k, v, do = (torch.cat([p[j] for p in parts]) for j in range(4))
-    lq = [p[0].shape[0] for p in parts]
-    lk = [p[1].shape[0] for p in parts]
-    cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)),  # noqa: E731
-                                 dtype=torch.int32, device="cuda")
-    cu_q, cu_k = cu(lq), cu(lk)
+    q, k, v, do, lq, lk, cu_q, cu_k = pool.pack(members)
     fn = lambda a, b, c: dashgen.attention_varlen(  # noqa: E731
         a, b, c, cu_q, cu_k, max(lq), max(lk), causal=causal, deterministic=True,
         schedule=schedule)

@@ -32,31 +32,11 @@ from dashgen.runtime.op_varlen import (  # noqa: E402
 from dashgen.runtime.varlen import (  # noqa: E402
     PackWorkspace, pack_tiles, pack_workers, plan_words)
 from dashgen.runtime import op  # noqa: E402
+from test_op_errors import fake_cuda, h200, on_cpu  # noqa: E402,F401  (fixtures by name)
 
 BF16, FP16 = torch.bfloat16, torch.float16
 ENTRY_REGISTERS = 168  # as in test_kernels_compile: setmaxnreg's cap at entry, 384 threads
 SCHEDULER_SPILL_BYTES = 16  # as in test_kernels_compile: a named policy's walk may keep a few
-
-
-# -- the faked device (as test_op_errors fakes it) -----------------------------------------------
-
-@pytest.fixture
-def h200(monkeypatch):
-    """Device queries answer like an H200 (132 SMs)."""
-    monkeypatch.setattr(op, "_device_facts", lambda index: (9, 0, 132, "NVIDIA H200"))
-
-
-@pytest.fixture
-def on_cpu(monkeypatch, h200):
-    """The device check takes CPU tensors, so the checks after it run here (no kernel may)."""
-    monkeypatch.setattr(op, "_DEVICE_TYPE", "cpu")
-
-
-@pytest.fixture
-def fake_cuda(h200):
-    """Fake CUDA tensors (shapes, dtypes, devices, no data)."""
-    with FakeTensorMode():
-        yield
 
 
 def offsets(lengths):
