@@ -341,9 +341,8 @@ def _emit_problem(args: argparse.Namespace) -> Problem:
                        f"kernels, got {args.hdim}")
     problem = _problem(args)
     if problem.is_pack:
-        raise CliError("--seqlens: emit writes fixed-length kernels; a pack's kernels read its "
-                       "lengths at run time (dashgen.attention_varlen); show, plan and verify "
-                       "take a pack")
+        raise CliError("--seqlens: a pack's kernels read its lengths at run time: emit them "
+                       "with --varlen (show, plan and verify take --seqlens)")
     try:
         check_kernel_problem(problem)
     except ValueError as exc:
@@ -370,11 +369,50 @@ def _out_dir(path: Path) -> Path:
     return path
 
 
+def _emit_pack(args: argparse.Namespace) -> None:
+    """emit --varlen: the packed kernels of a schedule, head_dim and mask (no lengths: the
+    kernels read them at run time)."""
+    from .codegen.compile import CompileError
+    from .tools.emit import default_mask, emit_pack, report_lines
+
+    if args.schedule_file or args.seqlens:
+        raise CliError("--varlen emits the packed kernels, which take their lengths at run "
+                       "time: --schedule-file and --seqlens do not apply")
+    if args.hdim not in HEAD_DIMS:
+        raise CliError(f"--hdim must be one of {', '.join(map(str, HEAD_DIMS))} for the "
+                       f"kernels, got {args.hdim}")
+    schedule = args.schedule or "auto"
+    mask = args.mask or (default_mask(schedule) if args.schedule else "causal")
+    out = _out_dir(Path(args.out or "dashgen-out"))
+    mode = "non-deterministic" if args.nondeterministic else "deterministic"
+    print(f"emit packed (varlen) kernels: schedule {schedule}, head_dim {args.hdim}, {mask} "
+          f"mask per document")
+    print(f"  lengths read at run time; {args.dtype}, {mode}{', GQA' if args.gqa else ''}")
+    try:
+        kernels = emit_pack(out, schedule=schedule, head_dim=args.hdim, causal=mask == "causal",
+                            dtype=args.dtype, deterministic=not args.nondeterministic,
+                            gqa=args.gqa)
+    except CompileError as exc:
+        print(f"dashgen emit: error: {exc}\n(the source is in {out}/{exc.source}.cu)",
+              file=sys.stderr)
+        raise SystemExit(1) from None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    for kernel in kernels:
+        print(f"wrote {kernel.source_path}")
+        print(f"  and {kernel.cubin_path}")
+    for line in report_lines(kernels):
+        print(line)
+
+
 def cmd_emit(args: argparse.Namespace) -> None:
     from .codegen.compile import CompileError
     from .tools.emit import GOLDEN_DIR, emit, report_lines, write_golden
     from .schedule.verify import VerificationError
 
+    if args.varlen:
+        _emit_pack(args)
+        return
     if args.golden:
         directory = _out_dir(Path(args.out) if args.out else GOLDEN_DIR)
         written, removed = write_golden(directory)
@@ -527,6 +565,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GQA/MQA: dK/dV summed over the query heads of a KV head in dkv_rank "
                         "order; needs --heads > --heads-kv (default --heads-kv 1). A problem "
                         "with fewer KV heads gets the GQA kernel anyway")
+    p.add_argument("--varlen", action="store_true",
+                   help="the packed kernels dashgen.attention_varlen runs (lengths read at run "
+                        "time): --schedule (default auto: fa3), --hdim, --mask (default causal), "
+                        "--gqa, --dtype, --nondeterministic")
     p.add_argument("--golden", action="store_true",
                    help="rewrite the golden renders in generated/ (the other options are ignored)")
     _problem_options(p, helps={

@@ -50,6 +50,11 @@ def all_picked_variants() -> set:
 
 def other_schedule_variants() -> set:
     """The goldens beside the sweep's: a deterministic head_dim 128 backward of each schedule the
-    sweep does not run, for the mask it is meant for, and of the schedule-file table walk."""
-    return {BackwardVariant("bf16", 128, False, name)
-            for name in ("fa3", "spt", "descending", "table")}
+    sweep does not run, for the mask it is meant for, and of the schedule-file table walk; and
+    the packed kernels of a pack's auto schedule (fa3, early K/V), deterministic, per head_dim
+    and mask."""
+    packed = {v for d in (64, 128) for causal in (False, True)
+              for v in (ForwardVariant("bf16", d, causal, varlen=True),
+                        BackwardVariant("bf16", d, causal, "fa3", early_kv=True, varlen=True))}
+    return packed | {BackwardVariant("bf16", 128, False, name)
+                     for name in ("fa3", "spt", "descending", "table")}

@@ -26,7 +26,7 @@ from dashgen.schedule.lower import lower
 
 REPO = Path(__file__).resolve().parent.parent
 # name, registers, spills, static + dynamic shared memory, compile time or "cached"
-REPORT = re.compile(r"^(dashgen_\w+) +(\d+) regs  (\d+) spills  smem +(\d+)\+(\d+)  "
+REPORT = re.compile(r"^(dashgen_\w+) +(\d+) regs (\d+) spills smem +(\d+)\+(\d+) "
                     r"(cached|\d+\.\d s)$")
 
 

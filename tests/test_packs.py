@@ -198,7 +198,8 @@ def test_emit_refuses_a_pack_naming_the_option(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["emit", "--schedule", "fa3", "--seqlens", "100,200", "--hdim", "64"])
     assert exit_.value.code == 2
-    assert "--seqlens: emit writes fixed-length kernels" in capsys.readouterr().err
+    assert "--seqlens: a pack's kernels read its lengths at run time: emit them with --varlen" \
+        in capsys.readouterr().err
 
 
 def test_plan_draws_a_packs_gantt_chart(tmp_path, capsys):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -31,7 +32,6 @@ from dashgen.runtime.op_varlen import (  # noqa: E402
     PACK_SCHEDULES, VarlenOptions, attention_varlen, check_varlen_inputs, lse_by_head)
 from dashgen.runtime.varlen import (  # noqa: E402
     PackWorkspace, pack_tiles, pack_workers, plan_words)
-from dashgen.runtime import op  # noqa: E402
 from test_op_errors import fake_cuda, h200, on_cpu  # noqa: E402,F401  (fixtures by name)
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -669,3 +669,34 @@ def test_the_fake_ops_are_registered():
     assert hasattr(torch.ops.dashgen, "attention_varlen_fwd")
     assert hasattr(torch.ops.dashgen, "attention_varlen_bwd")
     assert op_varlen.PACK_AUTO_SCHEDULE in PACK_SCHEDULES
+
+
+# -- dashgen emit --varlen -------------------------------------------------------------------------
+
+def test_emit_varlen_writes_and_compiles_the_packed_pair(tmp_path, capsys):
+    from dashgen.cli import main
+    main(["emit", "--varlen", "--hdim", "64", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["dashgen_bwd_bf16_d64_causal_fa3_det_ekv_varlen.cu",
+                     "dashgen_bwd_bf16_d64_causal_fa3_det_ekv_varlen.cubin",
+                     "dashgen_fwd_bf16_d64_causal_varlen.cu",
+                     "dashgen_fwd_bf16_d64_causal_varlen.cubin"]
+    assert "dashgen_bwd_bf16_d64_causal_fa3_det_ekv_varlen_plan " in out
+    assert "PackWalk" in (tmp_path / names[0]).read_text()
+    report = [line for line in out.splitlines() if not line.lstrip().startswith(("wrote", "and"))]
+    assert all(len(line) < 100 for line in report), out  # the paths aside
+
+
+@pytest.mark.parametrize("argv, pattern", [
+    (["--schedule", "symmetric_shift", "--mask", "full"], r"serves the causal mask"),
+    (["--schedule", "shift", "--mask", "causal"], r"serves the full mask"),
+    (["--seqlens", "100,200"], r"--varlen emits the packed kernels"),
+    (["--hdim", "96"], r"--hdim must be one of"),
+])
+def test_emit_varlen_refusals_name_the_option(tmp_path, capsys, argv, pattern):
+    from dashgen.cli import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["emit", "--varlen", "--out", str(tmp_path), *argv])
+    assert exit_.value.code == 2
+    assert re.search(pattern, capsys.readouterr().err)

@@ -16,11 +16,7 @@ import torch
 
 from ..codegen.variants import BACKWARD_CONSTANTS, HEAD_DIMS
 from . import op
-
-# A pack's "auto": fa3's deal balances long-tailed packs within 1-3% of the bound and is live
-# on any worker count (docs/design.md, `pack-deal`).
-PACK_AUTO_SCHEDULE = "fa3"
-PACK_SCHEDULES = ("fa3", "spt", "descending", "shift", "symmetric_shift")
+from .select import PACK_AUTO_SCHEDULE, PACK_SCHEDULES, select_pack
 
 
 class VarlenOptions(NamedTuple):
@@ -99,15 +95,12 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     _check_tensors(q, k, v)
     _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     op._check_options(causal, softmax_scale, deterministic, "auto", num_workers)
-    if not isinstance(schedule, str) or not (schedule == "auto" or schedule in PACK_SCHEDULES):
+    if not isinstance(schedule, str):
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
-                         f"{schedule!r} (schedule files describe one fixed shape)")
-    if schedule == "shift" and causal:
-        raise ValueError("schedule='shift' serves the full mask; use 'symmetric_shift' with "
-                         "causal=True")
-    if schedule == "symmetric_shift" and not causal:
-        raise ValueError("schedule='symmetric_shift' serves the causal mask; use 'shift' with "
-                         "causal=False")
+                         f"{schedule!r}")
+    # The schedule against the mask, where the kernels are chosen (ValueError naming it).
+    select_pack("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2], bool(causal),
+                schedule)
     sm_count = op._check_device(q, k, v)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.device != q.device and cu.device.type != "cpu":

@@ -221,3 +221,34 @@ def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: b
                                trace=trace)
     return Selection(problem, select_forward(problem, dtype, sm_count, overrides), backward,
                      name, workers, None if table is None else register(table))
+
+
+# A pack's "auto": fa3's deal balances long-tailed packs within 1-3% of the bound and is live on
+# any worker count (docs/design.md, `pack-deal`); the schedules a pack's kernels walk.
+PACK_AUTO_SCHEDULE = "fa3"
+PACK_SCHEDULES = ("fa3", "spt", "descending", "shift", "symmetric_shift")
+
+
+def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
+                deterministic: bool = True, gqa: bool = False) -> Selection:
+    """The varlen kernels that run a packed batch (dashgen.attention_varlen): one pair per
+    (dtype, head_dim, mask, schedule, mode), whatever the lengths, which they read at run time.
+    early_kv always: a pack's documents (median ~1k tokens) give short KV segments
+    (`early-kv`). The Selection's problem is a one-token placeholder and num_workers 0: the
+    launch decides the workers (dashgen.runtime.varlen.pack_workers)."""
+    check_dtype_head_dim(dtype, head_dim)
+    name = PACK_AUTO_SCHEDULE if schedule == "auto" else schedule
+    if name not in PACK_SCHEDULES:
+        raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
+                         f"{schedule!r} (schedule files describe one fixed shape)")
+    if name == "shift" and causal:
+        raise ValueError("schedule='shift' serves the full mask; use 'symmetric_shift' with "
+                         "causal=True")
+    if name == "symmetric_shift" and not causal:
+        raise ValueError("schedule='symmetric_shift' serves the causal mask; use 'shift' with "
+                         "causal=False")
+    forward = ForwardVariant(dtype, head_dim, causal, varlen=True)
+    backward = BackwardVariant(dtype, head_dim, causal, name, deterministic=deterministic,
+                               gqa=gqa, early_kv=True, varlen=True)
+    problem = problem_for(1, 2 if gqa else 1, 1, 1, 1, head_dim, causal)
+    return Selection(problem, forward, backward, name, 0)

@@ -17,10 +17,11 @@ import torch
 
 from ..caches import memo
 from ..codegen.variants import (AUX_THREADS, BACKWARD_CONSTANTS, FORWARD_BLOCK_M,
-                                FORWARD_BLOCK_N, PREP_ROWS_PER_BLOCK, THREADS, BackwardVariant,
-                                BwdParams, ConvertParams, ForwardVariant, FwdParams, PrepParams)
+                                FORWARD_BLOCK_N, PREP_ROWS_PER_BLOCK, THREADS, BwdParams,
+                                ConvertParams, FwdParams, PrepParams)
 from . import launch, watchdog
 from .device import DTYPE_NAMES, addresses, kernels, stream, tensor_map
+from .select import select_pack
 from .workspace import allocator
 
 PLAN_THREADS = 512  # AttnPackPlan::kThreads
@@ -38,6 +39,13 @@ def pack_tiles(total: int, batch: int, block: int) -> int:
 def plan_words(batch: int, max_units: int) -> int:
     """AttnPackPlan's words: the header, the orders and its scratch."""
     return 3 + 4 * batch + 6 * max_units
+
+
+@memo(max_entries=256)
+def _selection(dtype: str, head_dim: int, causal: bool, schedule: str, deterministic: bool,
+               gqa: bool):
+    """dashgen.runtime.select.select_pack, memoized (a call's host time)."""
+    return select_pack(dtype, head_dim, causal, schedule, deterministic=deterministic, gqa=gqa)
 
 
 @memo(max_entries=256)
@@ -64,7 +72,8 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
         return o, lse
     if total_k == 0:  # no keys in any sequence: every row sees none
         return o.zero_(), lse.fill_(-math.inf)
-    variant = ForwardVariant(DTYPE_NAMES[q.dtype], head_dim, causal, varlen=True)
+    variant = _selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), "auto", True,
+                         False).forward
     loaded = kernels(variant, q.device)
     grid = (_cdiv(max_seqlen_q, FORWARD_BLOCK_M), heads_q, batch)
     maps = (_maps(q, 64), _maps(k, FORWARD_BLOCK_N), _maps(v, FORWARD_BLOCK_N))
@@ -115,7 +124,7 @@ def pack_workers(schedule: str, max_seqlen_k: int, block_n: int, workers: int) -
 
 def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
              max_seqlen_k: int, *, causal: bool, softmax_scale: float, deterministic: bool,
-             schedule: str, workers: int, early_kv: bool = True):
+             schedule: str, workers: int):
     """dq, dk, dv of a pack; every tensor contiguous, lse as `forward` returns it."""
     total_q, heads_q, head_dim = q.shape
     total_k, heads_kv = k.shape[:2]
@@ -127,9 +136,8 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     const = BACKWARD_CONSTANTS[head_dim, causal]
     bm, bn = const.block_m, const.block_n
-    variant = BackwardVariant(DTYPE_NAMES[q.dtype], head_dim, causal, schedule,
-                              deterministic=deterministic, gqa=gqa, early_kv=early_kv,
-                              varlen=True)
+    variant = _selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), schedule,
+                         bool(deterministic), gqa).backward
     loaded = kernels(variant, dev)
     layout = PackWorkspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn,
                            const.staged_stats, gqa)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..caches import memo
-from ..runtime.select import DEFAULT_SM_COUNT, Selection, problem_for, select
+from ..runtime.select import DEFAULT_SM_COUNT, Selection, problem_for, select, select_pack
 from ..schedule.builders import build_schedule, list_schedules, unsupported_reason
 from ..schedule.files import TASKS_FORMAT
 from ..schedule.ir import Schedule
@@ -147,8 +147,15 @@ def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
         plan = lower(schedule)
         name = f"{schedule.name}_{problem_tag(schedule.problem, schedule.num_workers)}.tasks.json"
         tasks_path = _write(out_dir / name, tasks_json(plan).encode())
+    return Emission(schedule, sel, plan, tasks_path,
+                    write_kernels((sel.forward, sel.backward), out_dir, compile))
+
+
+def write_kernels(variants, out_dir: Path, compile: bool = True) -> tuple[EmittedKernel, ...]:
+    """Each variant's source into out_dir, then (compile) its cubin through the cache. Sources
+    first, so a CompileError leaves them on disk to read."""
     kernels = []
-    for variant in (sel.forward, sel.backward):
+    for variant in variants:
         src = render_variant(variant)
         kernels.append(EmittedKernel(src, _write(out_dir / f"{src.name}.cu", src.text.encode()),
                                      variant))
@@ -158,7 +165,19 @@ def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
             path = _write(out_dir / f"{kernel.source.name}.cubin", cubin.data)
             kernels[i] = EmittedKernel(kernel.source, kernel.source_path, kernel.variant, cubin,
                                        path, cached)
-    return Emission(schedule, sel, plan, tasks_path, tuple(kernels))
+    return tuple(kernels)
+
+
+def emit_pack(out_dir: Path, *, schedule: str = "auto", head_dim: int = 128,
+              causal: bool = True, dtype: str = GOLDEN_DTYPE, deterministic: bool = True,
+              gqa: bool = False, compile: bool = True) -> tuple[EmittedKernel, ...]:
+    """The varlen forward and backward a packed batch runs (dashgen.runtime.select.select_pack):
+    one pair for every pack of that head_dim, mask and schedule, since they read the lengths at
+    run time. Raises ValueError (a schedule no pack runs) or CompileError."""
+    sel = select_pack(dtype, head_dim, causal, schedule, deterministic=deterministic, gqa=gqa)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return write_kernels((sel.forward, sel.backward), out_dir, compile)
 
 
 def report_lines(kernels: tuple[EmittedKernel, ...]) -> list[str]:
@@ -175,8 +194,8 @@ def report_lines(kernels: tuple[EmittedKernel, ...]) -> list[str]:
             usage = kernel.cubin.resources[name]
             dynamic = kernel.dynamic_smem_bytes if name == main_name else 0
             smem = f"{usage.shared_bytes}+{dynamic}"
-            rows.append((name, f"{usage.registers:>3} regs  {usage.spill_bytes} spills  "
-                               f"smem {smem:>8}  {when}", usage.warnings))
+            rows.append((name, f"{usage.registers:>3} regs {usage.spill_bytes} spills "
+                               f"smem {smem:>8} {when}", usage.warnings))
     width = max((len(name) for name, _, _ in rows), default=0)
     lines = []
     for name, text, warnings in rows:
@@ -208,6 +227,12 @@ def golden_variants() -> tuple[ForwardVariant | BackwardVariant, ...]:
         if name not in swept:
             causal = name != "table" and default_mask(name) == "causal"
             found.setdefault(BackwardVariant(GOLDEN_DTYPE, 128, causal, name))
+    # The packed kernels of a pack's "auto", deterministic, per head_dim and mask.
+    for head_dim in GOLDEN_HEAD_DIMS:
+        for causal in (False, True):
+            sel = select_pack(GOLDEN_DTYPE, head_dim, causal, "auto")
+            found.setdefault(sel.forward)
+            found.setdefault(sel.backward)
     return tuple(sorted(found, key=lambda v: v.kernel_name))
 
 
@@ -223,8 +248,9 @@ def _golden_readme(variants) -> str:
         f"  benchmark's sweep ({GOLDEN_DTYPE}, 16384 tokens, hidden 2048, seqlen 1k-16k, full "
         "and causal,",
         "  deterministic and not), then a head_dim 128 backward of every other schedule and of",
-        "  the schedule-file table walk. A backward's name carries its schedule, and its source",
-        "  holds that schedule's policy (templates/include/dashgen/sched/).",
+        "  the schedule-file table walk, then the packed (`_varlen`) forward and backward of a",
+        "  pack's auto schedule per head_dim and mask. A backward's name carries its schedule,",
+        "  and its source holds that schedule's policy (templates/include/dashgen/sched/).",
         "",
     ])
 
