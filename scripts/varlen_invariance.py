@@ -4,7 +4,7 @@ dashgen.attention_varlen exactly the o, dq, dk, dv bits that dashgen.attention g
 lengths, empty and one-token sequences among them, seqlen_q != seqlen_k in a third) is run
 alone once; each pack draws pool sequences in random order, repeats allowed, so a sequence
 meets many neighbours and positions. One pack per case is also checked against float64
-(within 2x PyTorch's bf16 error). Prints a table, writes JSON.
+(within 2x PyTorch's own error in the inputs' dtype). Prints a table, writes JSON.
 
 python3 scripts/varlen_invariance.py --packs 200 --out DIR
 """
@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dashgen  # noqa: E402
 
+DTYPE = torch.bfloat16  # the inputs' dtype (--dtype)
 SCHEDULES = {False: ("fa3", "spt", "descending", "shift"),
              True: ("fa3", "spt", "descending", "symmetric_shift")}
 
@@ -46,10 +47,10 @@ def pack(lengths_q, lengths_k, heads_q, heads_kv, head_dim, gen):
     cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)),  # noqa: E731
                                  dtype=torch.int32, device="cuda")
     tq, tk = sum(lengths_q), sum(lengths_k)
-    q = torch.randn(tq, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(tk, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(tk, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-    do = torch.randn(tq, heads_q, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(tq, heads_q, head_dim, device="cuda", dtype=DTYPE, generator=gen)
+    k = torch.randn(tk, heads_kv, head_dim, device="cuda", dtype=DTYPE, generator=gen)
+    v = torch.randn(tk, heads_kv, head_dim, device="cuda", dtype=DTYPE, generator=gen)
+    do = torch.randn(tq, heads_q, head_dim, device="cuda", dtype=DTYPE, generator=gen)
     return q, k, v, do, cu(lengths_q), cu(lengths_k)
 
 
@@ -152,7 +153,7 @@ def float64_error(lengths, heads_q, heads_kv, head_dim, causal, gen) -> dict:
                 outs[i].append(x[0].transpose(0, 1))
         return [torch.cat(x) for x in outs]
 
-    r64, r16 = ref(torch.float64), ref(torch.bfloat16)
+    r64, r16 = ref(torch.float64), ref(DTYPE)
     keep = torch.cat([torch.arange(a, b, device="cuda") for a, b in
                       zip(cu_q.tolist(), cu_q.tolist()[1:]) if b > a])
     result = {}
@@ -174,7 +175,10 @@ def main(argv=None) -> int:
                     help="then repeat each case's last pack this often beside a busy stream")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     args = ap.parse_args(argv)
+    global DTYPE
+    DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     rng = random.Random(args.seed)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     cases = [(64, 8, 2), (128, 4, 4)]
@@ -215,7 +219,7 @@ def main(argv=None) -> int:
                     print("   first:", bad[0], flush=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - start, 1),
-            "tokens_per_pack": args.tokens, "pool_tokens": args.pool_tokens,
+            "tokens_per_pack": args.tokens, "pool_tokens": args.pool_tokens, "dtype": args.dtype,
             "packs_per_case": args.packs}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -134,6 +134,25 @@ def rows_for(lengths, heads, head_dim, causal, seed, peers):
 PEERS = ("sdpa_padded", "flex", "torch_varlen")
 
 
+def kernel_times(fn, calls: int = 5) -> dict:
+    """GPU time per call of each kernel fn launches (torch.profiler, microseconds), where the
+    pack's time goes against the fixed-length control's: plan, preprocess, main, convert."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    times: dict = {}
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None)
+        if total is None:
+            total = getattr(event, "cuda_time_total", 0)
+        if total:
+            times[event.key] = round(total / calls, 1)
+    return dict(sorted(times.items(), key=lambda kv: -kv[1])[:12])
+
+
 def run(args) -> int:
     import torch
     if not torch.cuda.is_available():
@@ -149,7 +168,10 @@ def run(args) -> int:
             for label, setup in rows_for(lengths, heads, head_dim, causal, 0, peers):
                 row = {"label": label, "head_dim": head_dim, "heads": heads, "mask": mask}
                 try:
-                    ms = median_ms(setup(), args.warmup, args.repeats)
+                    fn = setup()
+                    ms = median_ms(fn, args.warmup, args.repeats)
+                    if label.startswith("dashgen"):
+                        row["kernels_us"] = kernel_times(fn)
                     fixed_pairs = (args.tokens // MEDIAN_LENGTH) * kept_pairs([MEDIAN_LENGTH],
                                                                               causal)
                     work = fixed_pairs if "fixed-length" in label else pairs

@@ -42,6 +42,19 @@ def test_packed_bits_are_each_sequences_alone(causal, head_dim, heads_q, heads_k
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fp16_packs_are_each_sequences_alone_and_accurate(causal, seed, monkeypatch):
+    monkeypatch.setattr(vi, "DTYPE", torch.float16)
+    rng = random.Random(seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pool = vi.Pool([0, 1, 130, 700], [3, 0, 130, 650], 8, 2, 64, causal, "fa3", gen)
+    for _ in range(3):
+        members = [rng.randrange(4) for _ in range(rng.randint(1, 6))]
+        assert vi.check_pack(pool, members, causal, "fa3") is None, members
+    err = vi.float64_error([500, 1, 0, 900], 4, 4, 128, causal, gen)
+    assert all(e["within_2x"] for e in err.values()), err
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim, heads_q, heads_kv", CASES)
 def test_packed_values_against_float64(causal, head_dim, heads_q, heads_kv, seed):
     gen = torch.Generator(device="cuda").manual_seed(seed)
