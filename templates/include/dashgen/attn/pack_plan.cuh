@@ -4,7 +4,8 @@
 // independently their units with tasks sorted by sched::unit_dealt_before (the orders
 // sched::PackWalk reads, the ones dashgen.schedule.builders.base.pack_deal computes). Each item's
 // place is the count of items that precede it (a comparison sort: both rules are strict total
-// orders), O(batch^2 + units^2) comparisons over the CTA's threads.
+// orders), O(batch^2 + units^2) comparisons over the CTA's threads. tests/test_pack_plan_header.py
+// runs this kernel's code on host threads (g++) and checks its orders against the Python IR.
 #pragma once
 #include "dashgen/attn/params.cuh"
 #include "dashgen/sched/pack.cuh"

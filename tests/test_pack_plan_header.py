@@ -1,0 +1,168 @@
+"""One definition, two readings, for the pack deal's orders: the plan kernel a packed backward
+launches first (templates/include/dashgen/attn/pack_plan.cuh, AttnPackPlan) computes the
+sequences' and units' deal orders on the GPU from cu_seqlens; compiled here as host code with
+g++ (its 512 threads as std::threads meeting at a std::barrier for each __syncthreads), it
+must give exactly the orders of the Python IR (dashgen.schedule.builders.base.pack_order and
+pack_units), which tests/test_pack_header.py walks task for task. Hypothesis-drawn packs: empty
+and one-token sequences, other key lengths, both masks and tiles."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from dashgen import Problem
+from dashgen.codegen.render import include_dir
+from dashgen.schedule.builders import BUILDERS
+from dashgen.schedule.builders.base import pack_order, pack_tilings, pack_units
+from test_pack_header import packs
+from test_policy_header import POLICIES, needs_gxx
+
+# argv: policy id, block_m, causal, sequences, their seqlen_q, their seqlen_k. Prints
+# "S <dealt> <sequences in deal order>" and "U <units dealt> <b,u of each in deal order>".
+DRIVER = r"""
+#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+// The CUDA the plan kernel uses, on host threads.
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+#define __cvta_generic_to_shared(p) reinterpret_cast<unsigned long>(p)
+struct Dim3 { unsigned x, y, z; };
+struct uint4 { unsigned x, y, z, w; };  // a parameter block's vector type
+static thread_local Dim3 threadIdx;
+static std::barrier<>* g_block;
+inline void __syncthreads() { g_block->arrive_and_wait(); }
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+
+#include "dashgen/sched/ordered.cuh"
+#include "dashgen/sched/shift.cuh"
+#include "dashgen/attn/pack_plan.cuh"
+
+using namespace dashgen;
+
+template <int kBlockM_, bool kCausal_, template <class> class P>
+struct Cfg {
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = 128;
+  static constexpr bool kCausal = kCausal_;
+  template <class Tl> using Policy = P<Tl>;
+};
+
+template <int kBlockM, bool kCausal, template <class> class P>
+static int plan(int seqs, char** lengths) {
+  std::vector<int> cu_q{0}, cu_k{0};
+  for (int b = 0; b < seqs; ++b) cu_q.push_back(cu_q.back() + std::atoi(lengths[b]));
+  for (int b = 0; b < seqs; ++b) cu_k.push_back(cu_k.back() + std::atoi(lengths[seqs + b]));
+  BwdParams p{};
+  p.cu_seqlens_q = cu_q.data();
+  p.cu_seqlens_k = cu_k.data();
+  p.batch = seqs;
+  p.max_units = cu_k.back() / 128 + seqs;  // dashgen.runtime.varlen.pack_tiles
+  std::vector<int> words(3 + 4 * seqs + 6 * p.max_units, -7);  // plan_words
+  p.pack_plan = words.data();
+  using Plan = AttnPackPlan<Cfg<kBlockM, kCausal, P>>;
+  std::barrier<> block(Plan::kThreads);
+  g_block = &block;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < Plan::kThreads; ++t) {
+    threads.emplace_back([&p, t] {
+      threadIdx.x = static_cast<unsigned>(t);
+      Plan::run(p);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::printf("S %d", words[0]);
+  for (int k = 0; k < words[0]; ++k) std::printf(" %d", words[kPlanHeader + k]);
+  std::printf("\nU %d", words[1]);
+  for (int k = 0; k < words[1]; ++k) {
+    std::printf(" %d,%d", words[kPlanHeader + seqs + k], words[kPlanHeader + seqs + p.max_units + k]);
+  }
+  std::printf("\n");
+  return 0;
+}
+
+template <int kBlockM, bool kCausal>
+static int run(int id, int seqs, char** lengths) {
+  using Tl = sched::Tiling<kBlockM, 128, kCausal>;
+  switch (id) {
+    case sched::Fa3<Tl>::kId: return plan<kBlockM, kCausal, sched::Fa3>(seqs, lengths);
+    case sched::Spt<Tl>::kId: return plan<kBlockM, kCausal, sched::Spt>(seqs, lengths);
+    case sched::Descending<Tl>::kId: return plan<kBlockM, kCausal, sched::Descending>(seqs, lengths);
+    case sched::Shift<Tl>::kId: return plan<kBlockM, kCausal, sched::Shift>(seqs, lengths);
+    case sched::SymmetricShift<Tl>::kId:
+      return plan<kBlockM, kCausal, sched::SymmetricShift>(seqs, lengths);
+    default: return 3;
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc < 5) return 2;
+  const int id = std::atoi(argv[1]), block_m = std::atoi(argv[2]), causal = std::atoi(argv[3]);
+  const int seqs = std::atoi(argv[4]);
+  if (argc != 5 + 2 * seqs) return 2;
+  if (block_m == 64) return causal ? run<64, true>(id, seqs, argv + 5) : run<64, false>(id, seqs, argv + 5);
+  if (block_m == 128) return causal ? run<128, true>(id, seqs, argv + 5) : run<128, false>(id, seqs, argv + 5);
+  return 4;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def plan_driver(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("plan")
+    (folder / "plan.cpp").write_text(DRIVER)
+    binary = folder / "plan"
+    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
+                           f"-I{include_dir()}", str(folder / "plan.cpp"), "-o", str(binary)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"pack_plan.cuh does not compile as host code:\n{proc.stderr}"
+
+    def run(name: str, problem: Problem):
+        out = subprocess.run([str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
+                              str(int(problem.mask.kind == "causal")), str(problem.batch),
+                              *map(str, problem.seqlens_q), *map(str, problem.seqlens_k)],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+        seqs_line, units_line = out.splitlines()
+        _, dealt, *order = seqs_line.split()
+        _, units_dealt, *units = units_line.split()
+        return (list(map(int, order)), int(dealt),
+                [tuple(map(int, x.split(","))) for x in units], int(units_dealt))
+    return run
+
+
+def check(plan_driver, name: str, problem: Problem) -> bool:
+    policy = BUILDERS[name]
+    if policy.supports(problem) is not None:
+        return False
+    order, dealt, units, units_dealt = plan_driver(name, problem)
+    expected = pack_order(policy, pack_tilings(problem))
+    assert (dealt, order) == (len(expected), expected), (name, problem.describe())
+    if not policy.heads_together:
+        expected_units = pack_units(policy, problem)
+        assert (units_dealt, units) == (len(expected_units), expected_units), (
+            name, problem.describe())
+    else:
+        assert units_dealt == 0 and units == []  # the shift orders deal whole sequences
+    return True
+
+
+@needs_gxx
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(problem=packs())
+def test_the_plan_kernel_orders_the_pack_as_the_ir(plan_driver, problem):
+    assert sum(check(plan_driver, name, problem) for name in POLICIES) > 0
+
+
+@needs_gxx
+@pytest.mark.parametrize("mask", ["full", "causal"])
+def test_a_long_tailed_pack_of_16k_tokens_is_ordered_as_the_ir(plan_driver, mask):
+    lengths = [9000, 2500, 1200, 1100, 700, 500, 300, 300, 200, 100, 100, 60, 30, 1, 0]
+    problem = Problem.pack(lengths, heads_q=2, head_dim=128, mask=mask, block_m=64, block_n=128)
+    assert sum(check(plan_driver, name, problem) for name in POLICIES) >= 4
