@@ -1,7 +1,7 @@
 """One definition, two readings, for the pack deal's orders: the plan kernel a packed backward
 launches first (templates/include/dashgen/attn/pack_plan.cuh, AttnPackPlan) computes the
 sequences' and units' deal orders on the GPU from cu_seqlens; compiled here as host code with
-g++ (its 512 threads as std::threads meeting at a std::barrier for each __syncthreads), it
+g++ (its 512 threads as std::threads meeting at a barrier for each __syncthreads), it
 must give exactly the orders of the Python IR (dashgen.schedule.builders.base.pack_order and
 pack_units), which tests/test_pack_header.py walks task for task. Hypothesis-drawn packs: empty
 and one-token sequences, other key lengths, both masks and tiles."""
@@ -22,11 +22,35 @@ from test_policy_header import POLICIES, needs_gxx
 # argv: policy id, block_m, causal, sequences, their seqlen_q, their seqlen_k. Prints
 # "S <dealt> <sequences in deal order>" and "U <units dealt> <b,u of each in deal order>".
 DRIVER = r"""
-#include <barrier>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 #include <vector>
+
+// A reusable barrier for n threads (C++17: no std::barrier).
+class Block {
+ public:
+  explicit Block(int n) : n_(n) {}
+  void sync() {
+    std::unique_lock<std::mutex> lock(m_);
+    const long phase = phase_;
+    if (++waiting_ == n_) {
+      waiting_ = 0;
+      ++phase_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return phase_ != phase; });
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int n_, waiting_ = 0;
+  long phase_ = 0;
+};
 
 // The CUDA the plan kernel uses, on host threads.
 #define __device__
@@ -36,8 +60,8 @@ DRIVER = r"""
 struct Dim3 { unsigned x, y, z; };
 struct uint4 { unsigned x, y, z, w; };  // a parameter block's vector type
 static thread_local Dim3 threadIdx;
-static std::barrier<>* g_block;
-inline void __syncthreads() { g_block->arrive_and_wait(); }
+static Block* g_block;
+inline void __syncthreads() { g_block->sync(); }
 inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 
 #include "dashgen/sched/ordered.cuh"
@@ -67,7 +91,7 @@ static int plan(int seqs, char** lengths) {
   std::vector<int> words(3 + 4 * seqs + 6 * p.max_units, -7);  // plan_words
   p.pack_plan = words.data();
   using Plan = AttnPackPlan<Cfg<kBlockM, kCausal, P>>;
-  std::barrier<> block(Plan::kThreads);
+  Block block(Plan::kThreads);
   g_block = &block;
   std::vector<std::thread> threads;
   for (int t = 0; t < Plan::kThreads; ++t) {
@@ -118,7 +142,7 @@ def plan_driver(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plan")
     (folder / "plan.cpp").write_text(DRIVER)
     binary = folder / "plan"
-    proc = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-pthread", "-Wall", "-Wextra", "-Werror",
                            f"-I{include_dir()}", str(folder / "plan.cpp"), "-o", str(binary)],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"pack_plan.cuh does not compile as host code:\n{proc.stderr}"
