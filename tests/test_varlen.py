@@ -700,3 +700,32 @@ def test_emit_varlen_refusals_name_the_option(tmp_path, capsys, argv, pattern):
         main(["emit", "--varlen", "--out", str(tmp_path), *argv])
     assert exit_.value.code == 2
     assert re.search(pattern, capsys.readouterr().err)
+
+
+# -- the checks a repeated signature skips, and the ones it does not ------------------------------
+
+def test_a_repeated_signature_still_checks_its_cpu_offsets(on_cpu):
+    q, k, v, cq, ck, mq, mk = pack((2, 0, 3))
+    check_varlen_inputs(q, k, v, cq, ck, mq, mk)
+    bad = torch.tensor([0, 4, 1, 5], dtype=torch.int32)  # the same shape, falling offsets
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q must rise from 0 to 5"):
+        check_varlen_inputs(q, k, v, bad, ck, mq, mk)
+    longer = torch.tensor([0, 0, 0, 5], dtype=torch.int32)  # one sequence of 5 > max_seqlen 3
+    with pytest.raises(ValueError, match=r"a sequence of 5 tokens exceeds the max_seqlen"):
+        check_varlen_inputs(q, k, v, longer, longer, mq, mk)
+
+
+def test_a_repeated_signature_reads_the_deterministic_flag_each_call(on_cpu):
+    args = pack()
+    previous = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        assert check_varlen_inputs(*args).deterministic is False
+        torch.use_deterministic_algorithms(True)
+        assert check_varlen_inputs(*args).deterministic is True
+        with pytest.raises(RuntimeError, match=r"deterministic=False"):
+            check_varlen_inputs(*args, deterministic=False)
+        with pytest.raises(RuntimeError, match=r"deterministic=False"):
+            check_varlen_inputs(*args, deterministic=False)  # the second time too
+    finally:
+        torch.use_deterministic_algorithms(previous)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..caches import Memo
 from ..codegen.variants import BACKWARD_CONSTANTS, HEAD_DIMS
 from . import op
 from .select import PACK_AUTO_SCHEDULE, PACK_SCHEDULES, select_pack
@@ -73,10 +74,15 @@ def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
             raise TypeError(f"{name} must be an int, got {value!r}")
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def _check_cpu_offsets(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+    """The values of offsets on the CPU, every call (a pack's lengths change from call to
+    call); offsets on the GPU are read only by the kernels (no host synchronization)."""
     for cu, name, total, longest in ((cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q),
                                      (cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k)):
         if cu.device.type != "cpu" or torch.compiler.is_compiling():
-            continue  # on the GPU: read only by the kernels (no host synchronization)
+            continue
         values = cu.tolist()
         lengths = [b - a for a, b in zip(values, values[1:])]
         if values[0] != 0 or any(n < 0 for n in lengths) or values[-1] != total:
@@ -91,9 +97,53 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
                         causal=False, softmax_scale=None, deterministic=None, schedule="auto",
                         num_workers=None) -> VarlenOptions:
     """Validate attention_varlen's arguments and resolve its defaults (ValueError/TypeError
-    naming the argument)."""
+    naming the argument). A signature that passed once (shapes, dtypes, devices, the longest
+    lengths and the options) skips the checks that read no values; CPU offsets are checked
+    every call, and the deterministic flag is read at each."""
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    options = (causal, softmax_scale, deterministic, schedule, num_workers)
+    key = _signature(args, options)
+    checked = []  # whether _check_all ran (it checks CPU offsets before the device)
+
+    def check():
+        checked.append(True)
+        return _check_all(args, options)
+    opts = check() if key is None else _VALIDATED.get(key, check)
+    if not checked:
+        _check_cpu_offsets(*args)
+    if deterministic is None:
+        opts = opts._replace(deterministic=torch.are_deterministic_algorithms_enabled())
+    elif deterministic is False and torch.are_deterministic_algorithms_enabled():
+        op._refuse_nondeterministic()
+    return opts
+
+
+# Options of signatures that passed every check (a training loop repeats them).
+_VALIDATED = Memo(None, max_entries=1024)
+
+
+def _signature(args, options):
+    """Everything the value-free checks read, or None where a call must take them (tracing,
+    tensor subclasses, unhashable options); option types are part of it."""
+    q, k, v, cu_q, cu_k, max_q, max_k = args
+    if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor
+                                                for t in (q, k, v, cu_q, cu_k)):
+        return None
+    key = (tuple((t.shape, t.dtype, t.stride(-1), t.device) for t in (q, k, v, cu_q, cu_k)),
+           max_q, max_k, type(max_q), type(max_k), options, tuple(map(type, options)))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _check_all(args, options) -> VarlenOptions:
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = args
+    causal, softmax_scale, deterministic, schedule, num_workers = options
     _check_tensors(q, k, v)
     _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _check_cpu_offsets(*args)
     op._check_options(causal, softmax_scale, deterministic, "auto", num_workers)
     if not isinstance(schedule, str):
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
@@ -113,10 +163,6 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     block_n = BACKWARD_CONSTANTS[q.shape[2], bool(causal)].block_n
     workers = pack_workers(name, int(max_seqlen_k), block_n, workers)
     scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    elif deterministic is False and torch.are_deterministic_algorithms_enabled():
-        op._refuse_nondeterministic()
     return VarlenOptions(bool(causal), scale, bool(deterministic), name, workers)
 
 
