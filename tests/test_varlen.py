@@ -729,3 +729,12 @@ def test_a_repeated_signature_reads_the_deterministic_flag_each_call(on_cpu):
             check_varlen_inputs(*args, deterministic=False)  # the second time too
     finally:
         torch.use_deterministic_algorithms(previous)
+
+
+def test_a_max_seqlen_too_small_for_the_tokens_is_refused_without_reading_offsets(on_cpu):
+    q, k, v, cq, ck, _, _ = pack((2, 0, 3))  # 5 tokens in 3 sequences
+    with pytest.raises(ValueError, match=r"^max_seqlen_q=1: 3 sequences of at most 1 tokens "
+                                         r"cannot hold the 5 packed tokens"):
+        check_varlen_inputs(q, k, v, cq.to("meta"), ck.to("meta"), 1, 3)
+    with pytest.raises(ValueError, match=r"^max_seqlen_k=0: "):
+        check_varlen_inputs(q, k, v, cq.to("meta"), ck.to("meta"), 3, 0)

@@ -74,6 +74,13 @@ def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
             raise TypeError(f"{name} must be an int, got {value!r}")
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
+    # Without reading the offsets: batch sequences of at most max_seqlen cannot hold more.
+    batch = cu_seqlens_q.shape[0] - 1
+    for name, total, longest in (("max_seqlen_q", q.shape[0], max_seqlen_q),
+                                 ("max_seqlen_k", k.shape[0], max_seqlen_k)):
+        if longest * batch < total:
+            raise ValueError(f"{name}={longest}: {batch} sequences of at most {longest} tokens "
+                             f"cannot hold the {total} packed tokens")
 
 
 def _check_cpu_offsets(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
