@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -369,11 +370,34 @@ def _out_dir(path: Path) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _emit_errors(out: Path):
+    """emit's failures: a compile error (exit 1, the source left in `out`) or a problem the
+    kernels cannot run (one line, exit 2)."""
+    from .codegen.compile import CompileError
+    try:
+        yield
+    except CompileError as exc:
+        print(f"dashgen emit: error: {exc}\n(the source is in {out}/{exc.source}.cu)",
+              file=sys.stderr)
+        raise SystemExit(1) from None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _print_emitted(kernels) -> None:
+    from .tools.emit import report_lines
+    for kernel in kernels:
+        print(f"wrote {kernel.source_path}")
+        print(f"  and {kernel.cubin_path}")
+    for line in report_lines(kernels):
+        print(line)
+
+
 def _emit_pack(args: argparse.Namespace) -> None:
     """emit --varlen: the packed kernels of a schedule, head_dim and mask (no lengths: the
     kernels read them at run time)."""
-    from .codegen.compile import CompileError
-    from .tools.emit import default_mask, emit_pack, report_lines
+    from .tools.emit import default_mask, emit_pack
 
     if args.schedule_file or args.seqlens:
         raise CliError("--varlen emits the packed kernels, which take their lengths at run "
@@ -388,26 +412,15 @@ def _emit_pack(args: argparse.Namespace) -> None:
     print(f"emit packed (varlen) kernels: schedule {schedule}, head_dim {args.hdim}, {mask} "
           f"mask per document")
     print(f"  lengths read at run time; {args.dtype}, {mode}{', GQA' if args.gqa else ''}")
-    try:
+    with _emit_errors(out):
         kernels = emit_pack(out, schedule=schedule, head_dim=args.hdim, causal=mask == "causal",
                             dtype=args.dtype, deterministic=not args.nondeterministic,
                             gqa=args.gqa)
-    except CompileError as exc:
-        print(f"dashgen emit: error: {exc}\n(the source is in {out}/{exc.source}.cu)",
-              file=sys.stderr)
-        raise SystemExit(1) from None
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    for kernel in kernels:
-        print(f"wrote {kernel.source_path}")
-        print(f"  and {kernel.cubin_path}")
-    for line in report_lines(kernels):
-        print(line)
+    _print_emitted(kernels)
 
 
 def cmd_emit(args: argparse.Namespace) -> None:
-    from .codegen.compile import CompileError
-    from .tools.emit import GOLDEN_DIR, emit, report_lines, write_golden
+    from .tools.emit import GOLDEN_DIR, emit, write_golden
     from .schedule.verify import VerificationError
 
     if args.varlen:
@@ -433,24 +446,16 @@ def cmd_emit(args: argparse.Namespace) -> None:
     print(f"emit {schedule.name}: {problem.describe()}")
     print(f"  {schedule.num_workers} workers; {args.dtype}, {mode}"
           f"{', GQA' if problem.gqa else ''}")
-    try:
-        emission = emit(schedule, out, dtype=args.dtype, deterministic=not args.nondeterministic)
-    except VerificationError as exc:
-        print(f"dashgen emit: schedule failed verification:\n{exc}", file=sys.stderr)
-        raise SystemExit(1) from None
-    except CompileError as exc:
-        print(f"dashgen emit: error: {exc}\n(the source is in {out}/{exc.source}.cu)",
-              file=sys.stderr)
-        raise SystemExit(1) from None
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+    with _emit_errors(out):
+        try:
+            emission = emit(schedule, out, dtype=args.dtype,
+                            deterministic=not args.nondeterministic)
+        except VerificationError as exc:
+            print(f"dashgen emit: schedule failed verification:\n{exc}", file=sys.stderr)
+            raise SystemExit(1) from None
     if emission.tasks_path is not None:  # a schedule file's table; a policy needs none
         print(f"wrote {emission.tasks_path} ({emission.plan.num_tasks} tasks)")
-    for kernel in emission.kernels:
-        print(f"wrote {kernel.source_path}")
-        print(f"  and {kernel.cubin_path}")
-    for line in report_lines(emission.kernels):
-        print(line)
+    _print_emitted(emission.kernels)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
