@@ -738,3 +738,11 @@ def test_a_max_seqlen_too_small_for_the_tokens_is_refused_without_reading_offset
         check_varlen_inputs(q, k, v, cq.to("meta"), ck.to("meta"), 1, 3)
     with pytest.raises(ValueError, match=r"^max_seqlen_k=0: "):
         check_varlen_inputs(q, k, v, cq.to("meta"), ck.to("meta"), 3, 0)
+
+
+def test_more_sequences_than_a_grid_holds_are_refused_before_any_kernel(on_cpu):
+    q, k, v, _, _, _, _ = pack((2, 0, 3))
+    many = torch.empty(op_varlen.MAX_SEQUENCES + 2, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: 65536 sequences; the packed kernels "
+                                         r"take at most 65535"):
+        check_varlen_inputs(q, k, v, many, many, 3, 3)

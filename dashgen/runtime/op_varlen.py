@@ -20,6 +20,10 @@ from . import op
 from .select import PACK_AUTO_SCHEDULE, PACK_SCHEDULES, select_pack
 
 
+# The kernels' grids put a pack's sequences on gridDim.z, which CUDA caps at 65535.
+MAX_SEQUENCES = 65535
+
+
 class VarlenOptions(NamedTuple):
     causal: bool
     softmax_scale: float
@@ -76,6 +80,9 @@ def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
             raise ValueError(f"{name} must be >= 0, got {value}")
     # Without reading the offsets: batch sequences of at most max_seqlen cannot hold more.
     batch = cu_seqlens_q.shape[0] - 1
+    if batch > MAX_SEQUENCES:
+        raise ValueError(f"cu_seqlens_q: {batch} sequences; the packed kernels take at most "
+                         f"{MAX_SEQUENCES} (one grid row each)")
     for name, total, longest in (("max_seqlen_q", q.shape[0], max_seqlen_q),
                                  ("max_seqlen_k", k.shape[0], max_seqlen_k)):
         if longest * batch < total:

@@ -61,7 +61,8 @@ def _decode(row: list[int]) -> str:
     schedule, role, tile, rank, seen, worker = row[1:7]
     return (f"the {STALL_ROLES.get(role, f'role {role}')} of worker {worker} waited longer than "
             f"{timeout_ms()} ms for the counter of tile {tile} (index into the (batch, head, "
-            f"tile) counters) to reach {rank}; it stayed at {seen}. Schedule "
+            f"tile) counters; for a pack, each sequence's (head, tile) block, params.cuh "
+            f"PackedRows) to reach {rank}; it stayed at {seen}. Schedule "
             f"{names.get(schedule, schedule)!r} is not live (a schedule file whose verification "
             f"was bypassed?). The launch was aborted: this CUDA context cannot run more work")
 

@@ -123,8 +123,9 @@ def test_cuda_graph_replays_new_lengths():
     q, k, v, do, cu, _ = _pack([600, 600])
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
 
+    # The captured launch's max_seqlen must bound every pack it replays (1100 tokens here).
     def step():
-        o = dashgen.attention_varlen(*leaves, cu, cu, 1024, 1024, causal=True,
+        o = dashgen.attention_varlen(*leaves, cu, cu, 1100, 1100, causal=True,
                                      deterministic=True)
         return (o, *torch.autograd.grad(o, leaves, do))
 
@@ -140,6 +141,6 @@ def test_cuda_graph_replays_new_lengths():
         cu.copy_(torch.tensor([0, lengths[0], total], dtype=torch.int32))
         graph.replay()
         eager = vi.grads(lambda a, b, c: dashgen.attention_varlen(
-            a, b, c, cu, cu, 1024, 1024, causal=True, deterministic=True), q, k, v, do)
+            a, b, c, cu, cu, 1100, 1100, causal=True, deterministic=True), q, k, v, do)
         for x, y in zip(captured, eager):
             assert torch.equal(x, y), lengths
