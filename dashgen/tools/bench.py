@@ -15,15 +15,14 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .bench_report import plot, render_markdown, seq_label
+from .timing import commit_id, event_ms, median_ms  # noqa: F401  (the protocol's timing)
 
-REPO = Path(__file__).resolve().parent.parent  # the checkout, for the commit id
 
 PEERS = ("cudnn", "flash_det", "flex")
 BWD_OVER_FWD = 2.5  # the backward runs five matmuls of the forward's size to its two
@@ -101,29 +100,6 @@ class Row:
 
 
 # -- measuring ---------------------------------------------------------------------------------
-
-def event_ms(fn, before=None) -> float:
-    """One call of fn between two CUDA events on an idle GPU, in ms. `before` (a diagnostic:
-    scripts/overhead.py queues a GPU sleep there) runs between the synchronize and the start."""
-    import torch
-    torch.cuda.synchronize()  # the GPU is idle when the clock starts, as for every timed call
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    if before is not None:
-        before()
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
-def median_ms(fn, warmup: int, repeats: int) -> float:
-    import torch
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    return statistics.median(event_ms(fn) for _ in range(repeats))
-
 
 def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
               time_once=None, warmup_ms: float = 0.0,
@@ -392,19 +368,6 @@ def measure_configuration(plan: list, cfg: Config, inputs, warmup: int, repeats:
 
 
 # -- environment -------------------------------------------------------------------------------
-
-def commit_id(override: str | None) -> str:
-    if override:
-        return override
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO, capture_output=True, text=True, timeout=10).stdout
-        return head + ("-dirty" if dirty.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("DASHGEN_COMMIT", "unknown")
-
 
 def nvrtc_version() -> str:
     try:

@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .bench import commit_id, median_ms
+from .timing import commit_id, median_ms
 
 MEDIAN_LENGTH, SIGMA = 1024, 1.0
 
