@@ -31,7 +31,8 @@ from dashgen.runtime import op_varlen  # noqa: E402
 from dashgen.runtime.op_varlen import (  # noqa: E402
     PACK_SCHEDULES, VarlenOptions, attention_varlen, check_varlen_inputs, lse_by_head)
 from dashgen.runtime.varlen import (  # noqa: E402
-    PackWorkspace, pack_tiles, pack_workers, plan_words)
+    PackWorkspace, pack_tiles, plan_words)
+from dashgen.runtime.select import PACK_AUTO_SCHEDULE, pack_workers  # noqa: E402
 from test_op_errors import fake_cuda, h200, on_cpu  # noqa: E402,F401  (fixtures by name)
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -668,7 +669,7 @@ def test_lse_by_head_without_data_is_heads_by_total(device):
 def test_the_fake_ops_are_registered():
     assert hasattr(torch.ops.dashgen, "attention_varlen_fwd")
     assert hasattr(torch.ops.dashgen, "attention_varlen_bwd")
-    assert op_varlen.PACK_AUTO_SCHEDULE in PACK_SCHEDULES
+    assert PACK_AUTO_SCHEDULE in PACK_SCHEDULES
 
 
 # -- dashgen emit --varlen -------------------------------------------------------------------------

@@ -15,9 +15,9 @@ from typing import NamedTuple
 import torch
 
 from ..caches import Memo
-from ..codegen.variants import BACKWARD_CONSTANTS, HEAD_DIMS
+from ..codegen.variants import HEAD_DIMS
 from . import op
-from .select import PACK_AUTO_SCHEDULE, PACK_SCHEDULES, select_pack
+from .select import PACK_SCHEDULES, pack_workers, select_pack
 
 
 # The kernels' grids put a pack's sequences on gridDim.z, which CUDA caps at 65535.
@@ -163,21 +163,18 @@ def _check_all(args, options) -> VarlenOptions:
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
                          f"{schedule!r}")
     # The schedule against the mask, where the kernels are chosen (ValueError naming it).
-    select_pack("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2], bool(causal),
-                schedule)
+    sel = select_pack("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2],
+                      bool(causal), schedule)
     sm_count = op._check_device(q, k, v)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.device != q.device and cu.device.type != "cpu":
             raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
     if num_workers is not None and num_workers > sm_count:
         raise ValueError(f"num_workers={num_workers} exceeds this GPU's {sm_count} SMs")
-    name = PACK_AUTO_SCHEDULE if schedule == "auto" else schedule
-    workers = sm_count if num_workers is None else num_workers
-    from .varlen import pack_workers
-    block_n = BACKWARD_CONSTANTS[q.shape[2], bool(causal)].block_n
-    workers = pack_workers(name, int(max_seqlen_k), block_n, workers)
+    workers = pack_workers(sel.schedule, int(max_seqlen_k), sel.backward.block_n,
+                           sm_count if num_workers is None else num_workers)
     scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
-    return VarlenOptions(bool(causal), scale, bool(deterministic), name, workers)
+    return VarlenOptions(bool(causal), scale, bool(deterministic), sel.schedule, workers)
 
 
 def _runtime():

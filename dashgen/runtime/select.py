@@ -235,7 +235,7 @@ def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
     (dtype, head_dim, mask, schedule, mode), whatever the lengths, which they read at run time.
     early_kv always: a pack's documents (median ~1k tokens) give short KV segments
     (`early-kv`). The Selection's problem is a one-token placeholder and num_workers 0: the
-    launch decides the workers (dashgen.runtime.varlen.pack_workers)."""
+    launch decides the workers (pack_workers)."""
     check_dtype_head_dim(dtype, head_dim)
     name = PACK_AUTO_SCHEDULE if schedule == "auto" else schedule
     if name not in PACK_SCHEDULES:
@@ -252,3 +252,15 @@ def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
                                gqa=gqa, early_kv=True, varlen=True)
     problem = problem_for(1, 2 if gqa else 1, 1, 1, 1, head_dim, causal)
     return Selection(problem, forward, backward, name, 0)
+
+
+def pack_workers(schedule: str, max_seqlen_k: int, block_n: int, workers: int) -> int:
+    """The workers a packed backward runs on: all of them; a schedule whose units run together
+    needs the longest sequence's units (its KV tiles; half of them, symmetric_shift)."""
+    tiles = -(-max_seqlen_k // block_n)
+    need = {"shift": tiles, "symmetric_shift": -(-tiles // 2)}.get(schedule, 1)
+    if need > workers:
+        raise ValueError(f"schedule={schedule!r} needs {need} workers for a sequence of "
+                         f"{max_seqlen_k} keys (its units run together), more than the "
+                         f"{workers} this launch has")
+    return workers

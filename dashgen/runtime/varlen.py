@@ -15,9 +15,8 @@ import math
 
 import torch
 
-from ..caches import memo
-from ..codegen.variants import (AUX_THREADS, BACKWARD_CONSTANTS, FORWARD_BLOCK_M,
-                                FORWARD_BLOCK_N, PREP_ROWS_PER_BLOCK, THREADS, BwdParams,
+from ..caches import Memo, memo
+from ..codegen.variants import (AUX_THREADS, FORWARD_BLOCK_M, FORWARD_BLOCK_N, PREP_ROWS_PER_BLOCK, THREADS, BwdParams,
                                 ConvertParams, FwdParams, PrepParams)
 from . import launch, watchdog
 from .device import DTYPE_NAMES, addresses, kernels, stream, tensor_map
@@ -110,16 +109,8 @@ class PackWorkspace:
         self.zeroed = self.offsets[self.PARTS.index("dk_accum")]
 
 
-def pack_workers(schedule: str, max_seqlen_k: int, block_n: int, workers: int) -> int:
-    """The workers a packed backward runs on: all of them; a schedule whose units run together
-    needs the longest sequence's units (its KV tiles; half of them, symmetric_shift)."""
-    tiles = _cdiv(max_seqlen_k, block_n)
-    need = {"shift": tiles, "symmetric_shift": _cdiv(tiles, 2)}.get(schedule, 1)
-    if need > workers:
-        raise ValueError(f"schedule={schedule!r} needs {need} workers for a sequence of "
-                         f"{max_seqlen_k} keys (its units run together), more than the "
-                         f"{workers} this launch has")
-    return workers
+# Layouts by (lengths' totals, shapes, tiles): a training loop repeats them.
+_workspace = Memo(PackWorkspace, max_entries=256)
 
 
 def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
@@ -134,13 +125,12 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     gqa = heads_q != heads_kv
     if total_q == 0 or total_k == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    const = BACKWARD_CONSTANTS[head_dim, causal]
-    bm, bn = const.block_m, const.block_n
     variant = _selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), schedule,
                          bool(deterministic), gqa).backward
+    bm, bn = variant.block_m, variant.block_n
     loaded = kernels(variant, dev)
-    layout = PackWorkspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn,
-                           const.staged_stats, gqa)
+    layout = _workspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn,
+                        variant.staged_stats, gqa)
     watchdog.check()
     launch.make_current(dev.index or 0)
     strm = stream(dev)
@@ -148,7 +138,7 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     base = workspace.data_ptr()
     dq_accum, dpsum, stats, plan, dk_accum, dv_accum, dq_counters, dkv_counters = (
         base + 4 * offset for offset in layout.offsets)
-    stats = stats if const.staged_stats else 0
+    stats = stats if variant.staged_stats else 0
     cu_q, cu_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
     q_stride, k_stride = heads_q * head_dim, heads_kv * head_dim
     # A sequence without queries has no tasks: its dK/dV rows are zeros nobody writes.
