@@ -8,6 +8,7 @@ early_kv, persistent_forward) switched from what dashgen.runtime.select picks, t
 so the variants select leaves out on these shapes run too."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import sys
@@ -28,6 +29,15 @@ CASES = [
     (1, 333, 333, 2, 2, 128, True, torch.bfloat16, "descending", 5),
 ]
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+# Packs (lengths, heads_q, heads_kv, head_dim, causal, dtype, schedule): empty and one-token
+# sequences and odd tails, every pack schedule, for the plan kernel and the packed variants.
+VARLEN_CASES = [
+    ((0, 1, 130, 257, 64), 4, 2, 64, True, torch.bfloat16, "fa3"),
+    ((300, 1, 0, 129), 2, 2, 128, True, torch.bfloat16, "descending"),
+    ((257, 5, 200), 2, 1, 128, False, torch.bfloat16, "shift"),
+    ((64, 0, 190), 2, 2, 64, False, torch.float16, "spt"),
+    ((333, 17, 128), 2, 2, 64, True, torch.bfloat16, "symmetric_shift"),
+]
 
 
 def flipped(q_shape, k_shape, dtype: str, causal: bool, schedule: str, workers: int,
@@ -63,6 +73,26 @@ def main(picked: list[int], flip: bool = False) -> None:
                                  sms, overrides).backward.kernel_name)
         torch.cuda.synchronize()
         print(f"ran fwd={ran[0]} bwd={ran[1]},{ran[2]} {schedule}", flush=True)
+    if not flip:  # packs force their policies: nothing to switch
+        for case in VARLEN_CASES:
+            packed(*case)
+
+
+def packed(lengths, hq, hkv, d, causal, dtype, schedule) -> None:
+    """One packed forward + backward, ordered and not, through dashgen.attention_varlen."""
+    import dashgen
+    total = sum(lengths)
+    torch.manual_seed(total)
+    q = torch.randn(total, hq, d, device="cuda", dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(total, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+            for _ in range(2))
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda", dtype=torch.int32)
+    for deterministic in (True, False):
+        o = dashgen.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal,
+                                     deterministic=deterministic, schedule=schedule)
+        torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
+    torch.cuda.synchronize()
+    print(f"ran varlen {schedule} lengths={lengths}", flush=True)
 
 
 if __name__ == "__main__":
