@@ -607,6 +607,29 @@ def test_importing_the_op_loads_neither_the_runtime_calls_nor_the_launcher():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
+def test_a_first_call_imports_no_compiler():
+    """torch._dynamo takes seconds to import; an eager call (here one refused for its device,
+    after every module the call path loads) must not pay it."""
+    code = ("import sys, torch, dashgen, dashgen.runtime.op_varlen, dashgen.runtime.backward, "
+            "dashgen.runtime.device, dashgen.runtime.launch, "
+            "dashgen.runtime.forward\n"
+            "q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)\n"
+            "try:\n    dashgen.attention(q, q, q)\nexcept ValueError:\n    pass\n"
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_constant_for_compile_marks_what_torch_compiler_marks():
+    def theirs():
+        pass
+
+    def ours():
+        pass
+    torch.compiler.assume_constant_result(theirs)
+    op.constant_for_compile(ours)
+    assert vars(theirs) and vars(ours) == vars(theirs)
+
+
 def test_dashgen_exports_attention_lazily():
     code = ("import sys, dashgen; assert 'torch' not in sys.modules, 'dashgen loaded torch'; "
             "import dashgen.runtime.op; assert dashgen.attention is dashgen.runtime.op.attention")

@@ -58,7 +58,16 @@ def _kernels() -> _Kernels:
     return _KERNELS
 
 
-@torch.compiler.assume_constant_result
+def constant_for_compile(fn):
+    """torch.compiler.assume_constant_result (torch.compile runs fn once while tracing and keeps
+    its answer) without importing torch._dynamo, which takes 3-5 s: the whole host time of a
+    process's first call, which otherwise needs none of it. The decorator only sets this marker,
+    which dynamo reads when it traces; tests/test_op_errors.py checks that the two agree."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@constant_for_compile
 def _device_facts(index: int) -> tuple[int, int, int, str]:
     """(major, minor, SM count, name) of a CUDA device; constant for torch.compile's tracing."""
     props = torch.cuda.get_device_properties(index)
@@ -149,7 +158,7 @@ def _check_device(q, k, v) -> int:
     return sm_count
 
 
-@torch.compiler.assume_constant_result
+@constant_for_compile
 def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
           causal: bool, schedule: str, num_workers: int | None,
           sm_count: int, dtype: str = "bf16") -> tuple[str, int, str]:
