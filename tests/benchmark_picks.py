@@ -4,6 +4,7 @@ compile tests share."""
 from __future__ import annotations
 
 from dashgen.codegen.variants import BackwardVariant, ForwardVariant
+from dashgen.runtime.select import PACK_AUTO_SCHEDULES
 
 T, F = True, False
 SEQLENS = (1024, 2048, 4096, 8192, 16384)
@@ -51,10 +52,11 @@ def all_picked_variants() -> set:
 def other_schedule_variants() -> set:
     """The goldens beside the sweep's: a deterministic head_dim 128 backward of each schedule the
     sweep does not run, for the mask it is meant for, and of the schedule-file table walk; and
-    the packed kernels of a pack's auto schedule (fa3, early K/V), deterministic, per head_dim
-    and mask."""
+    the packed kernels of a pack's auto schedule (PACK_AUTO_SCHEDULES, early K/V),
+    deterministic, per head_dim and mask."""
     packed = {v for d in (64, 128) for causal in (False, True)
               for v in (ForwardVariant("bf16", d, causal, varlen=True),
-                        BackwardVariant("bf16", d, causal, "fa3", early_kv=True, varlen=True))}
+                        BackwardVariant("bf16", d, causal, PACK_AUTO_SCHEDULES[causal],
+                                        early_kv=True, varlen=True))}
     return packed | {BackwardVariant("bf16", 128, False, name)
                      for name in ("fa3", "spt", "descending", "table")}

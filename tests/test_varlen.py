@@ -32,7 +32,7 @@ from dashgen.runtime.op_varlen import (  # noqa: E402
     PACK_SCHEDULES, VarlenOptions, attention_varlen, check_varlen_inputs, lse_by_head)
 from dashgen.runtime.varlen import (  # noqa: E402
     PackWorkspace, pack_tiles, plan_words)
-from dashgen.runtime.select import PACK_AUTO_SCHEDULE, pack_workers  # noqa: E402
+from dashgen.runtime.select import PACK_AUTO_SCHEDULES, pack_workers  # noqa: E402
 from test_op_errors import fake_cuda, h200, on_cpu  # noqa: E402,F401  (fixtures by name)
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -669,7 +669,7 @@ def test_lse_by_head_without_data_is_heads_by_total(device):
 def test_the_fake_ops_are_registered():
     assert hasattr(torch.ops.dashgen, "attention_varlen_fwd")
     assert hasattr(torch.ops.dashgen, "attention_varlen_bwd")
-    assert PACK_AUTO_SCHEDULE in PACK_SCHEDULES
+    assert set(PACK_AUTO_SCHEDULES.values()) <= set(PACK_SCHEDULES)
 
 
 # -- dashgen emit --varlen -------------------------------------------------------------------------
@@ -679,11 +679,11 @@ def test_emit_varlen_writes_and_compiles_the_packed_pair(tmp_path, capsys):
     main(["emit", "--varlen", "--hdim", "64", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["dashgen_bwd_bf16_d64_causal_fa3_det_ekv_varlen.cu",
-                     "dashgen_bwd_bf16_d64_causal_fa3_det_ekv_varlen.cubin",
+    assert names == ["dashgen_bwd_bf16_d64_causal_desc_det_ekv_varlen.cu",
+                     "dashgen_bwd_bf16_d64_causal_desc_det_ekv_varlen.cubin",
                      "dashgen_fwd_bf16_d64_causal_varlen.cu",
                      "dashgen_fwd_bf16_d64_causal_varlen.cubin"]
-    assert "dashgen_bwd_bf16_d64_causal_fa3_det_ekv_varlen_plan " in out
+    assert "dashgen_bwd_bf16_d64_causal_desc_det_ekv_varlen_plan " in out
     assert "PackWalk" in (tmp_path / names[0]).read_text()
     report = [line for line in out.splitlines() if not line.lstrip().startswith(("wrote", "and"))]
     assert all(len(line) < 100 for line in report), out  # the paths aside

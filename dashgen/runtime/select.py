@@ -223,9 +223,10 @@ def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: b
                      name, workers, None if table is None else register(table))
 
 
-# A pack's "auto": fa3's deal balances long-tailed packs within 1-3% of the bound and is live on
-# any worker count (docs/design.md, `pack-deal`); the schedules a pack's kernels walk.
-PACK_AUTO_SCHEDULE = "fa3"
+# A pack's "auto" per mask (causal: name): one schedule whatever the lengths, live on any worker
+# count, so a sequence's bits never follow the rest of the pack; the measured best of those
+# (docs/design.md, `pack-auto`). The schedules a pack's kernels walk.
+PACK_AUTO_SCHEDULES = {False: "fa3", True: "descending"}
 PACK_SCHEDULES = ("fa3", "spt", "descending", "shift", "symmetric_shift")
 
 
@@ -237,7 +238,7 @@ def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
     (`early-kv`). The Selection's problem is a one-token placeholder and num_workers 0: the
     launch decides the workers (pack_workers)."""
     check_dtype_head_dim(dtype, head_dim)
-    name = PACK_AUTO_SCHEDULE if schedule == "auto" else schedule
+    name = PACK_AUTO_SCHEDULES[causal] if schedule == "auto" else schedule
     if name not in PACK_SCHEDULES:
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
                          f"{schedule!r} (schedule files describe one fixed shape)")

@@ -56,6 +56,7 @@ def rows_for(lengths, heads, head_dim, causal, seed, peers):
     """(label, setup) pairs: setup() returns the backward closure, or raises."""
     import torch
     import dashgen
+    from ..runtime.select import PACK_AUTO_SCHEDULES
     total = sum(lengths)
     q, k, v, do = _inputs(total, heads, head_dim, seed)
     cu = torch.tensor([0] + list(itertools.accumulate(lengths)),
@@ -121,8 +122,10 @@ def rows_for(lengths, heads, head_dim, causal, seed, peers):
                          (q, k, v), do)
 
     # Every schedule a pack runs for this mask, so that the pack's auto is the measured best.
-    others = ("spt", "descending", "symmetric_shift" if causal else "shift")
-    rows = [("dashgen varlen det (auto)", packed(True)), ("dashgen varlen nondet", packed(False)),
+    auto = PACK_AUTO_SCHEDULES[causal]
+    others = tuple(s for s in ("fa3", "spt", "descending",
+                               "symmetric_shift" if causal else "shift") if s != auto)
+    rows = [(f"dashgen varlen det (auto: {auto})", packed(True)), ("dashgen varlen nondet", packed(False)),
             *((f"dashgen varlen det {s}", packed(True, s)) for s in others),
             (f"dashgen fixed-length det ({MEDIAN_LENGTH} x {total // MEDIAN_LENGTH})", fixed)]
     if "sdpa_padded" in peers:
