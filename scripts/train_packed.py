@@ -144,8 +144,9 @@ def write(args, runs) -> bool:
     sdpa = next((r for r in runs if r["label"] == "sdpa" and r["error"] is None), None)
     gap = (max(abs(a - b) for a, b in zip(det[0]["losses"], sdpa["losses"]))
            if det and sdpa else None)
+    from dashgen.tools.timing import commit_id
     meta = dict(date=time.strftime("%Y-%m-%d"), torch=torch.__version__,
-                gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                commit=commit_id(args.commit), gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                 config=dict(layers=args.layers, hidden=args.hidden, heads=args.heads,
                             kv_heads=args.kv_heads, head_dim=args.hidden // args.heads,
                             vocab=args.vocab, tokens=args.tokens, lr=args.lr, data=args.data),
@@ -178,6 +179,7 @@ def main(argv=None) -> int:
                     help="comma list: dashgen (deterministic), sdpa, sdpa_det, flex, each "
                          "optionally _compiled; the first two dashgen runs are compared")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--commit", help="commit id to record (default: git rev-parse)")
     args = ap.parse_args(argv)
     impls = {"dashgen": ("dashgen", True), "sdpa": ("sdpa", False), "sdpa_det": ("sdpa", True),
              "flex": ("flex_attention", False)}
