@@ -572,8 +572,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with fewer KV heads gets the GQA kernel anyway")
     p.add_argument("--varlen", action="store_true",
                    help="the packed kernels dashgen.attention_varlen runs (lengths read at run "
-                        "time): --schedule (default auto: fa3), --hdim, --mask (default causal), "
-                        "--gqa, --dtype, --nondeterministic")
+                        "time): --schedule (default auto: fa3 full, descending causal), --hdim, "
+                        "--mask (default causal), --gqa, --dtype, --nondeterministic")
     p.add_argument("--golden", action="store_true",
                    help="rewrite the golden renders in generated/ (the other options are ignored)")
     _problem_options(p, helps={
