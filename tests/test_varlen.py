@@ -32,7 +32,7 @@ from dashgen.runtime.op_varlen import (  # noqa: E402
     PACK_SCHEDULES, VarlenOptions, attention_varlen, check_varlen_inputs, lse_by_head)
 from dashgen.runtime.varlen import (  # noqa: E402
     PackWorkspace, pack_tiles, plan_words)
-from dashgen.runtime.select import PACK_AUTO_SCHEDULES, pack_workers  # noqa: E402
+from dashgen.runtime.select import PACK_AUTO_SCHEDULES, pack_workers, select_pack  # noqa: E402
 from test_op_errors import fake_cuda, h200, on_cpu  # noqa: E402,F401  (fixtures by name)
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -670,6 +670,15 @@ def test_the_fake_ops_are_registered():
     assert hasattr(torch.ops.dashgen, "attention_varlen_fwd")
     assert hasattr(torch.ops.dashgen, "attention_varlen_bwd")
     assert set(PACK_AUTO_SCHEDULES.values()) <= set(PACK_SCHEDULES)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_packs_auto_runs_on_one_worker_at_any_length(causal):
+    """auto never falls back with the lengths (which would tie a sequence's bits to the longest
+    other sequence of its pack): its schedule is live on one worker for a sequence of 1M."""
+    sel = select_pack("bf16", 128, causal, "auto")
+    assert sel.schedule == PACK_AUTO_SCHEDULES[causal]
+    assert pack_workers(sel.schedule, 1 << 20, sel.backward.block_n, 1) == 1
 
 
 # -- dashgen emit --varlen -------------------------------------------------------------------------
