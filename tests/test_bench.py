@@ -35,8 +35,8 @@ def test_rows_cover_schedules_modes_auto_forwards_and_peers(bench, mask, dash):
     assert (auto.picked, auto.num_workers) == (dash, 128)
     # Timed next to its pick's row (rounds alternate, so each follows the other half the time).
     assert labels.index("dashgen_det auto") == labels.index(f"dashgen_det {dash}") + 1
-    assert [r.label for r in rows if r.direction == "forward"] == ["dashgen forward",
-                                                                  "sdpa_flash forward"]
+    assert [r.label for r in rows if r.direction == "forward"] == [
+        "dashgen forward", "sdpa_flash forward", "sdpa_cudnn forward"]
     assert {"sdpa_cudnn (nondet)", "sdpa_flash_det (FA2)", "flex (det)"} <= set(labels)
     worker_counts = {r.schedule: r.num_workers for r in rows if r.impl == "dashgen"}
     # The DASH order's rows run on auto's worker count (the same plan as the auto row).

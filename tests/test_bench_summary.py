@@ -23,7 +23,9 @@ def rows_at(seqlen, auto, shift, fa3, shift_nondet, flex, fwd, sdpa_fwd):
             row("flex (det)", "flex", None, True, flex, seqlen),
             row("sdpa_flash_det (FA2)", "sdpa_flash", None, True, 100.0, seqlen),
             row("dashgen forward", "dashgen", None, None, fwd, seqlen, "forward"),
-            row("sdpa_flash forward", "sdpa_flash", None, None, sdpa_fwd, seqlen, "forward")]
+            row("sdpa_flash forward", "sdpa_flash", None, None, sdpa_fwd, seqlen, "forward"),
+            row("sdpa_cudnn forward", "sdpa_cudnn", None, None, sdpa_fwd * 1.2, seqlen,
+                "forward")]
 
 
 def test_summary_compares_auto_with_the_best_schedule_and_the_anchor():
@@ -45,10 +47,12 @@ def test_summary_compares_auto_with_the_best_schedule_and_the_anchor():
     assert "worst 0.90" in got["auto / FA3_det anchor"]
     assert got["price of determinism <= 10% at seqlen >= 2048"] == "1 of 1 configurations"
     assert got["forward >= SDPA flash forward"] == "1 of 2 configurations"
+    assert got["forward >= SDPA cuDNN forward"] == "0 of 2 configurations"  # 110 < 120
     assert got["extra memory within 10% of the floor"] == "2 of 2 configurations"
     assert got["auto within 3% of the best schedule"] == "1 of 2 configurations"  # 0.9, 1.015
     text = render(s)
     assert "| d64 full 1024 | 180.0 | 200.0 (shift) | 0.900 | 0.90 |" in text
+    assert "| 110.0 / 100.0 / 120.0 |" in text
 
 
 def test_the_pick_of_auto_is_judged_by_its_schedules_own_row():

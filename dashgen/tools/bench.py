@@ -307,7 +307,9 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
     if "flash_det" in peers:  # the forward to beat (ANCHORS.md): SDPA's flash forward
         out.append((Row("sdpa_flash forward", "sdpa_flash", None, None, "forward", **base),
                     lambda inputs: setup_sdpa_forward(cfg, inputs, "FLASH_ATTENTION")))
-    if "cudnn" in peers:
+    if "cudnn" in peers:  # the forward to beat now: cuDNN's (ANCHORS.md, 2026-12-01)
+        out.append((Row("sdpa_cudnn forward", "sdpa_cudnn", None, None, "forward", **base),
+                    lambda inputs: setup_sdpa_forward(cfg, inputs, "CUDNN_ATTENTION")))
         out.append((Row("sdpa_cudnn (nondet)", "sdpa_cudnn", None, False, "backward", **base),
                     lambda inputs: setup_sdpa(cfg, inputs, "CUDNN_ATTENTION", False)))
     if "flash_det" in peers:

@@ -59,6 +59,7 @@ def summarize(rows: list[dict], anchors: dict) -> list[dict]:
             pick=det[picked]["tflops"] if picked in det else None,
             flex=tf("flex (det)"), flash_det=tf("sdpa_flash_det (FA2)"),
             forward=tf("dashgen forward"), sdpa_forward=tf("sdpa_flash forward"),
+            cudnn_forward=tf("sdpa_cudnn forward"),
             price=None if not (best and nondet) else 1 - best / nondet,
             memory=None if not (extra and floor) else extra / floor))
     return out
@@ -89,6 +90,8 @@ def verdicts(summary: list[dict]) -> list[tuple[str, str]]:
               lambda p: p <= PRICE_MAX, prices),
         count("forward >= SDPA flash forward", lambda r: r >= 1,
               [_ratio(s["forward"], s["sdpa_forward"]) for s in summary]),
+        count("forward >= SDPA cuDNN forward", lambda r: r >= 1,
+              [_ratio(s["forward"], s.get("cudnn_forward")) for s in summary]),
         count(f"extra memory within {MEMORY_WITHIN:.0%} of the floor",
               lambda m: m <= 1 + MEMORY_WITHIN, [s["memory"] for s in summary]),
         count(f"auto within {AUTO_WITHIN:.0%} of the best schedule", lambda r: r >= 1 - AUTO_WITHIN,
@@ -146,14 +149,14 @@ def render(summary: list[dict], rows: list[dict] | None = None) -> str:
              "TFLOP/s; auto = dashgen_det auto; price = 1 - det/nondet of the best "
              "deterministic schedule; memory = extra / floor.", "",
              "| config | auto | best (schedule) | auto/best | auto/FA3 | flex | FA2 det | "
-             "fwd / SDPA fwd | price | memory |",
+             "fwd / SDPA flash fwd / cuDNN fwd | price | memory |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary:
         lines.append(
             f"| d{s['head_dim']} {s['mask']} {s['seqlen']} | {f(s['auto'])} | {f(s['best'])} "
             f"({s['best_schedule'] or '-'}) | {f(_ratio(s['auto'], s['best']), '.3f')} | "
             f"{f(_ratio(s['auto'], s['fa3']), '.2f')} | {f(s['flex'])} | {f(s['flash_det'])} | "
-            f"{f(s['forward'])} / {f(s['sdpa_forward'])} | "
+            f"{f(s['forward'])} / {f(s['sdpa_forward'])} / {f(s.get('cudnn_forward'))} | "
             f"{'-' if s['price'] is None else format(s['price'], '.1%')} | "
             f"{f(s['memory'], '.3f')} |")
     found = verdicts(summary) + [line for line in [block_spread(rows or [])] if line]
