@@ -146,7 +146,8 @@ def write(args, runs) -> bool:
            if det and sdpa else None)
     from dashgen.tools.timing import commit_id
     meta = dict(date=time.strftime("%Y-%m-%d"), torch=torch.__version__,
-                commit=commit_id(args.commit), gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                commit=commit_id(args.commit),
+                gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
                 config=dict(layers=args.layers, hidden=args.hidden, heads=args.heads,
                             kv_heads=args.kv_heads, head_dim=args.hidden // args.heads,
                             vocab=args.vocab, tokens=args.tokens, lr=args.lr, data=args.data),

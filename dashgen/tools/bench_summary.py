@@ -91,7 +91,7 @@ def verdicts(summary: list[dict]) -> list[tuple[str, str]]:
         count("forward >= SDPA flash forward", lambda r: r >= 1,
               [_ratio(s["forward"], s["sdpa_forward"]) for s in summary]),
         count("forward >= SDPA cuDNN forward", lambda r: r >= 1,
-              [_ratio(s["forward"], s.get("cudnn_forward")) for s in summary]),
+              [_ratio(s["forward"], s["cudnn_forward"]) for s in summary]),
         count(f"extra memory within {MEMORY_WITHIN:.0%} of the floor",
               lambda m: m <= 1 + MEMORY_WITHIN, [s["memory"] for s in summary]),
         count(f"auto within {AUTO_WITHIN:.0%} of the best schedule", lambda r: r >= 1 - AUTO_WITHIN,
@@ -156,7 +156,7 @@ def render(summary: list[dict], rows: list[dict] | None = None) -> str:
             f"| d{s['head_dim']} {s['mask']} {s['seqlen']} | {f(s['auto'])} | {f(s['best'])} "
             f"({s['best_schedule'] or '-'}) | {f(_ratio(s['auto'], s['best']), '.3f')} | "
             f"{f(_ratio(s['auto'], s['fa3']), '.2f')} | {f(s['flex'])} | {f(s['flash_det'])} | "
-            f"{f(s['forward'])} / {f(s['sdpa_forward'])} / {f(s.get('cudnn_forward'))} | "
+            f"{f(s['forward'])} / {f(s['sdpa_forward'])} / {f(s['cudnn_forward'])} | "
             f"{'-' if s['price'] is None else format(s['price'], '.1%')} | "
             f"{f(s['memory'], '.3f')} |")
     found = verdicts(summary) + [line for line in [block_spread(rows or [])] if line]

@@ -125,7 +125,8 @@ def rows_for(lengths, heads, head_dim, causal, seed, peers):
     auto = PACK_AUTO_SCHEDULES[causal]
     others = tuple(s for s in ("fa3", "spt", "descending",
                                "symmetric_shift" if causal else "shift") if s != auto)
-    rows = [(f"dashgen varlen det (auto: {auto})", packed(True)), ("dashgen varlen nondet", packed(False)),
+    rows = [(f"dashgen varlen det (auto: {auto})", packed(True)),
+            ("dashgen varlen nondet", packed(False)),
             *((f"dashgen varlen det {s}", packed(True, s)) for s in others),
             (f"dashgen fixed-length det ({MEDIAN_LENGTH} x {total // MEDIAN_LENGTH})", fixed)]
     if "sdpa_padded" in peers:

@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+import dashgen
 from dashgen.runtime.backward import backward, selection
 from dashgen.runtime.forward import forward, forward_variant
 from dashgen.runtime.select import Overrides
@@ -80,7 +81,6 @@ def main(picked: list[int], flip: bool = False) -> None:
 
 def packed(lengths, hq, hkv, d, causal, dtype, schedule) -> None:
     """One packed forward + backward, ordered and not, through dashgen.attention_varlen."""
-    import dashgen
     total = sum(lengths)
     torch.manual_seed(total)
     q = torch.randn(total, hq, d, device="cuda", dtype=dtype, requires_grad=True)
