@@ -677,27 +677,37 @@ struct AttnBwdSm90 {
       // P^T = exp2(S^T * scale - lse), 0 for keys past the end and, under the causal mask, keys
       // after the query row; dS^T = P^T (dP^T - D) * softmax_scale. Written out in the loop: with
       // the mask and the exponent in functions of their own, NVVM orders its index arithmetic
-      // differently.
+      // differently. Under a causal mask only a task whose keys (this warpgroup's 64) cross the
+      // sequence's end or the diagonal runs the mask: the others (all but one of a KV tile's
+      // tasks with square tiles) skip a compare and its index arithmetic per element. A full
+      // mask compares per key, not per element: one loop, where two made head_dim 64 spill.
+      const int last_key = t.n * kBlockN + 64 * wg + 63;
+      const bool edge = kVarlen ? last_key >= seq_k || last_key > t.m * kBlockM + seq_offset
+                                : last_key >= p.seqlen_k || last_key > t.m * kBlockM + causal_offset;
+      if (kCausal && !edge) {
+        unmasked_softmax(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
+      } else {
 #pragma unroll
-      for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
-        const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
-        const int key = t.n * kBlockN + 64 * wg + row;
-        float pv[2], ds[2];
+        for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
+          const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
+          const int key = t.n * kBlockN + 64 * wg + row;
+          float pv[2], ds[2];
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int ii = i2 + e;
-          const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
-          const int qrow = t.m * kBlockM + col;
-          const bool masked = kVarlen
-                                  ? key >= seq_k || (kCausal && key > qrow + seq_offset)
-                                  : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
-          pv[e] = masked ? 0.f : exp2f(st[ii] * scale_log2 - stats[col]);
-          ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * p.softmax_scale;
-        }
-        pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
-        dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
-        if constexpr (kDsInLoop) {
-          if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
+          for (int e = 0; e < 2; ++e) {
+            const int ii = i2 + e;
+            const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
+            const int qrow = t.m * kBlockM + col;
+            const bool masked = kVarlen
+                                    ? key >= seq_k || (kCausal && key > qrow + seq_offset)
+                                    : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
+            pv[e] = masked ? 0.f : exp2f(st[ii] * scale_log2 - stats[col]);
+            ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * p.softmax_scale;
+          }
+          pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
+          dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
+          if constexpr (kDsInLoop) {
+            if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
+          }
         }
       }
 
@@ -757,6 +767,30 @@ struct AttnBwdSm90 {
         }
         if (!kEarlyKv && tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
         ++segment;
+      }
+    }
+  }
+
+  // Stage 3's loop for a task no mask reaches (causal: its keys end before the diagonal and
+  // the sequence's end): P^T and dS^T of every element.
+  __device__ static __forceinline__ void unmasked_softmax(
+      const float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2], const float* stats,
+      u32 (&pa)[kBlockM / 16][4], u32 (&dsa)[kBlockM / 16][4], u32 ds_row, float scale_log2,
+      float softmax_scale, const MmaThread& me) {
+#pragma unroll
+    for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
+      float pv[2], ds[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int ii = i2 + e;
+        const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);
+        pv[e] = exp2f(st[ii] * scale_log2 - stats[col]);
+        ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * softmax_scale;
+      }
+      pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
+      dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
+      if constexpr (kDsInLoop) {
+        if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
       }
     }
   }
