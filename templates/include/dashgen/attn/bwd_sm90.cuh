@@ -20,6 +20,7 @@
 // where a 64-row task leaves the tensor cores idle behind its fixed per-task costs.
 #pragma once
 #include "dashgen/attn/element.cuh"
+#include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/ptx/barrier.cuh"
 #include "dashgen/ptx/bulk.cuh"
@@ -681,9 +682,9 @@ struct AttnBwdSm90 {
       // sequence's end or the diagonal runs the mask: the others (all but one of a KV tile's
       // tasks with square tiles) skip a compare and its index arithmetic per element. A full
       // mask compares per key, not per element: one loop, where two made head_dim 64 spill.
-      const int last_key = t.n * kBlockN + 64 * wg + 63;
-      const bool edge = kVarlen ? last_key >= seq_k || last_key > t.m * kBlockM + seq_offset
-                                : last_key >= p.seqlen_k || last_key > t.m * kBlockM + causal_offset;
+      const bool edge = mask_reaches<kCausal>(t.n * kBlockN + 64 * wg + 63, t.m * kBlockM,
+                                              kVarlen ? seq_k : p.seqlen_k,
+                                              kVarlen ? seq_offset : causal_offset);
       if (kCausal && !edge) {
         unmasked_softmax(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
       } else {

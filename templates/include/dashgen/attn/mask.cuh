@@ -1,0 +1,33 @@
+// dashgen/attn/mask.cuh: which (key, query row) pairs of a task the mask removes, and whether it
+// removes any, so that a task it does not reach skips the per-element test. Plain integer code:
+// it compiles as host C++ too (tests/test_mask_header.py checks mask_reaches against every pair).
+#ifndef DASHGEN_ATTN_MASK_CUH
+#define DASHGEN_ATTN_MASK_CUH
+
+#ifndef DASHGEN_HD
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define DASHGEN_HD __host__ __device__ __forceinline__
+#else
+#define DASHGEN_HD inline
+#endif
+#endif
+
+namespace dashgen {
+
+// Keys at or past keys_end (the sequence's end) are masked; under the causal mask, bottom-right
+// aligned, so are keys after query row + diagonal (diagonal = seqlen_k - seqlen_q).
+template <bool kCausal>
+DASHGEN_HD bool masked(int key, int qrow, int keys_end, int diagonal) {
+  return key >= keys_end || (kCausal && key > qrow + diagonal);
+}
+
+// Whether the mask removes any pair of keys first_key .. last_key and query rows from
+// first_row on: the last key against the sequence's end and against the first row's diagonal.
+template <bool kCausal>
+DASHGEN_HD bool mask_reaches(int last_key, int first_row, int keys_end, int diagonal) {
+  return masked<kCausal>(last_key, first_row, keys_end, diagonal);
+}
+
+}  // namespace dashgen
+
+#endif  // DASHGEN_ATTN_MASK_CUH

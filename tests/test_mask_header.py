@@ -1,0 +1,77 @@
+"""templates/include/dashgen/attn/mask.cuh compiled as host code with g++: mask_reaches, the
+per-task test that lets a task skip the per-element mask, is true exactly when some (key, query
+row) pair of the task is masked, on hypothesis-drawn tasks (both masks, seqlen_q != seqlen_k,
+tiles past the sequence's end)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from dashgen.codegen.render import include_dir
+
+DRIVER = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "dashgen/attn/mask.cuh"
+
+// argv: causal, first_key, keys, first_row, rows, keys_end, diagonal. Prints the per-task test,
+// then whether any pair is masked.
+int main(int argc, char** argv) {
+  int a[7];
+  for (int i = 0; i < 7; ++i) a[i] = std::atoi(argv[i + 1]);
+  const bool causal = a[0];
+  const int first_key = a[1], keys = a[2], first_row = a[3], rows = a[4];
+  const int keys_end = a[5], diagonal = a[6];
+  const int last_key = first_key + keys - 1;
+  bool any = false;
+  for (int key = first_key; key <= last_key; ++key)
+    for (int row = first_row; row < first_row + rows; ++row)
+      any = any || (causal ? dashgen::masked<true>(key, row, keys_end, diagonal)
+                           : dashgen::masked<false>(key, row, keys_end, diagonal));
+  const bool reaches = causal ? dashgen::mask_reaches<true>(last_key, first_row, keys_end, diagonal)
+                              : dashgen::mask_reaches<false>(last_key, first_row, keys_end, diagonal);
+  std::printf("%d %d\n", reaches ? 1 : 0, any ? 1 : 0);
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found")
+    out = tmp_path_factory.mktemp("mask")
+    (out / "driver.cpp").write_text(DRIVER)
+    subprocess.run([gxx, "-std=c++17", "-O1", "-I", str(include_dir()), str(out / "driver.cpp"),
+                    "-o", str(out / "driver")], check=True)
+    return out / "driver"
+
+
+@settings(max_examples=300, deadline=None)
+@given(causal=st.booleans(), n=st.integers(0, 40), m=st.integers(0, 40),
+       half=st.integers(0, 1), block_m=st.sampled_from([64, 128]),
+       end_from_last=st.integers(-70, 70), diagonal_from_last=st.integers(-200, 70))
+def test_mask_reaches_exactly_the_tasks_with_a_masked_pair(driver, causal, n, m, half, block_m,
+                                                            end_from_last, diagonal_from_last):
+    # One MMA warpgroup's 64 keys of KV tile n (128 keys), the rows of Q tile m; the sequence's
+    # end and the diagonal drawn near the task's last key, where the two answers part.
+    first_key, first_row = 128 * n + 64 * half, block_m * m
+    last_key = first_key + 63
+    keys_end = max(1, last_key + end_from_last)
+    diagonal = last_key - first_row + diagonal_from_last
+    args = [int(causal), first_key, 64, first_row, block_m, keys_end, diagonal]
+    out = subprocess.run([str(driver), *map(str, args)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[0] == out[1], (args, out)
+
+
+def test_the_driver_sees_both_answers(driver):
+    run = lambda *a: subprocess.run([str(driver), *map(str, a)], capture_output=True,  # noqa: E731
+                                    text=True, check=True).stdout.split()
+    assert run(1, 0, 64, 128, 128, 1000, 0) == ["0", "0"]  # keys 0-63 before rows 128-255
+    assert run(1, 128, 64, 0, 128, 1000, 0) == ["1", "1"]  # key 191 after row 0
+    assert run(0, 960, 64, 0, 128, 1000, 0) == ["1", "1"]  # keys past the end, full mask
