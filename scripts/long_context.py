@@ -14,6 +14,10 @@ import time
 from pathlib import Path
 
 import torch
+# torch.autograd.grad imports torch.fx's symbolic shapes (and sympy) on its first call with
+# grad_outputs, 2.4 s on the H200 (scripts/first_call.py): imported here, so that the first
+# row's first-call host time is dashgen's and not PyTorch's one-time import.
+import torch.fx.experimental.symbolic_shapes  # noqa: E402,F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dashgen  # noqa: E402
