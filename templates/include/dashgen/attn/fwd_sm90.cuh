@@ -5,11 +5,14 @@
 // MN-major. Pipelined within each MMA warpgroup: S of tile n + 1 is issued before P V of tile n,
 // and its softmax runs while P V of tile n is on the tensor cores. K and V stages are released
 // separately (K once its S is done, V once its P V is), so K of tile n + 1 can land while V of
-// tile n is still read. Deterministic by construction: no cross-CTA reduction.
+// tile n is still read. The two MMA warpgroups take turns issuing their wgmmas (named
+// barriers), so one warpgroup's softmax runs while the other's matmuls hold the tensor cores.
+// Deterministic by construction: no cross-CTA reduction.
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/attn/softmax.cuh"
+#include "dashgen/ptx/barrier.cuh"
 #include "dashgen/ptx/mbarrier.cuh"
 #include "dashgen/ptx/regs.cuh"
 #include "dashgen/ptx/tma.cuh"
@@ -51,6 +54,18 @@ struct AttnFwdSm90 {
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
 
+  // Turns: MMA warpgroup wg issues its wgmmas after named barrier kTurn0 + wg completes (its own
+  // 128 threads waiting, the other warpgroup's 128 arriving) and then passes the turn. Both
+  // warpgroups of a query tile issue equally often, so the alternation carries over from one
+  // tile to the next (persistent CTAs); warpgroup 1 hands warpgroup 0 the first turn once per
+  // CTA (start_turns). 0 is __syncthreads'.
+  static constexpr u32 kTurn0 = 1;
+  __device__ static void start_turns(int wg) {
+    if (wg == 1) named_barrier_arrive(kTurn0, 256);
+  }
+  __device__ static void wait_turn(int wg) { named_barrier_sync(kTurn0 + wg, 256); }
+  __device__ static void pass_turn(int wg) { named_barrier_arrive(kTurn0 + (wg ^ 1), 256); }
+
   struct Bars {
     u64 q_full;
     u64 k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
@@ -80,6 +95,7 @@ struct AttnFwdSm90 {
       return;
     }
     setmaxnreg_inc<kMmaRegs>();
+    start_turns(threadIdx.x / 128 - 1);
     consume<false>(p, smem, bars, m, h, b, n_tiles, 0, 0, threadIdx.x / 128 - 1,
                    threadIdx.x % 128);
   }
@@ -114,6 +130,7 @@ struct AttnFwdSm90 {
       return;
     }
     setmaxnreg_inc<kMmaRegs>();
+    start_turns(threadIdx.x / 128 - 1);
     consume<false>(seq, smem, bars, m, h, 0, n_tiles, 0, 0, threadIdx.x / 128 - 1,
                    threadIdx.x % 128);
   }
@@ -177,13 +194,10 @@ struct AttnFwdSm90 {
     }
   }
 
-  // S = Q K^T into sc of the K tile the CTA loaded g-th (issued and committed, not waited for).
-  template <class B>
-  __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, B* bars,
-                                 int g) {
-    const int s = g % kStages;
-    mbarrier_wait_parity(&bars->k_full[s], (g / kStages) & 1);
-    const char* k_tile = smem + kOffK + s * kKBytes;
+  // S = Q K^T into sc of the K tile the CTA loaded g-th (issued and committed, not waited for),
+  // once that tile has landed (k_full, waited for by the caller outside its turn).
+  __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, int g) {
+    const char* k_tile = smem + kOffK + (g % kStages) * kKBytes;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kHeadDim / 16; ++k) {
@@ -232,14 +246,19 @@ struct AttnFwdSm90 {
                               float (&o)[kHeadDim / 2], float (&row_max)[2], float (&row_sum)[2],
                               float (&correction)[2], const FwdParams& p, char* smem, B* bars,
                               const char* q_tile, int n, int g, int n_tiles, int row0, int t4,
-                              int tid) {
+                              int wg, int tid) {
     // O is rescaled before any wgmma is in flight: ptxas serializes the pipeline if O is
     // touched between two wgmmas that are not separated by a wait.
 #pragma unroll
     for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= correction[(j / 2) % 2];
-    if constexpr (kNext) issue_s(sc, q_tile, smem, bars, g + 1);  // sc's probabilities are in pa
     const int s = g % kStages;
+    // The tiles first, then the turn: a warpgroup never holds the turn while a load is due.
+    if constexpr (kNext) {
+      mbarrier_wait_parity(&bars->k_full[(g + 1) % kStages], ((g + 1) / kStages) & 1);
+    }
     mbarrier_wait_parity(&bars->v_full[s], (g / kStages) & 1);
+    wait_turn(wg);
+    if constexpr (kNext) issue_s(sc, q_tile, smem, g + 1);  // sc's probabilities are in pa
     const char* v_tile = smem + kOffV + s * kKBytes;
     wgmma_fence();
 #pragma unroll
@@ -248,6 +267,7 @@ struct AttnFwdSm90 {
                                                   kBlockN * 128));
     }
     wgmma_commit_group();
+    pass_turn(wg);
     if constexpr (kNext) {
       // S of tile n + 1 (committed first) is done; P V of tile n may still run.
       wgmma_wait_group<1>();
@@ -283,7 +303,10 @@ struct AttnFwdSm90 {
     u32 pa[kBlockN / 16][4];      // P of the current tile, the A operand of P V
     float correction[2];
     if (n_tiles > 0) {
-      issue_s(sc, q_tile, smem, bars, kv);
+      mbarrier_wait_parity(&bars->k_full[kv % kStages], (kv / kStages) & 1);
+      wait_turn(wg);
+      issue_s(sc, q_tile, smem, kv);
+      pass_turn(wg);
       wgmma_wait_group<0>();
       if (tid == 0) {
         mbarrier_arrive(&bars->k_empty[kv % kStages]);
@@ -301,11 +324,11 @@ struct AttnFwdSm90 {
     // would serialize the wgmmas otherwise.
     for (int n = 0; n + 1 < n_tiles; ++n) {
       step<true, kReleaseQ>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile, n,
-                            kv + n, n_tiles, row0, t4, tid);
+                            kv + n, n_tiles, row0, t4, wg, tid);
     }
     if (n_tiles > 0) {
       step<false, kReleaseQ>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile,
-                             n_tiles - 1, kv + n_tiles - 1, n_tiles, row0, t4, tid);
+                             n_tiles - 1, kv + n_tiles - 1, n_tiles, row0, t4, wg, tid);
     }
 
     store_o_lse(p, o, row_max, row_sum, m, h, b, row0, t4);

@@ -76,6 +76,7 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<Cfg> {
     }
     setmaxnreg_inc<kMmaRegs>();
     const int wg = threadIdx.x / 128 - 1, tid = threadIdx.x % 128;
+    Base::start_turns(wg);
     int kv = 0;
     for (int i = 0;; ++i) {
       const Tile t = tile_at(p, i);

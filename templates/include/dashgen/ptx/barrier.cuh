@@ -11,4 +11,10 @@ __device__ __forceinline__ void named_barrier_sync(u32 id, u32 threads) {
   asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
 }
 
+// Counts this thread toward barrier `id`'s `threads` without waiting: the other side of a
+// named_barrier_sync that waits for these threads.
+__device__ __forceinline__ void named_barrier_arrive(u32 id, u32 threads) {
+  asm volatile("bar.arrive %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
 }  // namespace dashgen
