@@ -58,8 +58,12 @@ struct AttnFwdSm90 {
   // 128 threads waiting, the other warpgroup's 128 arriving) and then passes the turn. Both
   // warpgroups of a query tile issue equally often, so the alternation carries over from one
   // tile to the next (persistent CTAs); warpgroup 1 hands warpgroup 0 the first turn once per
-  // CTA (start_turns). 0 is __syncthreads'.
+  // CTA (start_turns). 0 is __syncthreads'. Where they pay (H200, docs/design.md `fwd-turns`):
+  // the persistent kernels and the one-tile kernel at head_dim 128, CTAs that have their SM to
+  // themselves. At head_dim 64 two one-tile CTAs share an SM and already overlap each other's
+  // softmax and matmuls; turns cost them 5% under causal masks. Packs keep the kernel without.
   static constexpr u32 kTurn0 = 1;
+  static constexpr bool kOneTileTurns = kHeadDim == 128;
   __device__ static void start_turns(int wg) {
     if (wg == 1) named_barrier_arrive(kTurn0, 256);
   }
@@ -95,9 +99,9 @@ struct AttnFwdSm90 {
       return;
     }
     setmaxnreg_inc<kMmaRegs>();
-    start_turns(threadIdx.x / 128 - 1);
-    consume<false>(p, smem, bars, m, h, b, n_tiles, 0, 0, threadIdx.x / 128 - 1,
-                   threadIdx.x % 128);
+    if constexpr (kOneTileTurns) start_turns(threadIdx.x / 128 - 1);
+    consume<false, kOneTileTurns>(p, smem, bars, m, h, b, n_tiles, 0, 0, threadIdx.x / 128 - 1,
+                                  threadIdx.x % 128);
   }
 
   // A pack (Cfg::kVarlen; FwdParams::cu_seqlens_q/k): CTA (m, h, b) is query tile m of
@@ -130,9 +134,8 @@ struct AttnFwdSm90 {
       return;
     }
     setmaxnreg_inc<kMmaRegs>();
-    start_turns(threadIdx.x / 128 - 1);
-    consume<false>(seq, smem, bars, m, h, 0, n_tiles, 0, 0, threadIdx.x / 128 - 1,
-                   threadIdx.x % 128);
+    consume<false, false>(seq, smem, bars, m, h, 0, n_tiles, 0, 0, threadIdx.x / 128 - 1,
+                          threadIdx.x % 128);
   }
 
   // kQEmpty: the barriers include Q's empty one (persistent CTAs).
@@ -194,10 +197,22 @@ struct AttnFwdSm90 {
     }
   }
 
+  // The K tile the CTA loaded g-th has landed.
+  template <class B>
+  __device__ static void wait_k(B* bars, int g) {
+    mbarrier_wait_parity(&bars->k_full[g % kStages], (g / kStages) & 1);
+  }
+
   // S = Q K^T into sc of the K tile the CTA loaded g-th (issued and committed, not waited for),
-  // once that tile has landed (k_full, waited for by the caller outside its turn).
-  __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, int g) {
-    const char* k_tile = smem + kOffK + (g % kStages) * kKBytes;
+  // once that tile has landed: kWaitK waits for it here, else the caller did (wait_k, before
+  // its turn). Two forms, so that the kernels without turns keep the code they were measured
+  // with.
+  template <bool kWaitK, class B>
+  __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, B* bars,
+                                 int g) {
+    const int s = g % kStages;
+    if constexpr (kWaitK) mbarrier_wait_parity(&bars->k_full[s], (g / kStages) & 1);
+    const char* k_tile = smem + kOffK + s * kKBytes;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kHeadDim / 16; ++k) {
@@ -241,7 +256,7 @@ struct AttnFwdSm90 {
   // Tile n (the CTA's g-th K/V load): P V with the probabilities in pa; with kNext, S of tile
   // n + 1 goes first and its softmax runs while P V is on the tensor cores, leaving its
   // probabilities in pa. kReleaseQ: Q is released once S of the last of n_tiles is done.
-  template <bool kNext, bool kReleaseQ, class B>
+  template <bool kNext, bool kReleaseQ, bool kTurns, class B>
   __device__ static void step(float (&sc)[64], u32 (&pa)[kBlockN / 16][4],
                               float (&o)[kHeadDim / 2], float (&row_max)[2], float (&row_sum)[2],
                               float (&correction)[2], const FwdParams& p, char* smem, B* bars,
@@ -251,14 +266,21 @@ struct AttnFwdSm90 {
     // touched between two wgmmas that are not separated by a wait.
 #pragma unroll
     for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= correction[(j / 2) % 2];
-    const int s = g % kStages;
-    // The tiles first, then the turn: a warpgroup never holds the turn while a load is due.
-    if constexpr (kNext) {
-      mbarrier_wait_parity(&bars->k_full[(g + 1) % kStages], ((g + 1) / kStages) & 1);
+    // S of tile n + 1 (sc's probabilities are in pa), then V of tile n. Each form keeps the
+    // order of the code it was measured with (NVVM allocates registers by it).
+    int s;
+    if constexpr (kTurns) {
+      // The tiles first, then the turn: a warpgroup never holds the turn while a load is due.
+      s = g % kStages;
+      if constexpr (kNext) wait_k(bars, g + 1);
+      mbarrier_wait_parity(&bars->v_full[s], (g / kStages) & 1);
+      wait_turn(wg);
+      if constexpr (kNext) issue_s<false>(sc, q_tile, smem, bars, g + 1);
+    } else {
+      if constexpr (kNext) issue_s<true>(sc, q_tile, smem, bars, g + 1);
+      s = g % kStages;
+      mbarrier_wait_parity(&bars->v_full[s], (g / kStages) & 1);
     }
-    mbarrier_wait_parity(&bars->v_full[s], (g / kStages) & 1);
-    wait_turn(wg);
-    if constexpr (kNext) issue_s(sc, q_tile, smem, g + 1);  // sc's probabilities are in pa
     const char* v_tile = smem + kOffV + s * kKBytes;
     wgmma_fence();
 #pragma unroll
@@ -267,7 +289,7 @@ struct AttnFwdSm90 {
                                                   kBlockN * 128));
     }
     wgmma_commit_group();
-    pass_turn(wg);
+    if constexpr (kTurns) pass_turn(wg);
     if constexpr (kNext) {
       // S of tile n + 1 (committed first) is done; P V of tile n may still run.
       wgmma_wait_group<1>();
@@ -285,8 +307,9 @@ struct AttnFwdSm90 {
   }
 
   // Query tile (m, h, b), whose K/V tiles the CTA loads as its kv-th onwards; it is the CTA's
-  // i-th. kReleaseQ (persistent CTAs): release Q's buffer once its last S is issued.
-  template <bool kReleaseQ, class B>
+  // i-th. kReleaseQ (persistent CTAs): release Q's buffer once its last S is issued. kTurns:
+  // the warpgroups take turns issuing (start_turns ran once in the CTA).
+  template <bool kReleaseQ, bool kTurns, class B>
   __device__ static void consume(const FwdParams& p, char* smem, B* bars, int m, int h, int b,
                                  int n_tiles, int kv, int i, int wg, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
@@ -303,10 +326,12 @@ struct AttnFwdSm90 {
     u32 pa[kBlockN / 16][4];      // P of the current tile, the A operand of P V
     float correction[2];
     if (n_tiles > 0) {
-      mbarrier_wait_parity(&bars->k_full[kv % kStages], (kv / kStages) & 1);
-      wait_turn(wg);
-      issue_s(sc, q_tile, smem, kv);
-      pass_turn(wg);
+      if constexpr (kTurns) {
+        wait_k(bars, kv);
+        wait_turn(wg);
+      }
+      issue_s<!kTurns>(sc, q_tile, smem, bars, kv);
+      if constexpr (kTurns) pass_turn(wg);
       wgmma_wait_group<0>();
       if (tid == 0) {
         mbarrier_arrive(&bars->k_empty[kv % kStages]);
@@ -323,12 +348,13 @@ struct AttnFwdSm90 {
     // are straight-line code: ptxas follows which wgmma group a wait retires only there, and
     // would serialize the wgmmas otherwise.
     for (int n = 0; n + 1 < n_tiles; ++n) {
-      step<true, kReleaseQ>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile, n,
-                            kv + n, n_tiles, row0, t4, wg, tid);
+      step<true, kReleaseQ, kTurns>(sc, pa, o, row_max, row_sum, correction, p, smem, bars,
+                                    q_tile, n, kv + n, n_tiles, row0, t4, wg, tid);
     }
     if (n_tiles > 0) {
-      step<false, kReleaseQ>(sc, pa, o, row_max, row_sum, correction, p, smem, bars, q_tile,
-                             n_tiles - 1, kv + n_tiles - 1, n_tiles, row0, t4, wg, tid);
+      step<false, kReleaseQ, kTurns>(sc, pa, o, row_max, row_sum, correction, p, smem, bars,
+                                     q_tile, n_tiles - 1, kv + n_tiles - 1, n_tiles, row0, t4,
+                                     wg, tid);
     }
 
     store_o_lse(p, o, row_max, row_sum, m, h, b, row0, t4);
