@@ -193,13 +193,15 @@ def report_lines(kernels: tuple[EmittedKernel, ...]) -> list[str]:
         for name in names:
             usage = kernel.cubin.resources[name]
             dynamic = kernel.dynamic_smem_bytes if name == main_name else 0
+            # static+dynamic bytes; unpadded, so that the longest names' lines stay under 100
+            # columns
             smem = f"{usage.shared_bytes}+{dynamic}"
             rows.append((name, f"{usage.registers:>3} regs {usage.spill_bytes} spills "
-                               f"smem {smem:>8} {when}", usage.warnings))
+                               f"smem {smem} {when}", usage.warnings))
     width = max((len(name) for name, _, _ in rows), default=0)
     lines = []
     for name, text, warnings in rows:
-        lines.append(f"{name:<{width}}  {text}")
+        lines.append(f"{name:<{width}} {text}")
         lines += [f"  ptxas: {w}" for w in warnings]
     return lines
 
