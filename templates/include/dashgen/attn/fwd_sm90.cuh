@@ -3,11 +3,12 @@
 // through 2 stages; warpgroups 1 and 2 each own 64 query rows: S = Q K^T with wgmma (K-major
 // operands), online softmax in registers, O += P V with P as the register A operand and V read
 // MN-major. Pipelined within each MMA warpgroup: S of tile n + 1 is issued before P V of tile n,
-// and its softmax runs while P V of tile n is on the tensor cores. K and V stages are released
-// separately (K once its S is done, V once its P V is), so K of tile n + 1 can land while V of
-// tile n is still read. The two MMA warpgroups take turns issuing their wgmmas (named
-// barriers), so one warpgroup's softmax runs while the other's matmuls hold the tensor cores.
-// Deterministic by construction: no cross-CTA reduction.
+// and its softmax runs while P V of tile n is on the tensor cores (hold_before_wait keeps ptxas
+// from undoing that). K and V stages are released separately (K once its S is done, V once its
+// P V is), so K of tile n + 1 can land while V of tile n is still read. Where it pays
+// (kOneTileTurns, the persistent kernels), the two MMA warpgroups take turns issuing their
+// wgmmas (named barriers), so one warpgroup's softmax runs while the other's matmuls hold the
+// tensor cores. Deterministic by construction: no cross-CTA reduction.
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/params.cuh"
