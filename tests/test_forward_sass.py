@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from dashgen.codegen.compile import elf_section
 from dashgen.codegen.cubins import get_or_compile
 from dashgen.codegen.render import render_variant
 from dashgen.codegen.variants import ForwardVariant
@@ -35,19 +36,6 @@ FORWARDS = [v for v in golden_variants() if isinstance(v, ForwardVariant)] + [
     ForwardVariant("fp16", 128, True, persistent=True),
     ForwardVariant("fp16", 64, True),
 ]
-
-
-def text_section(elf: bytes, function: str) -> bytes:
-    """The bytes of ELF section .text.<function> (a 64-bit little-endian cubin)."""
-    shoff, = struct.unpack_from("<Q", elf, 0x28)
-    entsize, count, names_index = struct.unpack_from("<HHH", elf, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * entsize) for i in range(count)]
-    names_at = headers[names_index][4]
-    for name_at, _type, _flags, _addr, offset, size, *_ in headers:
-        end = elf.index(b"\0", names_at + name_at)
-        if elf[names_at + name_at:end].decode() == f".text.{function}":
-            return elf[offset:offset + size]
-    raise KeyError(f".text.{function} not in the cubin")
 
 
 def decode(text: bytes) -> list[tuple[str, int] | None]:
@@ -91,7 +79,7 @@ def cubin():
 
 @pytest.mark.parametrize("variant", FORWARDS, ids=lambda v: v.kernel_name)
 def test_softmax_exponentials_run_under_p_v(variant, cubin):
-    counts = windows(decode(text_section(cubin(variant), variant.kernel_name)))
+    counts = windows(decode(elf_section(cubin(variant), f".text.{variant.kernel_name}")))
     # At least the loop body's step with a successor.
     assert counts, "no wait for S followed by a wait for P V in the SASS"
     assert all(c >= EXP_PER_TILE for c in counts), counts
@@ -128,6 +116,6 @@ def test_decoding_matches_nvdisasm(variant, cubin, tmp_path):
             theirs.append(("wait", int(m.group(1), 16)))
         else:
             theirs.append(None)
-    ours = decode(text_section(cubin(variant), variant.kernel_name))
+    ours = decode(elf_section(cubin(variant), f".text.{variant.kernel_name}"))
     assert len(ours) == len(theirs)
     assert ours == theirs

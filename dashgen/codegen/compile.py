@@ -78,16 +78,35 @@ class Cubin:
         return elf_int_constant(self.data, symbol)
 
 
-def elf_int_constant(data: bytes, symbol: str) -> int:
-    """The int32 an ELF64 image stores at `symbol` (an initialized constant); KeyError if the
-    image has no such symbol."""
+def _elf_sections(data: bytes) -> list[tuple]:
+    """(name, type, flags, addr, offset, size, link, info, addralign, entsize) per section of an
+    ELF64 image."""
     if data[:4] != b"\x7fELF" or data[4] != 2:
         raise ValueError("not an ELF64 cubin")
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    # (name, type, flags, addr, offset, size, link, info, addralign, entsize) per section
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
-                for i in range(shnum)]
+    return [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+            for i in range(shnum)]
+
+
+def elf_section(data: bytes, name: str) -> bytes:
+    """The bytes of section `name` of an ELF64 image (".text.<kernel>": its instructions);
+    KeyError if it has none."""
+    sections = _elf_sections(data)
+    (shstrndx,) = struct.unpack_from("<H", data, 0x3E)
+    names = sections[shstrndx][4]
+    wanted = name.encode()
+    for section in sections:
+        start = names + section[0]
+        if data[start:data.index(b"\0", start)] == wanted:
+            return data[section[4]:section[4] + section[5]]
+    raise KeyError(f"the cubin has no section {name!r}")
+
+
+def elf_int_constant(data: bytes, symbol: str) -> int:
+    """The int32 an ELF64 image stores at `symbol` (an initialized constant); KeyError if the
+    image has no such symbol."""
+    sections = _elf_sections(data)
     wanted = symbol.encode()
     for section in sections:
         if section[1] != 2:  # SHT_SYMTAB

@@ -204,16 +204,10 @@ struct AttnFwdSm90 {
     mbarrier_wait_parity(&bars->k_full[g % kStages], (g / kStages) & 1);
   }
 
-  // S = Q K^T into sc of the K tile the CTA loaded g-th (issued and committed, not waited for),
-  // once that tile has landed: kWaitK waits for it here, else the caller did (wait_k, before
-  // its turn). Two forms, so that the kernels without turns keep the code they were measured
-  // with.
-  template <bool kWaitK, class B>
-  __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, B* bars,
-                                 int g) {
-    const int s = g % kStages;
-    if constexpr (kWaitK) mbarrier_wait_parity(&bars->k_full[s], (g / kStages) & 1);
-    const char* k_tile = smem + kOffK + s * kKBytes;
+  // S = Q K^T into sc of the K tile the CTA loaded g-th (issued and committed, not waited for);
+  // the caller waited for the tile (wait_k, before its turn where there are turns).
+  __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, int g) {
+    const char* k_tile = smem + kOffK + (g % kStages) * kKBytes;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kHeadDim / 16; ++k) {
@@ -280,21 +274,16 @@ struct AttnFwdSm90 {
     // touched between two wgmmas that are not separated by a wait.
 #pragma unroll
     for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= correction[(j / 2) % 2];
-    // S of tile n + 1 (sc's probabilities are in pa), then V of tile n. Each form keeps the
-    // order of the code it was measured with (NVVM allocates registers by it).
-    int s;
+    // S of tile n + 1 (sc's probabilities are in pa), then P V of tile n. With turns, both
+    // tiles are waited for first: a warpgroup never holds the turn while a load is due.
+    const int s = g % kStages;
+    if constexpr (kNext) wait_k(bars, g + 1);
     if constexpr (kTurns) {
-      // The tiles first, then the turn: a warpgroup never holds the turn while a load is due.
-      s = g % kStages;
-      if constexpr (kNext) wait_k(bars, g + 1);
       mbarrier_wait_parity(&bars->v_full[s], (g / kStages) & 1);
       wait_turn(wg);
-      if constexpr (kNext) issue_s<false>(sc, q_tile, smem, bars, g + 1);
-    } else {
-      if constexpr (kNext) issue_s<true>(sc, q_tile, smem, bars, g + 1);
-      s = g % kStages;
-      mbarrier_wait_parity(&bars->v_full[s], (g / kStages) & 1);
     }
+    if constexpr (kNext) issue_s(sc, q_tile, smem, g + 1);
+    if constexpr (!kTurns) mbarrier_wait_parity(&bars->v_full[s], (g / kStages) & 1);
     const char* v_tile = smem + kOffV + s * kKBytes;
     wgmma_fence();
 #pragma unroll
@@ -341,11 +330,9 @@ struct AttnFwdSm90 {
     u32 pa[kBlockN / 16][4];      // P of the current tile, the A operand of P V
     float correction[2];
     if (n_tiles > 0) {
-      if constexpr (kTurns) {
-        wait_k(bars, kv);
-        wait_turn(wg);
-      }
-      issue_s<!kTurns>(sc, q_tile, smem, bars, kv);
+      wait_k(bars, kv);
+      if constexpr (kTurns) wait_turn(wg);
+      issue_s(sc, q_tile, smem, kv);
       if constexpr (kTurns) pass_turn(wg);
       wgmma_wait_group<0>();
       if (tid == 0) {
