@@ -45,15 +45,8 @@ def child(case: str, seqlen: int, head_dim: int, causal: bool) -> dict:
             return dashgen.attention(q, k, v, causal=causal, deterministic=True)
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     if case != "sdpa":  # load the kernels the call runs (a compile, or the disk cache)
-        from dashgen.runtime.backward import selection
-        from dashgen.runtime.device import kernels, sm_count
-        from dashgen.runtime.forward import forward_variant
-        from dashgen.runtime.select import Overrides
-        sms = sm_count(q.device)
-        sel = selection(tuple(q.shape), tuple(k.shape), "bf16", causal, True, False, "auto",
-                        None, sms, Overrides())
-        kernels(sel.backward, q.device)
-        kernels(forward_variant(tuple(q.shape), tuple(k.shape), "bf16", causal, sms), q.device)
+        from dashgen.tools.timing import load_kernels
+        load_kernels(q, k, causal)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     o = call(q, k, v)

@@ -21,6 +21,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: E402,F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dashgen  # noqa: E402
+from dashgen.tools.timing import load_kernels  # noqa: E402
 
 CONFIGS = {"d128": (128, 16), "d64": (64, 32)}  # head_dim, heads
 
@@ -93,22 +94,6 @@ def torch_key_rows(q, k, v, do, keys, causal):
     return dk[0, 0, keys].double(), dv[0, 0, keys].double()
 
 
-def prepare(q, k, causal) -> float:
-    """Compile or load the kernels a call at this shape runs, before its first call is timed:
-    seconds taken."""
-    from dashgen.runtime.backward import selection
-    from dashgen.runtime.device import kernels, sm_count
-    from dashgen.runtime.forward import forward_variant
-    from dashgen.runtime.select import Overrides
-    t0 = time.perf_counter()
-    sms = sm_count(q.device)
-    sel = selection(tuple(q.shape), tuple(k.shape), "bf16", causal, True, False, "auto", None,
-                    sms, Overrides())
-    kernels(sel.backward, q.device)
-    kernels(forward_variant(tuple(q.shape), tuple(k.shape), "bf16", causal, sms), q.device)
-    return time.perf_counter() - t0
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -132,7 +117,7 @@ def main() -> None:
                 q, k, v, do = make(), make(), make(), make()
                 base = torch.cuda.max_memory_allocated()
                 qg, kg, vg = (t.requires_grad_() for t in (q, k, v))
-                compile_s = prepare(q, k, causal)
+                compile_s = load_kernels(q, k, causal)
                 s, e = torch.cuda.Event(True), torch.cuda.Event(True)
                 t0 = time.perf_counter()
                 o = dashgen.attention(qg, kg, vg, causal=causal, deterministic=True)

@@ -1,11 +1,12 @@
 """The benchmark's timing and provenance, shared by `dashgen bench` and `dashgen bench --varlen`:
-one call between CUDA events on an idle GPU, the median of repeats after warm-ups, and the
-commit id a run records."""
+one call between CUDA events on an idle GPU, the median of repeats after warm-ups, the commit id
+a run records, and loading a shape's kernels before its first call is timed."""
 from __future__ import annotations
 
 import os
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout, for the commit id
@@ -45,3 +46,21 @@ def commit_id(override: str | None) -> str:
         return head + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("DASHGEN_COMMIT", "unknown")
+
+
+def load_kernels(q, k, causal: bool) -> float:
+    """Compile or load (disk cache) the kernels dashgen.attention runs at q's and k's shapes,
+    deterministic, schedule="auto", so that a first call timed after it times the call alone:
+    seconds taken."""
+    from ..runtime.backward import selection
+    from ..runtime.device import DTYPE_NAMES, kernels, sm_count
+    from ..runtime.forward import forward_variant
+    from ..runtime.select import Overrides
+    t0 = time.perf_counter()
+    sms = sm_count(q.device)
+    dtype = DTYPE_NAMES[q.dtype]
+    sel = selection(tuple(q.shape), tuple(k.shape), dtype, causal, True, False, "auto", None,
+                    sms, Overrides())
+    kernels(sel.backward, q.device)
+    kernels(forward_variant(tuple(q.shape), tuple(k.shape), dtype, causal, sms), q.device)
+    return time.perf_counter() - t0
