@@ -16,8 +16,9 @@ import math
 import torch
 
 from ..caches import Memo, memo
-from ..codegen.variants import (AUX_THREADS, FORWARD_BLOCK_M, FORWARD_BLOCK_N, PREP_ROWS_PER_BLOCK, THREADS, BwdParams,
-                                ConvertParams, FwdParams, PrepParams)
+from ..codegen.variants import (AUX_THREADS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
+                                PREP_ROWS_PER_BLOCK, THREADS, BwdParams, ConvertParams,
+                                FwdParams, PrepParams)
 from . import launch, watchdog
 from .device import DTYPE_NAMES, addresses, kernels, stream, tensor_map
 from .select import select_pack
