@@ -594,8 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="fit the kernel model to benchmark results",
                        description="Fit the kernel model's costs (c, r, signal latency, overhead) "
                                    "to dashgen's measured backward times in `dashgen bench` JSON "
-                                   "files at --fit-seqlens, then compare its predictions with every "
-                                   "measurement and check which schedule it ranks first.")
+                                   "files at --fit-seqlens, then compare its predictions with "
+                                   "every measurement and check which schedule it ranks first.")
     p.add_argument("files", nargs="+", metavar="BENCH.json")
     p.add_argument("--fit-seqlens", type=int, nargs="+", default=[1024, 2048],
                    help="sequence lengths to fit on; the rest are held out (default 1024 2048)")

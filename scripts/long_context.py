@@ -152,7 +152,8 @@ def main() -> None:
                            first_call_host_s=round(first_host, 3),
                            first_forward_host_s=round(t1 - t0, 3),
                            first_backward_host_s=round(t2 - t1, 3), backward_ms=round(ms, 2),
-                           backward_tflops=round(flops / ms / 1e9, 1), peak_gib=round(peak / 2**30, 2),
+                           backward_tflops=round(flops / ms / 1e9, 1),
+                           peak_gib=round(peak / 2**30, 2),
                            repeat_bitwise_equal=same, o_err=o_err, o_err_torch_bf16=o_torch,
                            dq_err=dq_err, dq_err_torch_bf16=dq_torch,
                            dq_err_torch_bf16_math=err(mdq, rdq),
@@ -163,7 +164,8 @@ def main() -> None:
                                            for i, r in enumerate(rows)],
                            dk_err=dk_err, dk_err_torch_bf16=dk_torch,
                            dv_err=dv_err, dv_err_torch_bf16=dv_torch,
-                           within_2x=bool(o_err <= 2 * o_torch + 1e-7 and dq_err <= 2 * dq_torch + 1e-7),
+                           within_2x=bool(o_err <= 2 * o_torch + 1e-7
+                                          and dq_err <= 2 * dq_torch + 1e-7),
                            keys_within_2x=bool(dk_err <= 2 * dk_torch + 1e-7
                                                and dv_err <= 2 * dv_torch + 1e-7))
                 rows_out.append(row)
