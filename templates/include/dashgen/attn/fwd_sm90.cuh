@@ -11,6 +11,7 @@
 // tensor cores. Deterministic by construction: no cross-CTA reduction.
 #pragma once
 #include "dashgen/attn/element.cuh"
+#include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/attn/softmax.cuh"
 #include "dashgen/ptx/barrier.cuh"
@@ -225,20 +226,30 @@ struct AttnFwdSm90 {
     const float scale_log2 = p.softmax_scale * kLog2e;
     const int causal_offset = p.seqlen_k - p.seqlen_q;
     float tile_max[2] = {-DASHGEN_INF, -DASHGEN_INF};
+    // The maxima of the raw scores (the scale is positive, so the max of the scaled scores is
+    // the scaled max, bit for bit), and the mask only where it removes a key of this warp's
+    // rows: a tile short of the sequence's end and (causal) of the warp's first row's diagonal
+    // skips the per-element test. The warp's 16 rows start at row0 rounded down to 8.
+    if (mask_reaches<kCausal>(n * kBlockN + kBlockN - 1, row0 & ~7, p.seqlen_k, causal_offset)) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int half = (i / 2) % 2;
-      const int key = n * kBlockN + 8 * (i / 4) + 2 * t4 + (i % 2);
-      const bool masked = key >= p.seqlen_k ||
-                          (kCausal && key > row0 + 8 * half + causal_offset);
-      sc[i] = masked ? -DASHGEN_INF : sc[i] * scale_log2;
-      tile_max[half] = fmaxf(tile_max[half], sc[i]);
+      for (int i = 0; i < 64; ++i) {
+        const int half = (i / 2) % 2;
+        const int key = n * kBlockN + 8 * (i / 4) + 2 * t4 + (i % 2);
+        if (masked<kCausal>(key, row0 + 8 * half, p.seqlen_k, causal_offset)) sc[i] = -DASHGEN_INF;
+        tile_max[half] = fmaxf(tile_max[half], sc[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) tile_max[(i / 2) % 2] = fmaxf(tile_max[(i / 2) % 2], sc[i]);
     }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) tile_max[half] *= scale_log2;
     online_softmax_rescale(tile_max, row_max, row_sum, correction);
+    // exp2(score * scale - max) as one FFMA and the exponential.
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       const int half = (i / 2) % 2;
-      sc[i] = exp2f(sc[i] - softmax_base(row_max[half]));
+      sc[i] = exp2f(fmaf(sc[i], scale_log2, -softmax_base(row_max[half])));
       row_sum[half] += sc[i];
     }
   }
