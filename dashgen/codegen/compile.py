@@ -89,20 +89,6 @@ def _elf_sections(data: bytes) -> list[tuple]:
             for i in range(shnum)]
 
 
-def elf_section(data: bytes, name: str) -> bytes:
-    """The bytes of section `name` of an ELF64 image (".text.<kernel>": its instructions);
-    KeyError if it has none."""
-    sections = _elf_sections(data)
-    (shstrndx,) = struct.unpack_from("<H", data, 0x3E)
-    names = sections[shstrndx][4]
-    wanted = name.encode()
-    for section in sections:
-        start = names + section[0]
-        if data[start:data.index(b"\0", start)] == wanted:
-            return data[section[4]:section[4] + section[5]]
-    raise KeyError(f"the cubin has no section {name!r}")
-
-
 def elf_int_constant(data: bytes, symbol: str) -> int:
     """The int32 an ELF64 image stores at `symbol` (an initialized constant); KeyError if the
     image has no such symbol."""

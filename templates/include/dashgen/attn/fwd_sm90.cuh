@@ -3,8 +3,8 @@
 // through 2 stages; warpgroups 1 and 2 each own 64 query rows: S = Q K^T with wgmma (K-major
 // operands), online softmax in registers, O += P V with P as the register A operand and V read
 // MN-major. Pipelined within each MMA warpgroup: S of tile n + 1 is issued before P V of tile n,
-// and its softmax runs while P V of tile n is on the tensor cores (hold_before_wait keeps ptxas
-// from undoing that). K and V stages are released separately (K once its S is done, V once its
+// and its softmax is placed while P V of tile n is on the tensor cores (ptxas moves the wait
+// for P V ahead of most of it; the other warpgroup's matmuls fill that time). K and V stages are released separately (K once its S is done, V once its
 // P V is), so K of tile n + 1 can land while V of tile n is still read. Where it pays
 // (kOneTileTurns, the persistent kernels), the two MMA warpgroups take turns issuing their
 // wgmmas (named barriers), so one warpgroup's softmax runs while the other's matmuls hold the
@@ -254,19 +254,6 @@ struct AttnFwdSm90 {
     }
   }
 
-  // Keeps the softmax of tile n + 1 ahead of the wait for P V of tile n. ptxas hoists that wait
-  // (it has no operands) into the latency of the row-max shuffles, and every exponential after
-  // it then waits for P V instead of overlapping it: in the SASS of every forward variant, 0-8
-  // of a tile's 66 MUFU.EX2 came before the wait. A shared-memory store of the row sums (which
-  // depend on every exponential) is ordered before the wait, so the exponentials are too; 66
-  // of 66 then come before it. The slot (one per MMA thread, 2 KB) is never read.
-  __device__ static void hold_before_wait(const float (&row_sum)[2], int tid, int wg) {
-    __shared__ float sink[256][2];
-    const u32 slot = static_cast<u32>(__cvta_generic_to_shared(sink[128 * wg + tid]));
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(slot), "f"(row_sum[0]),
-                 "f"(row_sum[1]) : "memory");
-  }
-
   __device__ static void pack_probs(const float (&sc)[64], u32 (&pa)[kBlockN / 16][4]) {
 #pragma unroll
     for (int i = 0; i < 64; i += 2) pa[i / 8][(i % 8) / 2] = Element<T>::pack(sc[i], sc[i + 1]);
@@ -314,7 +301,6 @@ struct AttnFwdSm90 {
         }
       }
       softmax_tile(sc, row_max, row_sum, correction, p, n + 1, row0, t4);
-      hold_before_wait(row_sum, tid, wg);
     }
     wgmma_wait_group<0>();  // P V of tile n: pa and V's stage are free
     if (tid == 0) mbarrier_arrive(&bars->v_empty[s]);
