@@ -37,8 +37,8 @@ TASK_US = {64: 3.00, 128: 2.54}    # main-kernel time per task (dashgen calibrat
 EARLY_KV_MAX_SEGMENT_TASKS = 10
 # The most KV tiles a query tile visits where the persistent forward pays, per (head_dim,
 # causal), measured through 16384 keys (docs/design.md, `fwd-persistent`).
-FWD_PERSISTENT_MAX_KV_TILES = {(64, False): 128, (128, False): 16,
-                               (64, True): 8, (128, True): 128}
+FWD_PERSISTENT_MAX_KV_TILES = {(64, False): 8, (128, False): 64,
+                               (64, True): 128, (128, True): 128}
 
 
 @dataclass(frozen=True)
