@@ -61,6 +61,7 @@ struct Descending {
 
 #endif  // DASHGEN_SCHED_ORDERED_CUH
 // ---- end of dashgen/sched/ordered.cuh ----
+#include "dashgen/attn/pack_check.cuh"
 #include "dashgen/attn/pack_plan.cuh"
 
 using namespace dashgen;
@@ -91,7 +92,7 @@ using Bwd = AttnBwdSm90<Cfg>;
 using Prep = AttnPreprocess<Cfg>;
 using Convert = AttnConvert<Cfg>;
 using Plan = AttnPackPlan<Cfg>;
-static_assert(sizeof(BwdParams) == 232, "dashgen.codegen.variants.BwdParams disagrees");
+static_assert(sizeof(BwdParams) == 248, "dashgen.codegen.variants.BwdParams disagrees");
 static_assert(sizeof(PrepParams) == 96, "dashgen.codegen.variants.PrepParams disagrees");
 static_assert(sizeof(ConvertParams) == 64, "dashgen.codegen.variants.ConvertParams disagrees");
 
@@ -121,5 +122,12 @@ dashgen_bwd_bf16_d128_causal_desc_det_ekv_varlen_convert(const __grid_constant__
 // The pack deal's orders, before the main kernel (one CTA).
 extern "C" __global__ void __launch_bounds__(Plan::kThreads)
 dashgen_bwd_bf16_d128_causal_desc_det_ekv_varlen_plan(const __grid_constant__ BwdParams params) {
+  // Every sequence's offsets first (attn/pack_check.cuh): the plan, and every kernel after it,
+  // addresses rows and slots by them.
+  bool faulted = false;
+  for (int b = threadIdx.x; b < params.batch; b += Plan::kThreads) {
+    faulted |= pack_faulted(params, 2, b);
+  }
+  if (__syncthreads_or(faulted)) return;
   Plan::run(params);
 }

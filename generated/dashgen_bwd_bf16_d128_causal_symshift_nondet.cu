@@ -111,7 +111,7 @@ struct Cfg {
 using Bwd = AttnBwdSm90<Cfg>;
 using Prep = AttnPreprocess<Cfg>;
 using Convert = AttnConvert<Cfg>;
-static_assert(sizeof(BwdParams) == 232, "dashgen.codegen.variants.BwdParams disagrees");
+static_assert(sizeof(BwdParams) == 248, "dashgen.codegen.variants.BwdParams disagrees");
 static_assert(sizeof(PrepParams) == 96, "dashgen.codegen.variants.PrepParams disagrees");
 static_assert(sizeof(ConvertParams) == 64, "dashgen.codegen.variants.ConvertParams disagrees");
 

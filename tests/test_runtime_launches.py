@@ -498,9 +498,9 @@ def test_forward_grid(recorder, causal, persistent):
 
 
 @pytest.mark.parametrize("head_dim, causal, seqlen_k, persistent", [
-    (64, False, 1024, True), (64, False, 16384, True), (64, False, 16385, False),
-    (128, False, 2048, True), (128, False, 2049, False), (128, False, 16384, False),
-    (64, True, 1024, True), (64, True, 1025, False), (64, True, 2048, False),
+    (64, False, 1024, True), (64, False, 1025, False), (64, False, 16384, False),
+    (128, False, 8192, True), (128, False, 8193, False), (128, False, 16384, False),
+    (64, True, 1024, True), (64, True, 16384, True), (64, True, 16385, False),
     (128, True, 2048, True), (128, True, 16384, True), (128, True, 16385, False)])
 def test_forward_takes_persistent_ctas_where_they_pay(recorder, head_dim, causal, seqlen_k,
                                                       persistent):

@@ -252,7 +252,8 @@ class FwdParams(ctypes.Structure):
                 ("batch", _I), ("heads_q", _I), ("heads_kv", _I), ("seqlen_q", _I),
                 ("seqlen_k", _I), ("q_row_stride", _I), ("k_row_stride", _I),
                 ("o_row_stride", _I), ("softmax_scale", _F),
-                ("cu_seqlens_q", _P), ("cu_seqlens_k", _P)]
+                ("cu_seqlens_q", _P), ("cu_seqlens_k", _P), ("pack_fault", _P),
+                ("total_q", _I), ("total_k", _I)]
 
 
 # Columns of a traced backward's rows (templates/include/dashgen/ptx/timer.cuh): b, h, n, m,
@@ -271,7 +272,8 @@ class BwdParams(ctypes.Structure):
         (name, _I) for name in ("batch", "heads_q", "heads_kv", "seqlen_q", "seqlen_k",
                                 "q_row_stride", "k_row_stride", "num_m_blocks", "num_n_blocks")] + [
         ("softmax_scale", _F), ("watchdog_ms", ctypes.c_uint32), ("stats", _P), ("dq", _P),
-        ("cu_seqlens_q", _P), ("cu_seqlens_k", _P), ("pack_plan", _P), ("max_units", _I)]
+        ("cu_seqlens_q", _P), ("cu_seqlens_k", _P), ("pack_plan", _P), ("max_units", _I),
+        ("pack_fault", _P), ("total_q", _I), ("total_k", _I)]
 
 
 # The watchdog's record (params.cuh): STALL_WORDS uint32 per worker and role, word 0

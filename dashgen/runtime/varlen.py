@@ -19,7 +19,7 @@ from ..caches import Memo, memo
 from ..codegen.variants import (AUX_THREADS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
                                 PREP_ROWS_PER_BLOCK, THREADS, BwdParams, ConvertParams,
                                 FwdParams, PrepParams)
-from . import launch, watchdog
+from . import launch, pack_faults, watchdog
 from .device import DTYPE_NAMES, addresses, kernels, stream, tensor_map
 from .select import select_pack
 from .workspace import allocator
@@ -62,6 +62,7 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
             causal: bool, softmax_scale: float):
     """o (total_q, heads_q, head_dim) and lse (heads_q * total_q floats, sequence b's
     (heads_q, seqlen) block from heads_q * cu_seqlens_q[b]); q, k, v contiguous."""
+    pack_faults.check()
     total_q, heads_q, head_dim = q.shape
     total_k, heads_kv = k.shape[:2]
     batch = cu_seqlens_q.numel() - 1
@@ -80,7 +81,8 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
     params = FwdParams(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
                        batch, heads_q, heads_kv, max_seqlen_q, max_seqlen_k, q.stride(0),
                        k.stride(0), o.stride(0), float(softmax_scale),
-                       cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr())
+                       cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
+                       pack_faults.record(q.device), total_q, total_k)
     launch.make_current(q.device.index or 0)
     _launcher(loaded.main, grid, THREADS, loaded.smem_bytes)(
         stream(q.device), [int(m.getPtr()) for m in maps] + [ctypes.addressof(params)])
@@ -133,6 +135,7 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     layout = _workspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn,
                         variant.staged_stats, gqa)
     watchdog.check()
+    pack_faults.check()
     launch.make_current(dev.index or 0)
     strm = stream(dev)
     workspace = empty((layout.words,), torch.float32, dev)
@@ -153,7 +156,7 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         dkv_counters if gqa else 0, 0, 0, 0, watchdog.record(dev, workers), batch, heads_q,
         heads_kv, max_seqlen_q, max_seqlen_k, q_stride, k_stride, _cdiv(max_seqlen_q, bm),
         _cdiv(max_seqlen_k, bn), float(softmax_scale), watchdog.timeout_ms(), stats, 0, cu_q,
-        cu_k, plan, layout.max_units)
+        cu_k, plan, layout.max_units, pack_faults.record(dev), total_q, total_k)
     block_args = addresses(params)
     _launcher(loaded.plan, (1, 1, 1), PLAN_THREADS, 0)(strm, block_args)
     prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum, dq_accum, base + 4 * layout.zeroed,

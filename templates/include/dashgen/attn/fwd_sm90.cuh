@@ -12,6 +12,7 @@
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/mask.cuh"
+#include "dashgen/attn/pack_check.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/attn/softmax.cuh"
 #include "dashgen/ptx/barrier.cuh"
@@ -112,9 +113,11 @@ struct AttnFwdSm90 {
   // sequence's first, its lse rows a (heads_q, seqlen_q) block. Loads past its end read the next
   // sequence's rows (finite, so their P = 0 adds exact zeros), which the key mask (keys past
   // seqlen_k) and the stores' row bound leave out: the sequence's bits are those it has alone.
+  // Every CTA checks its sequence's offsets first (attn/pack_check.cuh).
   __device__ static void run_packed(const TensorMap* tm_q, const TensorMap* tm_k,
                                     const TensorMap* tm_v, const FwdParams& p, char* smem_raw) {
     const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    if (pack_faulted(p, 1, b)) return;
     const int q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
     FwdParams seq = p;
     seq.seqlen_q = p.cu_seqlens_q[b + 1] - q0;

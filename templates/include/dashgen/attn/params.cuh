@@ -21,6 +21,10 @@ struct FwdParams {
   // heads_q * cu_seqlens_q[b] (PackedRows).
   const i32* cu_seqlens_q;
   const i32* cu_seqlens_k;
+  // A pack: where a fault in its offsets is recorded (attn/pack_check.cuh), and the packed
+  // tokens of q and of k/v, which the offsets must end at.
+  u32* pack_fault;
+  i32 total_q, total_k;
 };
 
 // The watchdog's record of a rank wait that never ended: per worker and role (dQ writer, dK/dV
@@ -69,6 +73,9 @@ struct BwdParams {
   const i32* cu_seqlens_k;
   i32* pack_plan;
   i32 max_units;
+  // A pack: as FwdParams (attn/pack_check.cuh; the plan kernel checks every sequence).
+  u32* pack_fault;
+  i32 total_q, total_k;
 };
 
 // Where a pack keeps sequence b: in every buffer a batch of one, so the fixed-length code runs
