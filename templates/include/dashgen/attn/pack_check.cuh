@@ -9,13 +9,7 @@
 #ifndef DASHGEN_ATTN_PACK_CHECK_CUH
 #define DASHGEN_ATTN_PACK_CHECK_CUH
 
-#ifndef DASHGEN_HD
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define DASHGEN_HD __host__ __device__ __forceinline__
-#else
-#define DASHGEN_HD inline
-#endif
-#endif
+#include "dashgen/host_device.cuh"
 
 namespace dashgen {
 

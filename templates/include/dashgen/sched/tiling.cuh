@@ -5,11 +5,7 @@
 #ifndef DASHGEN_SCHED_TILING_CUH
 #define DASHGEN_SCHED_TILING_CUH
 
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-#define DASHGEN_HD __host__ __device__ __forceinline__
-#else
-#define DASHGEN_HD inline
-#endif
+#include "dashgen/host_device.cuh"
 
 namespace dashgen {
 namespace sched {
