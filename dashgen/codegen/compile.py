@@ -78,21 +78,16 @@ class Cubin:
         return elf_int_constant(self.data, symbol)
 
 
-def _elf_sections(data: bytes) -> list[tuple]:
-    """(name, type, flags, addr, offset, size, link, info, addralign, entsize) per section of an
-    ELF64 image."""
+def elf_int_constant(data: bytes, symbol: str) -> int:
+    """The int32 an ELF64 image stores at `symbol` (an initialized constant); KeyError if the
+    image has no such symbol."""
     if data[:4] != b"\x7fELF" or data[4] != 2:
         raise ValueError("not an ELF64 cubin")
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    return [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
-            for i in range(shnum)]
-
-
-def elf_int_constant(data: bytes, symbol: str) -> int:
-    """The int32 an ELF64 image stores at `symbol` (an initialized constant); KeyError if the
-    image has no such symbol."""
-    sections = _elf_sections(data)
+    # (name, type, flags, addr, offset, size, link, info, addralign, entsize) per section
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                for i in range(shnum)]
     wanted = symbol.encode()
     for section in sections:
         if section[1] != 2:  # SHT_SYMTAB
