@@ -88,6 +88,20 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def host_record(records: dict[int, torch.Tensor], device: torch.device, words: int) -> int:
+    """The address of the int32 record of `words` words the kernels on `device` fill when they
+    abort (the watchdog's, a pack's offsets'), kept in `records` by device index: pinned, so
+    they write it through the unified address space and the host reads it without a
+    synchronization, and zeroed once. A process without CUDA (the host path's tests) runs no
+    kernel that could write it."""
+    index = device.index or 0
+    buf = records.get(index)
+    if buf is None:
+        buf = torch.zeros(words, dtype=torch.int32, pin_memory=torch.cuda.is_available())
+        records[index] = buf
+    return buf.data_ptr()
+
+
 def addresses(*args) -> ctypes.Array:
     """kernelParams for a launch: each argument's address (an int is one already)."""
     return (ctypes.c_void_p * len(args))(*(a if isinstance(a, int) else ctypes.addressof(a)

@@ -19,6 +19,8 @@ import ctypes
 
 import torch
 
+from .device import host_record
+
 PACK_RECORD_MAGIC = 0x0FF5E75  # pack_check.cuh, kPackRecordMagic
 PACK_RECORD_WORDS = 16
 KERNELS = {1: "forward", 2: "backward"}
@@ -41,14 +43,7 @@ class PackOffsetsError(ValueError):
 def record(device: torch.device) -> int:
     """The address of the fault record the packed kernels on `device` write (pinned, zeroed
     once)."""
-    index = device.index or 0
-    buf = _records.get(index)
-    if buf is None:
-        # Pinned, so the kernels write it through the unified address space.
-        buf = torch.zeros(PACK_RECORD_WORDS, dtype=torch.int32,
-                          pin_memory=torch.cuda.is_available())
-        _records[index] = buf
-    return buf.data_ptr()
+    return host_record(_records, device, PACK_RECORD_WORDS)
 
 
 def describe(words: list[int]) -> str:

@@ -17,6 +17,7 @@ import torch
 
 from ..codegen.variants import STALL_MAGIC, STALL_ROLES, STALL_WORDS
 from ..schedule.builders import BUILDERS
+from .device import host_record
 
 DEFAULT_TIMEOUT_MS = 4000  # the clock's low 32 bits wrap after 4.29 s (ptx/counter.cuh)
 MAX_WORKERS = 1024
@@ -45,15 +46,7 @@ def record(device: torch.device, num_workers: int) -> int:
     """The address of the stall record the kernels on `device` write (pinned, zeroed once)."""
     if num_workers > MAX_WORKERS:
         raise ValueError(f"num_workers={num_workers} exceeds the watchdog's {MAX_WORKERS}")
-    index = device.index or 0
-    buf = _records.get(index)
-    if buf is None:
-        # Pinned, so the kernels write it through the unified address space; a process
-        # without CUDA (the host path's tests) runs no kernel that could.
-        buf = torch.zeros(MAX_WORKERS * 4 * STALL_WORDS, dtype=torch.int32,
-                          pin_memory=torch.cuda.is_available())
-        _records[index] = buf
-    return buf.data_ptr()
+    return host_record(_records, device, MAX_WORKERS * 4 * STALL_WORDS)
 
 
 def _decode(row: list[int]) -> str:

@@ -44,11 +44,10 @@ DASHGEN_HD int pack_fault(int start, int end, int b, int batch, int total, int l
 
 namespace dashgen {
 
-// The record (host memory, kPackRecordWords words): word 0 kPackRecordMagic once filled, then
-// the kernel (1 forward, 2 backward), the array (0 cu_seqlens_q, 1 cu_seqlens_k), the fault,
-// b, cu[b], cu[b + 1], total, longest, batch.
+// The record (host memory, pack_faults.PACK_RECORD_WORDS words): word 0 kPackRecordMagic once
+// filled, then the kernel (1 forward, 2 backward), the array (0 cu_seqlens_q, 1 cu_seqlens_k),
+// the fault, b, cu[b], cu[b + 1], total, longest, batch.
 constexpr u32 kPackRecordMagic = 0x0ff5e75;
-constexpr int kPackRecordWords = 16;
 
 // One writer per module: the first faulting thread claims it, the others leave the record to
 // it (their own abort could end the launch before its record is complete).
