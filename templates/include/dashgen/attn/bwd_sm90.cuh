@@ -701,7 +701,11 @@ struct AttnBwdSm90 {
             const bool masked = kVarlen
                                     ? key >= seq_k || (kCausal && key > qrow + seq_offset)
                                     : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
-            pv[e] = masked ? 0.f : exp2f(st[ii] * scale_log2 - stats[col]);
+            // The mask selects the exponent (exp2(-inf) = +0, the 0 it had), not the
+            // exponential: as `masked ? 0 : exp2f(..)` the compiler predicated each element's
+            // statistics load and zeroed its result first.
+            const float exponent = st[ii] * scale_log2 - stats[col];
+            pv[e] = exp2_ftz(masked ? -DASHGEN_INF : exponent);
             ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * p.softmax_scale;
           }
           pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);

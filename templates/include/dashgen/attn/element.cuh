@@ -13,6 +13,15 @@ namespace dashgen {
 
 constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = exp2(x * log2(e))
 
+// exp2f as --use_fast_math compiles it (ex2.approx.ftz: exp2(-inf) = +0), opaque to the
+// compiler, so it cannot turn exp2(masked ? -inf : x) back into masked ? 0 : exp2(x), which it
+// predicates element by element, the loads of x's operands included.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // A row's logsumexp as the backwards subtract it from log2-unit scores. A row that sees no key
 // (lse = -inf; rows past the end are read as that) gets +inf, so its P = exp2(s - inf) = 0.
 __device__ __forceinline__ float lse_log2(float lse) {
