@@ -701,11 +701,17 @@ struct AttnBwdSm90 {
             const bool masked = kVarlen
                                     ? key >= seq_k || (kCausal && key > qrow + seq_offset)
                                     : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
-            // The mask selects the exponent (exp2(-inf) = +0, the 0 it had), not the
-            // exponential: as `masked ? 0 : exp2f(..)` the compiler predicated each element's
-            // statistics load and zeroed its result first.
+            // Under the full mask, which runs every task through this loop, the mask selects
+            // the exponent (exp2(-inf) = +0, the 0 it had), not the exponential: as
+            // `masked ? 0 : exp2f(..)` the compiler predicated each element's statistics load
+            // and zeroed its result first. Causal tasks come here only on the diagonal and the
+            // sequence's end, and the select form spilled 8 bytes in a causal GQA variant.
             const float exponent = st[ii] * scale_log2 - stats[col];
-            pv[e] = exp2_ftz(masked ? -DASHGEN_INF : exponent);
+            if constexpr (kCausal) {
+              pv[e] = masked ? 0.f : exp2f(exponent);
+            } else {
+              pv[e] = exp2_ftz(masked ? -DASHGEN_INF : exponent);
+            }
             ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * p.softmax_scale;
           }
           pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
