@@ -145,6 +145,8 @@ def test_backward_launches_carry_the_right_pointers(recorder, heads_kv, determin
     # the counters to find tiles nobody wrote.
     assert (prep.o, prep.dout) == (o.data_ptr(), do.data_ptr())
     assert prep.dpsum == params.dpsum and prep.dq_accum == params.dq_accum
+    # D is stored scaled by the softmax scale the main kernel uses for dS (0 would zero it).
+    assert prep.d_scale == pytest.approx(0.1) and params.softmax_scale == pytest.approx(0.1)
     assert prep.zero_dq == (0 if deterministic else 1)
     assert convert_q.counters == (params.dq_counters if deterministic else None)
     # staged_stats at head_dim 128: both kernels carry the same stats part.

@@ -290,7 +290,7 @@ class PrepParams(ctypes.Structure):
                 ("zero_vec4s", ctypes.c_int64),
                 ("batch", _I), ("heads", _I), ("seqlen", _I), ("row_stride", _I),
                 ("padded_rows", _I), ("zero_dq", _I), ("lse", _P), ("stats", _P),
-                ("cu_seqlens", _P)]
+                ("cu_seqlens", _P), ("d_scale", _F)]
 
 
 class ConvertParams(ctypes.Structure):

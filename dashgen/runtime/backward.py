@@ -152,6 +152,7 @@ class BackwardCall:
         self.trace = trace
         prep = self.prep = PrepParams.from_buffer_copy(bl.prep_template)
         prep.o = self.pointers[3]
+        prep.d_scale = softmax_scale
         if bl.staged_stats:
             prep.lse = self.pointers[4]
         params = self.params = BwdParams.from_buffer_copy(bl.params_template)

@@ -161,7 +161,8 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     _launcher(loaded.plan, (1, 1, 1), PLAN_THREADS, 0)(strm, block_args)
     prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum, dq_accum, base + 4 * layout.zeroed,
                       (layout.words - layout.zeroed) // 4, batch, heads_q, max_seqlen_q,
-                      q_stride, 0, not deterministic, lse.data_ptr(), stats, cu_q)
+                      q_stride, 0, not deterministic, lse.data_ptr(), stats, cu_q,
+                      float(softmax_scale))
     padded_rows = _cdiv(max_seqlen_q, bm) * bm
     _launcher(loaded.preprocess, (_cdiv(padded_rows, PREP_ROWS_PER_BLOCK), heads_q, batch),
               AUX_THREADS, 0)(strm, addresses(prep))

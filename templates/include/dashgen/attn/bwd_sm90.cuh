@@ -676,7 +676,8 @@ struct AttnBwdSm90 {
         ds_row = ds_row_address(smem + kOffDs + wg * kBlockM * 128, warp, lane);
       }
       // P^T = exp2(S^T * scale - lse), 0 for keys past the end and, under the causal mask, keys
-      // after the query row; dS^T = P^T (dP^T - D) * softmax_scale. Written out in the loop: with
+      // after the query row; dS^T = P^T (dP^T * softmax_scale - D * softmax_scale), the D the
+      // preprocess stored already scaled: one FFMA where a subtraction and a product were. Written out in the loop: with
       // the mask and the exponent in functions of their own, NVVM orders its index arithmetic
       // differently. Under a causal mask only a task whose keys (this warpgroup's 64) cross the
       // sequence's end or the diagonal runs the mask: the others (all but one of a KV tile's
@@ -712,7 +713,7 @@ struct AttnBwdSm90 {
             } else {
               pv[e] = exp2_ftz(masked ? -DASHGEN_INF : exponent);
             }
-            ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * p.softmax_scale;
+            ds[e] = pv[e] * fmaf(dpt[ii], p.softmax_scale, -stats[kBlockM + col]);
           }
           pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
           dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
@@ -796,7 +797,7 @@ struct AttnBwdSm90 {
         const int ii = i2 + e;
         const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);
         pv[e] = exp2f(st[ii] * scale_log2 - stats[col]);
-        ds[e] = pv[e] * (dpt[ii] - stats[kBlockM + col]) * softmax_scale;
+        ds[e] = pv[e] * fmaf(dpt[ii], softmax_scale, -stats[kBlockM + col]);
       }
       pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
       dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);

@@ -41,7 +41,7 @@ struct BwdParams {
   const void* v;
   const void* dout;
   const float* lse;      // (batch, heads_q, seqlen_q), from the forward
-  const float* dpsum;    // (batch, heads_q, seqlen_q): rowsum(dO * O), from the preprocess
+  const float* dpsum;    // (batch, heads_q, seqlen_q): rowsum(dO * O) * softmax_scale
   float* dq_accum;       // (batch, heads_q, num_m_blocks * block_m, head_dim), zeroed
   void* dk;              // (batch, seqlen_k, heads_kv, head_dim) when not GQA
   void* dv;
@@ -113,6 +113,9 @@ struct PrepParams {
   float* stats;      // BwdParams::stats to fill, or null
   // A pack (varlen kernels; else null): PackedRows of the backward's query tiles.
   const i32* cu_seqlens;
+  // D is stored times this (the softmax scale), so the backward forms dS^T as one FFMA and one
+  // FMUL an element: P^T (dP^T * scale - D * scale).
+  float d_scale;
 };
 
 struct ConvertParams {

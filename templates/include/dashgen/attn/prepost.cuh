@@ -1,4 +1,5 @@
 // dashgen/attn/prepost.cuh: the small kernels around the backward. Preprocess: D = rowsum(dO * O)
+// (stored times the softmax scale, PrepParams::d_scale)
 // in fp32, a zeroed workspace (counters, GQA dK/dV sums) and, where every dQ writer adds, a
 // zeroed dQ accumulator. Convert: an fp32 accumulator back to the 16-bit layout of the inputs
 // (dQ always, dK/dV under GQA).
@@ -86,6 +87,7 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
       // Every thread of the warp takes part in the row sums, past-the-end rows with zeros.
 #pragma unroll
       for (int offset = L::kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      sum *= p.d_scale;  // D * softmax_scale: what the backward's dS subtracts
       if (lane == 0 && row < p.seqlen) p.dpsum[(static_cast<i64>(b) * p.heads + h) * p.seqlen + row] = sum;
       if constexpr (kStatsBlockM > 0) {
         if (lane == 0 && row < p.padded_rows) {
