@@ -79,7 +79,7 @@ struct Cfg {
   static constexpr bool kStagedStats = false;
   static constexpr bool kFusedConvert = false;
   static constexpr bool kEarlyKv = true;
-  static constexpr bool kDsStmatrix = true;
+  static constexpr bool kDsStmatrix = false;
   // The schedule: fa3 (id 1, reported by the watchdog).
   static constexpr int kScheduleId = 1;
   static constexpr bool kTable = false;

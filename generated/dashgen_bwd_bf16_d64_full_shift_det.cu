@@ -100,7 +100,7 @@ struct Cfg {
   static constexpr bool kStagedStats = false;
   static constexpr bool kFusedConvert = false;
   static constexpr bool kEarlyKv = false;
-  static constexpr bool kDsStmatrix = true;
+  static constexpr bool kDsStmatrix = false;
   // The schedule: shift (id 4, reported by the watchdog).
   static constexpr int kScheduleId = 4;
   static constexpr bool kTable = false;
