@@ -16,7 +16,9 @@ from dashgen import Problem
 from dashgen.codegen.render import include_dir
 from dashgen.schedule.builders import BUILDERS
 from dashgen.schedule.builders.base import pack_order, pack_tilings, pack_units
+from dashgen.runtime.varlen import pack_tiles
 from test_pack_header import packs
+from test_varlen import tile_slots
 from test_policy_header import POLICIES, needs_gxx
 
 # argv: policy id, block_m, causal, sequences, their seqlen_q, their seqlen_k. Prints
@@ -87,8 +89,12 @@ static int plan(int seqs, char** lengths) {
   p.cu_seqlens_q = cu_q.data();
   p.cu_seqlens_k = cu_k.data();
   p.batch = seqs;
+  p.total_q = cu_q.back();
+  p.total_k = cu_k.back();
   p.max_units = cu_k.back() / 128 + seqs;  // dashgen.runtime.varlen.pack_tiles
-  std::vector<int> words(3 + 4 * seqs + 6 * p.max_units, -7);  // plan_words
+  const int q_tiles = p.total_q / kBlockM + seqs, k_tiles = p.total_k / 128 + seqs;
+  const int maps = 3 + 4 * seqs + 6 * p.max_units;  // plan_words without the maps
+  std::vector<int> words(maps + q_tiles + k_tiles, -7);
   p.pack_plan = words.data();
   using Plan = AttnPackPlan<Cfg<kBlockM, kCausal, P>>;
   Block block(Plan::kThreads);
@@ -107,6 +113,10 @@ static int plan(int seqs, char** lengths) {
   for (int k = 0; k < words[1]; ++k) {
     std::printf(" %d,%d", words[kPlanHeader + seqs + k], words[kPlanHeader + seqs + p.max_units + k]);
   }
+  std::printf("\nQ");
+  for (int t = 0; t < q_tiles; ++t) std::printf(" %d", words[maps + t]);
+  std::printf("\nK");
+  for (int t = 0; t < k_tiles; ++t) std::printf(" %d", words[maps + q_tiles + t]);
   std::printf("\n");
   return 0;
 }
@@ -152,19 +162,33 @@ def plan_driver(tmp_path_factory):
                               str(int(problem.mask.kind == "causal")), str(problem.batch),
                               *map(str, problem.seqlens_q), *map(str, problem.seqlens_k)],
                              capture_output=True, text=True, timeout=120, check=True).stdout
-        seqs_line, units_line = out.splitlines()
+        seqs_line, units_line, q_line, k_line = out.splitlines()
         _, dealt, *order = seqs_line.split()
         _, units_dealt, *units = units_line.split()
+        maps = ([int(x) for x in q_line.split()[1:]], [int(x) for x in k_line.split()[1:]])
         return (list(map(int, order)), int(dealt),
-                [tuple(map(int, x.split(","))) for x in units], int(units_dealt))
+                [tuple(map(int, x.split(","))) for x in units], int(units_dealt), maps)
     return run
+
+
+def expected_map(lengths: list[int], block: int) -> list[int]:
+    """Each packed tile's sequence (tests/test_varlen.py's tile_slots: PackedRows), -1 between."""
+    tiles = pack_tiles(sum(lengths), len(lengths), block)
+    owner = [-1] * tiles
+    for b, slots in enumerate(tile_slots(lengths, 1, block)):
+        for t in slots:
+            owner[t] = b
+    return owner
 
 
 def check(plan_driver, name: str, problem: Problem) -> bool:
     policy = BUILDERS[name]
     if policy.supports(problem) is not None:
         return False
-    order, dealt, units, units_dealt = plan_driver(name, problem)
+    order, dealt, units, units_dealt, (map_q, map_k) = plan_driver(name, problem)
+    # The tile maps the preprocess and convert kernels walk the pack by (PackedTile).
+    assert map_q == expected_map(list(problem.seqlens_q), problem.block_m), problem.describe()
+    assert map_k == expected_map(list(problem.seqlens_k), problem.block_n), problem.describe()
     expected = pack_order(policy, pack_tilings(problem))
     assert (dealt, order) == (len(expected), expected), (name, problem.describe())
     if not policy.heads_together:

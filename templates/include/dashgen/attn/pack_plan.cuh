@@ -18,6 +18,11 @@ struct AttnPackPlan {
   using Tl = sched::Tiling<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>;
   using Policy = typename Cfg::template Policy<Tl>;
 
+  // Where the tile maps start in p.pack_plan (params.cuh, kPlanHeader).
+  __device__ static int map_offset(int batch, int max_units) {
+    return 3 + 4 * batch + 6 * max_units;
+  }
+
   __device__ static Tl tiling(const BwdParams& p, int b) {
     return Tl(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
   }
@@ -97,6 +102,22 @@ struct AttnPackPlan {
     if (tid == 0) {
       plan[0] = dealt;
       plan[1] = units;
+    }
+    int* map_q = plan + map_offset(batch, slots);
+    tile_map(map_q, p.cu_seqlens_q, batch, p.total_q, Cfg::kBlockM);
+    tile_map(map_q + p.total_q / Cfg::kBlockM + batch, p.cu_seqlens_k, batch, p.total_k,
+             Cfg::kBlockN);
+  }
+
+  // map[t] = the sequence whose PackedRows tiles of `block` rows hold tile t, -1 in the gaps
+  // (a sequence's tiles start at tile0(b) and the next one's at tile0(b + 1), which is at least
+  // as far on): total / block + batch words.
+  __device__ static void tile_map(int* map, const i32* cu, int batch, int total, int block) {
+    for (int b = threadIdx.x; b < batch; b += kThreads) {
+      const PackedRows r(cu, b, block);
+      const int next = b + 1 < batch ? PackedRows(cu, b + 1, block).tile0 : total / block + batch;
+      const int tiles = r.tiles(block);
+      for (int t = r.tile0; t < next; ++t) map[t] = t - r.tile0 < tiles ? b : -1;
     }
   }
 };

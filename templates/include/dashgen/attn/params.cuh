@@ -95,7 +95,11 @@ struct PackedRows {
 
 // The pack plan's words (BwdParams::pack_plan): the sequences dealt, the units dealt, then the
 // sequences in deal order (batch words), then the units' sequences and indices in deal order
-// (max_units words each), then AttnPackPlan's scratch.
+// (max_units words each), then AttnPackPlan's scratch (4 * max_units + 2 * batch + 1 words),
+// then the tile maps: the sequence of each of a head's packed query tiles (block_m rows, total_q /
+// block_m + batch of them, PackedRows), then of its key tiles (block_n, total_k / block_n +
+// batch), -1 in the gaps PackedRows leaves between sequences. The preprocess and convert kernels
+// of a pack walk its tiles through them (PrepParams / ConvertParams::tile_seq).
 constexpr int kPlanHeader = 2;
 
 // Preprocess: D = rowsum(dO * O), zero the fp32 dQ accumulator and the workspace (the ordering
@@ -111,8 +115,10 @@ struct PrepParams {
   i32 zero_dq;     // 0 when the backward's first dQ writer of each tile stores instead of adding
   const float* lse;  // (batch, heads, seqlen), with `stats`
   float* stats;      // BwdParams::stats to fill, or null
-  // A pack (varlen kernels; else null): PackedRows of the backward's query tiles.
+  // A pack (varlen kernels; else null): PackedRows of the backward's query tiles, and the
+  // sequence of each packed tile (the plan's query tile map), which blockIdx.x walks.
   const i32* cu_seqlens;
+  const i32* tile_seq;
 };
 
 struct ConvertParams {
@@ -124,8 +130,10 @@ struct ConvertParams {
   i32 batch, heads, seqlen, row_stride, padded_rows;
   i32 swizzled;      // src rows in the accum_col layout (the Hopper backward's dQ sums)
   i32 block_m;       // rows per counter, with `counters`; a pack's tiles (PackedRows)
-  // A pack (varlen kernels; else null): PackedRows of tiles of block_m rows.
+  // A pack (varlen kernels; else null): PackedRows of tiles of block_m rows, and the sequence
+  // of each packed tile (a plan tile map), which blockIdx.x walks.
   const i32* cu_seqlens;
+  const i32* tile_seq;
 };
 
 }  // namespace dashgen
