@@ -117,6 +117,17 @@ static int plan(int seqs, char** lengths) {
   for (int t = 0; t < q_tiles; ++t) std::printf(" %d", words[maps + t]);
   std::printf("\nK");
   for (int t = 0; t < k_tiles; ++t) std::printf(" %d", words[maps + q_tiles + t]);
+  // The CTAs of the packed preprocess / convert grids (16 rows each) and where each lands.
+  std::printf("\nCQ");
+  for (int cta = 0; cta < q_tiles * kBlockM / 16; ++cta) {
+    const PackedTile at(words.data() + maps, cu_q.data(), kBlockM, 16, cta);
+    std::printf(" %d,%d", at.b, at.row_block);
+  }
+  std::printf("\nCK");
+  for (int cta = 0; cta < k_tiles * 128 / 16; ++cta) {
+    const PackedTile at(words.data() + maps + q_tiles, cu_k.data(), 128, 16, cta);
+    std::printf(" %d,%d", at.b, at.row_block);
+  }
   std::printf("\n");
   return 0;
 }
@@ -162,10 +173,12 @@ def plan_driver(tmp_path_factory):
                               str(int(problem.mask.kind == "causal")), str(problem.batch),
                               *map(str, problem.seqlens_q), *map(str, problem.seqlens_k)],
                              capture_output=True, text=True, timeout=120, check=True).stdout
-        seqs_line, units_line, q_line, k_line = out.splitlines()
+        seqs_line, units_line, q_line, k_line, cq_line, ck_line = out.splitlines()
         _, dealt, *order = seqs_line.split()
         _, units_dealt, *units = units_line.split()
-        maps = ([int(x) for x in q_line.split()[1:]], [int(x) for x in k_line.split()[1:]])
+        maps = ([int(x) for x in q_line.split()[1:]], [int(x) for x in k_line.split()[1:]],
+                [tuple(map(int, x.split(","))) for x in cq_line.split()[1:]],
+                [tuple(map(int, x.split(","))) for x in ck_line.split()[1:]])
         return (list(map(int, order)), int(dealt),
                 [tuple(map(int, x.split(","))) for x in units], int(units_dealt), maps)
     return run
@@ -185,10 +198,15 @@ def check(plan_driver, name: str, problem: Problem) -> bool:
     policy = BUILDERS[name]
     if policy.supports(problem) is not None:
         return False
-    order, dealt, units, units_dealt, (map_q, map_k) = plan_driver(name, problem)
-    # The tile maps the preprocess and convert kernels walk the pack by (PackedTile).
-    assert map_q == expected_map(list(problem.seqlens_q), problem.block_m), problem.describe()
-    assert map_k == expected_map(list(problem.seqlens_k), problem.block_n), problem.describe()
+    order, dealt, units, units_dealt, (map_q, map_k, ctas_q, ctas_k) = plan_driver(name, problem)
+    # The tile maps the preprocess and convert kernels walk the pack by, and where their CTAs
+    # land (PackedTile): every row block of every sequence's tiles exactly once.
+    for lengths, block, tile_map, ctas in ((problem.seqlens_q, problem.block_m, map_q, ctas_q),
+                                           (problem.seqlens_k, problem.block_n, map_k, ctas_k)):
+        assert tile_map == expected_map(list(lengths), block), problem.describe()
+        landed = sorted((b, rb) for b, rb in ctas if b >= 0)
+        assert landed == [(b, rb) for b, n in enumerate(lengths)
+                          for rb in range(-(-n // block) * block // 16)], problem.describe()
     expected = pack_order(policy, pack_tilings(problem))
     assert (dealt, order) == (len(expected), expected), (name, problem.describe())
     if not policy.heads_together:

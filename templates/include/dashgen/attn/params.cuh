@@ -93,6 +93,22 @@ struct PackedRows {
   __device__ __forceinline__ int tiles(int block) const { return (seqlen + block - 1) / block; }
 };
 
+// A pack's CTA `cta` (blockIdx.x) walks a head's packed tiles of `block` rows (total / block + batch,
+// PackedRows), rows_per_block rows a CTA, so the grid follows the packed tokens, not batch times
+// the longest sequence. tile_seq (the plan kernel's tile map) names each tile's sequence, -1
+// in the gaps between sequences; row_block is the CTA's block of rows within its sequence.
+struct PackedTile {
+  int b, row_block;
+  __device__ __forceinline__ PackedTile(const i32* tile_seq, const i32* cu_seqlens, int block,
+                                        int rows_per_block, int cta) {
+    const int per_tile = block / rows_per_block;
+    const int t = cta / per_tile;
+    b = tile_seq[t];
+    row_block = b < 0 ? 0
+                      : (t - PackedRows(cu_seqlens, b, block).tile0) * per_tile + cta % per_tile;
+  }
+};
+
 // The pack plan's words (BwdParams::pack_plan): the sequences dealt, the units dealt, then the
 // sequences in deal order (batch words), then the units' sequences and indices in deal order
 // (max_units words each), then AttnPackPlan's scratch (4 * max_units + 2 * batch + 1 words),

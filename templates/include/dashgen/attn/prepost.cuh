@@ -23,23 +23,6 @@ struct RowLanes {
                 "head_dim 64 or 128: a row's lanes sit inside one warp");
 };
 
-// A pack's CTA: blockIdx.x walks a head's packed tiles of `block` rows (total / block + batch,
-// PackedRows), kRowsPerBlock rows a CTA, so the grid follows the packed tokens, not batch times
-// the longest sequence. tile_seq (the plan kernel's tile map) names each tile's sequence, -1
-// in the gaps between sequences; row_block is the CTA's block of rows within its sequence.
-struct PackedTile {
-  int b, row_block;
-  __device__ __forceinline__ PackedTile(const i32* tile_seq, const i32* cu_seqlens, int block,
-                                        int rows_per_block) {
-    const int per_tile = block / rows_per_block;
-    const int t = blockIdx.x / per_tile;
-    b = tile_seq[t];
-    row_block = b < 0 ? 0
-                      : (t - PackedRows(cu_seqlens, b, block).tile0) * per_tile +
-                            blockIdx.x % per_tile;
-  }
-};
-
 // Cfg: the backward's configuration (AttnBwdSm90). With Cfg::kStagedStats it also lays lse (as
 // log2) and D out per query tile of kStatsBlockM rows for the backward's producer
 // (BwdParams::stats), the same values its MMA warpgroups compute from lse and dpsum otherwise.
@@ -60,7 +43,7 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
     }
     if constexpr (Cfg::kVarlen) {
       // A pack: the CTA's sequence as a batch of one (PackedRows).
-      const PackedTile at(p.tile_seq, p.cu_seqlens, kBlockM, L::kRowsPerBlock);
+      const PackedTile at(p.tile_seq, p.cu_seqlens, kBlockM, L::kRowsPerBlock, blockIdx.x);
       if (at.b < 0) return;
       const PackedRows r(p.cu_seqlens, at.b, kBlockM);
       PrepParams seq = p;
@@ -131,7 +114,7 @@ struct AttnConvert : RowLanes<Cfg::kHeadDim> {
   __device__ static void run(const ConvertParams& p) {
     if constexpr (Cfg::kVarlen) {
       // A pack: the CTA's sequence as a batch of one (PackedRows).
-      const PackedTile at(p.tile_seq, p.cu_seqlens, p.block_m, L::kRowsPerBlock);
+      const PackedTile at(p.tile_seq, p.cu_seqlens, p.block_m, L::kRowsPerBlock, blockIdx.x);
       if (at.b < 0) return;
       const PackedRows r(p.cu_seqlens, at.b, p.block_m);
       ConvertParams seq = p;
