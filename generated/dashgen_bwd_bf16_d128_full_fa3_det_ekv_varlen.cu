@@ -130,4 +130,5 @@ dashgen_bwd_bf16_d128_full_fa3_det_ekv_varlen_plan(const __grid_constant__ BwdPa
   }
   if (__syncthreads_or(faulted)) return;
   Plan::run(params);
+  Plan::zero_unseen_keys(params);
 }

@@ -130,4 +130,5 @@ dashgen_bwd_bf16_d64_causal_desc_det_ekv_varlen_plan(const __grid_constant__ Bwd
   }
   if (__syncthreads_or(faulted)) return;
   Plan::run(params);
+  Plan::zero_unseen_keys(params);
 }

@@ -149,10 +149,11 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     stats = stats if variant.staged_stats else 0
     cu_q, cu_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
     q_stride, k_stride = heads_q * head_dim, heads_kv * head_dim
-    # A sequence without queries has no tasks: its dK/dV rows are zeros nobody writes.
+    # Without GQA the main kernel writes dK/dV; the plan kernel zeroes the rows of sequences
+    # without queries, which have no tasks (AttnPackPlan::zero_unseen_keys).
     dk = dv = None
     if not gqa:
-        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
     params = BwdParams(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(), dpsum,
         dq_accum, dk.data_ptr() if dk is not None else 0, dv.data_ptr() if dv is not None else 0,

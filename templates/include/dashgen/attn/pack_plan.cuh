@@ -109,6 +109,24 @@ struct AttnPackPlan {
              Cfg::kBlockN);
   }
 
+  // dK and dV (p.dk / p.dv, without GQA: the main kernel writes them) of the sequences without
+  // queries: they have no tasks, so nobody else writes their keys' rows, and zeros are their
+  // gradients. Every other sequence's rows are stored by the one segment of each KV tile
+  // (contiguity), so the host allocates dK/dV without zeroing them. Packs seldom hold such
+  // sequences (keys without queries); one CTA zeroes them.
+  __device__ static void zero_unseen_keys(const BwdParams& p) {
+    const int vecs_per_row = p.k_row_stride * static_cast<int>(sizeof(typename Cfg::Element)) / 16;
+    for (int b = 0; b < p.batch; ++b) {
+      if (p.cu_seqlens_q[b + 1] > p.cu_seqlens_q[b]) continue;
+      const i64 first = static_cast<i64>(p.cu_seqlens_k[b]) * vecs_per_row;
+      const i64 count = static_cast<i64>(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]) * vecs_per_row;
+      for (i64 i = threadIdx.x; i < count; i += kThreads) {
+        static_cast<uint4*>(p.dk)[first + i] = uint4{0u, 0u, 0u, 0u};
+        static_cast<uint4*>(p.dv)[first + i] = uint4{0u, 0u, 0u, 0u};
+      }
+    }
+  }
+
   // map[t] = the sequence whose PackedRows tiles of `block` rows hold tile t, -1 in the gaps
   // (a sequence's tiles start at tile0(b) and the next one's at tile0(b + 1), which is at least
   // as far on): total / block + batch words.
