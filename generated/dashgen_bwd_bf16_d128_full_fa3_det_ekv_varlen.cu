@@ -93,8 +93,8 @@ using Prep = AttnPreprocess<Cfg>;
 using Convert = AttnConvert<Cfg>;
 using Plan = AttnPackPlan<Cfg>;
 static_assert(sizeof(BwdParams) == 248, "dashgen.codegen.variants.BwdParams disagrees");
-static_assert(sizeof(PrepParams) == 104, "dashgen.codegen.variants.PrepParams disagrees");
-static_assert(sizeof(ConvertParams) == 64, "dashgen.codegen.variants.ConvertParams disagrees");
+static_assert(sizeof(PrepParams) == 112, "dashgen.codegen.variants.PrepParams disagrees");
+static_assert(sizeof(ConvertParams) == 72, "dashgen.codegen.variants.ConvertParams disagrees");
 
 // The main kernel's dynamic shared memory, which only its layout (AttnBwdSm90) computes: the
 // host reads the 4-byte symbol <kernel_name>_smem_bytes from the cubin (Cubin.constant) and
@@ -130,4 +130,5 @@ dashgen_bwd_bf16_d128_full_fa3_det_ekv_varlen_plan(const __grid_constant__ BwdPa
   }
   if (__syncthreads_or(faulted)) return;
   Plan::run(params);
+  Plan::zero_unseen_keys(params);
 }

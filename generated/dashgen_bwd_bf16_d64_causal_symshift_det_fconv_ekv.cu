@@ -112,8 +112,8 @@ using Bwd = AttnBwdSm90<Cfg>;
 using Prep = AttnPreprocess<Cfg>;
 using Convert = AttnConvert<Cfg>;
 static_assert(sizeof(BwdParams) == 248, "dashgen.codegen.variants.BwdParams disagrees");
-static_assert(sizeof(PrepParams) == 104, "dashgen.codegen.variants.PrepParams disagrees");
-static_assert(sizeof(ConvertParams) == 64, "dashgen.codegen.variants.ConvertParams disagrees");
+static_assert(sizeof(PrepParams) == 112, "dashgen.codegen.variants.PrepParams disagrees");
+static_assert(sizeof(ConvertParams) == 72, "dashgen.codegen.variants.ConvertParams disagrees");
 
 // The main kernel's dynamic shared memory, which only its layout (AttnBwdSm90) computes: the
 // host reads the 4-byte symbol <kernel_name>_smem_bytes from the cubin (Cubin.constant) and

@@ -16,7 +16,9 @@ from dashgen import Problem
 from dashgen.codegen.render import include_dir
 from dashgen.schedule.builders import BUILDERS
 from dashgen.schedule.builders.base import pack_order, pack_tilings, pack_units
+from dashgen.runtime.varlen import pack_tiles
 from test_pack_header import packs
+from test_varlen import tile_slots
 from test_policy_header import POLICIES, needs_gxx
 
 # argv: policy id, block_m, causal, sequences, their seqlen_q, their seqlen_k. Prints
@@ -75,6 +77,7 @@ struct Cfg {
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = 128;
   static constexpr bool kCausal = kCausal_;
+  using Element = unsigned short;  // 16-bit, as the kernels' bf16/fp16
   template <class Tl> using Policy = P<Tl>;
 };
 
@@ -87,8 +90,17 @@ static int plan(int seqs, char** lengths) {
   p.cu_seqlens_q = cu_q.data();
   p.cu_seqlens_k = cu_k.data();
   p.batch = seqs;
+  p.total_q = cu_q.back();
+  p.total_k = cu_k.back();
   p.max_units = cu_k.back() / 128 + seqs;  // dashgen.runtime.varlen.pack_tiles
-  std::vector<int> words(3 + 4 * seqs + 6 * p.max_units, -7);  // plan_words
+  // dK/dV of one head of 64 (k_row_stride elements a key row), all ones before the plan.
+  p.k_row_stride = 64;
+  std::vector<unsigned short> dk(static_cast<size_t>(p.total_k) * 64 + 8, 0xffff), dv = dk;
+  p.dk = dk.data();
+  p.dv = dv.data();
+  const int q_tiles = p.total_q / kBlockM + seqs, k_tiles = p.total_k / 128 + seqs;
+  const int maps = 3 + 4 * seqs + 6 * p.max_units;  // plan_words without the maps
+  std::vector<int> words(maps + q_tiles + k_tiles, -7);
   p.pack_plan = words.data();
   using Plan = AttnPackPlan<Cfg<kBlockM, kCausal, P>>;
   Block block(Plan::kThreads);
@@ -98,6 +110,7 @@ static int plan(int seqs, char** lengths) {
     threads.emplace_back([&p, t] {
       threadIdx.x = static_cast<unsigned>(t);
       Plan::run(p);
+      Plan::zero_unseen_keys(p);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -106,6 +119,32 @@ static int plan(int seqs, char** lengths) {
   std::printf("\nU %d", words[1]);
   for (int k = 0; k < words[1]; ++k) {
     std::printf(" %d,%d", words[kPlanHeader + seqs + k], words[kPlanHeader + seqs + p.max_units + k]);
+  }
+  std::printf("\nQ");
+  for (int t = 0; t < q_tiles; ++t) std::printf(" %d", words[maps + t]);
+  std::printf("\nK");
+  for (int t = 0; t < k_tiles; ++t) std::printf(" %d", words[maps + q_tiles + t]);
+  // The CTAs of the packed preprocess / convert grids (16 rows each) and where each lands.
+  std::printf("\nCQ");
+  for (int cta = 0; cta < q_tiles * kBlockM / 16; ++cta) {
+    const PackedTile at(words.data() + maps, cu_q.data(), kBlockM, 16, cta);
+    std::printf(" %d,%d", at.b, at.row_block);
+  }
+  std::printf("\nCK");
+  for (int cta = 0; cta < k_tiles * 128 / 16; ++cta) {
+    const PackedTile at(words.data() + maps + q_tiles, cu_k.data(), 128, 16, cta);
+    std::printf(" %d,%d", at.b, at.row_block);
+  }
+  // Per key row: 0 zeroed in dK and dV, 1 untouched in both, 2 anything else; then the tail.
+  std::printf("\nZ");
+  for (int row = 0; row <= p.total_k; ++row) {
+    const int width = row < p.total_k ? 64 : 8;
+    int zeros = 0, ones = 0;
+    for (int e = 0; e < width; ++e) {
+      zeros += dk[row * 64 + e] == 0 && dv[row * 64 + e] == 0;
+      ones += dk[row * 64 + e] == 0xffff && dv[row * 64 + e] == 0xffff;
+    }
+    std::printf(" %d", zeros == width ? 0 : ones == width ? 1 : 2);
   }
   std::printf("\n");
   return 0;
@@ -152,19 +191,46 @@ def plan_driver(tmp_path_factory):
                               str(int(problem.mask.kind == "causal")), str(problem.batch),
                               *map(str, problem.seqlens_q), *map(str, problem.seqlens_k)],
                              capture_output=True, text=True, timeout=120, check=True).stdout
-        seqs_line, units_line = out.splitlines()
+        seqs_line, units_line, q_line, k_line, cq_line, ck_line, z_line = out.splitlines()
         _, dealt, *order = seqs_line.split()
         _, units_dealt, *units = units_line.split()
+        maps = ([int(x) for x in q_line.split()[1:]], [int(x) for x in k_line.split()[1:]],
+                [tuple(map(int, x.split(","))) for x in cq_line.split()[1:]],
+                [tuple(map(int, x.split(","))) for x in ck_line.split()[1:]],
+                [int(x) for x in z_line.split()[1:]])
         return (list(map(int, order)), int(dealt),
-                [tuple(map(int, x.split(","))) for x in units], int(units_dealt))
+                [tuple(map(int, x.split(","))) for x in units], int(units_dealt), maps)
     return run
+
+
+def expected_map(lengths: list[int], block: int) -> list[int]:
+    """Each packed tile's sequence (tests/test_varlen.py's tile_slots: PackedRows), -1 between."""
+    tiles = pack_tiles(sum(lengths), len(lengths), block)
+    owner = [-1] * tiles
+    for b, slots in enumerate(tile_slots(lengths, 1, block)):
+        for t in slots:
+            owner[t] = b
+    return owner
 
 
 def check(plan_driver, name: str, problem: Problem) -> bool:
     policy = BUILDERS[name]
     if policy.supports(problem) is not None:
         return False
-    order, dealt, units, units_dealt = plan_driver(name, problem)
+    order, dealt, units, units_dealt, (map_q, map_k, ctas_q, ctas_k, zeroed) = plan_driver(
+        name, problem)
+    # dK/dV rows the plan zeroes: the keys of sequences without queries, nothing else (the
+    # last entry is past the packed rows: never touched).
+    assert zeroed == [0 if nq == 0 else 1 for nq, nk in zip(problem.seqlens_q, problem.seqlens_k)
+                      for _ in range(nk)] + [1], problem.describe()
+    # The tile maps the preprocess and convert kernels walk the pack by, and where their CTAs
+    # land (PackedTile): every row block of every sequence's tiles exactly once.
+    for lengths, block, tile_map, ctas in ((problem.seqlens_q, problem.block_m, map_q, ctas_q),
+                                           (problem.seqlens_k, problem.block_n, map_k, ctas_k)):
+        assert tile_map == expected_map(list(lengths), block), problem.describe()
+        landed = sorted((b, rb) for b, rb in ctas if b >= 0)
+        assert landed == [(b, rb) for b, n in enumerate(lengths)
+                          for rb in range(-(-n // block) * block // 16)], problem.describe()
     expected = pack_order(policy, pack_tilings(problem))
     assert (dealt, order) == (len(expected), expected), (name, problem.describe())
     if not policy.heads_together:

@@ -18,7 +18,7 @@ from dashgen.codegen.variants import (BwdParams, ConvertParams, FwdParams,  # no
                                       PrepParams)
 from dashgen.runtime import backward as runtime  # noqa: E402
 from dashgen.runtime import forward as runtime_forward  # noqa: E402
-from dashgen.runtime import launch, op, workspace  # noqa: E402
+from dashgen.runtime import launch, op, varlen, workspace  # noqa: E402
 from dashgen.runtime.select import Overrides  # noqa: E402
 
 SEPARATE_CONVERT = Overrides(fused_convert=False)  # the convert kernel writes dQ
@@ -59,6 +59,8 @@ class Recorder:
             args = [PrepParams.from_address(addresses[0])]
         elif name.endswith("_convert"):
             args = [ConvertParams.from_address(addresses[0])]
+        elif name.endswith("_plan"):  # a pack's plan kernel: the backward's block alone
+            args = [BwdParams.from_address(addresses[0])]
         else:  # the backward: four tensor maps, then the block
             args = addresses[:4] + [BwdParams.from_address(addresses[4])]
         # Copy the structures: their memory is gone after the call.
@@ -87,6 +89,7 @@ def recorder(monkeypatch):
     for module in (runtime, runtime_forward):
         monkeypatch.setattr(module, "stream", lambda device: 0)
         monkeypatch.setattr(module, "sm_count", lambda device: 132)
+    monkeypatch.setattr(varlen, "stream", lambda device: 0)
     clear_caches()
     yield rec
     clear_caches()
@@ -539,3 +542,36 @@ def test_the_prepared_backward_keeps_no_tensor_alive(recorder, cpu_op):
     gone = weakref.ref(out)
     del out
     assert gone() is None  # freed by reference counting, without the cycle collector
+
+
+@pytest.mark.parametrize("heads_kv", [4, 2], ids=["mha", "gqa"])
+def test_a_packs_small_kernels_walk_its_tiles_through_the_plans_maps(recorder, heads_kv):
+    """The packed preprocess and converts: grids over a head's packed tiles (PackedTile: total
+    / block + batch tiles of kRowsPerBlock-row CTAs), not batch times the longest sequence,
+    each reading the tile map the plan kernel writes after its orders."""
+    lengths = [300, 0, 5, 129, 1]
+    batch, total, heads_q, head_dim = len(lengths), sum(lengths), 4, 128
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+    q, do, o = (torch.randn(total, heads_q, head_dim, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(total, heads_kv, head_dim, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.zeros(heads_q * total)
+    varlen.backward(do, q, k, v, o, lse, cu, cu, max(lengths), max(lengths), causal=True,
+                    softmax_scale=0.1, deterministic=True, schedule="auto", workers=8)
+    gqa = heads_kv != heads_q
+    kinds = [name.rsplit("_", 1)[-1] for name, _, _ in recorder.launches]
+    assert kinds == ["plan", "preprocess", "varlen", "convert"] + ["convert"] * 2 * gqa
+    (_, _, (plan,)), (_, prep_grid, (prep,)), _, (_, q_grid, (convert_q,)) = (
+        recorder.launches[:4])
+    bm, bn = 64, 128  # head_dim 128's tiles
+    layout = varlen.PackWorkspace(batch, total, total, heads_q, heads_kv, head_dim, bm, bn,
+                                  True, gqa)
+    assert (layout.q_tiles, layout.k_tiles) == (varlen.pack_tiles(total, batch, bm),
+                                                varlen.pack_tiles(total, batch, bn))
+    map_q = plan.pack_plan + 4 * layout.map_words
+    assert prep.tile_seq == convert_q.tile_seq == map_q
+    assert prep_grid == q_grid == (layout.q_tiles * bm // 16, heads_q, 1)
+    assert (prep.cu_seqlens, convert_q.cu_seqlens) == (cu.data_ptr(), cu.data_ptr())
+    for _, grid, (convert_kv,) in recorder.launches[4:]:
+        assert convert_kv.tile_seq == map_q + 4 * layout.q_tiles
+        assert convert_kv.block_m == bn
+        assert grid == (layout.k_tiles * bn // 16, heads_kv, 1)

@@ -447,10 +447,11 @@ def test_pack_tiles_by_hand():
 def test_plan_words_is_the_plan_kernels_layout():
     """pack_plan.cuh: kPlanHeader (2) words, the sequence order (batch), six words per unit
     slot (unit_seq, unit_index, key, place, seq_of, index_of), then per sequence its tasks and
-    place (batch each) and first_slot (batch + 1)."""
+    place (batch each) and first_slot (batch + 1); then the tile maps, a word per tile."""
     for batch in (1, 3, 17):
         for units in (0, 1, 40):
             assert plan_words(batch, units) == 2 + batch + 6 * units + 2 * batch + batch + 1
+            assert plan_words(batch, units, 5, 9) == plan_words(batch, units) + 14
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -489,7 +490,12 @@ def test_pack_workspace_holds_every_sequences_tiles(lengths_q, data, heads_kv, g
         assert size["dk_accum"] == size["dv_accum"] == size["dkv_counters"] == 0
     # Every sequence's KV tiles find a unit slot in the plan.
     assert sum(-(-n // bn) for n in lengths_k) <= ws.max_units
-    assert size["plan"] >= plan_words(batch, ws.max_units)
+    # And the tile maps after it: a head's packed query and key tiles, one word each.
+    assert size["plan"] >= plan_words(batch, ws.max_units, pack_tiles(total_q, batch, bm),
+                                      pack_tiles(total_k, batch, bn))
+    assert ws.map_words == plan_words(batch, ws.max_units)
+    assert (ws.q_tiles, ws.k_tiles) == (pack_tiles(total_q, batch, bm),
+                                        pack_tiles(total_k, batch, bn))
 
 
 # -- the varlen variants ------------------------------------------------------------------------

@@ -290,7 +290,7 @@ class PrepParams(ctypes.Structure):
                 ("zero_vec4s", ctypes.c_int64),
                 ("batch", _I), ("heads", _I), ("seqlen", _I), ("row_stride", _I),
                 ("padded_rows", _I), ("zero_dq", _I), ("lse", _P), ("stats", _P),
-                ("cu_seqlens", _P), ("d_scale", _F)]
+                ("cu_seqlens", _P), ("tile_seq", _P), ("d_scale", _F)]
 
 
 class ConvertParams(ctypes.Structure):
@@ -298,4 +298,4 @@ class ConvertParams(ctypes.Structure):
 
     _fields_ = [("src", _P), ("dst", _P), ("counters", _P), ("batch", _I), ("heads", _I),
                 ("seqlen", _I), ("row_stride", _I), ("padded_rows", _I), ("swizzled", _I),
-                ("block_m", _I), ("cu_seqlens", _P)]
+                ("block_m", _I), ("cu_seqlens", _P), ("tile_seq", _P)]

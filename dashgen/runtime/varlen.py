@@ -36,9 +36,10 @@ def pack_tiles(total: int, batch: int, block: int) -> int:
     return total // block + batch
 
 
-def plan_words(batch: int, max_units: int) -> int:
-    """AttnPackPlan's words: the header, the orders and its scratch."""
-    return 3 + 4 * batch + 6 * max_units
+def plan_words(batch: int, max_units: int, q_tiles: int = 0, k_tiles: int = 0) -> int:
+    """AttnPackPlan's words: the header, the orders and its scratch, then the tile maps of a
+    head's q_tiles packed query tiles and k_tiles key tiles (params.cuh, kPlanHeader)."""
+    return 3 + 4 * batch + 6 * max_units + q_tiles + k_tiles
 
 
 @memo(max_entries=256)
@@ -101,10 +102,13 @@ class PackWorkspace:
                  staged_stats, gqa):
         tq, tk = pack_tiles(total_q, batch, block_m), pack_tiles(total_k, batch, block_n)
         self.max_units = pack_tiles(total_k, batch, block_n)
+        self.q_tiles, self.k_tiles = tq, tk
+        # Where the plan's tile maps start (AttnPackPlan::map_offset), in words.
+        self.map_words = plan_words(batch, self.max_units)
         kv = heads_kv * tk * block_n * head_dim if gqa else 0
         sizes = [heads_q * tq * block_m * head_dim, heads_q * total_q,
                  heads_q * tq * 2 * block_m if staged_stats else 0,
-                 plan_words(batch, self.max_units), kv, kv, heads_q * tq,
+                 plan_words(batch, self.max_units, tq, tk), kv, kv, heads_q * tq,
                  heads_kv * tk if gqa else 0]
         sizes = [_cdiv(s, 4) * 4 for s in sizes]
         self.offsets = [sum(sizes[:i]) for i in range(len(sizes))]
@@ -145,10 +149,11 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     stats = stats if variant.staged_stats else 0
     cu_q, cu_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
     q_stride, k_stride = heads_q * head_dim, heads_kv * head_dim
-    # A sequence without queries has no tasks: its dK/dV rows are zeros nobody writes.
+    # Without GQA the main kernel writes dK/dV; the plan kernel zeroes the rows of sequences
+    # without queries, which have no tasks (AttnPackPlan::zero_unseen_keys).
     dk = dv = None
     if not gqa:
-        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
     params = BwdParams(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(), dpsum,
         dq_accum, dk.data_ptr() if dk is not None else 0, dv.data_ptr() if dv is not None else 0,
@@ -159,27 +164,29 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
         cu_k, plan, layout.max_units, pack_faults.record(dev), total_q, total_k)
     block_args = addresses(params)
     _launcher(loaded.plan, (1, 1, 1), PLAN_THREADS, 0)(strm, block_args)
+    # The preprocess and converts walk the pack's tiles (PackedTile), through the tile maps the
+    # plan kernel writes after its orders: their grids follow the packed tokens.
+    map_q = plan + 4 * layout.map_words
+    map_k = map_q + 4 * layout.q_tiles
+    q_blocks = layout.q_tiles * bm // PREP_ROWS_PER_BLOCK
     prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum, dq_accum, base + 4 * layout.zeroed,
                       (layout.words - layout.zeroed) // 4, batch, heads_q, max_seqlen_q,
-                      q_stride, 0, not deterministic, lse.data_ptr(), stats, cu_q,
+                      q_stride, 0, not deterministic, lse.data_ptr(), stats, cu_q, map_q,
                       float(softmax_scale))
-    padded_rows = _cdiv(max_seqlen_q, bm) * bm
-    _launcher(loaded.preprocess, (_cdiv(padded_rows, PREP_ROWS_PER_BLOCK), heads_q, batch),
-              AUX_THREADS, 0)(strm, addresses(prep))
+    _launcher(loaded.preprocess, (q_blocks, heads_q, 1), AUX_THREADS, 0)(strm, addresses(prep))
     maps = (_maps(q, bm), _maps(k, bn), _maps(v, bn), _maps(do, bm))
     _launcher(loaded.main, (workers, 1, 1), THREADS, loaded.smem_bytes)(
         strm, [int(m.getPtr()) for m in maps] + [ctypes.addressof(params)])
     dq = empty(q.shape, q.dtype, dev)
     convert = ConvertParams(dq_accum, dq.data_ptr(), dq_counters if deterministic else 0, batch,
-                            heads_q, max_seqlen_q, q_stride, 0, True, bm, cu_q)
-    _launcher(loaded.convert, (_cdiv(max_seqlen_q, PREP_ROWS_PER_BLOCK), heads_q, batch),
-              AUX_THREADS, 0)(strm, addresses(convert))
+                            heads_q, max_seqlen_q, q_stride, 0, True, bm, cu_q, map_q)
+    _launcher(loaded.convert, (q_blocks, heads_q, 1), AUX_THREADS, 0)(strm, addresses(convert))
     if gqa:
         dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
         for src, dst in ((dk_accum, dk), (dv_accum, dv)):
             convert = ConvertParams(src, dst.data_ptr(), 0, batch, heads_kv, max_seqlen_k,
-                                    k_stride, 0, False, bn, cu_k)
-            _launcher(loaded.convert, (_cdiv(max_seqlen_k, PREP_ROWS_PER_BLOCK), heads_kv,
-                                       batch), AUX_THREADS, 0)(strm, addresses(convert))
+                                    k_stride, 0, False, bn, cu_k, map_k)
+            _launcher(loaded.convert, (layout.k_tiles * bn // PREP_ROWS_PER_BLOCK, heads_kv, 1),
+                      AUX_THREADS, 0)(strm, addresses(convert))
     del maps, params, prep  # the driver copied the arguments at each launch
     return dq, dk, dv

@@ -18,6 +18,11 @@ struct AttnPackPlan {
   using Tl = sched::Tiling<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>;
   using Policy = typename Cfg::template Policy<Tl>;
 
+  // Where the tile maps start in p.pack_plan (params.cuh, kPlanHeader).
+  __device__ static int map_offset(int batch, int max_units) {
+    return 3 + 4 * batch + 6 * max_units;
+  }
+
   __device__ static Tl tiling(const BwdParams& p, int b) {
     return Tl(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
   }
@@ -97,6 +102,40 @@ struct AttnPackPlan {
     if (tid == 0) {
       plan[0] = dealt;
       plan[1] = units;
+    }
+    int* map_q = plan + map_offset(batch, slots);
+    tile_map(map_q, p.cu_seqlens_q, batch, p.total_q, Cfg::kBlockM);
+    tile_map(map_q + p.total_q / Cfg::kBlockM + batch, p.cu_seqlens_k, batch, p.total_k,
+             Cfg::kBlockN);
+  }
+
+  // dK and dV (p.dk / p.dv, without GQA: the main kernel writes them) of the sequences without
+  // queries: they have no tasks, so nobody else writes their keys' rows, and zeros are their
+  // gradients. Every other sequence's rows are stored by the one segment of each KV tile
+  // (contiguity), so the host allocates dK/dV without zeroing them. Packs seldom hold such
+  // sequences (keys without queries); one CTA zeroes them.
+  __device__ static void zero_unseen_keys(const BwdParams& p) {
+    const int vecs_per_row = p.k_row_stride * static_cast<int>(sizeof(typename Cfg::Element)) / 16;
+    for (int b = 0; b < p.batch; ++b) {
+      if (p.cu_seqlens_q[b + 1] > p.cu_seqlens_q[b]) continue;
+      const i64 first = static_cast<i64>(p.cu_seqlens_k[b]) * vecs_per_row;
+      const i64 count = static_cast<i64>(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]) * vecs_per_row;
+      for (i64 i = threadIdx.x; i < count; i += kThreads) {
+        static_cast<uint4*>(p.dk)[first + i] = uint4{0u, 0u, 0u, 0u};
+        static_cast<uint4*>(p.dv)[first + i] = uint4{0u, 0u, 0u, 0u};
+      }
+    }
+  }
+
+  // map[t] = the sequence whose PackedRows tiles of `block` rows hold tile t, -1 in the gaps
+  // (a sequence's tiles start at tile0(b) and the next one's at tile0(b + 1), which is at least
+  // as far on): total / block + batch words.
+  __device__ static void tile_map(int* map, const i32* cu, int batch, int total, int block) {
+    for (int b = threadIdx.x; b < batch; b += kThreads) {
+      const PackedRows r(cu, b, block);
+      const int next = b + 1 < batch ? PackedRows(cu, b + 1, block).tile0 : total / block + batch;
+      const int tiles = r.tiles(block);
+      for (int t = r.tile0; t < next; ++t) map[t] = t - r.tile0 < tiles ? b : -1;
     }
   }
 };

@@ -93,9 +93,29 @@ struct PackedRows {
   __device__ __forceinline__ int tiles(int block) const { return (seqlen + block - 1) / block; }
 };
 
+// A pack's CTA `cta` (blockIdx.x) walks a head's packed tiles of `block` rows (total / block + batch,
+// PackedRows), rows_per_block rows a CTA, so the grid follows the packed tokens, not batch times
+// the longest sequence. tile_seq (the plan kernel's tile map) names each tile's sequence, -1
+// in the gaps between sequences; row_block is the CTA's block of rows within its sequence.
+struct PackedTile {
+  int b, row_block;
+  __device__ __forceinline__ PackedTile(const i32* tile_seq, const i32* cu_seqlens, int block,
+                                        int rows_per_block, int cta) {
+    const int per_tile = block / rows_per_block;
+    const int t = cta / per_tile;
+    b = tile_seq[t];
+    row_block = b < 0 ? 0
+                      : (t - PackedRows(cu_seqlens, b, block).tile0) * per_tile + cta % per_tile;
+  }
+};
+
 // The pack plan's words (BwdParams::pack_plan): the sequences dealt, the units dealt, then the
 // sequences in deal order (batch words), then the units' sequences and indices in deal order
-// (max_units words each), then AttnPackPlan's scratch.
+// (max_units words each), then AttnPackPlan's scratch (4 * max_units + 2 * batch + 1 words),
+// then the tile maps: the sequence of each of a head's packed query tiles (block_m rows, total_q /
+// block_m + batch of them, PackedRows), then of its key tiles (block_n, total_k / block_n +
+// batch), -1 in the gaps PackedRows leaves between sequences. The preprocess and convert kernels
+// of a pack walk its tiles through them (PrepParams / ConvertParams::tile_seq).
 constexpr int kPlanHeader = 2;
 
 // Preprocess: D = rowsum(dO * O), zero the fp32 dQ accumulator and the workspace (the ordering
@@ -111,8 +131,10 @@ struct PrepParams {
   i32 zero_dq;     // 0 when the backward's first dQ writer of each tile stores instead of adding
   const float* lse;  // (batch, heads, seqlen), with `stats`
   float* stats;      // BwdParams::stats to fill, or null
-  // A pack (varlen kernels; else null): PackedRows of the backward's query tiles.
+  // A pack (varlen kernels; else null): PackedRows of the backward's query tiles, and the
+  // sequence of each packed tile (the plan's query tile map), which blockIdx.x walks.
   const i32* cu_seqlens;
+  const i32* tile_seq;
   // D is stored times this (the softmax scale), so the backward forms dS^T as one FFMA and one
   // FMUL an element: P^T (dP^T * scale - D * scale).
   float d_scale;
@@ -127,8 +149,10 @@ struct ConvertParams {
   i32 batch, heads, seqlen, row_stride, padded_rows;
   i32 swizzled;      // src rows in the accum_col layout (the Hopper backward's dQ sums)
   i32 block_m;       // rows per counter, with `counters`; a pack's tiles (PackedRows)
-  // A pack (varlen kernels; else null): PackedRows of tiles of block_m rows.
+  // A pack (varlen kernels; else null): PackedRows of tiles of block_m rows, and the sequence
+  // of each packed tile (a plan tile map), which blockIdx.x walks.
   const i32* cu_seqlens;
+  const i32* tile_seq;
 };
 
 }  // namespace dashgen

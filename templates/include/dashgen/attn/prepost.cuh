@@ -12,7 +12,8 @@ namespace dashgen {
 
 // Both kernels move 16 bytes per thread and access (kLanes threads per row, 8 elements each):
 // with 2- and 4-byte accesses they reached 2.3-3.3 TB/s on the H200, and around a short
-// backward they are a fifth of its time. blockIdx = (block of kRowsPerBlock rows, head, batch).
+// backward they are a fifth of its time. blockIdx = (block of kRowsPerBlock rows, head, batch);
+// for a pack, (block of kRowsPerBlock rows of the pack's tiles, head, 0): PackedTile.
 template <int kHeadDim>
 struct RowLanes {
   static constexpr int kThreads = 128;
@@ -42,8 +43,10 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
       p.zero[i] = make_uint4(0u, 0u, 0u, 0u);
     }
     if constexpr (Cfg::kVarlen) {
-      // A pack: sequence blockIdx.z as a batch of one (PackedRows).
-      const PackedRows r(p.cu_seqlens, blockIdx.z, kBlockM);
+      // A pack: the CTA's sequence as a batch of one (PackedRows).
+      const PackedTile at(p.tile_seq, p.cu_seqlens, kBlockM, L::kRowsPerBlock, blockIdx.x);
+      if (at.b < 0) return;
+      const PackedRows r(p.cu_seqlens, at.b, kBlockM);
       PrepParams seq = p;
       seq.seqlen = r.seqlen;
       seq.padded_rows = r.tiles(kBlockM) * kBlockM;
@@ -53,21 +56,22 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
       seq.lse = p.lse + static_cast<i64>(p.heads) * r.row0;
       seq.dq_accum = p.dq_accum + static_cast<i64>(p.heads) * r.tile0 * kBlockM * kHeadDim;
       if (p.stats != nullptr) seq.stats = p.stats + static_cast<i64>(p.heads) * r.tile0 * 2 * kBlockM;
-      rows(seq, 0);
+      rows(seq, 0, at.row_block);
     } else {
-      rows(p, blockIdx.z);
+      rows(p, blockIdx.z, blockIdx.x);
     }
   }
 
-  // D (and the statistics, the zeroed dQ rows) of head blockIdx.y of sequence b.
-  __device__ static __forceinline__ void rows(const PrepParams& p, int b) {
+  // D (and the statistics, the zeroed dQ rows) of head blockIdx.y of sequence b, its rows from
+  // row_block * kRowsPerBlock.
+  __device__ static __forceinline__ void rows(const PrepParams& p, int b, int row_block) {
     const int lane = threadIdx.x % L::kLanes, sub = threadIdx.x / L::kLanes;
     const int h = blockIdx.y;
     const T* o = static_cast<const T*>(p.o);
     const T* dout = static_cast<const T*>(p.dout);
 #pragma unroll
     for (int pass = 0; pass < L::kRowsPerBlock / L::kRowsPerPass; ++pass) {
-      const int row = blockIdx.x * L::kRowsPerBlock + pass * L::kRowsPerPass + sub;
+      const int row = row_block * L::kRowsPerBlock + pass * L::kRowsPerPass + sub;
       if (p.zero_dq && row < p.padded_rows) {
         float4* acc = reinterpret_cast<float4*>(
             p.dq_accum + ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row) * kHeadDim) + lane * 2;
@@ -111,29 +115,31 @@ struct AttnConvert : RowLanes<Cfg::kHeadDim> {
 
   __device__ static void run(const ConvertParams& p) {
     if constexpr (Cfg::kVarlen) {
-      // A pack: sequence blockIdx.z as a batch of one (PackedRows).
-      const PackedRows r(p.cu_seqlens, blockIdx.z, p.block_m);
+      // A pack: the CTA's sequence as a batch of one (PackedRows).
+      const PackedTile at(p.tile_seq, p.cu_seqlens, p.block_m, L::kRowsPerBlock, blockIdx.x);
+      if (at.b < 0) return;
+      const PackedRows r(p.cu_seqlens, at.b, p.block_m);
       ConvertParams seq = p;
       seq.seqlen = r.seqlen;
       seq.padded_rows = r.tiles(p.block_m) * p.block_m;
       seq.src = p.src + static_cast<i64>(p.heads) * r.tile0 * p.block_m * kHeadDim;
       seq.dst = static_cast<T*>(p.dst) + static_cast<i64>(r.row0) * p.row_stride;
       if (p.counters != nullptr) seq.counters = p.counters + static_cast<i64>(p.heads) * r.tile0;
-      rows(seq, 0);
+      rows(seq, 0, at.row_block);
     } else {
-      rows(p, blockIdx.z);
+      rows(p, blockIdx.z, blockIdx.x);
     }
   }
 
-  // Head blockIdx.y of sequence b.
-  __device__ static __forceinline__ void rows(const ConvertParams& p, int b) {
+  // Head blockIdx.y of sequence b, its rows from row_block * kRowsPerBlock.
+  __device__ static __forceinline__ void rows(const ConvertParams& p, int b, int row_block) {
     const int lane = threadIdx.x % L::kLanes, sub = threadIdx.x / L::kLanes;
     const int h = blockIdx.y;
     T* dst = static_cast<T*>(p.dst);
     const i64 tiles = p.counters ? p.padded_rows / p.block_m : 0;
 #pragma unroll
     for (int pass = 0; pass < L::kRowsPerBlock / L::kRowsPerPass; ++pass) {
-      const int row = blockIdx.x * L::kRowsPerBlock + pass * L::kRowsPerPass + sub;
+      const int row = row_block * L::kRowsPerBlock + pass * L::kRowsPerPass + sub;
       if (row >= p.seqlen) continue;
       const int c = lane * 8;
       // accum_col moves whole 8-float chunks, so the thread's 8 columns stay adjacent.
