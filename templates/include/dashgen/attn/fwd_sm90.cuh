@@ -272,13 +272,9 @@ struct AttnFwdSm90 {
                               const char* q_tile, int n, int g, int n_tiles, int row0, int t4,
                               int wg, int tid) {
     // O is rescaled before any wgmma is in flight: ptxas serializes the pipeline if O is
-    // touched between two wgmmas that are not separated by a wait. Only where a row's max moved
-    // (kRescaleSlack): past the first tiles seldom, and the warp skips the multiplies when none
-    // of its rows did.
-    if (__any_sync(0xffffffffu, correction[0] != 1.f || correction[1] != 1.f)) {
+    // touched between two wgmmas that are not separated by a wait.
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= correction[(j / 2) % 2];
-    }
+    for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= correction[(j / 2) % 2];
     // S of tile n + 1 (sc's probabilities are in pa), then P V of tile n. With turns, both
     // tiles are waited for first: a warpgroup never holds the turn while a load is due.
     const int s = g % kStages;
