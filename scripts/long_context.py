@@ -1,5 +1,6 @@
 """One long sequence (131k to 1M tokens) forward and backward on the GPU: the first call's host
-time (the kernels compiled or loaded beforehand, timed apart), backward TFLOP/s, peak memory, and
+time (the kernels compiled or loaded beforehand, timed apart), backward TFLOP/s (the first call, or
+for rows under half a second the median of 7 calls after ~200 ms of warm calls), peak memory, and
 accuracy against a float64 reference on sampled query rows (dq, o) and key rows (dk, dv) within
 2x of PyTorch's own bf16 error on those rows (its fused bf16 SDPA). Prints a table, writes JSON.
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -94,6 +96,24 @@ def torch_key_rows(q, k, v, do, keys, causal):
     return dk[0, 0, keys].double(), dv[0, 0, keys].double()
 
 
+def steady_backward_ms(qg, kg, vg, do, causal, first_ms: float) -> float:
+    """The backward's GPU time with the clocks up: the first call of a short row runs on an idle
+    GPU's clocks (a 16k row measured 0.5x its benchmark figure so), so rows under half a second
+    are called for ~200 ms more and timed as the median of 7; longer rows keep their first call."""
+    if first_ms > 500:
+        return first_ms
+    o = dashgen.attention(qg, kg, vg, causal=causal, deterministic=True)
+    s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+    call = lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
+    for _ in range(max(3, int(200 / max(first_ms, 1e-3)))):
+        call()
+    times = []
+    for _ in range(7):
+        s.record(); call(); e.record(); torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -130,6 +150,7 @@ def main() -> None:
                 first_host = (t1 - t0) + (t2 - t1)
                 ms = s.elapsed_time(e)  # the first backward's GPU time (kernels loaded before)
                 peak = torch.cuda.max_memory_allocated() - base
+                steady = steady_backward_ms(qg, kg, vg, do, causal, ms)
                 same = None
                 if args.repeat:  # a second call must give the same bits
                     o2 = dashgen.attention(qg, kg, vg, causal=causal, deterministic=True)
@@ -151,8 +172,9 @@ def main() -> None:
                            compile_or_load_s=round(compile_s, 3),
                            first_call_host_s=round(first_host, 3),
                            first_forward_host_s=round(t1 - t0, 3),
-                           first_backward_host_s=round(t2 - t1, 3), backward_ms=round(ms, 2),
-                           backward_tflops=round(flops / ms / 1e9, 1),
+                           first_backward_host_s=round(t2 - t1, 3),
+                           first_backward_ms=round(ms, 2), backward_ms=round(steady, 2),
+                           backward_tflops=round(flops / steady / 1e9, 1),
                            peak_gib=round(peak / 2**30, 2),
                            repeat_bitwise_equal=same, o_err=o_err, o_err_torch_bf16=o_torch,
                            dq_err=dq_err, dq_err_torch_bf16=dq_torch,
