@@ -7,6 +7,9 @@ seeded inputs, with schedule="auto" and deterministic=True.
   --mode time: GPU time of the backward and of the no-grad forward per call, from events around
     10 back-to-back calls, median of 7 batches, on 12 of the shapes; the table gives old / new
     (above 1: the second tree is faster), medians over the alternated runs.
+  --mode varlen: time mode's figures for packed batches through dashgen.attention_varlen, three
+    packs of 16,384 tokens (`dashgen bench --varlen`'s log-normal document lengths, seeds 0-2)
+    at head_dim 64 and 128, full and causal per document, with the bits hashed as in bits mode.
 
 PYTHONPATH= python3 scripts/compare_trees.py OLD_TREE NEW_TREE --mode time --runs 3 --out DIR
 """
@@ -56,6 +59,9 @@ def measure(tree: str, mode: str, out: str) -> None:
             times.append(s.elapsed_time(e) / calls)
         return statistics.median(times[1:])
 
+    if mode == "varlen":
+        Path(out).write_text(json.dumps(measure_packs(dashgen, batch_ms), indent=1))
+        return
     seqlens = (1024, 2048, 4096, 8192, 16384) if mode == "bits" else (1024, 4096, 16384)
     res = {}
     for hd in (64, 128):
@@ -76,12 +82,47 @@ def measure(tree: str, mode: str, out: str) -> None:
                 res[key] = {"bwd_ms": bwd, "fwd_ms": fwd}
                 if mode == "bits":
                     grads = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-                    res[key]["hashes"] = [
-                        hashlib.sha256(t.view(torch.int16).cpu().numpy().tobytes()).hexdigest()
-                        for t in (*grads, o2)]
-                del q, k, v, do, o, o2
+                    res[key]["hashes"] = _hashes((*grads, o2))
                 torch.cuda.empty_cache()
     Path(out).write_text(json.dumps(res, indent=1))
+
+
+def _hashes(tensors) -> list[str]:
+    import torch
+    return [hashlib.sha256(t.view(torch.int16).cpu().numpy().tobytes()).hexdigest()
+            for t in tensors]
+
+
+def measure_packs(dashgen, timer) -> dict:
+    """Packed backward and forward times, and the bits, on the benchmark's kind of pack."""
+    import itertools
+    import torch
+    from dashgen.tools.bench_varlen import document_lengths
+    res = {}
+    for hd in (64, 128):
+        for causal in (False, True):
+            for seed in range(3):
+                lengths = document_lengths(16384, seed)
+                g = torch.Generator(device="cuda").manual_seed(seed)
+                q, k, v, do = (torch.randn(sum(lengths), 2048 // hd, hd, device="cuda",
+                                           dtype=torch.bfloat16, generator=g) for _ in range(4))
+                q, k, v = (t.requires_grad_() for t in (q, k, v))
+                cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32,
+                                  device="cuda")
+                n = max(lengths)
+                call = lambda: dashgen.attention_varlen(  # noqa: E731
+                    q, k, v, cu, cu, n, n, causal=causal, deterministic=True)
+                o = call()
+                key = f"pack{seed}_d{hd}_{'causal' if causal else 'full'}"
+                bwd = timer(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+                with torch.no_grad():
+                    fwd = timer(call)
+                    o2 = call()
+                grads = torch.autograd.grad(o, (q, k, v), do)
+                res[key] = {"bwd_ms": bwd, "fwd_ms": fwd, "hashes": _hashes((*grads, o2)),
+                            "documents": len(lengths), "longest": n}
+                torch.cuda.empty_cache()
+    return res
 
 
 def report(old: list[dict], new: list[dict]) -> str:
@@ -107,7 +148,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old")
     parser.add_argument("new")
-    parser.add_argument("--mode", choices=("bits", "time"), default="time")
+    parser.add_argument("--mode", choices=("bits", "time", "varlen"), default="time")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default="compare_out")
     parser.add_argument("--child", nargs=2, metavar=("TREE", "FILE"), help=argparse.SUPPRESS)
