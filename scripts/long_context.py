@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: E402,F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dashgen  # noqa: E402
-from dashgen.tools.timing import load_kernels  # noqa: E402
+from dashgen.tools.timing import load_kernels, median_ms  # noqa: E402
 
 CONFIGS = {"d128": (128, 16), "d64": (64, 32)}  # head_dim, heads
 
@@ -103,15 +102,8 @@ def steady_backward_ms(qg, kg, vg, do, causal, first_ms: float) -> float:
     if first_ms > 500:
         return first_ms
     o = dashgen.attention(qg, kg, vg, causal=causal, deterministic=True)
-    s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-    call = lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
-    for _ in range(max(3, int(200 / max(first_ms, 1e-3)))):
-        call()
-    times = []
-    for _ in range(7):
-        s.record(); call(); e.record(); torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    call = lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)  # noqa: E731
+    return median_ms(call, warmup=max(3, int(200 / max(first_ms, 1e-3))), repeats=7)
 
 
 def main() -> None:
