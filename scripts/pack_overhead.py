@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 
 import dashgen  # noqa: E402
 from dashgen.runtime import op_varlen  # noqa: E402
+from dashgen.runtime.select import PACK_SCHEDULES, select_pack  # noqa: E402
 from dashgen.tools.bench_varlen import document_lengths, kept_pairs  # noqa: E402
 from dashgen.tools.timing import median_ms  # noqa: E402
 
@@ -29,7 +30,8 @@ from overhead import hidden_ms, host_us, profile  # noqa: E402  (scripts/)
 TOKENS = 16384
 
 
-def case_call(lengths: list[int], heads: int, head_dim: int, causal: bool, fixed: bool):
+def case_call(lengths: list[int], heads: int, head_dim: int, causal: bool, fixed: bool,
+              schedule: str = "auto"):
     """The autograd.grad call of one deterministic dashgen forward over the documents."""
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(sum(lengths), heads, head_dim, device="cuda",
@@ -42,7 +44,8 @@ def case_call(lengths: list[int], heads: int, head_dim: int, causal: bool, fixed
     else:
         cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
         n = max(lengths)
-        o = dashgen.attention_varlen(q, k, v, cu, cu, n, n, causal=causal, deterministic=True)
+        o = dashgen.attention_varlen(q, k, v, cu, cu, n, n, causal=causal, deterministic=True,
+                                     schedule=schedule)
     return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
 
@@ -77,6 +80,18 @@ def host_profile(fn, calls: int = 200) -> str:
     return text.getvalue()
 
 
+def mask_schedules(head_dim: int, causal: bool) -> list[str]:
+    """The pack schedules that run under this mask (select_pack refuses the others)."""
+    out = []
+    for schedule in PACK_SCHEDULES:
+        try:
+            select_pack("bf16", head_dim, causal, schedule)
+        except ValueError:
+            continue
+        out.append(schedule)
+    return out
+
+
 def graph_ms(fn) -> float | None:
     """Median replay time of fn captured in a CUDA graph (None, and why, if capture fails)."""
     try:
@@ -98,6 +113,9 @@ def graph_ms(fn) -> float | None:
 def main():
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--out", default=None)
+    p.add_argument("--schedules", action="store_true",
+                   help="also each pack under every pack schedule its mask allows (auto's "
+                        "rows are the default cases)")
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="also trace 10 calls of the head_dim-128 causal pack and of its "
                         "fixed-length control with torch.profiler (the top host ops, Chrome "
@@ -106,30 +124,35 @@ def main():
     rows = []
     for head_dim, causal in ((64, False), (64, True), (128, False), (128, True)):
         heads = 2048 // head_dim
-        for name, lengths, fixed in (("pack", document_lengths(TOKENS, 0), False),
-                                     ("pack 16x1k", [1024] * 16, False),
-                                     ("fixed 16x1k", [1024] * 16, True)):
-            fn = case_call(lengths, heads, head_dim, causal, fixed)
+        cases = [("pack", document_lengths(TOKENS, 0), False, "auto"),
+                 ("pack 16x1k", [1024] * 16, False, "auto"),
+                 ("fixed 16x1k", [1024] * 16, True, "auto")]
+        if args.schedules:
+            cases += [(f"{name} {schedule}", lengths, False, schedule)
+                      for name, lengths, _, _ in cases[:2]
+                      for schedule in mask_schedules(head_dim, causal)]
+        for name, lengths, fixed, schedule in cases:
+            fn = case_call(lengths, heads, head_dim, causal, fixed, schedule)
             ms = median_ms(fn, 3, 20)
             row = dict(head_dim=head_dim, causal=causal, case=name, documents=len(lengths),
                        event_ms=ms, host_us=host_us(fn), hidden_ms=hidden_ms(fn),
                        graph_ms=graph_ms(fn),
                        flops=2.5 * 4 * heads * head_dim * kept_pairs(lengths, causal))
-            if not fixed:  # the op alone: autograd's share of the host time is the rest
+            if not fixed and schedule == "auto":  # the op alone; autograd's share is the rest
                 row["op_host_us"] = host_us(pack_op_call(lengths, heads, head_dim, causal))
             rows.append(row)
-            if args.profile and head_dim == 128 and causal and name != "pack 16x1k":
+            if args.profile and head_dim == 128 and causal and name in ("pack", "fixed 16x1k"):
                 print(f"--- host ops, d128 causal {name}")
                 profile(fn, Path(args.profile) / name.split()[0])
                 if not fixed:
                     print(host_profile(pack_op_call(lengths, heads, head_dim, causal)))
-    print(f"{'config':<14} {'case':<12} {'event ms':>9} {'TFLOP/s':>8} {'host us':>8} "
+    print(f"{'config':<14} {'case':<28} {'event ms':>9} {'TFLOP/s':>8} {'host us':>8} "
           f"{'hidden ms':>10} {'graph ms':>9} {'exposed host us':>16} {'gpu gaps us':>12} "
           f"{'op host us':>11}")
     for r in rows:
         cfg = f"d{r['head_dim']} {'causal' if r['causal'] else 'full'}"
         gr = r["graph_ms"]
-        print(f"{cfg:<14} {r['case']:<12} {r['event_ms']:>9.3f} "
+        print(f"{cfg:<14} {r['case']:<28} {r['event_ms']:>9.3f} "
               f"{r['flops'] / r['event_ms'] / 1e9:>8.1f} {r['host_us']:>8.1f} "
               f"{r['hidden_ms']:>10.3f} {gr if gr is not None else float('nan'):>9.3f} "
               f"{(r['event_ms'] - r['hidden_ms']) * 1e3:>16.1f} "
