@@ -62,7 +62,9 @@ def measure(tree: str, mode: str, out: str) -> None:
 
     def hidden_ms(fn, calls=7, sleep_cycles=5_000_000):
         """GPU time of one call with its host time hidden: the GPU sleeps (~2.5 ms) while the
-        host queues the call, and the clock starts when the sleep ends."""
+        host queues the call, and the clock starts when the sleep ends. (scripts/overhead.py's
+        reads dashgen.tools.timing, which an older tree may not have: written out here, like
+        the timers above.)"""
         fn()
         times = []
         for _ in range(calls):

@@ -30,20 +30,25 @@ from overhead import hidden_ms, host_us, profile  # noqa: E402  (scripts/)
 TOKENS = 16384
 
 
-def case_call(lengths: list[int], heads: int, head_dim: int, causal: bool, fixed: bool,
-              schedule: str = "auto"):
-    """The autograd.grad call of one deterministic dashgen forward over the documents."""
+def pack_inputs(lengths: list[int], heads: int, head_dim: int):
+    """Seeded packed q, k, v, dO (total, heads, head_dim), the offsets and the longest length."""
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(sum(lengths), heads, head_dim, device="cuda",
                                dtype=torch.bfloat16, generator=g) for _ in range(4))
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+    return q, k, v, do, cu, max(lengths)
+
+
+def case_call(lengths: list[int], heads: int, head_dim: int, causal: bool, fixed: bool,
+              schedule: str = "auto"):
+    """The autograd.grad call of one deterministic dashgen forward over the documents."""
+    q, k, v, do, cu, n = pack_inputs(lengths, heads, head_dim)
     if fixed:  # equal lengths as a (batch, seqlen, heads, head_dim) batch
         q, k, v, do = (t.view(len(lengths), lengths[0], heads, head_dim) for t in (q, k, v, do))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     if fixed:
         o = dashgen.attention(q, k, v, causal=causal, deterministic=True)
     else:
-        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
-        n = max(lengths)
         o = dashgen.attention_varlen(q, k, v, cu, cu, n, n, causal=causal, deterministic=True,
                                      schedule=schedule)
     return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
@@ -51,11 +56,7 @@ def case_call(lengths: list[int], heads: int, head_dim: int, causal: bool, fixed
 
 def pack_op_call(lengths: list[int], heads: int, head_dim: int, causal: bool):
     """The packed backward's custom op called directly, on this thread (no autograd)."""
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(sum(lengths), heads, head_dim, device="cuda",
-                               dtype=torch.bfloat16, generator=g) for _ in range(4))
-    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
-    n = max(lengths)
+    q, k, v, do, cu, n = pack_inputs(lengths, heads, head_dim)
     opts = op_varlen._check_all((q, k, v, cu, cu, n, n), (causal, None, True, "auto", None))
     o, lse = torch.ops.dashgen.attention_varlen_fwd(q, k, v, cu, cu, n, n, *opts)
     return lambda: torch.ops.dashgen.attention_varlen_bwd(do, q, k, v, o, lse, cu, cu, n, n,
