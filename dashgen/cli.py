@@ -140,7 +140,7 @@ def cmd_schedules(args: argparse.Namespace) -> None:
     width = max(len(n) for n in BUILDERS)
     for name, builder in BUILDERS.items():
         tag = ""
-        if builder.heads_together:
+        if builder.heads_together or builder.together is not None:
             # The fewest workers on the default problem (4096 tokens, head_dim 128) in the mask
             # the schedule serves: its minimum grows with the sequence.
             problem = next(p for p in (Problem(seqlen_q=4096, block_m=64, mask=m)
@@ -572,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "with fewer KV heads gets the GQA kernel anyway")
     p.add_argument("--varlen", action="store_true",
                    help="the packed kernels dashgen.attention_varlen runs (lengths read at run "
-                        "time): --schedule (default auto: fa3 full, descending causal), --hdim, "
+                        "time): --schedule (default auto: hybrid), --hdim, "
                         "--mask (default causal), --gqa, --dtype, --nondeterministic")
     p.add_argument("--golden", action="store_true",
                    help="rewrite the golden renders in generated/ (the other options are ignored)")

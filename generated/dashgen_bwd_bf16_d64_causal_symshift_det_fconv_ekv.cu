@@ -23,9 +23,8 @@ namespace sched {
 
 // shift (full mask): KV tile n starts on Q tile n mod M and walks the Q tiles cyclically.
 template <class Tl>
-struct Shift {
+struct Shift : RunsTogether {
   static constexpr int kId = 4;
-  static constexpr bool kHeadsTogether = true;
   DASHGEN_HD static int units(const Tl& t) { return t.num_n(); }
   DASHGEN_HD static int unit_tasks(const Tl& t, int) { return t.num_m(); }
   DASHGEN_HD static Step step(const Tl& t, int u, int i) {
@@ -42,9 +41,8 @@ struct Shift {
 // start later (they reach the tile sooner) and equal starts below p; a small side after all P
 // big sides, behind the small sides with a later first Q tile and equal ones below p.
 template <class Tl>
-struct SymmetricShift {
+struct SymmetricShift : RunsTogether {
   static constexpr int kId = 5;
-  static constexpr bool kHeadsTogether = true;
   DASHGEN_HD static int units(const Tl& t) { return (t.num_n() + 1) / 2; }
   DASHGEN_HD static bool has_small(const Tl& t, int p) { return t.num_n() - 1 - p != p; }
   DASHGEN_HD static int unit_tasks(const Tl& t, int p) {

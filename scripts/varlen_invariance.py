@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import dashgen  # noqa: E402
 
 DTYPE = torch.bfloat16  # the inputs' dtype (--dtype)
-SCHEDULES = {False: ("fa3", "spt", "descending", "shift"),
-             True: ("fa3", "spt", "descending", "symmetric_shift")}
+SCHEDULES = {False: ("fa3", "spt", "descending", "shift", "hybrid"),
+             True: ("fa3", "spt", "descending", "symmetric_shift", "hybrid")}
 
 
 def random_lengths(rng: random.Random, tokens: int, max_len: int) -> list[int]:

@@ -59,4 +59,4 @@ def other_schedule_variants() -> set:
                         BackwardVariant("bf16", d, causal, PACK_AUTO_SCHEDULES[causal],
                                         early_kv=True, varlen=True))}
     return packed | {BackwardVariant("bf16", 128, False, name)
-                     for name in ("fa3", "spt", "descending", "table")}
+                     for name in ("fa3", "spt", "descending", "hybrid", "table")}

@@ -63,7 +63,7 @@ def test_emit_symmetric_shift_end_to_end(tmp_path, monkeypatch, capsys):
         [f"{fwd}.cu", f"{fwd}.cubin", f"{bwd}.cu", f"{bwd}.cubin"])
     for name in (fwd, bwd):
         assert (out / f"{name}.cubin").read_bytes()[:4] == b"\x7fELF"
-    assert "struct SymmetricShift {" in (out / f"{bwd}.cu").read_text()
+    assert "struct SymmetricShift : RunsTogether {" in (out / f"{bwd}.cu").read_text()
 
     rows = report_rows(stdout)
     assert set(rows) == {fwd, bwd, f"{bwd}_preprocess", f"{bwd}_convert"}

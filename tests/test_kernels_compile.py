@@ -29,6 +29,12 @@ ENTRY_REGISTERS = 168
 # The most local memory a named policy's walk may take in the scheduler lane (measured: 0 for
 # every policy but symmetric_shift, whose walk keeps 8 bytes).
 SCHEDULER_SPILL_BYTES = 16
+# hybrid's pack walk holds both of a mask's orders (shift and fa3, symmetric_shift and
+# descending) in the scheduler lane: 48 bytes under a full mask, 180 under a causal one at both
+# head_dims (symmetric_shift's alone: 100, in test_varlen.py). Unlike the other walks' twins, its
+# twin without the dQ order spills too (32 and 164 bytes): the walk alone outgrows the lane's
+# registers (docs/design.md, `pack-auto`).
+HYBRID_PACK_SPILL_BYTES = 192
 # Fallbacks that cost the main loop its overlap: never accepted.
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
 
@@ -94,12 +100,14 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
             # warpgroup's 24 registers, and may keep a few words in local memory; the same
             # kernel walking a table (everything else identical) must spill nothing, so the
             # spills are the walk's (docs/design.md, `scheduler-lane`).
-            allowed = SCHEDULER_SPILL_BYTES
+            hybrid_pack = variant.varlen and variant.schedule == "hybrid"
+            allowed = HYBRID_PACK_SPILL_BYTES if hybrid_pack else SCHEDULER_SPILL_BYTES
             # A pack has no table walk; its twin without the dQ order (the same walk, no rank
             # waits) spills nothing either.
             twin = (dataclasses.replace(variant, deterministic=False) if variant.varlen
                     else dataclasses.replace(variant, schedule="table"))
-            assert compiled(twin).resources[twin.kernel_name].spill_bytes == 0
+            assert compiled(twin).resources[twin.kernel_name].spill_bytes <= (
+                HYBRID_PACK_SPILL_BYTES if hybrid_pack else 0)
         assert usage.spill_bytes <= allowed, f"{function} spills {usage.spill_bytes} bytes:\n{cubin.log}"
         assert usage.stack_frame_bytes <= allowed, f"{function}: {usage.stack_frame_bytes} B stack"
         assert not any(usage.has_warning(code) for code in SLOW_PATHS), usage.warnings
@@ -198,10 +206,10 @@ def test_a_backward_names_a_schedule_policy_and_its_header_holds_it():
         variant = B("bf16", 128, False, name)
         assert variant.schedule_id == policy.kernel_id
         text = render_variant(variant).text
-        assert f"struct {variant.policy_class} {{" in text  # the policy's source is inlined
+        assert f"struct {variant.policy_class} " in text  # the policy's source is inlined
         assert f"sched::{variant.policy_class}<Tl>" in text
     table = render_variant(B("bf16", 128, False, "table")).text
-    assert "sched::TableWalk" in table and "struct Fa3 {" not in table
+    assert "sched::TableWalk" in table and "struct Fa3 " not in table
 
 
 @pytest.mark.parametrize("kwargs, name", [(dict(causal=1), "causal"),

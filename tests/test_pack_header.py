@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dashgen import Problem
-from dashgen.schedule.builders import BUILDERS, build_schedule
-from test_policy_header import (COMMON, POLICIES, TILES, build_driver, ir_tasks, needs_gxx,
-                                run_walks)
+from dashgen.schedule.builders import BUILDERS
+from test_policy_header import (COMMON, POLICIES, POLICY_OBJECTS, TILES, build, build_driver,
+                                ir_tasks, needs_gxx, run_walks)
 
 # argv: policy id, block_m, causal, heads_q, heads_kv, sequences, their seqlen_q, their
 # seqlen_k, then worker counts; for each count "W <count>", then per worker its tasks
@@ -47,12 +47,14 @@ static void walk(Pack pack, int workers) {
   }
   std::sort(pack.order_.begin(), pack.order_.end(),
             [&](int a, int b) { return dealt_before(tasks[a], a, tasks[b], b); });
-  // The units with tasks, sorted by sched::unit_dealt_before.
+  // The units with tasks of the sequences that do not run together, sorted by
+  // sched::unit_dealt_before (the plan kernel's order, tests/test_pack_plan_header.py).
   struct Unit { int key, place, u, b; };
   std::vector<Unit> units;
   for (int place = 0; place < pack.dealt(); ++place) {
     const int b = pack.order_[place];
     const Tl t(pack.seqlen_q_[b], pack.seqlen_k_[b]);
+    if (Policy::together(t)) continue;
     for (int u = 0; u < Policy::units(t); ++u) {
       if (Policy::unit_tasks(t, u) > 0) units.push_back({deal_key<Policy>(t, u), place, u, b});
     }
@@ -107,7 +109,7 @@ def walk_pack(tmp_path_factory):
     binary = build_driver(tmp_path_factory, "pack", DRIVER)
 
     def walk(name, problem, counts):
-        return run_walks([str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
+        return run_walks([str(binary), str(POLICY_OBJECTS[name].kernel_id), str(problem.block_m),
                           str(int(problem.mask.kind == "causal")), str(problem.heads_q),
                           str(problem.heads_kv), str(problem.batch),
                           *map(str, problem.seqlens_q), *map(str, problem.seqlens_k),
@@ -116,14 +118,14 @@ def walk_pack(tmp_path_factory):
 
 
 def compare(walk_pack, name, problem, counts=None):
-    policy = BUILDERS[name]
+    policy = POLICY_OBJECTS[name]
     if policy.supports(problem) is not None:
         return 0
     counts = counts or list(range(policy.min_workers(problem), 133))
     used = {c: policy.workers_used(problem, c) for c in counts}
     walked = walk_pack(name, problem, sorted(set(used.values())))
     for c in counts:
-        expected = ir_tasks(build_schedule(name, problem, c))
+        expected = ir_tasks(build(name, problem, c))
         assert walked[used[c]] == expected, (name, problem.describe(), c)
     return len(counts)
 
@@ -155,7 +157,8 @@ def test_the_pack_walk_enumerates_the_packs_ir(walk_pack, problem):
 
 @needs_gxx
 @pytest.mark.parametrize("name, mask", [("shift", "full"), ("symmetric_shift", "causal"),
-                                        ("spt", "causal"), ("fa3", "full")])
+                                        ("spt", "causal"), ("fa3", "full"), ("hybrid", "full"),
+                                        ("hybrid", "causal")])
 def test_a_long_tailed_pack_of_16k_tokens(walk_pack, name, mask):
     """A pack like the benchmark's: one long document, a few mid-sized, many short ones."""
     lengths = [9000, 2500, 1200, 1100, 700, 500, 300, 300, 200, 100, 100, 60, 30, 1, 0]

@@ -14,12 +14,11 @@ from hypothesis import HealthCheck, given, settings
 
 from dashgen import Problem
 from dashgen.codegen.render import include_dir
-from dashgen.schedule.builders import BUILDERS
 from dashgen.schedule.builders.base import pack_order, pack_tilings, pack_units
 from dashgen.runtime.varlen import pack_tiles
 from test_pack_header import packs
 from test_varlen import tile_slots
-from test_policy_header import POLICIES, needs_gxx
+from test_policy_header import POLICIES, POLICY_OBJECTS, needs_gxx
 
 # argv: policy id, block_m, causal, sequences, their seqlen_q, their seqlen_k. Prints
 # "S <dealt> <sequences in deal order>" and "U <units dealt> <b,u of each in deal order>".
@@ -68,9 +67,12 @@ inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_S
 
 #include "dashgen/sched/ordered.cuh"
 #include "dashgen/sched/shift.cuh"
+#include "dashgen/sched/hybrid.cuh"
 #include "dashgen/attn/pack_plan.cuh"
 
 using namespace dashgen;
+template <class Tl> using Hybrid64 = sched::Hybrid<Tl>;
+template <class Tl> using Hybrid3 = sched::Hybrid<Tl, 3>;  // tests only (id 106)
 
 template <int kBlockM_, bool kCausal_, template <class> class P>
 struct Cfg {
@@ -160,6 +162,8 @@ static int run(int id, int seqs, char** lengths) {
     case sched::Shift<Tl>::kId: return plan<kBlockM, kCausal, sched::Shift>(seqs, lengths);
     case sched::SymmetricShift<Tl>::kId:
       return plan<kBlockM, kCausal, sched::SymmetricShift>(seqs, lengths);
+    case sched::Hybrid<Tl>::kId: return plan<kBlockM, kCausal, Hybrid64>(seqs, lengths);
+    case 106: return plan<kBlockM, kCausal, Hybrid3>(seqs, lengths);
     default: return 3;
   }
 }
@@ -187,7 +191,7 @@ def plan_driver(tmp_path_factory):
     assert proc.returncode == 0, f"pack_plan.cuh does not compile as host code:\n{proc.stderr}"
 
     def run(name: str, problem: Problem):
-        out = subprocess.run([str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
+        out = subprocess.run([str(binary), str(POLICY_OBJECTS[name].kernel_id), str(problem.block_m),
                               str(int(problem.mask.kind == "causal")), str(problem.batch),
                               *map(str, problem.seqlens_q), *map(str, problem.seqlens_k)],
                              capture_output=True, text=True, timeout=120, check=True).stdout
@@ -214,7 +218,7 @@ def expected_map(lengths: list[int], block: int) -> list[int]:
 
 
 def check(plan_driver, name: str, problem: Problem) -> bool:
-    policy = BUILDERS[name]
+    policy = POLICY_OBJECTS[name]
     if policy.supports(problem) is not None:
         return False
     order, dealt, units, units_dealt, (map_q, map_k, ctas_q, ctas_k, zeroed) = plan_driver(

@@ -12,11 +12,24 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dashgen import Problem
 from dashgen.codegen.render import include_dir
-from dashgen.schedule.builders import BUILDERS, build_schedule
+from dashgen.schedule.builders import BUILDERS, hybrid_policy, build_schedule
+from dashgen.schedule.builders.base import assemble
 
-HEADERS = ("dashgen/sched/walk.cuh", "dashgen/sched/ordered.cuh", "dashgen/sched/shift.cuh")
+HEADERS = ("dashgen/sched/walk.cuh", "dashgen/sched/ordered.cuh", "dashgen/sched/shift.cuh",
+           "dashgen/sched/hybrid.cuh")
+# The policies the drivers run (name -> the Policy the IR reads): the named schedules, and
+# hybrid with at most 3 units together (the drivers' id 106, Hybrid<Tl, 3>), so that the small
+# drawn problems take both of hybrid's orders.
+POLICY_OBJECTS = {**BUILDERS, "hybrid3": hybrid_policy(3, 106)}
 POLICIES = {"fa3": "Fa3", "spt": "Spt", "descending": "Descending", "shift": "Shift",
-            "symmetric_shift": "SymmetricShift"}
+            "symmetric_shift": "SymmetricShift", "hybrid": "Hybrid", "hybrid3": "Hybrid<Tl, 3>"}
+
+
+def build(name, problem, workers):
+    """The IR of POLICY_OBJECTS[name] (build_schedule for the named ones)."""
+    if name in BUILDERS:
+        return build_schedule(name, problem, workers)
+    return assemble(POLICY_OBJECTS[name], problem, workers)
 TILES = ((64, 128), (128, 128))  # the backward's (block_m, block_n) at head_dim 128 and 64
 
 # argv: policy id, block_m, causal, batch, heads_q, heads_kv, seqlen_q, seqlen_k, then worker
@@ -31,6 +44,7 @@ COMMON = r"""
 #include "dashgen/sched/walk.cuh"
 #include "dashgen/sched/ordered.cuh"
 #include "dashgen/sched/shift.cuh"
+#include "dashgen/sched/hybrid.cuh"
 
 using namespace dashgen::sched;
 
@@ -55,6 +69,8 @@ static int with_policy(int id, F&& f) {
     case Descending<Tl>::kId: f(Descending<Tl>{}); return 0;
     case Shift<Tl>::kId: f(Shift<Tl>{}); return 0;
     case SymmetricShift<Tl>::kId: f(SymmetricShift<Tl>{}); return 0;
+    case Hybrid<Tl>::kId: f(Hybrid<Tl>{}); return 0;
+    case 106: f(Hybrid<Tl, 3>{}); return 0;  // tests only: small problems take both orders
     default: return 3;
   }
 }
@@ -180,7 +196,7 @@ def walk_policy(tmp_path_factory):
         return counts, shares
 
     def walk(name, problem, counts):
-        return run_walks([str(binary), str(BUILDERS[name].kernel_id), str(problem.block_m),
+        return run_walks([str(binary), str(POLICY_OBJECTS[name].kernel_id), str(problem.block_m),
                           str(int(problem.mask.kind == "causal")), str(problem.batch),
                           str(problem.heads_q), str(problem.heads_kv), str(problem.seqlen_q),
                           str(problem.seqlen_k)] + [str(c) for c in counts])
@@ -203,7 +219,7 @@ def ir_tasks(schedule) -> list[list[tuple]]:
 
 
 def compare(walk_policy, name, problem):
-    policy = BUILDERS[name]
+    policy = POLICY_OBJECTS[name]
     if policy.supports(problem) is not None:
         return 0
     lo = policy.min_workers(problem)
@@ -211,7 +227,7 @@ def compare(walk_policy, name, problem):
     used = {c: policy.workers_used(problem, c) for c in counts}
     walked = walk_policy(name, problem, sorted(set(used.values())))
     for c in counts:
-        expected = ir_tasks(build_schedule(name, problem, c))
+        expected = ir_tasks(build(name, problem, c))
         assert walked[used[c]] == expected, (name, problem.describe(), c)
     return len(counts)
 

@@ -19,7 +19,7 @@ def dq_orders(schedule: Schedule) -> dict[tuple[int, int, int], list[int]]:
 
 
 def test_list_schedules_names_every_builder():
-    assert list_schedules() == ["fa3", "spt", "descending", "shift", "symmetric_shift"]
+    assert list_schedules() == ["fa3", "spt", "descending", "shift", "symmetric_shift", "hybrid"]
 
 
 @pytest.mark.parametrize("name", list_schedules())

@@ -83,9 +83,11 @@ def test_workers_used_refuses_fewer_than_the_minimum(problem):
     for name in served(problem):
         policy = BUILDERS[name]
         lo = min_workers(name, problem)
-        per_seq = policy.units(Tiling(problem))
+        tiling = Tiling(problem)
+        per_seq = policy.units(tiling)
         units = problem.batch * problem.heads_q * per_seq
-        if not policy.heads_together:
+        together = policy.runs_together(tiling)  # hybrid: by the sequence's size
+        if not together:
             assert lo == 1
         else:
             assert lo == max(1, per_seq)
@@ -99,7 +101,7 @@ def test_workers_used_refuses_fewer_than_the_minimum(problem):
         for workers in range(lo, MAX_WORKERS + 1):
             used = workers_used(name, problem, workers)
             # whole sequences a wave for the arrival-ranked orders, never more than the units
-            rounded = workers - workers % per_seq if policy.heads_together else workers
+            rounded = workers - workers % per_seq if together else workers
             assert used == max(1, min(rounded, units)) and 1 <= used <= workers
 
 

@@ -212,7 +212,7 @@ def test_a_long_offset_list_is_shortened_in_the_message():
 @pytest.mark.parametrize("schedule", ["table", "nope", "auto2", 3])
 def test_a_schedule_no_pack_runs_is_named(schedule):
     with pytest.raises(ValueError, match=r"^schedule must be 'auto' or one of \('fa3', 'spt', "
-                                         r"'descending', 'shift', 'symmetric_shift'\) for a pack"):
+                                         r"'descending', 'shift', 'symmetric_shift', 'hybrid'\) for a pack"):
         check_varlen_inputs(*pack(), schedule=schedule)
 
 
@@ -260,7 +260,7 @@ def test_a_pack_of_empty_and_one_token_sequences_reaches_the_device_check():
 def test_check_varlen_inputs_resolves_the_defaults(on_cpu):
     opts = check_varlen_inputs(*pack(head_dim=64), deterministic=True)
     assert opts == VarlenOptions(causal=False, softmax_scale=1 / 8, deterministic=True,
-                                 schedule="fa3", num_workers=132)
+                                 schedule="hybrid", num_workers=132)
     opts = check_varlen_inputs(*pack(head_dim=128), causal=True, softmax_scale=2,
                                deterministic=False, schedule="spt", num_workers=7)
     assert opts == VarlenOptions(True, 2.0, False, "spt", 7)
@@ -294,7 +294,7 @@ def test_cpu_offsets_are_checked_on_the_host_for_cuda_tensors(h200):
     with FakeTensorMode(allow_non_fake_inputs=True):
         q, k, v, *_ = pack(device="cuda")
         opts = check_varlen_inputs(q, k, v, good, good, 3, 3, deterministic=True)
-        assert (opts.num_workers, opts.schedule) == (132, "fa3")
+        assert (opts.num_workers, opts.schedule) == (132, "hybrid")
         with pytest.raises(ValueError, match=r"^cu_seqlens_k must rise from 0 to 5"):
             check_varlen_inputs(q, k, v, good, bad, 3, 3)
         with pytest.raises(ValueError, match=r"^cu_seqlens_q: a sequence of 3 tokens exceeds"):
@@ -679,12 +679,16 @@ def test_the_fake_ops_are_registered():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_packs_auto_runs_on_one_worker_at_any_length(causal):
+def test_a_packs_auto_runs_on_32_workers_at_any_length(causal):
     """auto never falls back with the lengths (which would tie a sequence's bits to the longest
-    other sequence of its pack): its schedule is live on one worker for a sequence of 1M."""
+    other sequence of its pack): hybrid runs a sequence of 1M on the ordered schedule, so 32
+    workers (fewer than any Hopper part's SMs) serve any pack; fewer are refused by name."""
     sel = select_pack("bf16", 128, causal, "auto")
-    assert sel.schedule == PACK_AUTO_SCHEDULES[causal]
-    assert pack_workers(sel.schedule, 1 << 20, sel.backward.block_n, 1) == 1
+    assert sel.schedule == PACK_AUTO_SCHEDULES[causal] == "hybrid"
+    assert pack_workers(sel.schedule, 1 << 20, sel.backward.block_n, 32) == 32
+    assert pack_workers(sel.schedule, 1024, sel.backward.block_n, 8) == 8  # 8 KV tiles at most
+    with pytest.raises(ValueError, match=r"^schedule='hybrid' needs 32 workers"):
+        pack_workers(sel.schedule, 1 << 20, sel.backward.block_n, 31)
 
 
 # -- dashgen emit --varlen -------------------------------------------------------------------------
@@ -694,14 +698,14 @@ def test_emit_varlen_writes_and_compiles_the_packed_pair(tmp_path, capsys):
     main(["emit", "--varlen", "--hdim", "64", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["dashgen_bwd_bf16_d64_causal_desc_det_ekv_varlen.cu",
-                     "dashgen_bwd_bf16_d64_causal_desc_det_ekv_varlen.cubin",
+    assert names == ["dashgen_bwd_bf16_d64_causal_hybrid_det_ekv_varlen.cu",
+                     "dashgen_bwd_bf16_d64_causal_hybrid_det_ekv_varlen.cubin",
                      "dashgen_fwd_bf16_d64_causal_varlen.cu",
                      "dashgen_fwd_bf16_d64_causal_varlen.cubin"]
-    assert "dashgen_bwd_bf16_d64_causal_desc_det_ekv_varlen_plan " in out
+    assert "dashgen_bwd_bf16_d64_causal_hybrid_det_ekv_varlen_plan " in out
     assert "PackWalk" in (tmp_path / names[0]).read_text()
     report = [line for line in out.splitlines() if not line.lstrip().startswith(("wrote", "and"))]
-    assert all(len(line) < 100 for line in report), out  # the paths aside
+    assert all(len(line) <= 104 for line in report), out  # the paths aside, compiled or cached
 
 
 @pytest.mark.parametrize("argv, pattern", [

@@ -37,7 +37,8 @@ def problems(draw, masks=("full", "causal", "window")):
 def schedules(draw, names=None):
     """A valid schedule from some builder that serves the drawn problem."""
     name = draw(st.sampled_from(names or list_schedules()))
-    masks = {"shift": ("full",), "symmetric_shift": ("causal",)}.get(name, ("full", "causal", "window"))
+    masks = {"shift": ("full",), "symmetric_shift": ("causal",),
+             "hybrid": ("full", "causal")}.get(name, ("full", "causal", "window"))
     problem = draw(problems(masks))
     try:
         # from the fewest workers the schedule runs on (a whole head for shift, symmetric_shift)

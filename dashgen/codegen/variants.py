@@ -72,6 +72,7 @@ SCHEDULE_POLICIES = {
     "descending": ("ordered.cuh", "Descending", "desc"),
     "shift": ("shift.cuh", "Shift", "shift"),
     "symmetric_shift": ("shift.cuh", "SymmetricShift", "symshift"),
+    "hybrid": ("hybrid.cuh", "Hybrid", "hybrid"),
     "table": (None, None, "table"),
 }
 

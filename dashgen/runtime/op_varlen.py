@@ -309,9 +309,10 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     causal masks bottom-right per sequence: row i of a sequence sees its keys j <= i +
     seqlen_k - seqlen_q (a row that sees none gets o = 0, lse = -inf). deterministic: as in
-    dashgen.attention (None follows torch.use_deterministic_algorithms). schedule: "auto" (fa3
-    under a full mask, descending under a causal one) or a named schedule, dealt over the pack
-    on the GPU; the shift schedules need the longest sequence's units on the SMs at once.
+    dashgen.attention (None follows torch.use_deterministic_algorithms). schedule: "auto"
+    (hybrid: shift / symmetric_shift for each sequence of at most 32 units, fa3 / descending
+    for longer ones) or a named schedule, dealt over the pack on the GPU; shift and
+    symmetric_shift need the longest sequence's units on the SMs at once.
     Returns o, or (o, lse) with lse float32 (heads_q, total_q), not differentiable.
     """
     if not isinstance(return_lse, bool):

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from ..caches import memo
 from ..codegen.variants import (FORWARD_BLOCK_M, FORWARD_BLOCK_N, BackwardVariant,
                                 ForwardVariant, backward_tiles, check_dtype_head_dim)
-from ..schedule.builders import Tiling, get_builder, schedule_loads, unsupported_reason
+from ..schedule.builders import (HYBRID_MAX_UNITS, Tiling, get_builder, schedule_loads,
+                                 unsupported_reason)
 from ..schedule.builders.base import fewest_workers
 from ..schedule.ir import Schedule
 from ..schedule.problem import Mask, Problem
@@ -120,7 +121,7 @@ def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
         used = policy.workers_used(problem, workers)
     except ValueError as exc:
         raise ValueError(f"num_workers: {exc}") from None
-    if auto and num_workers is None and policy.heads_together:
+    if auto and num_workers is None and policy.runs_together(Tiling(problem)):
         used = balanced_workers(problem, policy.units(Tiling(problem)), used)
     return schedule, used
 
@@ -223,11 +224,11 @@ def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: b
                      name, workers, None if table is None else register(table))
 
 
-# A pack's "auto" per mask (causal: name): one schedule whatever the lengths, live on any worker
-# count, so a sequence's bits never follow the rest of the pack; the measured best of those
+# A pack's "auto" per mask (causal: name): one schedule whatever the lengths, live on any
+# Hopper's SM count, so a sequence's bits never follow the rest of the pack or the GPU
 # (docs/design.md, `pack-auto`). The schedules a pack's kernels walk.
-PACK_AUTO_SCHEDULES = {False: "fa3", True: "descending"}
-PACK_SCHEDULES = ("fa3", "spt", "descending", "shift", "symmetric_shift")
+PACK_AUTO_SCHEDULES = {False: "hybrid", True: "hybrid"}
+PACK_SCHEDULES = ("fa3", "spt", "descending", "shift", "symmetric_shift", "hybrid")
 
 
 def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
@@ -257,9 +258,12 @@ def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
 
 def pack_workers(schedule: str, max_seqlen_k: int, block_n: int, workers: int) -> int:
     """The workers a packed backward runs on: all of them; a schedule whose units run together
-    needs the longest sequence's units (its KV tiles; half of them, symmetric_shift)."""
+    needs the longest sequence's units (its KV tiles; half of them, symmetric_shift; hybrid at
+    most HYBRID_MAX_UNITS, the most units a sequence of its runs at once)."""
     tiles = -(-max_seqlen_k // block_n)
-    need = {"shift": tiles, "symmetric_shift": -(-tiles // 2)}.get(schedule, 1)
+    together = {False: tiles, True: -(-tiles // 2)}  # the shift orders' units, by causal
+    need = {"shift": together[False], "symmetric_shift": together[True],
+            "hybrid": min(HYBRID_MAX_UNITS, max(together.values()))}.get(schedule, 1)
     if need > workers:
         raise ValueError(f"schedule={schedule!r} needs {need} workers for a sequence of "
                          f"{max_seqlen_k} keys (its units run together), more than the "

@@ -193,7 +193,7 @@ def report_lines(kernels: tuple[EmittedKernel, ...]) -> list[str]:
         for name in names:
             usage = kernel.cubin.resources[name]
             dynamic = kernel.dynamic_smem_bytes if name == main_name else 0
-            # static+dynamic bytes; unpadded, so that the longest names' lines stay under 100
+            # static+dynamic bytes; unpadded, so that the longest names' lines stay near 100
             # columns
             smem = f"{usage.shared_bytes}+{dynamic}"
             rows.append((name, f"{usage.registers:>3} regs {usage.spill_bytes} spills "

@@ -42,6 +42,35 @@ def test_packed_bits_are_each_sequences_alone(causal, head_dim, heads_q, heads_k
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hybrid_runs_each_sequence_in_the_order_its_size_picks(causal, seed):
+    """hybrid (a pack's auto): a sequence of at most 32 shift-order units takes the bits of
+    shift / symmetric_shift alone, a longer one those of fa3 / descending alone, inside packs
+    of both kinds at every position."""
+    from dashgen.schedule.builders import HYBRID_MAX_UNITS
+    rng = random.Random(seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    # 128-key tiles: the shift orders take up to 32 KV tiles (full) or 64 (causal) together.
+    longest = 128 * (2 * HYBRID_MAX_UNITS if causal else HYBRID_MAX_UNITS)
+    lengths = [longest + 77, longest, 700, 1, 0, 130]
+    together, ordered = ("symmetric_shift", "descending") if causal else ("shift", "fa3")
+    pool = vi.Pool(lengths, lengths, 4, 2, 128, causal, "hybrid", gen)
+    for i, n in enumerate(lengths):
+        if n == 0:
+            continue
+        (q, k, v, do), alone = pool.items[i]
+        named = vi.grads(lambda a, c, d: dashgen.attention(
+            a[None], c[None], d[None], causal=causal, deterministic=True,
+            schedule=ordered if i == 0 else together)[0], q, k, v, do)
+        for name, x, y in zip(("o", "dq", "dk", "dv"), alone, named):
+            assert torch.equal(x, y), (n, name)
+    for members in ([0, 2, 3, 5], [2, 0], [5, 1, 4, 0, 2], [1, 2, 5]):
+        assert vi.check_pack(pool, members, causal, "hybrid") is None, members
+    for _ in range(3):
+        members = [rng.randrange(len(lengths)) for _ in range(rng.randint(1, 6))]
+        assert vi.check_pack(pool, members, causal, "hybrid") is None, members
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_fp16_packs_are_each_sequences_alone_and_accurate(causal, seed, monkeypatch):
     monkeypatch.setattr(vi, "DTYPE", torch.float16)
     rng = random.Random(seed)

@@ -8,6 +8,7 @@ from .base import (Policy, Step, Tiling, UnsupportedProblem, assemble, shift_ran
                    worker_loads)
 from .descending import descending_step, descending_tasks, descending_units
 from .fa3 import fa3_step, fa3_tasks, fa3_units
+from .hybrid import HYBRID_MAX_UNITS, HybridOrder, hybrid_supports
 from .shift import shift_step, shift_supports, shift_tasks, shift_units
 from .spt import spt_step, spt_tasks, spt_units
 from .symmetric_shift import (symmetric_shift_step, symmetric_shift_supports,
@@ -35,6 +36,19 @@ BUILDERS: dict[str, Policy] = {b.name: b for b in [
            symmetric_shift_units, symmetric_shift_tasks, symmetric_shift_step, True,
            symmetric_shift_supports, symmetric_shift_units.__doc__ or ""),
 ]}
+
+
+def hybrid_policy(max_units: int = HYBRID_MAX_UNITS, kernel_id: int = 6) -> Policy:
+    """The hybrid policy with its parameter (the registered one: HYBRID_MAX_UNITS, id 6)."""
+    order = HybridOrder(max_units)
+    return Policy("hybrid", kernel_id,
+                  "each sequence by its size: shift / symmetric_shift where its units fit in "
+                  f"{max_units} workers, else fa3 / descending",
+                  order.units, order.unit_tasks, order.step, False, hybrid_supports,
+                  HybridOrder.units.__doc__ or "", together=order.together)
+
+
+BUILDERS["hybrid"] = hybrid_policy()
 
 
 def list_schedules() -> list[str]:
@@ -86,6 +100,6 @@ def schedule_loads(name: str, problem: Problem, num_workers: int) -> list[int]:
     return worker_loads(_check(name, problem, num_workers), problem, num_workers)
 
 
-__all__ = ["BUILDERS", "Policy", "Step", "Tiling", "UnsupportedProblem", "build_schedule",
-           "get_builder", "list_schedules", "min_workers", "schedule_loads", "shift_rank",
+__all__ = ["BUILDERS", "HYBRID_MAX_UNITS", "Policy", "Step", "Tiling", "UnsupportedProblem", "build_schedule",
+           "get_builder", "hybrid_policy", "list_schedules", "min_workers", "schedule_loads", "shift_rank",
            "unsupported_reason", "workers_used"]

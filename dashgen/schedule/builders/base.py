@@ -108,7 +108,9 @@ class Policy:
 
     heads_together: a sequence's units wait on each other both ways (arrival-ordered ranks), so
     all of one sequence's units must run at once: the worker count is rounded down to a
-    multiple of `units` (never fewer than one sequence's worth: min_workers).
+    multiple of `units` (never fewer than one sequence's worth: min_workers). `together`, where
+    given, decides it per sequence instead (hybrid: by the sequence's size); runs_together reads
+    whichever the policy has.
     """
 
     name: str
@@ -124,15 +126,20 @@ class Policy:
     # run along the unit order under a causal mask: falling (fa3, descending: the first KV tile
     # has the most Q tiles) or rising (spt: the last first, the fewest). pack_units.
     deal_rising: bool = False
+    together: Callable[[Tiling], bool] | None = None
+
+    def runs_together(self, tiling: Tiling) -> bool:
+        """Whether this sequence's units must all run at once."""
+        return self.heads_together if self.together is None else self.together(tiling)
 
     def min_workers(self, problem: Problem) -> int:
         """The fewest workers the schedule is live on: one sequence's units if they must run
-        together (in a pack the largest sequence's), else one."""
-        if not self.heads_together:
-            return 1
+        together (in a pack the largest such sequence's), else one."""
         if problem.is_pack:
-            return max([1] + [self.units(t) for t in pack_tilings(problem) if _tasks(self, t)])
-        return max(1, self.units(Tiling(problem)))
+            return max([1] + [self.units(t) for t in pack_tilings(problem)
+                              if self.runs_together(t) and _tasks(self, t)])
+        tiling = Tiling(problem)
+        return max(1, self.units(tiling)) if self.runs_together(tiling) else 1
 
     def workers_used(self, problem: Problem, num_workers: int) -> int:
         """The workers a launch on `num_workers` runs: all, or for heads_together a multiple of
@@ -145,16 +152,17 @@ class Policy:
                     f"schedule {self.name!r} needs at least {need} workers for this pack (the "
                     f"{need} units of its largest sequence wait on each other and must all run "
                     f"at once), got num_workers={num_workers}")
-            tilings = pack_tilings(problem)
-            if self.heads_together:
-                total = sum(self.units(t) for t in tilings if _tasks(self, t))
-            else:  # the units pack_units deals: those with tasks
-                total = sum(1 for t in tilings for u in range(self.units(t))
-                            if self.unit_tasks(t, u))
+            # The units pack_deal places: every unit of a sequence that runs together (one
+            # wave holds them all), the units with tasks of the others (pack_units).
+            total = sum(self.units(t) if self.runs_together(t) and _tasks(self, t) else
+                        sum(1 for u in range(self.units(t))
+                            if not self.runs_together(t) and self.unit_tasks(t, u))
+                        for t in pack_tilings(problem))
             return max(1, min(num_workers, problem.heads_q * total))
-        per_seq = max(1, self.units(Tiling(problem)))
+        tiling = Tiling(problem)
+        per_seq = max(1, self.units(tiling))
         total = problem.batch * problem.heads_q * per_seq
-        if self.heads_together:
+        if self.runs_together(tiling):
             if num_workers < per_seq:
                 raise ValueError(
                     f"schedule {self.name!r} needs at least {per_seq} workers for this problem "
@@ -202,14 +210,16 @@ def _deal_keys(policy: Policy, tiling: Tiling, rising: bool) -> list[int]:
 
 
 def pack_units(policy: Policy, problem: Problem) -> list[tuple[int, int]]:
-    """(batch, unit) of a pack's units with tasks, in the order a policy with independent units
-    deals them: by _deal_keys (costliest first, or for a rising policy cheapest first), ties by
-    the sequence's place in pack_order, then the unit."""
+    """(batch, unit) of a pack's units with tasks that run independently (of the sequences that
+    do not run together), in the order they are dealt: by _deal_keys (costliest first, or for a
+    rising policy cheapest first), ties by the sequence's place in pack_order, then the unit."""
     tilings = pack_tilings(problem)
     place = {b: k for k, b in enumerate(pack_order(policy, tilings))}
     rising = _deals_rising(policy, problem)
     items = []
     for b in place:
+        if policy.runs_together(tilings[b]):
+            continue
         for u, key in enumerate(_deal_keys(policy, tilings[b], rising)):
             if policy.unit_tasks(tilings[b], u):
                 items.append((key if rising else -key, place[b], u, b))
@@ -231,22 +241,26 @@ def pack_deal(policy: Policy, problem: Problem, num_workers: int) -> list[list[t
     tasks. Each sequence's units keep their order, and every wait of these schedules is on a
     sequence's earlier unit, dealt before, so the deal is live (by induction over j).
 
-    Units that wait on each other (heads_together): sequences in pack_order, each sequence's
+    Units that wait on each other (runs_together): sequences in pack_order, each sequence's
     heads in order, each (batch, head)'s units on consecutive workers of one wave, next fit:
     where they do not fit in what is left of the wave, the next wave starts (its first workers
     may still be in the previous one). Every wait is then between units of one wave on distinct
     workers, and a worker's earlier waves wait on nothing later, so the deal is live.
+
+    A policy with both kinds (hybrid) deals the independent units first, then the waves from
+    worker 0: the independent units wait only on their own sequences' units dealt before them,
+    never on a wave, so they all finish, and then the waves are live as above.
     docs/design.md, `pack-deal`."""
     workers = policy.workers_used(problem, num_workers)
     programs: list[list[tuple[int, int, int]]] = [[] for _ in range(workers)]
-    if not policy.heads_together:
-        heads = problem.heads_q
-        for j, (b, u) in enumerate(bu for bu in pack_units(policy, problem) for _ in range(heads)):
-            programs[snake_worker(j, workers)].append((b, j % heads, u))
-        return programs
+    heads = problem.heads_q
+    for j, (b, u) in enumerate(bu for bu in pack_units(policy, problem) for _ in range(heads)):
+        programs[snake_worker(j, workers)].append((b, j % heads, u))
     tilings = pack_tilings(problem)
     cursor = 0
     for b in pack_order(policy, tilings):
+        if not policy.runs_together(tilings[b]):
+            continue
         units = policy.units(tilings[b])
         for h in range(problem.heads_q):
             if cursor + units > workers:

@@ -79,7 +79,9 @@ struct AttnPackPlan {
       }
       const int u = j - first_slot[b];
       const Tl t = tiling(p, b);
-      key[j] = Policy::unit_tasks(t, u) > 0 ? sched::deal_key<Policy>(t, u) : -1;
+      // Units of sequences that run together are dealt in waves, not sorted (sched::PackWalk).
+      key[j] = Policy::unit_tasks(t, u) > 0 && !Policy::together(t) ? sched::deal_key<Policy>(t, u)
+                                                                     : -1;
       place[j] = seq_place[b];
       seq_of[j] = b;
       index_of[j] = u;

@@ -10,9 +10,8 @@ namespace sched {
 
 // fa3: KV tiles ascending, each visiting its Q tiles ascending; adds in ascending KV order.
 template <class Tl>
-struct Fa3 {
+struct Fa3 : RunsIndependently {
   static constexpr int kId = 1;
-  static constexpr bool kHeadsTogether = false;
   DASHGEN_HD static int units(const Tl& t) { return t.num_n(); }
   DASHGEN_HD static int unit_tasks(const Tl& t, int u) { return t.rows(u); }
   DASHGEN_HD static Step step(const Tl& t, int u, int i) {
@@ -23,9 +22,8 @@ struct Fa3 {
 // spt: KV tiles last first (causal: the fewest tasks first), Q tiles ascending; the highest
 // KV tile adds first.
 template <class Tl>
-struct Spt {
+struct Spt : RunsIndependently {
   static constexpr int kId = 2;
-  static constexpr bool kHeadsTogether = false;
   DASHGEN_HD static int units(const Tl& t) { return t.num_n(); }
   DASHGEN_HD static int unit_tasks(const Tl& t, int u) { return t.rows(t.num_n() - 1 - u); }
   DASHGEN_HD static Step step(const Tl& t, int u, int i) {
@@ -36,9 +34,8 @@ struct Spt {
 
 // descending: fa3 with each KV tile visiting its Q tiles last to first.
 template <class Tl>
-struct Descending {
+struct Descending : RunsIndependently {
   static constexpr int kId = 3;
-  static constexpr bool kHeadsTogether = false;
   DASHGEN_HD static int units(const Tl& t) { return t.num_n(); }
   DASHGEN_HD static int unit_tasks(const Tl& t, int u) { return t.rows(u); }
   DASHGEN_HD static Step step(const Tl& t, int u, int i) {

@@ -2,8 +2,9 @@
 // lengths, as cu_seqlens give them): the deal of dashgen.schedule.builders.base.pack_deal.
 // A policy whose units run independently deals its units sorted by cost (unit_dealt_before),
 // heads innermost, in a snake over the workers; one whose units wait on each other
-// (kHeadsTogether) puts each (sequence, head)'s units on consecutive workers of one wave, next
-// fit, sequences most tasks first (dealt_before). Each unit's steps and ranks are the policy's formulas over its
+// (together) puts each (sequence, head)'s units on consecutive workers of one wave, next
+// fit, sequences most tasks first (dealt_before); a policy with both kinds (Hybrid) deals the
+// independent units first, then the waves. Each unit's steps and ranks are the policy's formulas over its
 // own sequence's tiles, so a sequence's bits never depend on the others. Host-compilable like
 // tiling.cuh (tests/test_pack_header.py checks it against the Python IR).
 #ifndef DASHGEN_SCHED_PACK_CUH
@@ -88,7 +89,7 @@ struct PackWalk {
       for (;;) {
         const int j = r * workers + ((r & 1) ? workers - 1 - worker : worker);
         ++r;
-        if (j >= total) return false;
+        if (j >= total) break;
         b = pack.unit_seq(j / heads);
         hu = j % heads;
         u = pack.unit_index(j / heads);
@@ -96,9 +97,9 @@ struct PackWalk {
         tasks = Policy::unit_tasks(tiling(b), u);
         if (tasks > 0) return true;
       }
-    } else {
-      return advance_together(workers);
     }
+    if constexpr (Policy::kMayRunTogether) return advance_together(workers);
+    return false;
   }
 
   // advance() for units that wait on each other: each (sequence, head)'s units on consecutive
@@ -107,6 +108,11 @@ struct PackWalk {
     while (k < pack.dealt()) {
       const int seq = pack.order(k), head = h;
       const Tl t = tiling(seq);
+      if (!Policy::together(t)) {  // dealt in the snake
+        h = 0;
+        ++k;
+        continue;
+      }
       const int units = Policy::units(t);
       if (cursor + units > workers) cursor = 0;  // the next wave
       const int mine = worker - cursor;  // this worker's unit of (seq, head), if in range

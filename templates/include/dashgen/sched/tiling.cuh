@@ -54,6 +54,20 @@ struct Step {
   bool seg_start, seg_end;
 };
 
+// What a pack's deal (pack.cuh) asks a policy: whether all its sequences' units run at once
+// (kHeadsTogether), whether some may (kMayRunTogether), and whether this one does (together).
+// A policy is one kind or the other; Hybrid (hybrid.cuh) decides per sequence.
+struct RunsIndependently {
+  static constexpr bool kHeadsTogether = false, kMayRunTogether = false;
+  template <class Tl>
+  DASHGEN_HD static bool together(const Tl&) { return false; }
+};
+struct RunsTogether {
+  static constexpr bool kHeadsTogether = true, kMayRunTogether = true;
+  template <class Tl>
+  DASHGEN_HD static bool together(const Tl&) { return true; }
+};
+
 // The arrival rank under a cyclic shift: `units` start together, unit a visiting row
 // (a + t) mod rows at step t, the adds into a row ranked by (step, unit). Unit `slot` at step
 // `step`: the adds at earlier steps (units with residues slot + 1 .. slot + step mod rows,
