@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from dashgen import Problem, Schedule, build_schedule, list_schedules, simulate, verify
 from dashgen.cli import main
-from dashgen.schedule.builders import BUILDERS, schedule_loads, unsupported_reason
-from dashgen.schedule.builders.base import pack_deal, pack_order, pack_tilings
+from dashgen.schedule.builders import (BUILDERS, hybrid_policy, schedule_loads,
+                                       unsupported_reason)
+from dashgen.schedule.builders.base import assemble, pack_deal, pack_order, pack_tilings
 from dashgen.schedule.summary import problem_tasks, summarize
 
 TILES = [(128, 128), (64, 128)]
@@ -86,6 +87,26 @@ def test_heads_together_units_share_a_wave_on_distinct_workers(problem, extra):
             partners = [placed[(b, h, v)] for v in range(policy.units(pack_tilings(problem)[b]))]
             assert len({p[0] for p in partners}) == len(partners)  # distinct workers
             assert all(p[0] == w - u + v for v, p in enumerate(partners))  # consecutive
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problem=packs(masks=("full", "causal")), extra=st.integers(0, 20))
+def test_hybrid_gives_each_sequence_the_ranks_of_its_order_alone(problem, extra):
+    """hybrid with a 3-unit bound (so that small packs mix both orders): the pack verifies, and
+    each sequence's ranks are those of shift / symmetric_shift alone where its shift-order units
+    number at most 3, else those of fa3 / descending alone."""
+    policy = hybrid_policy(3, 106)
+    packed = assemble(policy, problem, policy.min_workers(problem) + extra)
+    verify(packed)
+    assert sum(map(len, packed.workers)) == problem_tasks(problem)
+    together, ordered = (("symmetric_shift", "descending") if problem.mask.kind == "causal"
+                         else ("shift", "fa3"))
+    for b, tiling in enumerate(pack_tilings(problem)):
+        name = together if policy.runs_together(tiling) else ordered
+        alone_problem = problem.sequence(b)
+        alone = build_schedule(name, alone_problem,
+                               BUILDERS[name].min_workers(alone_problem) + extra)
+        assert rank_table(packed, b) == rank_table(alone), (name, b)
 
 
 def test_a_fixed_length_batch_as_a_pack_keeps_its_ranks():
