@@ -121,8 +121,10 @@ def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
         used = policy.workers_used(problem, workers)
     except ValueError as exc:
         raise ValueError(f"num_workers: {exc}") from None
-    if auto and num_workers is None and policy.runs_together(Tiling(problem)):
-        used = balanced_workers(problem, policy.units(Tiling(problem)), used)
+    if auto and num_workers is None:
+        tiling = Tiling(problem)
+        if policy.runs_together(tiling):
+            used = balanced_workers(problem, policy.units(tiling), used)
     return schedule, used
 
 
@@ -261,9 +263,8 @@ def pack_workers(schedule: str, max_seqlen_k: int, block_n: int, workers: int) -
     needs the longest sequence's units (its KV tiles; half of them, symmetric_shift; hybrid at
     most HYBRID_MAX_UNITS, the most units a sequence of its runs at once)."""
     tiles = -(-max_seqlen_k // block_n)
-    together = {False: tiles, True: -(-tiles // 2)}  # the shift orders' units, by causal
-    need = {"shift": together[False], "symmetric_shift": together[True],
-            "hybrid": min(HYBRID_MAX_UNITS, max(together.values()))}.get(schedule, 1)
+    need = {"shift": tiles, "symmetric_shift": -(-tiles // 2),
+            "hybrid": min(HYBRID_MAX_UNITS, tiles)}.get(schedule, 1)
     if need > workers:
         raise ValueError(f"schedule={schedule!r} needs {need} workers for a sequence of "
                          f"{max_seqlen_k} keys (its units run together), more than the "

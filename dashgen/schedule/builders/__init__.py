@@ -100,6 +100,6 @@ def schedule_loads(name: str, problem: Problem, num_workers: int) -> list[int]:
     return worker_loads(_check(name, problem, num_workers), problem, num_workers)
 
 
-__all__ = ["BUILDERS", "HYBRID_MAX_UNITS", "Policy", "Step", "Tiling", "UnsupportedProblem", "build_schedule",
-           "get_builder", "hybrid_policy", "list_schedules", "min_workers", "schedule_loads", "shift_rank",
-           "unsupported_reason", "workers_used"]
+__all__ = ["BUILDERS", "HYBRID_MAX_UNITS", "Policy", "Step", "Tiling", "UnsupportedProblem",
+           "build_schedule", "get_builder", "hybrid_policy", "list_schedules", "min_workers",
+           "schedule_loads", "shift_rank", "unsupported_reason", "workers_used"]

@@ -155,8 +155,7 @@ class Policy:
             # The units pack_deal places: every unit of a sequence that runs together (one
             # wave holds them all), the units with tasks of the others (pack_units).
             total = sum(self.units(t) if self.runs_together(t) and _tasks(self, t) else
-                        sum(1 for u in range(self.units(t))
-                            if not self.runs_together(t) and self.unit_tasks(t, u))
+                        sum(1 for u in range(self.units(t)) if self.unit_tasks(t, u))
                         for t in pack_tilings(problem))
             return max(1, min(num_workers, problem.heads_q * total))
         tiling = Tiling(problem)
