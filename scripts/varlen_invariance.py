@@ -43,6 +43,13 @@ def random_lengths(rng: random.Random, tokens: int, max_len: int) -> list[int]:
     return out
 
 
+def past_hybrid_bound(causal: bool) -> int:
+    """A length whose shift-order units (128-key tiles; pairs of them under a causal mask) are
+    more than HYBRID_MAX_UNITS, so that hybrid runs it in fa3 / descending order."""
+    from dashgen.schedule.builders import HYBRID_MAX_UNITS
+    return 128 * HYBRID_MAX_UNITS * (2 if causal else 1) + 77
+
+
 def pack(lengths_q, lengths_k, heads_q, heads_kv, head_dim, gen):
     cu = lambda ls: torch.tensor([0] + list(itertools.accumulate(ls)),  # noqa: E731
                                  dtype=torch.int32, device="cuda")
@@ -176,7 +183,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--commit", help="commit id to record (default: git rev-parse)")
     args = ap.parse_args(argv)
+    from dashgen.tools.timing import commit_id
     global DTYPE
     DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     rng = random.Random(args.seed)
@@ -188,6 +197,9 @@ def main(argv=None) -> int:
             err = float64_error([700, 0, 1, 129, 1000], hq, hkv, head_dim, causal, gen)
             for schedule in SCHEDULES[causal]:
                 lq = random_lengths(rng, args.pool_tokens, 2048)
+                if schedule == "hybrid":
+                    # One sequence past the bound, so that packs hold both of hybrid's orders.
+                    lq.append(past_hybrid_bound(causal))
                 # A third of the sequences give the keys lengths of their own.
                 lk = [max(0, n_ + rng.randint(-40, 200)) if n_ and rng.random() < 0.33 else n_
                       for n_ in lq]
@@ -220,7 +232,7 @@ def main(argv=None) -> int:
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "seconds": round(time.time() - start, 1),
             "tokens_per_pack": args.tokens, "pool_tokens": args.pool_tokens, "dtype": args.dtype,
-            "packs_per_case": args.packs}
+            "packs_per_case": args.packs, "commit": commit_id(args.commit)}
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "varlen_invariance.json").write_text(json.dumps(
