@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 
-def measure(tree: str, mode: str, out: str) -> None:
+def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = None) -> None:
     """In a child process: import dashgen from `tree` and write its figures to `out`."""
     sys.path.insert(0, tree)
     import torch
@@ -78,7 +78,8 @@ def measure(tree: str, mode: str, out: str) -> None:
     if mode == "varlen":
         Path(out).write_text(json.dumps(measure_packs(dashgen, batch_ms), indent=1))
         return
-    seqlens = (1024, 2048, 4096, 8192, 16384) if mode == "bits" else (1024, 4096, 16384)
+    seqlens = seqlens or ((1024, 2048, 4096, 8192, 16384) if mode == "bits"
+                          else (1024, 4096, 16384))
     res = {}
     for hd in (64, 128):
         for causal in (False, True):
@@ -180,10 +181,14 @@ def main() -> None:
     parser.add_argument("--mode", choices=("bits", "time", "varlen"), default="time")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default="compare_out")
+    parser.add_argument("--seqlens", type=int, nargs="+", default=None,
+                        help="bits/time: the sequence lengths (default 1k-16k for bits, "
+                             "1k/4k/16k for time)")
     parser.add_argument("--child", nargs=2, metavar=("TREE", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        measure(str(Path(args.child[0]).resolve()), args.mode, args.child[1])
+        measure(str(Path(args.child[0]).resolve()), args.mode, args.child[1],
+                tuple(args.seqlens) if args.seqlens else None)
         return
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -192,6 +197,7 @@ def main() -> None:
         for name in ("old", "new"):
             path = out / f"{args.mode}_{name}_{r}.json"
             subprocess.run([sys.executable, __file__, args.old, args.new, "--mode", args.mode,
+                            *(["--seqlens", *map(str, args.seqlens)] if args.seqlens else []),
                             "--child", getattr(args, name), str(path)], check=True)
             runs[name].append(json.loads(path.read_text()))
     text = report(runs["old"], runs["new"])
