@@ -182,3 +182,13 @@ def test_a_configuration_reports_failed_setups_and_timings_per_row(bench):
     assert done[1].error.startswith("n/a: RuntimeError: No available kernel")
     # Extra memory is taken for the backward rows that ran, not for the forward or failed ones.
     assert [r.extra_bytes for r in done] == [None, None, 123]
+
+
+def test_the_recorded_commit_is_the_option_then_the_variable_then_git(monkeypatch):
+    from dashgen.tools.timing import commit_id
+    monkeypatch.setenv("DASHGEN_COMMIT", "from-env")
+    assert commit_id("abc1234") == "abc1234"
+    # A copied tree's .git can be stale: the variable its copier set wins over it.
+    assert commit_id(None) == "from-env"
+    monkeypatch.delenv("DASHGEN_COMMIT")
+    assert commit_id(None) != "from-env"

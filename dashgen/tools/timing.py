@@ -36,8 +36,10 @@ def median_ms(fn, warmup: int, repeats: int) -> float:
 
 
 def commit_id(override: str | None) -> str:
-    if override:
-        return override
+    """`override`, else $DASHGEN_COMMIT, else git's HEAD (a copied tree's .git may be stale,
+    so the variable set by whoever copied it wins)."""
+    if override or os.environ.get("DASHGEN_COMMIT"):
+        return override or os.environ["DASHGEN_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip()
@@ -45,7 +47,7 @@ def commit_id(override: str | None) -> str:
                                cwd=REPO, capture_output=True, text=True, timeout=10).stdout
         return head + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("DASHGEN_COMMIT", "unknown")
+        return "unknown"
 
 
 def load_kernels(q, k, causal: bool) -> float:
