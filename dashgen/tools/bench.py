@@ -14,31 +14,18 @@ import contextlib
 import datetime
 import json
 import os
-import statistics
 import sys
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .bench_report import plot, render_markdown, seq_label
-from .timing import commit_id, event_ms, median_ms  # noqa: F401  (the protocol's timing)
+from .timing import (REPEATS, ROUNDS, WARMUP_MS, commit_id, event_ms, median_ms,  # noqa: F401
+                     rounds_ms)  # the protocol's timing
 
 
 PEERS = ("cudnn", "flash_det", "flex")
 BWD_OVER_FWD = 2.5  # the backward runs five matmuls of the forward's size to its two
-# rounds_ms: each row of a configuration is timed in six blocks of five calls, spread over the
-# configuration's time. With two blocks of five, two rows of the same kernel and schedule (the
-# auto row and its pick's) differed by up to 16% at 1k in one run: more blocks, so that no
-# block's state decides a row's median.
-ROUNDS = 6
-REPEATS = 30
-# warmup_ms: after its warm-up calls, each row runs on for this much GPU time before its timed
-# calls, every round. A slow row leaves the GPU below its power limit and the next row's first
-# ~60 ms run at higher clocks: on the H200 symmetric_shift (d128 causal 16k) measured 497
-# TFLOP/s for its 3rd-12th calls after three calls of fa3's slower kernel and 473 after its own
-# (docs/design.md, `bench-warmup-ms`), so a fast row that followed a slow one measured up to 5% above the
-# same kernel timed after a fast one.
-WARMUP_MS = 80.0
 
 
 def fwd_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
@@ -100,42 +87,6 @@ class Row:
 
 
 # -- measuring ---------------------------------------------------------------------------------
-
-def rounds_ms(fns: dict, warmup: int, repeats: int, rounds: int = ROUNDS,
-              time_once=None, warmup_ms: float = 0.0,
-              blocks: dict | None = None) -> tuple[dict, dict]:
-    """Median ms of every fn over `rounds` rounds: in each round every fn in turn gets `warmup`
-    calls and then untimed-for-the-median calls until they add up to `warmup_ms` of its own
-    time, then its share of the `repeats` timed calls back to back (ceil(repeats / rounds),
-    so at least `repeats` in all). Each timed call follows a call of the same fn, as in the
-    ANCHORS.md protocol (timing calls round-robin, each after another library's kernels, cost
-    every 1k row 10-20%), while drift over the run (clocks, allocator state) falls on every row
-    of a configuration alike instead of on whichever row ran last. Odd rounds take the fns in
-    reverse, so no row always runs last: in one run the row timed last measured 6% below a row
-    of the same kernel and schedule timed fifth. Returns (medians, errors) keyed like `fns`; a
-    fn that raises gets no more calls. `blocks`, if given, receives each fn's timed calls as
-    one list per round."""
-    time_once = time_once or event_ms
-    per_round = -(-repeats // rounds)
-    errors = {}
-    blocks = {} if blocks is None else blocks
-    for round_index in range(rounds):
-        order = list(fns.items())
-        for key, fn in (order[::-1] if round_index % 2 else order):
-            if key in errors:
-                continue
-            try:
-                for _ in range(warmup):
-                    fn()
-                spent = 0.0
-                while spent < warmup_ms:
-                    spent += max(time_once(fn), 1e-3)  # a 0 ms fake clock still ends
-                blocks.setdefault(key, []).append([time_once(fn) for _ in range(per_round)])
-            except Exception as exc:
-                errors[key] = exc
-    return {key: statistics.median(t for block in b for t in block) for key, b in blocks.items()
-            if key not in errors}, errors
-
 
 def extra_backward_bytes(backward) -> int:
     """Peak memory the backward allocates beyond its gradient outputs."""

@@ -4,7 +4,8 @@ each attending only within itself (full, or causal per document), against a fixe
 control of the same tokens (batch tokens/1024 of 1024) and, on the same pack: SDPA on the
 padded batch (a boolean mask for padding and causality), FlexAttention with a document mask,
 and torch.nn.attention.varlen where the installed torch has it. Backward TFLOP/s count the FLOPs
-the masks keep (2.5x the forward's: five matmuls against two); medians of CUDA-event timings.
+the masks keep (2.5x the forward's: five matmuls against two); medians of CUDA-event timings,
+the rows of a configuration timed in rounds as `dashgen bench` times them (timing.rounds_ms).
 Writes DIR/bench_varlen.json and .md.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-from .timing import commit_id, median_ms
+from .timing import commit_id, rounds_ms
 
 MEDIAN_LENGTH, SIGMA = 1024, 1.0
 
@@ -172,31 +173,47 @@ def run(args) -> int:
         for mask in args.masks:
             causal = mask == "causal"
             pairs = kept_pairs(lengths, causal)
+            fixed_pairs = (args.tokens // MEDIAN_LENGTH) * kept_pairs([MEDIAN_LENGTH], causal)
+            # Every row is set up first and then timed in rounds, as `dashgen bench` times a
+            # configuration: timed one row after another, a row's figure followed the rows
+            # before it (hybrid 6-15% behind the shift orders' rows in one run, where the
+            # kernels with the host hidden are 1.3-3.4% apart; docs/design.md `pack-auto`).
+            rows, fns = [], {}
             for label, setup in rows_for(lengths, heads, head_dim, causal, 0, peers):
-                row = {"label": label, "head_dim": head_dim, "heads": heads, "mask": mask}
+                rows.append({"label": label, "head_dim": head_dim, "heads": heads, "mask": mask,
+                             "ms": None, "tflops": None, "error": None})
                 try:
-                    fn = setup()
-                    ms = median_ms(fn, args.warmup, args.repeats)
+                    fns[label] = setup()
+                except Exception as exc:  # a peer that cannot run here is reported, not fatal
+                    rows[-1]["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            blocks: dict = {}
+            medians, errors = rounds_ms(fns, args.warmup, args.repeats, rounds=args.rounds,
+                                        warmup_ms=args.warmup_ms, blocks=blocks)
+            for row in rows:
+                label = row["label"]
+                if label in errors:
+                    row["error"] = f"{type(errors[label]).__name__}: {errors[label]}"[:300]
+                elif label in medians:
+                    work = fixed_pairs if "fixed-length" in label else pairs
+                    row.update(ms=medians[label], tflops=10 * head_dim * heads * work
+                               / medians[label] / 1e9,
+                               times=[[round(t, 4) for t in b] for b in blocks[label]])
                     if label.startswith("dashgen"):
                         try:
-                            row["kernels_us"] = kernel_times(fn)
+                            row["kernels_us"] = kernel_times(fns[label])
                         except Exception as exc:  # the timing stands without the breakdown
                             row["kernels_us"] = f"{type(exc).__name__}: {exc}"[:200]
-                    fixed_pairs = (args.tokens // MEDIAN_LENGTH) * kept_pairs([MEDIAN_LENGTH],
-                                                                              causal)
-                    work = fixed_pairs if "fixed-length" in label else pairs
-                    row.update(ms=ms, tflops=10 * head_dim * heads * work / ms / 1e9, error=None)
-                except Exception as exc:  # a peer that cannot run here is reported, not fatal
-                    row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {exc}"[:300])
                 results.append(row)
                 print(f"[d{head_dim} {mask}] {label}: "
                       + (f"{row['ms']:.3f} ms, {row['tflops']:.1f} TFLOP/s" if row["ms"]
                          else row["error"]), flush=True)
-                torch.cuda.empty_cache()
+            del fns
+            torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(0)
     meta = dict(gpu=props.name, torch=torch.__version__, commit=commit_id(args.commit),
                 date=time.strftime("%Y-%m-%dT%H:%M:%S%z"), tokens=args.tokens,
-                hidden=args.hidden, repeats=args.repeats, documents=len(lengths),
+                hidden=args.hidden, repeats=args.repeats, rounds=args.rounds,
+                warmup_ms=args.warmup_ms, documents=len(lengths),
                 lengths=lengths, median_length=statistics.median(lengths),
                 distribution=f"log-normal, median {MEDIAN_LENGTH}, sigma {SIGMA}, capped at "
                              f"the pack")
