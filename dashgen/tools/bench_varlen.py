@@ -161,6 +161,46 @@ def kernel_times(fn, calls: int = 5) -> dict:
     return dict(sorted(times.items(), key=lambda kv: -kv[1])[:12])
 
 
+def _error(exc: Exception, limit: int = 300) -> str:
+    return f"{type(exc).__name__}: {exc}"[:limit]
+
+
+def measure_rows(plan, config: dict, pairs: int, fixed_pairs: int, warmup: int, repeats: int,
+                 rounds: int, warmup_ms: float, time_once=None, breakdown=None) -> list[dict]:
+    """One configuration's rows: every (label, setup) of `plan` set up first, then timed in
+    rounds, as `dashgen bench` times a configuration. Timed one row after another, a row's
+    figure followed the rows before it (hybrid 6-15% behind the shift orders' rows in one run,
+    where their kernels with the host hidden are 1.3-3.4% apart; docs/design.md `bench-rounds`).
+    A row that fails to set up or to run gets its error, not the sweep's end; dashgen's rows
+    also get their kernels' GPU times (`breakdown`, kernel_times by default)."""
+    breakdown = breakdown or kernel_times
+    head_dim, heads = config["head_dim"], config["heads"]
+    rows, fns = [], {}
+    for label, setup in plan:
+        rows.append({"label": label, **config, "ms": None, "tflops": None, "error": None})
+        try:
+            fns[label] = setup()
+        except Exception as exc:  # a peer that cannot run here is reported, not fatal
+            rows[-1]["error"] = _error(exc)
+    blocks: dict = {}
+    medians, errors = rounds_ms(fns, warmup, repeats, rounds=rounds, time_once=time_once,
+                                warmup_ms=warmup_ms, blocks=blocks)
+    for row in rows:
+        label = row["label"]
+        if label in errors:
+            row["error"] = _error(errors[label])
+        elif label in medians:
+            work = fixed_pairs if "fixed-length" in label else pairs
+            row.update(ms=medians[label], tflops=10 * head_dim * heads * work / medians[label] / 1e9,
+                       times=[[round(t, 4) for t in b] for b in blocks[label]])
+            if label.startswith("dashgen"):
+                try:
+                    row["kernels_us"] = breakdown(fns[label])
+                except Exception as exc:  # the timing stands without the breakdown
+                    row["kernels_us"] = _error(exc, 200)
+    return rows
+
+
 def run(args) -> int:
     import torch
     if not torch.cuda.is_available():
@@ -174,40 +214,15 @@ def run(args) -> int:
             causal = mask == "causal"
             pairs = kept_pairs(lengths, causal)
             fixed_pairs = (args.tokens // MEDIAN_LENGTH) * kept_pairs([MEDIAN_LENGTH], causal)
-            # Every row is set up first and then timed in rounds, as `dashgen bench` times a
-            # configuration: timed one row after another, a row's figure followed the rows
-            # before it (hybrid 6-15% behind the shift orders' rows in one run, where the
-            # kernels with the host hidden are 1.3-3.4% apart; docs/design.md `pack-auto`).
-            rows, fns = [], {}
-            for label, setup in rows_for(lengths, heads, head_dim, causal, 0, peers):
-                rows.append({"label": label, "head_dim": head_dim, "heads": heads, "mask": mask,
-                             "ms": None, "tflops": None, "error": None})
-                try:
-                    fns[label] = setup()
-                except Exception as exc:  # a peer that cannot run here is reported, not fatal
-                    rows[-1]["error"] = f"{type(exc).__name__}: {exc}"[:300]
-            blocks: dict = {}
-            medians, errors = rounds_ms(fns, args.warmup, args.repeats, rounds=args.rounds,
-                                        warmup_ms=args.warmup_ms, blocks=blocks)
-            for row in rows:
-                label = row["label"]
-                if label in errors:
-                    row["error"] = f"{type(errors[label]).__name__}: {errors[label]}"[:300]
-                elif label in medians:
-                    work = fixed_pairs if "fixed-length" in label else pairs
-                    row.update(ms=medians[label], tflops=10 * head_dim * heads * work
-                               / medians[label] / 1e9,
-                               times=[[round(t, 4) for t in b] for b in blocks[label]])
-                    if label.startswith("dashgen"):
-                        try:
-                            row["kernels_us"] = kernel_times(fns[label])
-                        except Exception as exc:  # the timing stands without the breakdown
-                            row["kernels_us"] = f"{type(exc).__name__}: {exc}"[:200]
+            plan = rows_for(lengths, heads, head_dim, causal, 0, peers)
+            config = dict(head_dim=head_dim, heads=heads, mask=mask)
+            for row in measure_rows(plan, config, pairs, fixed_pairs, args.warmup, args.repeats,
+                                    args.rounds, args.warmup_ms):
                 results.append(row)
-                print(f"[d{head_dim} {mask}] {label}: "
+                print(f"[d{head_dim} {mask}] {row['label']}: "
                       + (f"{row['ms']:.3f} ms, {row['tflops']:.1f} TFLOP/s" if row["ms"]
                          else row["error"]), flush=True)
-            del fns
+            del plan  # its setups hold this configuration's inputs
             torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(0)
     meta = dict(gpu=props.name, torch=torch.__version__, commit=commit_id(args.commit),
