@@ -220,9 +220,11 @@ def main(argv=None) -> int:
                 rows.append({"head_dim": head_dim, "heads": f"{hq}/{hkv}",
                              "mask": "causal" if causal else "full", "schedule": schedule,
                              "packs": n, "bitwise_equal": n - len(bad), "failures": bad[:5],
+                             "pool_longest_q": max(lq), "pool_sequences": len(lq),
                              "repeats_busy_stream": args.repeats, "repeats_differing": differ,
                              "float64": err})
-                print(f"d{head_dim} {hq}/{hkv} {'causal' if causal else 'full'} {schedule}: "
+                print(f"d{head_dim} {hq}/{hkv} {'causal' if causal else 'full'} {schedule} "
+                      f"(pool of {len(lq)}, longest {max(lq)}): "
                       f"{n - len(bad)}/{n} packs bitwise equal to batch 1; "
                       f"{args.repeats - differ}/{args.repeats} repeats equal; float64 "
                       + " ".join(f"{k}={v['error']:.2e}({'ok' if v['within_2x'] else 'BAD'})"
