@@ -46,8 +46,8 @@ REPEATS = 30
 # calls, every round. A slow row leaves the GPU below its power limit and the next row's first
 # ~60 ms run at higher clocks: on the H200 symmetric_shift (d128 causal 16k) measured 497
 # TFLOP/s for its 3rd-12th calls after three calls of fa3's slower kernel and 473 after its own
-# (docs/design.md, `bench-warmup-ms`), so a fast row that followed a slow one measured up to 5% above the
-# same kernel timed after a fast one.
+# (docs/design.md, `bench-warmup-ms`), so a fast row that followed a slow one measured up to 5%
+# above the same kernel timed after a fast one.
 WARMUP_MS = 80.0
 
 
