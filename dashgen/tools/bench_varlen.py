@@ -191,7 +191,8 @@ def measure_rows(plan, config: dict, pairs: int, fixed_pairs: int, warmup: int, 
             row["error"] = _error(errors[label])
         elif label in medians:
             work = fixed_pairs if "fixed-length" in label else pairs
-            row.update(ms=medians[label], tflops=10 * head_dim * heads * work / medians[label] / 1e9,
+            ms = medians[label]
+            row.update(ms=ms, tflops=10 * head_dim * heads * work / ms / 1e9,
                        times=[[round(t, 4) for t in b] for b in blocks[label]])
             if label.startswith("dashgen"):
                 try:
