@@ -8,12 +8,12 @@
 #include "dashgen/attn/prepost.cuh"
 
 // ---- templates/include/dashgen/sched/hybrid.cuh ----
-// dashgen/sched/hybrid.cuh: hybrid, a pack's schedule by each sequence's size. A sequence whose
-// shift-order units (shift under a full mask, symmetric_shift under a causal one) number at
-// most kMaxUnits runs that order, its units at once; a longer one runs the launch-ordered one
-// (fa3, descending), live on any worker count. Ranks are the chosen order's, over the
-// sequence's own tiles. Its Python reading: dashgen/schedule/builders/hybrid.py
-// (HYBRID_MAX_UNITS is kHybridMaxUnits).
+// dashgen/sched/hybrid.cuh: hybrid, a pack's schedule by each sequence's size. A sequence of at
+// most kMaxTiles KV tiles runs its mask's shift order (shift under a full mask, symmetric_shift
+// under a causal one), its units at once; a longer one runs the launch-ordered one (fa3,
+// descending), live on any worker count. Ranks are the chosen order's, over the sequence's own
+// tiles. Its Python reading: dashgen/schedule/builders/hybrid.py (HYBRID_MAX_TILES is
+// kHybridMaxTiles).
 #ifndef DASHGEN_SCHED_HYBRID_CUH
 #define DASHGEN_SCHED_HYBRID_CUH
 #include "dashgen/sched/ordered.cuh"
@@ -22,7 +22,7 @@
 namespace dashgen {
 namespace sched {
 
-constexpr int kHybridMaxUnits = 32;
+constexpr int kHybridMaxTiles = 64;
 
 // The two orders hybrid chooses between, per mask.
 template <class Tl>
@@ -38,13 +38,13 @@ struct HybridOrders<Tiling<kBlockM, kBlockN, true>> {
   using Ordered = Descending<Tiling<kBlockM, kBlockN, true>>;
 };
 
-template <class Tl, int kMaxUnits = kHybridMaxUnits>
+template <class Tl, int kMaxTiles = kHybridMaxTiles>
 struct Hybrid {
   using Together = typename HybridOrders<Tl>::Together;
   using Ordered = typename HybridOrders<Tl>::Ordered;
   static constexpr int kId = 6;
   static constexpr bool kHeadsTogether = false, kMayRunTogether = true;
-  DASHGEN_HD static bool together(const Tl& t) { return Together::units(t) <= kMaxUnits; }
+  DASHGEN_HD static bool together(const Tl& t) { return t.num_n() <= kMaxTiles; }
   DASHGEN_HD static int units(const Tl& t) {
     return together(t) ? Together::units(t) : Ordered::units(t);
   }

@@ -44,10 +44,10 @@ def random_lengths(rng: random.Random, tokens: int, max_len: int) -> list[int]:
 
 
 def past_hybrid_bound(causal: bool) -> int:
-    """A length whose shift-order units (128-key tiles; pairs of them under a causal mask) are
-    more than HYBRID_MAX_UNITS, so that hybrid runs it in fa3 / descending order."""
-    from dashgen.schedule.builders import HYBRID_MAX_UNITS
-    return 128 * HYBRID_MAX_UNITS * (2 if causal else 1) + 77
+    """A length of more than HYBRID_MAX_TILES KV tiles (128 keys each), so that hybrid runs it
+    in fa3 / descending order (either mask: the bound counts tiles)."""
+    from dashgen.schedule.builders import HYBRID_MAX_TILES
+    return 128 * HYBRID_MAX_TILES + 77
 
 
 def pack(lengths_q, lengths_k, heads_q, heads_kv, head_dim, gen):

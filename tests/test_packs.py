@@ -92,9 +92,9 @@ def test_heads_together_units_share_a_wave_on_distinct_workers(problem, extra):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=packs(masks=("full", "causal")), extra=st.integers(0, 20))
 def test_hybrid_gives_each_sequence_the_ranks_of_its_order_alone(problem, extra):
-    """hybrid with a 3-unit bound (so that small packs mix both orders): the pack verifies, and
-    each sequence's ranks are those of shift / symmetric_shift alone where its shift-order units
-    number at most 3, else those of fa3 / descending alone."""
+    """hybrid with a bound of 3 KV tiles (so that small packs mix both orders): the pack
+    verifies, and each sequence's ranks are those of shift / symmetric_shift alone where it has
+    at most 3 KV tiles, else those of fa3 / descending alone."""
     policy = hybrid_policy(3, 106)
     packed = assemble(policy, problem, policy.min_workers(problem) + extra)
     verify(packed)

@@ -18,7 +18,7 @@ from dashgen.schedule.builders.base import assemble
 HEADERS = ("dashgen/sched/walk.cuh", "dashgen/sched/ordered.cuh", "dashgen/sched/shift.cuh",
            "dashgen/sched/hybrid.cuh")
 # The policies the drivers run (name -> the Policy the IR reads): the named schedules, and
-# hybrid with at most 3 units together (the drivers' id 106, Hybrid<Tl, 3>), so that the small
+# hybrid with a bound of 3 KV tiles (the drivers' id 106, Hybrid<Tl, 3>), so that the small
 # drawn problems take both of hybrid's orders.
 POLICY_OBJECTS = {**BUILDERS, "hybrid3": hybrid_policy(3, 106)}
 POLICIES = {"fa3": "Fa3", "spt": "Spt", "descending": "Descending", "shift": "Shift",

@@ -312,20 +312,21 @@ def test_cpu_offsets_are_checked_on_the_host_for_cuda_tensors(h200):
 def test_pack_workers_refuses_fewer_than_a_sequences_units(schedule, max_k, block_n, need):
     with pytest.raises(ValueError, match=rf"^schedule='{schedule}' needs {need} workers for a "
                                          rf"sequence of {max_k} keys"):
-        pack_workers(schedule, max_k, block_n, need - 1)
-    assert pack_workers(schedule, max_k, block_n, need) == need
-    assert pack_workers(schedule, max_k, block_n, 132) == 132
+        pack_workers(schedule, max_k, block_n, need - 1, schedule != "shift")
+    assert pack_workers(schedule, max_k, block_n, need, schedule != "shift") == need
+    assert pack_workers(schedule, max_k, block_n, 132, schedule != "shift") == 132
 
 
 @pytest.mark.parametrize("schedule", ["fa3", "spt", "descending"])
 @pytest.mark.parametrize("workers", [1, 7, 132])
 def test_pack_workers_of_independent_units_is_any_count(schedule, workers):
-    assert pack_workers(schedule, 100_000, 128, workers) == workers
+    for causal in (False, True):
+        assert pack_workers(schedule, 100_000, 128, workers, causal) == workers
 
 
 def test_pack_workers_of_a_pack_without_keys():
-    assert pack_workers("shift", 0, 128, 1) == 1
-    assert pack_workers("symmetric_shift", 0, 128, 1) == 1
+    assert pack_workers("shift", 0, 128, 1, False) == 1
+    assert pack_workers("symmetric_shift", 0, 128, 1, True) == 1
 
 
 # -- flash_attn_varlen_func ---------------------------------------------------------------------
@@ -678,17 +679,24 @@ def test_the_fake_ops_are_registered():
     assert set(PACK_AUTO_SCHEDULES.values()) <= set(PACK_SCHEDULES)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_a_packs_auto_runs_on_32_workers_at_any_length(causal):
+@pytest.mark.parametrize("causal, need", [(False, 64), (True, 32)])
+def test_a_packs_auto_runs_on_a_fixed_worker_count_at_any_length(causal, need):
     """auto never falls back with the lengths (which would tie a sequence's bits to the longest
-    other sequence of its pack): hybrid runs a sequence of 1M on the ordered schedule, so 32
-    workers (fewer than any Hopper part's SMs) serve any pack; fewer are refused by name."""
+    other sequence of its pack): hybrid runs a sequence past 64 KV tiles on the ordered
+    schedule, so 64 workers under a full mask and 32 under a causal one (fewer than any whole
+    Hopper part's SMs) serve any pack; fewer are refused by name."""
     sel = select_pack("bf16", 128, causal, "auto")
     assert sel.schedule == PACK_AUTO_SCHEDULES[causal] == "hybrid"
-    assert pack_workers(sel.schedule, 1 << 20, sel.backward.block_n, 32) == 32
-    assert pack_workers(sel.schedule, 1024, sel.backward.block_n, 8) == 8  # 8 KV tiles at most
-    with pytest.raises(ValueError, match=r"^schedule='hybrid' needs 32 workers"):
-        pack_workers(sel.schedule, 1 << 20, sel.backward.block_n, 31)
+    block_n = sel.backward.block_n
+    assert pack_workers(sel.schedule, 1 << 20, block_n, need, causal) == need
+    assert pack_workers(sel.schedule, 64 * block_n, block_n, need, causal) == need
+    # Below the bound a pack needs its longest sequence's units only: 8 KV tiles.
+    assert pack_workers(sel.schedule, 8 * block_n, block_n, 8 // (1 + causal), causal) \
+        == 8 // (1 + causal)
+    with pytest.raises(ValueError, match=rf"^schedule='hybrid' needs {need} workers"):
+        pack_workers(sel.schedule, 1 << 20, block_n, need - 1, causal)
+    with pytest.raises(ValueError, match=rf"^schedule='hybrid' needs {need} workers"):
+        pack_workers(sel.schedule, 64 * block_n, block_n, need - 1, causal)
 
 
 # -- dashgen emit --varlen -------------------------------------------------------------------------

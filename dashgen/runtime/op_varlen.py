@@ -172,7 +172,7 @@ def _check_all(args, options) -> VarlenOptions:
     if num_workers is not None and num_workers > sm_count:
         raise ValueError(f"num_workers={num_workers} exceeds this GPU's {sm_count} SMs")
     workers = pack_workers(sel.schedule, int(max_seqlen_k), sel.backward.block_n,
-                           sm_count if num_workers is None else num_workers)
+                           sm_count if num_workers is None else num_workers, bool(causal))
     scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
     return VarlenOptions(bool(causal), scale, bool(deterministic), sel.schedule, workers)
 
@@ -310,8 +310,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     causal masks bottom-right per sequence: row i of a sequence sees its keys j <= i +
     seqlen_k - seqlen_q (a row that sees none gets o = 0, lse = -inf). deterministic: as in
     dashgen.attention (None follows torch.use_deterministic_algorithms). schedule: "auto"
-    (hybrid: shift / symmetric_shift for each sequence of at most 32 units, fa3 / descending
-    for longer ones) or a named schedule, dealt over the pack on the GPU; shift and
+    (hybrid: shift / symmetric_shift for each sequence of at most 64 KV tiles, i.e. 8,192
+    keys, fa3 / descending for longer ones) or a named schedule, dealt over the pack on the GPU; shift and
     symmetric_shift need the longest sequence's units on the SMs at once.
     Returns o, or (o, lse) with lse float32 (heads_q, total_q), not differentiable.
     """

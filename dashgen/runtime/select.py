@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..caches import memo
 from ..codegen.variants import (FORWARD_BLOCK_M, FORWARD_BLOCK_N, BackwardVariant,
                                 ForwardVariant, backward_tiles, check_dtype_head_dim)
-from ..schedule.builders import (HYBRID_MAX_UNITS, Tiling, get_builder, schedule_loads,
+from ..schedule.builders import (HYBRID_MAX_TILES, hybrid_need, Tiling, get_builder, schedule_loads,
                                  unsupported_reason)
 from ..schedule.builders.base import fewest_workers
 from ..schedule.ir import Schedule
@@ -258,13 +258,14 @@ def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
     return Selection(problem, forward, backward, name, 0)
 
 
-def pack_workers(schedule: str, max_seqlen_k: int, block_n: int, workers: int) -> int:
+def pack_workers(schedule: str, max_seqlen_k: int, block_n: int, workers: int,
+                 causal: bool) -> int:
     """The workers a packed backward runs on: all of them; a schedule whose units run together
-    needs the longest sequence's units (its KV tiles; half of them, symmetric_shift; hybrid at
-    most HYBRID_MAX_UNITS, the most units a sequence of its runs at once)."""
+    needs the longest sequence's units (its KV tiles; half of them, symmetric_shift; hybrid
+    those of a sequence of at most HYBRID_MAX_TILES tiles, the longest that runs at once)."""
     tiles = -(-max_seqlen_k // block_n)
     need = {"shift": tiles, "symmetric_shift": -(-tiles // 2),
-            "hybrid": min(HYBRID_MAX_UNITS, tiles)}.get(schedule, 1)
+            "hybrid": hybrid_need(min(HYBRID_MAX_TILES, tiles), causal)}.get(schedule, 1)
     if need > workers:
         raise ValueError(f"schedule={schedule!r} needs {need} workers for a sequence of "
                          f"{max_seqlen_k} keys (its units run together), more than the "

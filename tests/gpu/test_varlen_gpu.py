@@ -43,14 +43,13 @@ def test_packed_bits_are_each_sequences_alone(causal, head_dim, heads_q, heads_k
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hybrid_runs_each_sequence_in_the_order_its_size_picks(causal, seed):
-    """hybrid (a pack's auto): a sequence of at most 32 shift-order units takes the bits of
-    shift / symmetric_shift alone, a longer one those of fa3 / descending alone, inside packs
-    of both kinds at every position."""
-    from dashgen.schedule.builders import HYBRID_MAX_UNITS
+    """hybrid (a pack's auto): a sequence of at most 64 KV tiles takes the bits of shift /
+    symmetric_shift alone, a longer one those of fa3 / descending alone, inside packs of both
+    kinds at every position."""
+    from dashgen.schedule.builders import HYBRID_MAX_TILES
     rng = random.Random(seed)
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    # 128-key tiles: the shift orders take up to 32 KV tiles (full) or 64 (causal) together.
-    longest = 128 * (2 * HYBRID_MAX_UNITS if causal else HYBRID_MAX_UNITS)
+    longest = 128 * HYBRID_MAX_TILES  # 128-key tiles
     lengths = [longest + 77, longest, 700, 1, 0, 130]
     together, ordered = ("symmetric_shift", "descending") if causal else ("shift", "fa3")
     pool = vi.Pool(lengths, lengths, 4, 2, 128, causal, "hybrid", gen)

@@ -8,7 +8,7 @@ from .base import (Policy, Step, Tiling, UnsupportedProblem, assemble, shift_ran
                    worker_loads)
 from .descending import descending_step, descending_tasks, descending_units
 from .fa3 import fa3_step, fa3_tasks, fa3_units
-from .hybrid import HYBRID_MAX_UNITS, HybridOrder, hybrid_supports
+from .hybrid import HYBRID_MAX_TILES, HybridOrder, hybrid_need, hybrid_supports
 from .shift import shift_step, shift_supports, shift_tasks, shift_units
 from .spt import spt_step, spt_tasks, spt_units
 from .symmetric_shift import (symmetric_shift_step, symmetric_shift_supports,
@@ -38,12 +38,12 @@ BUILDERS: dict[str, Policy] = {b.name: b for b in [
 ]}
 
 
-def hybrid_policy(max_units: int = HYBRID_MAX_UNITS, kernel_id: int = 6) -> Policy:
-    """The hybrid policy with its parameter (the registered one: HYBRID_MAX_UNITS, id 6)."""
-    order = HybridOrder(max_units)
+def hybrid_policy(max_tiles: int = HYBRID_MAX_TILES, kernel_id: int = 6) -> Policy:
+    """The hybrid policy with its parameter (the registered one: HYBRID_MAX_TILES, id 6)."""
+    order = HybridOrder(max_tiles)
     return Policy("hybrid", kernel_id,
-                  "each sequence by its size: shift / symmetric_shift where its units fit in "
-                  f"{max_units} workers, else fa3 / descending",
+                  "each sequence by its size: shift / symmetric_shift where it has at most "
+                  f"{max_tiles} KV tiles, else fa3 / descending",
                   order.units, order.unit_tasks, order.step, False, hybrid_supports,
                   HybridOrder.units.__doc__ or "", together=order.together)
 
@@ -100,6 +100,7 @@ def schedule_loads(name: str, problem: Problem, num_workers: int) -> list[int]:
     return worker_loads(_check(name, problem, num_workers), problem, num_workers)
 
 
-__all__ = ["BUILDERS", "HYBRID_MAX_UNITS", "Policy", "Step", "Tiling", "UnsupportedProblem",
-           "build_schedule", "get_builder", "hybrid_policy", "list_schedules", "min_workers",
+__all__ = ["BUILDERS", "HYBRID_MAX_TILES", "Policy", "Step", "Tiling", "UnsupportedProblem",
+           "build_schedule", "get_builder", "hybrid_need", "hybrid_policy", "list_schedules",
+           "min_workers",
            "schedule_loads", "shift_rank", "unsupported_reason", "workers_used"]

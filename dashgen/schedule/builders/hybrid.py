@@ -1,6 +1,7 @@
 """hybrid: a pack's schedule by each sequence's size: the DASH shift order (shift under a full
-mask, symmetric_shift under a causal one) where the sequence's units are few enough to run at
-once, else the launch-ordered one (fa3, descending), which is live on any worker count."""
+mask, symmetric_shift under a causal one) where the sequence's KV tiles are few enough for its
+units to run at once, else the launch-ordered one (fa3, descending), which is live on any
+worker count."""
 from __future__ import annotations
 
 from ..problem import Problem
@@ -10,13 +11,14 @@ from .fa3 import fa3_step, fa3_tasks, fa3_units
 from .shift import shift_step, shift_tasks, shift_units
 from .symmetric_shift import symmetric_shift_step, symmetric_shift_tasks, symmetric_shift_units
 
-# The most units a sequence runs at once under hybrid (a fixed schedule parameter, so the bits
-# never follow the GPU): under a full mask sequences of up to 32 KV tiles run shift (4,096 keys
-# in 128-key tiles), under a causal one up to 64 KV tiles run symmetric_shift (8,192 keys). 32
-# is a quarter of any Hopper part's SMs, so a wave's idle tail stays short beside the rest of
-# the pack (docs/design.md, `pack-auto`: 64 lost up to 14% on a pack with a 9k document). The
-# kernel's Hybrid (templates/include/dashgen/sched/hybrid.cuh) takes the same number.
-HYBRID_MAX_UNITS = 32
+# The most KV tiles of a sequence that runs its shift order under hybrid (a fixed schedule
+# parameter, so the bits never follow the GPU): 64, i.e. 8,192 keys in 128-key tiles under
+# either mask, which is 64 units under a full mask (shift) and 32 under a causal one
+# (symmetric_shift pairs its tiles). docs/design.md `pack-auto`: a bound of 64 units under a
+# causal mask lost up to 14% on a pack with a 9k document, and 32 under a full one ran a 4k
+# document 5-9% behind shift. The kernel's Hybrid (templates/include/dashgen/sched/hybrid.cuh)
+# takes the same number.
+HYBRID_MAX_TILES = 64
 
 _TOGETHER = {"full": (shift_units, shift_tasks, shift_step),
              "causal": (symmetric_shift_units, symmetric_shift_tasks, symmetric_shift_step)}
@@ -31,27 +33,34 @@ def hybrid_supports(problem: Problem) -> str | None:
     return None
 
 
-class HybridOrder:
-    """The hybrid policy's formulas with `max_units` as its parameter: hybrid itself takes
-    HYBRID_MAX_UNITS; tests take small values, so that small packs mix both orders."""
+def hybrid_need(max_tiles: int, causal: bool) -> int:
+    """The most units a sequence runs at once under hybrid with that bound: the fewest workers
+    on which every pack is live."""
+    return -(-max_tiles // 2) if causal else max_tiles
 
-    def __init__(self, max_units: int = HYBRID_MAX_UNITS):
-        self.max_units = max_units
+
+class HybridOrder:
+    """The hybrid policy's formulas with `max_tiles` as its parameter: hybrid itself takes
+    HYBRID_MAX_TILES; tests take small values, so that small packs mix both orders."""
+
+    def __init__(self, max_tiles: int = HYBRID_MAX_TILES):
+        self.max_tiles = max_tiles
 
     def together(self, t: Tiling) -> bool:
         """Whether this sequence runs the shift order (its units at once). Under a mask hybrid
         does not serve (hybrid_supports refuses it) there is none: False, so that questions
         asked before the refusal (min_workers) have an answer."""
-        return t.kind in _TOGETHER and _TOGETHER[t.kind][0](t) <= self.max_units
+        return t.kind in _TOGETHER and t.num_n <= self.max_tiles
 
     def _family(self, t: Tiling):
         return _TOGETHER[t.kind] if self.together(t) else _ORDERED.get(t.kind, _ORDERED["full"])
 
     def units(self, t: Tiling) -> int:
-        """Each sequence by its size: shift (full mask) or symmetric_shift (causal) where its
-        units number at most HYBRID_MAX_UNITS, else fa3 (full) or descending (causal). The
+        """Each sequence by its size: shift (full mask) or symmetric_shift (causal) where it
+        has at most HYBRID_MAX_TILES KV tiles, else fa3 (full) or descending (causal). The
         ranks are those of the order the sequence takes, so they follow its tiles alone; the
-        fewest live workers are the largest shift-order sequence's units (at most 32).
+        fewest live workers are the largest shift-order sequence's units (at most 64 under a
+        full mask, 32 under a causal one).
 
         >>> from dashgen.cli import main
         >>> main(["show", "--schedule", "hybrid", "--seqlen", "512", "--hdim", "64", "--workers", "4"])
