@@ -38,8 +38,8 @@ VARLEN_CASES = [
     ((257, 5, 200), 2, 1, 128, False, torch.bfloat16, "shift"),
     ((64, 0, 190), 2, 2, 64, False, torch.float16, "spt"),
     ((333, 17, 128), 2, 2, 64, True, torch.bfloat16, "symmetric_shift"),
-    # hybrid (a pack's auto) with both of its orders: 4,200 keys is past shift's 32 KV tiles.
-    ((4200, 300, 1, 0), 2, 1, 64, False, torch.bfloat16, "hybrid"),
+    # hybrid (a pack's auto) with both of its orders: 8,300 keys is past its 64 KV tiles.
+    ((8300, 300, 1, 0), 2, 1, 64, False, torch.bfloat16, "hybrid"),
     ((333, 17, 128), 2, 2, 128, True, torch.bfloat16, "hybrid"),
 ]
 
