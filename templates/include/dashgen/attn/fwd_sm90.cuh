@@ -62,9 +62,9 @@ struct AttnFwdSm90 {
   // warpgroups of a query tile issue equally often, so the alternation carries over from one
   // tile to the next (persistent CTAs); warpgroup 1 hands warpgroup 0 the first turn once per
   // CTA (start_turns). 0 is __syncthreads'. Where they pay (H200, docs/design.md `fwd-turns`):
-  // the persistent kernels and the one-tile kernel at head_dim 128, CTAs that have their SM to
-  // themselves. At head_dim 64 two one-tile CTAs share an SM and already overlap each other's
-  // softmax and matmuls; turns cost them 5% under causal masks. Packs keep the kernel without.
+  // the persistent kernels and the one-tile kernel at head_dim 128. The one-tile kernel at
+  // head_dim 64 measured 3-5% slower with them (why is not known: it too runs one CTA an SM).
+  // Packs keep the kernel without.
   static constexpr u32 kTurn0 = 1;
   static constexpr bool kOneTileTurns = kHeadDim == 128;
   __device__ static void start_turns(int wg) {
