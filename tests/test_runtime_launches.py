@@ -532,6 +532,25 @@ def test_forward_parameter_block_is_whole_on_every_call(recorder):
     assert outs[0][0].data_ptr() != outs[1][0].data_ptr()
 
 
+def test_a_prepared_forward_writes_each_calls_own_addresses(recorder):
+    """One signature, one prepared call (runtime.forward.ForwardCall): every call's block is a
+    fresh copy of its template with that call's tensors, and the template keeps none of them."""
+    from dashgen.runtime.forward import forward_call
+    inputs = [tuple(torch.randn(1, 256, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+              for _ in range(2)]
+    outs = [runtime_forward.forward(*t, causal=False, softmax_scale=0.125) for t in inputs]
+    assert len(recorder.launches) == 2
+    for (q, k, v), (o, lse), (_, _, args) in zip(inputs, outs, recorder.launches):
+        block = args[3]
+        assert (block.q, block.k, block.v, block.o, block.lse) == tuple(
+            t.data_ptr() for t in (q, k, v, o, lse))
+        assert args[:3] == [FakeMap(t.data_ptr()).getPtr() for t in (q, k, v)]
+    q = inputs[0][0]
+    call = forward_call(q.shape, q.shape, q.dtype, False, 0.125, q.device, Overrides())
+    assert (call.template.q, call.template.o, call.template.lse) == (None, None, None)
+    assert (call.template.seqlen_q, call.template.softmax_scale) == (256, 0.125)
+
+
 def test_the_prepared_backward_keeps_no_tensor_alive(recorder, cpu_op):
     """The call rides on the autograd node and holds addresses only: no reference cycle keeps a
     forward's output (or anything saved with it) alive once the graph is dropped."""

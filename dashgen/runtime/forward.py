@@ -66,20 +66,48 @@ def forward_launch(variant: ForwardVariant, q_shape: tuple, device: torch.device
     return ForwardLaunch(variant, q_shape, device)
 
 
+class ForwardCall:
+    """Everything a forward at one signature (q and k shapes, dtype, mask, scale, device) fixes:
+    its prepared launch and its parameter block with the shapes and scale filled in, so a call
+    writes the addresses and row strides into a copy and launches (a forward on an idle GPU
+    waits for this host time: docs/design.md, `fwd-host-path`)."""
+
+    def __init__(self, q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype,
+                 causal: bool, softmax_scale: float, device: torch.device,
+                 overrides: Overrides):
+        variant = forward_variant(tuple(q_shape), tuple(k_shape), DTYPE_NAMES[dtype],
+                                  bool(causal), sm_count(device), overrides)
+        self.launch = forward_launch(variant, tuple(q_shape), device)
+        batch, seqlen_q, heads_q, head_dim = q_shape
+        self.lse_shape = (batch, heads_q, seqlen_q)
+        self.device_index = device.index or 0
+        self.template = FwdParams(0, 0, 0, 0, 0, batch, heads_q, k_shape[2], seqlen_q,
+                                  k_shape[1], 0, 0, 0, float(softmax_scale))
+
+    def __call__(self, q, k, v):
+        empty = allocator()
+        o = empty(q.shape, q.dtype, q.device)  # q is contiguous: o is laid out like it
+        lse = empty(self.lse_shape, torch.float32, q.device)
+        params = FwdParams.from_buffer_copy(self.template)
+        params.q, params.k, params.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        params.o, params.lse = o.data_ptr(), lse.data_ptr()
+        params.q_row_stride, params.k_row_stride = q.stride(1), k.stride(1)
+        params.o_row_stride = o.stride(1)
+        addresses = self.launch.map_addresses(q, k, v) + [ctypes.addressof(params)]
+        launch.make_current(self.device_index)
+        self.launch.launcher(stream(q.device), addresses)
+        return o, lse
+
+
+@memo(max_entries=256)
+def forward_call(q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, causal: bool,
+                 softmax_scale: float, device: torch.device,
+                 overrides: Overrides = Overrides()) -> ForwardCall:
+    return ForwardCall(q_shape, k_shape, dtype, causal, softmax_scale, device, overrides)
+
+
 def forward(q, k, v, *, causal: bool, softmax_scale: float,
             overrides: Overrides = Overrides()):
     """o and lse; q, k and v are contiguous."""
-    variant = forward_variant(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype], bool(causal),
-                              sm_count(q.device), overrides)
-    fl = forward_launch(variant, tuple(q.shape), q.device)
-    batch, seqlen_q, heads_q, _ = q.shape
-    empty = allocator()
-    o = empty(q.shape, q.dtype, q.device)  # q is contiguous: o is laid out like it
-    lse = empty((batch, heads_q, seqlen_q), torch.float32, q.device)
-    params = FwdParams(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                       batch, heads_q, k.shape[2], seqlen_q, k.shape[1],
-                       q.stride(1), k.stride(1), o.stride(1), float(softmax_scale))
-    addresses = fl.map_addresses(q, k, v) + [ctypes.addressof(params)]
-    launch.make_current(q.device.index or 0)
-    fl.launcher(stream(q.device), addresses)
-    return o, lse
+    return forward_call(q.shape, k.shape, q.dtype, causal, softmax_scale, q.device,
+                        overrides)(q, k, v)

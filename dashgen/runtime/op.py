@@ -193,16 +193,18 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Non
     and num_workers against the SM count (fake CUDA tensors from FakeTensorMode, with the device
     query stubbed); finally whether the schedule serves the problem.
     """
-    key = _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers)
-    if key is None:
+    # The flag is read at call time, never a cached answer: with deterministic=None its value
+    # is part of the key, so each state has its own resolved Options.
+    flag = torch.are_deterministic_algorithms_enabled()
+    key = _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
+                     flag)
+
+    def checked() -> Options:
         opts = _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers)
-    else:
-        opts = _VALIDATED.get(key, lambda: _check_all(q, k, v, causal, softmax_scale,
-                                                      deterministic, schedule, num_workers))
-    # The flag is read at call time, never a cached answer.
-    if deterministic is None:
-        opts = opts._replace(deterministic=torch.are_deterministic_algorithms_enabled())
-    elif deterministic is False and torch.are_deterministic_algorithms_enabled():
+        return opts._replace(deterministic=flag) if deterministic is None else opts
+
+    opts = checked() if key is None else _VALIDATED.get(key, checked)
+    if deterministic is False and flag:
         _refuse_nondeterministic()
     return opts
 
@@ -224,20 +226,22 @@ def _refuse_nondeterministic() -> None:
 _VALIDATED: Memo[Options] = Memo(None, max_entries=1024)
 
 
-def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers):
+def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers, flag):
     """Everything the checks read, or None where a call must take the checks (torch.compile
     tracing, tensor subclasses such as fake tensors, unhashable options). Option types are part
-    of it, so causal=1 never passes as causal=True."""
+    of it, so causal=1 never passes as causal=True. Only the options can be unhashable (the
+    tensors' parts are sizes, dtypes, ints and devices), so only they are hashed to find out."""
     if torch.compiler.is_compiling() or not (type(q) is type(k) is type(v) is torch.Tensor):
         return None
-    options = (causal, softmax_scale, deterministic, schedule, num_workers)
-    key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.stride(-1), k.stride(-1),
-           v.stride(-1), q.device, k.device, v.device, options, tuple(map(type, options)))
+    options = (causal, softmax_scale, deterministic, schedule, num_workers,
+               type(causal), type(softmax_scale), type(deterministic), type(schedule),
+               type(num_workers), flag if deterministic is None else None)
     try:
-        hash(key)
+        hash(options)
     except TypeError:
         return None
-    return key
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.stride(-1), k.stride(-1),
+            v.stride(-1), q.device, k.device, v.device, options)
 
 
 def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers) -> Options:
