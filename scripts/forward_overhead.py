@@ -23,29 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from dashgen.tools.bench import (Config, make_inputs, setup_dashgen_forward,  # noqa: E402
                                  setup_sdpa_forward)
-from dashgen.tools.timing import WARMUP_MS, commit_id, median_ms, rounds_ms  # noqa: E402
+from dashgen.tools.timing import WARMUP_MS, commit_id, rounds_ms  # noqa: E402
 
-from overhead import hidden_ms, host_us  # noqa: E402  (scripts/)
+from overhead import graph_replay_ms, hidden_ms, host_us  # noqa: E402  (scripts/)
 
 HEAD_DIMS = {"d64": 64, "d128": 128}
-
-
-def graph_ms(fn) -> float | None:
-    """Median replay time of fn captured in a CUDA graph (its kernels, no host time), or None
-    where capture fails (reported)."""
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()  # kernels loaded and memos filled outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return median_ms(graph.replay, 3, 20)
-    except Exception as exc:  # a probe: say why, keep the other columns
-        print(f"graph capture failed: {type(exc).__name__}: {exc}", flush=True)
-        return None
 
 
 def measure(cfg: Config) -> list[dict]:
@@ -61,7 +43,7 @@ def measure(cfg: Config) -> list[dict]:
     flops = cfg.flops(backward=False)
     rows = []
     for name, fn in fns.items():
-        ms, gpu_ms, kernels_ms = medians[name], hidden_ms(fn), graph_ms(fn)
+        ms, gpu_ms, kernels_ms = medians[name], hidden_ms(fn), graph_replay_ms(fn)
         rows.append(dict(impl=name, seqlen=cfg.seqlen, head_dim=cfg.head_dim, mask=cfg.mask,
                          batch=cfg.batch, heads=cfg.heads, ms=ms, tflops=flops / ms / 1e9,
                          gpu_ms=gpu_ms, graph_ms=kernels_ms, host_us=host_us(fn),

@@ -95,29 +95,16 @@ def torch_key_rows(q, k, v, do, keys, causal):
     return dk[0, 0, keys].double(), dv[0, 0, keys].double()
 
 
-def steady_backward_ms(qg, kg, vg, do, causal, first_ms: float) -> float:
-    """The backward's GPU time with the clocks up: the first call of a short row runs on an idle
-    GPU's clocks (a 16k row measured 0.5x its benchmark figure so), so rows under half a second
-    are called for ~200 ms more and timed as the median of 7; longer rows keep their first call."""
-    if first_ms > 500:
-        return first_ms
+def warm_backward_ms(qg, kg, vg, do, causal, first_ms: float, warm_ms: float) -> float:
+    """The backward's GPU time as the median of 7 calls after about `warm_ms` of calls.
+    Rows under half a second take two readings: after ~200 ms (the first call of a short row
+    runs on an idle GPU's clocks: a 16k row measured 0.5x its benchmark figure so), and with
+    --sustain-s after that many seconds, the clocks a long row runs at: a 1M row's one call
+    draws the board's power limit for up to a minute and its SM clock falls below what a short
+    burst keeps (on the H200, 1515-1875 MHz under the software power cap against 1980)."""
     o = dashgen.attention(qg, kg, vg, causal=causal, deterministic=True)
     call = lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)  # noqa: E731
-    return median_ms(call, warmup=max(3, int(200 / max(first_ms, 1e-3))), repeats=7)
-
-
-def sustained_backward_ms(qg, kg, vg, do, causal, first_ms: float,
-                          seconds: float) -> float | None:
-    """A short row's backward timed as a long row runs: after `seconds` of back-to-back calls,
-    the median of 7. A 1M row's one call draws the board's power limit for up to a minute and
-    its SM clock falls below the clock that a short burst of calls keeps (on the H200,
-    1515-1875 MHz under the software power cap against 1980), so a short row's steady figure
-    and a long row's first call are timed at different clocks; this reading puts them at one."""
-    if first_ms > 500 or seconds <= 0:
-        return None
-    o = dashgen.attention(qg, kg, vg, causal=causal, deterministic=True)
-    call = lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)  # noqa: E731
-    return median_ms(call, warmup=max(3, int(seconds * 1000 / max(first_ms, 1e-3))), repeats=7)
+    return median_ms(call, warmup=max(3, int(warm_ms / max(first_ms, 1e-3))), repeats=7)
 
 
 def main() -> None:
@@ -159,8 +146,10 @@ def main() -> None:
                 first_host = (t1 - t0) + (t2 - t1)
                 ms = s.elapsed_time(e)  # the first backward's GPU time (kernels loaded before)
                 peak = torch.cuda.max_memory_allocated() - base
-                steady = steady_backward_ms(qg, kg, vg, do, causal, ms)
-                sustained = sustained_backward_ms(qg, kg, vg, do, causal, ms, args.sustain_s)
+                short = ms <= 500  # a longer row keeps its first call
+                steady = warm_backward_ms(qg, kg, vg, do, causal, ms, 200) if short else ms
+                sustained = (warm_backward_ms(qg, kg, vg, do, causal, ms, args.sustain_s * 1000)
+                             if short and args.sustain_s > 0 else None)
                 same = None
                 if args.repeat:  # a second call must give the same bits
                     o2 = dashgen.attention(qg, kg, vg, causal=causal, deterministic=True)

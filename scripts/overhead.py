@@ -50,6 +50,24 @@ def hidden_ms(fn, calls: int = 20, sleep_cycles: int = 5_000_000) -> float:
                              for _ in range(calls))
 
 
+def graph_replay_ms(fn) -> float | None:
+    """Median replay time of fn captured in a CUDA graph (its kernels, no host time), or None
+    where capture fails (reported: the capture is a probe)."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # kernels loaded and memos filled outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return median_ms(graph.replay, 3, 20)
+    except Exception as exc:
+        print(f"graph capture failed: {type(exc).__name__}: {exc}", flush=True)
+        return None
+
+
 def main():
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--seqlen", type=int, default=1024)
@@ -143,19 +161,7 @@ def main():
     fwd_rows = [(name, median_ms(fn, 3, 20), host_us(fn))
                 for name, fn in (("runtime.forward", forward_runtime),
                                  ("attention, no_grad", forward_no_grad))]
-    graph_ms = None
-    try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            direct()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            direct()
-        graph_ms = median_ms(graph.replay, 3, 20)
-    except Exception as exc:  # graph capture is a probe; report why it failed
-        print(f"graph capture failed: {type(exc).__name__}: {exc}")
+    graph_ms = graph_replay_ms(direct)
     print(f"b{batch} h{heads} s{s} d{d} {'causal' if args.causal else 'full'} {schedule}")
     print(f"{'path':<20} {'median ms':>10} {'TFLOP/s':>8} {'host us/call':>13} "
           f"{'ms, host hidden':>16} {'exposed host us':>16}")
