@@ -18,6 +18,7 @@
 #include "dashgen/ptx/barrier.cuh"
 #include "dashgen/ptx/mbarrier.cuh"
 #include "dashgen/ptx/regs.cuh"
+#include "dashgen/ptx/stmatrix.cuh"
 #include "dashgen/ptx/tma.cuh"
 #include "dashgen/ptx/wgmma.cuh"
 #include "dashgen/attn/tiles_sm90.cuh"
@@ -52,7 +53,8 @@ struct AttnFwdSm90 {
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
-  static constexpr int kOffBar = kOffV + kStages * kKBytes;
+  static constexpr int kOffO = kOffV + kStages * kKBytes;  // O's staging tile (store_o_lse)
+  static constexpr int kOffBar = kOffO + kQBytes;
   static constexpr int kNumBars = 1 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
@@ -359,32 +361,67 @@ struct AttnFwdSm90 {
                                      wg, tid);
     }
 
-    store_o_lse(p, o, row_max, row_sum, m, h, b, row0, t4);
+    store_o_lse(p, o, row_max, row_sum, h, b, row0, smem + kOffO + wg * (kQBytes / 2), warp,
+                lane);
   }
 
-  // O (normalized by the row sums) and the logsumexp of this thread's two query rows.
+  // O leaves through shared memory. Each warp writes its 16 rows, normalized, with stmatrix into
+  // its slice of the warpgroup's staging tile, reads them back as 16-byte row segments and
+  // stores whole 128-byte lines, 2 (head_dim 128) or 4 (64) rows a warp instruction, where
+  // storing the accumulator as it lies writes one 4-byte word a lane into 8 rows, half of each
+  // 32-byte sector. The 16-byte chunks are XOR-swizzled by row, so neither stmatrix's 8 rows nor
+  // the read-back's 8 chunks fall into the same banks. Only the warp reads what it wrote, so
+  // __syncwarp orders it; the slice is the warp's own from one query tile to the next.
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks in a row of O
+  __device__ static int o_stage_offset(int row, int chunk) {
+    return row * kHeadDim * 2 + (chunk ^ (row % 8)) * 16;
+  }
+
+  // O (normalized by the row sums) and the logsumexp of this thread's two query rows; o_stage:
+  // the warpgroup's 64-row staging tile.
   __device__ static void store_o_lse(const FwdParams& p, const float (&o)[kHeadDim / 2],
-                                     const float (&row_max)[2], float (&row_sum)[2], int m, int h,
-                                     int b, int row0, int t4) {
-    T* out = static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDim;
+                                     const float (&row_max)[2], float (&row_sum)[2], int h,
+                                     int b, int row0, char* o_stage, int warp, int lane) {
+    const int t4 = lane & 3;
+    float inv[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
       row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
       const int row = row0 + 8 * half;
-      const float inv = row_sum[half] > 0.f ? 1.f / row_sum[half] : 0.f;
-      if (row < p.seqlen_q) {
+      inv[half] = row_sum[half] > 0.f ? 1.f / row_sum[half] : 0.f;
+      if (row < p.seqlen_q && t4 == 0) {
+        // Natural-log units of the scaled scores; -inf for a row that sees no key.
+        p.lse[(static_cast<i64>(b) * p.heads_q + h) * p.seqlen_q + row] =
+            row_sum[half] > 0.f ? (row_max[half] + log2f(row_sum[half])) / kLog2e : -DASHGEN_INF;
+      }
+    }
+    // Lanes 8j..8j+7 address the rows of matrix j: rows 8 (j % 2) + 0..7 of the warp's 16, the
+    // chunk c + j / 2; matrix j holds the pairs o[4 (c + j / 2) + 2 (j % 2)], + 1.
+    const u32 stage = shared_address(o_stage);
+    const int sel = lane / 8, srow = 16 * warp + 8 * (sel % 2) + lane % 8;
+    __syncwarp();  // the warp's read-back of its previous query tile is done
 #pragma unroll
-        for (int i = 2 * half; i < kHeadDim / 2; i += 4) {
-          const int col = 8 * (i / 4) + 2 * t4;
-          *reinterpret_cast<u32*>(out + static_cast<i64>(row) * p.o_row_stride + col) =
-              Element<T>::pack(o[i] * inv, o[i + 1] * inv);
-        }
-        if (t4 == 0) {
-          // Natural-log units of the scaled scores; -inf for a row that sees no key.
-          p.lse[(static_cast<i64>(b) * p.heads_q + h) * p.seqlen_q + row] =
-              row_sum[half] > 0.f ? (row_max[half] + log2f(row_sum[half])) / kLog2e : -DASHGEN_INF;
-        }
+    for (int c = 0; c < kChunks; c += 2) {
+      u32 frag[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int i = 4 * (c + q / 2) + 2 * (q % 2);
+        frag[q] = Element<T>::pack(o[i] * inv[q % 2], o[i + 1] * inv[q % 2]);
+      }
+      stmatrix_x4(stage + o_stage_offset(srow, c + sel / 2), frag);
+    }
+    __syncwarp();
+    T* out = static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDim;
+    const int first_row = row0 - lane / 4;  // the query row of the warp's first
+#pragma unroll
+    for (int it = 0; it < 16 * kChunks / 32; ++it) {
+      const int r = (32 * it + lane) / kChunks, chunk = (32 * it + lane) % kChunks;
+      const uint4 v =
+          *reinterpret_cast<const uint4*>(o_stage + o_stage_offset(16 * warp + r, chunk));
+      if (first_row + r < p.seqlen_q) {
+        *reinterpret_cast<uint4*>(out + static_cast<i64>(first_row + r) * p.o_row_stride +
+                                  8 * chunk) = v;
       }
     }
   }

@@ -16,4 +16,11 @@ __device__ __forceinline__ void stmatrix_x4_trans(u32 smem_row, const u32 (&r)[4
                :: "r"(smem_row), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]));
 }
 
+// Without .trans: lane 8i+j's address takes row j of matrix i. With the "memory" clobber, so
+// plain loads of what it stored stay after it (the forward's O staging reads it back at once).
+__device__ __forceinline__ void stmatrix_x4(u32 smem_row, const u32 (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], { %1, %2, %3, %4 };"
+               :: "r"(smem_row), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
+
 }  // namespace dashgen
