@@ -53,8 +53,12 @@ struct AttnFwdSm90 {
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
-  static constexpr int kOffO = kOffV + kStages * kKBytes;  // O's staging tile (store_o_lse)
-  static constexpr int kOffBar = kOffO + kQBytes;
+  // O leaves through a staging tile at head_dim 128 (store_o_lse); at 64 it measured 1-2%
+  // slower from 4k on and no faster at 1k (docs/design.md, `fwd-o-staging`), so the head_dim-64
+  // kernels keep their layout and stores.
+  static constexpr bool kStagedO = kHeadDim == 128;
+  static constexpr int kOffO = kOffV + kStages * kKBytes;
+  static constexpr int kOffBar = kOffO + (kStagedO ? kQBytes : 0);
   static constexpr int kNumBars = 1 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
@@ -365,7 +369,7 @@ struct AttnFwdSm90 {
                 lane);
   }
 
-  // O leaves through shared memory. Each warp writes its 16 rows, normalized, with stmatrix into
+  // O leaves through shared memory (kStagedO). Each warp writes its 16 rows, normalized, with stmatrix into
   // its slice of the warpgroup's staging tile, reads them back as 16-byte row segments and
   // stores whole 128-byte lines, 2 (head_dim 128) or 4 (64) rows a warp instruction, where
   // storing the accumulator as it lies writes one 4-byte word a lane into 8 rows, half of each
@@ -378,10 +382,20 @@ struct AttnFwdSm90 {
   }
 
   // O (normalized by the row sums) and the logsumexp of this thread's two query rows; o_stage:
-  // the warpgroup's 64-row staging tile.
+  // the warpgroup's 64-row staging tile (kStagedO).
   __device__ static void store_o_lse(const FwdParams& p, const float (&o)[kHeadDim / 2],
                                      const float (&row_max)[2], float (&row_sum)[2], int h,
                                      int b, int row0, char* o_stage, int warp, int lane) {
+    if constexpr (kStagedO) {
+      store_o_lse_staged(p, o, row_max, row_sum, h, b, row0, o_stage, warp, lane);
+    } else {
+      store_o_lse_direct(p, o, row_max, row_sum, h, b, row0, lane & 3);
+    }
+  }
+
+  __device__ static void store_o_lse_staged(const FwdParams& p, const float (&o)[kHeadDim / 2],
+                                            const float (&row_max)[2], float (&row_sum)[2], int h,
+                                            int b, int row0, char* o_stage, int warp, int lane) {
     const int t4 = lane & 3;
     float inv[2];
 #pragma unroll
@@ -422,6 +436,33 @@ struct AttnFwdSm90 {
       if (first_row + r < p.seqlen_q) {
         *reinterpret_cast<uint4*>(out + static_cast<i64>(first_row + r) * p.o_row_stride +
                                   8 * chunk) = v;
+      }
+    }
+  }
+
+  // store_o_lse at head_dim 64: O stored from the accumulator as it lies.
+  __device__ static void store_o_lse_direct(const FwdParams& p, const float (&o)[kHeadDim / 2],
+                                            const float (&row_max)[2], float (&row_sum)[2], int h,
+                                            int b, int row0, int t4) {
+    T* out = static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDim;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
+      row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
+      const int row = row0 + 8 * half;
+      const float inv = row_sum[half] > 0.f ? 1.f / row_sum[half] : 0.f;
+      if (row < p.seqlen_q) {
+#pragma unroll
+        for (int i = 2 * half; i < kHeadDim / 2; i += 4) {
+          const int col = 8 * (i / 4) + 2 * t4;
+          *reinterpret_cast<u32*>(out + static_cast<i64>(row) * p.o_row_stride + col) =
+              Element<T>::pack(o[i] * inv, o[i + 1] * inv);
+        }
+        if (t4 == 0) {
+          // Natural-log units of the scaled scores; -inf for a row that sees no key.
+          p.lse[(static_cast<i64>(b) * p.heads_q + h) * p.seqlen_q + row] =
+              row_sum[half] > 0.f ? (row_max[half] + log2f(row_sum[half])) / kLog2e : -DASHGEN_INF;
+        }
       }
     }
   }
