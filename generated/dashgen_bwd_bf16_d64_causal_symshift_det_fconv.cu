@@ -95,7 +95,7 @@ struct Cfg {
   static constexpr bool kDeterministic = true;
   static constexpr bool kTrace = false;
   static constexpr bool kGqa = false;
-  static constexpr bool kStagedStats = false;
+  static constexpr bool kStagedStats = true;
   static constexpr bool kFusedConvert = true;
   static constexpr bool kEarlyKv = false;
   static constexpr bool kDsStmatrix = true;

@@ -95,7 +95,7 @@ struct Cfg {
   static constexpr bool kDeterministic = false;
   static constexpr bool kTrace = false;
   static constexpr bool kGqa = false;
-  static constexpr bool kStagedStats = false;
+  static constexpr bool kStagedStats = true;
   static constexpr bool kFusedConvert = false;
   static constexpr bool kEarlyKv = true;
   static constexpr bool kDsStmatrix = true;

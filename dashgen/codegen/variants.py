@@ -36,7 +36,7 @@ class BackwardConstants:
 BACKWARD_CONSTANTS = {
     (64, False): BackwardConstants(block_m=128, block_n=128, staged_stats=False,
                                    ds_stmatrix=False),
-    (64, True): BackwardConstants(block_m=128, block_n=128, staged_stats=False,
+    (64, True): BackwardConstants(block_m=128, block_n=128, staged_stats=True,
                                   ds_stmatrix=True),
     (128, False): BackwardConstants(block_m=64, block_n=128, staged_stats=True,
                                     ds_stmatrix=True),
