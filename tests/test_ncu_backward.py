@@ -1,0 +1,38 @@
+"""scripts/ncu_backward.py's arguments: what it cannot run is refused before torch or a GPU is
+touched, naming the argument."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import ncu_backward  # noqa: E402
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--impl", "dashgen", "--head-dim", "96", "--mask", "full", "--seqlen", "1024"],
+     "--head-dim"),
+    (["--impl", "dashgen", "--head-dim", "64", "--mask", "sliding", "--seqlen", "1024"],
+     "--mask"),
+    (["--impl", "dashgen", "--head-dim", "64", "--mask", "full", "--seqlen", "3000"],
+     "--seqlen"),
+    (["--impl", "fa3", "--head-dim", "64", "--mask", "full", "--seqlen", "1024"], "--fa3-path"),
+])
+def test_bad_arguments_are_refused_by_name(argv, named, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        ncu_backward.parse(argv)
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_fa3_path_must_hold_its_interface(tmp_path, capsys):
+    argv = ["--impl", "fa3", "--fa3-path", str(tmp_path), "--head-dim", "128", "--mask",
+            "causal", "--seqlen", "8192"]
+    with pytest.raises(SystemExit):
+        ncu_backward.parse(argv)
+    assert "flash_attn_interface.py" in capsys.readouterr().err
+    (tmp_path / "flash_attn_interface.py").write_text("")
+    args = ncu_backward.parse(argv)
+    assert (args.impl, args.head_dim, args.mask, args.seqlen) == ("fa3", 128, "causal", 8192)
