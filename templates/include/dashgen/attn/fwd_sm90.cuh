@@ -53,9 +53,8 @@ struct AttnFwdSm90 {
   static constexpr int kOffQ = 0;
   static constexpr int kOffK = kOffQ + kQBytes;
   static constexpr int kOffV = kOffK + kStages * kKBytes;
-  // O leaves through a staging tile at head_dim 128 (store_o_lse); at 64 it measured 1-2%
-  // slower from 4k on and no faster at 1k (docs/design.md, `fwd-o-staging`), so the head_dim-64
-  // kernels keep their layout and stores.
+  // O leaves through a staging tile at head_dim 128 (store_o_lse); at 64 it gained nothing
+  // (docs/design.md, `fwd-o-staging`), so the head_dim-64 kernels keep their layout and stores.
   static constexpr bool kStagedO = kHeadDim == 128;
   static constexpr int kOffO = kOffV + kStages * kKBytes;
   static constexpr int kOffBar = kOffO + (kStagedO ? kQBytes : 0);
@@ -369,11 +368,11 @@ struct AttnFwdSm90 {
                 lane);
   }
 
-  // O leaves through shared memory (kStagedO). Each warp writes its 16 rows, normalized, with stmatrix into
-  // its slice of the warpgroup's staging tile, reads them back as 16-byte row segments and
-  // stores whole 128-byte lines, 2 (head_dim 128) or 4 (64) rows a warp instruction, where
-  // storing the accumulator as it lies writes one 4-byte word a lane into 8 rows, half of each
-  // 32-byte sector. The 16-byte chunks are XOR-swizzled by row, so neither stmatrix's 8 rows nor
+  // O leaves through shared memory (kStagedO). Each warp writes its 16 rows, normalized, with
+  // stmatrix into its slice of the warpgroup's staging tile, reads them back as 16-byte row
+  // segments and stores whole 128-byte lines, 2 rows a warp instruction, where storing the
+  // accumulator as it lies writes one 4-byte word a lane into 8 rows, half of each 32-byte
+  // sector. The 16-byte chunks are XOR-swizzled by row, so neither stmatrix's 8 rows nor
   // the read-back's 8 chunks fall into the same banks. Only the warp reads what it wrote, so
   // __syncwarp orders it; the slice is the warp's own from one query tile to the next.
   static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks in a row of O
