@@ -1,0 +1,201 @@
+"""Where a backward's main kernel waits, from Nsight Compute's warp-stall sampling: the stall
+reasons side by side (from `ncu --page raw --csv`: the smsp__pcsamp_warps_issue_stalled_*
+totals), then per kernel the samples by SASS opcode and the instructions that hold the most
+samples (from `ncu --page source --csv --print-source sass`). The detail and SpeedOfLight
+tables of scripts/ncu_compare.py say how busy a kernel is; these say on which instructions its
+warps sit, which is what tells a barrier wait from a scoreboard or a tensor-core wait.
+
+python3 scripts/ncu_sass.py LABEL=PREFIX [LABEL=PREFIX ...]
+
+PREFIX names PREFIX.sass.csv and PREFIX.raw.csv, as scripts/ncu_stalls.sh writes them.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STALL = "smsp__pcsamp_warps_issue_stalled_"
+SAMPLES = "warp stall sampling (all"
+TOP_REASONS, TOP_OPCODES, TOP_INSTRUCTIONS, TOP_STALL_COLUMNS, SASS_WIDTH = 15, 20, 25, 8, 70
+
+
+@dataclass
+class Instruction:
+    address: str
+    sass: str
+    executed: float
+    samples: float
+    stalls: dict[str, float] = field(default_factory=dict)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _rows(path: Path) -> list[list[str]]:
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such file")
+    with path.open(newline="") as f:
+        return [r for r in csv.reader(f) if r and not r[0].startswith("==")]
+
+
+def opcode(sass: str) -> str:
+    """The mnemonic without its predicate and modifiers: `@!P1 HGMMA.64x128x16.F32` -> HGMMA."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0].rstrip(";") if words else "?"
+
+
+def raw_stalls(path: Path) -> tuple[str, dict[str, float]]:
+    """(kernel name, stall reason -> samples) of the first kernel of a raw-page CSV; the
+    _not_issued metrics are a subset of their reason, so they are left out of the total."""
+    rows = _rows(path)
+    at = next((i for i, r in enumerate(rows) if any(c.startswith(STALL) for c in r)), None)
+    if at is None:
+        raise SystemExit(f"{path}: no header with {STALL}* metrics (ncu --page raw --csv)")
+    header = rows[at]
+    cols = {c[len(STALL):]: j for j, c in enumerate(header)
+            if c.startswith(STALL) and not c.endswith("_not_issued")}
+    name_col = header.index("Kernel Name") if "Kernel Name" in header else None
+    for row in rows[at + 1:]:  # the units row has no numbers in these columns
+        values = {k: _number(row[j]) if j < len(row) else None for k, j in cols.items()}
+        if any(v is not None for v in values.values()):
+            name = row[name_col] if name_col is not None and name_col < len(row) else "?"
+            return name, {k: v or 0.0 for k, v in values.items()}
+    raise SystemExit(f"{path}: a header but no kernel row with {STALL}* values")
+
+
+def _source_columns(row: list[str]) -> dict | None:
+    """Column indices of a source-page header row, None for any other row."""
+    lower = [c.strip().lower() for c in row]
+    address = lower.index("address") if "address" in lower else next(
+        (j for j, c in enumerate(lower) if "address" in c), None)
+    if address is None or "source" not in lower:
+        return None
+    return {"address": address, "source": lower.index("source"),
+            "samples": next((j for j, c in enumerate(lower) if c.startswith(SAMPLES)), None),
+            "executed": next((j for j, c in enumerate(lower)
+                              if c.startswith("instructions executed")), None),
+            "stalls": {row[j].strip(): j for j, c in enumerate(lower)
+                       if "stall" in c and "warp stall sampling" not in c}}
+
+
+def sass_rows(path: Path) -> list[Instruction]:
+    """Every instruction row of a source-page CSV; when ncu prints several functions, each
+    under its own name line and header, all their rows."""
+    cols, out = None, []
+    for row in _rows(path):
+        found = _source_columns(row)
+        if found is not None:
+            if found["samples"] is None:
+                raise SystemExit(f"{path}: no 'Warp Stall Sampling (All Samples)' column "
+                                 "(was the SourceCounters section collected?)")
+            cols = found
+            continue
+        if cols is None or len(row) <= max(cols["address"], cols["source"], cols["samples"]):
+            continue
+        if not row[cols["address"]].strip():
+            continue
+        out.append(Instruction(row[cols["address"]].strip(), row[cols["source"]].strip(),
+                               _value(row, cols["executed"]), _value(row, cols["samples"]),
+                               {k: _value(row, j) for k, j in cols["stalls"].items()}))
+    if cols is None:
+        raise SystemExit(f"{path}: no header with an Address and a Source column "
+                         "(ncu --page source --csv --print-source sass)")
+    return out
+
+
+def _value(row: list[str], j: int | None) -> float:
+    return (_number(row[j]) or 0.0) if j is not None and j < len(row) else 0.0
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}" if whole else "0.0"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def stall_table(reports: dict[str, dict[str, float]]) -> list[str]:
+    """Each reason's share of its kernel's samples, by the first label's share."""
+    labels = list(reports)
+    totals = {label: sum(reports[label].values()) for label in labels}
+    first = reports[labels[0]]
+    reasons = sorted({r for s in reports.values() for r in s},
+                     key=lambda r: (-first.get(r, 0.0), r))[:TOP_REASONS]
+    lines = ["| stall reason (% of samples) | " + " | ".join(labels) + " |",
+             "|---|" + "---:|" * len(labels)]
+    for r in reasons:
+        cells = [_pct(reports[label][r], totals[label]) if r in reports[label] else "-"
+                 for label in labels]
+        lines.append(f"| {r} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def opcode_table(rows: list[Instruction]) -> list[str]:
+    executed: dict[str, float] = {}
+    samples: dict[str, float] = {}
+    for ins in rows:
+        op = opcode(ins.sass)
+        executed[op] = executed.get(op, 0.0) + ins.executed
+        samples[op] = samples.get(op, 0.0) + ins.samples
+    total = sum(samples.values())
+    lines = ["| opcode | instructions executed | samples | % of samples |", "|---|---:|---:|---:|"]
+    for op in sorted(samples, key=lambda o: (-samples[o], o))[:TOP_OPCODES]:
+        lines.append(f"| {op} | {executed[op]:,.0f} | {samples[op]:,.0f} | "
+                     f"{_pct(samples[op], total)} |")
+    return lines
+
+
+def hot_table(rows: list[Instruction]) -> list[str]:
+    """The instructions with the most samples, with the per-reason columns that hold the most
+    of their samples (a source page can have dozens)."""
+    total = sum(ins.samples for ins in rows)
+    hot = sorted(rows, key=lambda i: -i.samples)[:TOP_INSTRUCTIONS]
+    sums = {k: sum(ins.stalls.get(k, 0.0) for ins in hot) for ins in hot for k in ins.stalls}
+    stalls = sorted((k for k, v in sums.items() if v),
+                    key=lambda k: (-sums[k], k))[:TOP_STALL_COLUMNS]
+    lines = ["| address | SASS | samples | % of samples | " + "".join(f"{k} | " for k in stalls),
+             "|---|---|---:|---:|" + "---:|" * len(stalls)]
+    for ins in hot:
+        cells = "".join(f"{ins.stalls.get(k, 0.0):,.0f} | " for k in stalls)
+        lines.append(f"| {ins.address} | {_cell(ins.sass[:SASS_WIDTH])} | {ins.samples:,.0f} | "
+                     f"{_pct(ins.samples, total)} | {cells}")
+    return [line.rstrip() for line in lines]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("reports", nargs="+", metavar="LABEL=PREFIX")
+    args = ap.parse_args(argv)
+    prefixes: dict[str, str] = {}
+    for item in args.reports:
+        label, sep, prefix = item.partition("=")
+        if not sep or not label or not prefix:
+            ap.error(f"reports: expected LABEL=PREFIX, got {item!r}")
+        if label in prefixes:
+            ap.error(f"reports: label {label!r} given twice")
+        prefixes[label] = prefix
+    stalls, sass, out = {}, {}, []
+    for label, prefix in prefixes.items():
+        name, stalls[label] = raw_stalls(Path(prefix + ".raw.csv"))
+        sass[label] = sass_rows(Path(prefix + ".sass.csv"))
+        samples = sum(ins.samples for ins in sass[label])
+        out.append(f"{label}: `{name[:100]}`, {samples:,.0f} samples on "
+                   f"{len(sass[label])} instructions")
+    out += ["", "## Stall reasons", "", *stall_table(stalls)]
+    for label, rows in sass.items():
+        out += ["", f"## {label}: samples by opcode", "", *opcode_table(rows),
+                "", f"## {label}: instructions with the most samples", "", *hot_table(rows)]
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
