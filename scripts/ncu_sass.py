@@ -171,6 +171,42 @@ def hot_table(rows: list[Instruction]) -> list[str]:
     return [line.rstrip() for line in lines]
 
 
+# What marks a region's code: the MMA warpgroups issue the wgmmas, the producer the TMA loads,
+# the dQ writer the bulk reduce-adds.
+MARKERS = (("HGMMA", "wgmma"), ("UTMALDG", "TMA loads"), ("UBLKRED", "bulk reduce"))
+
+
+def region_table(rows: list[Instruction]) -> list[str]:
+    """Samples per stretch of code ending in an EXIT. The warp roles branch apart at the top and
+    each ends in its own EXIT, so the stretches tell the roles apart by what they issue; the
+    code after the last EXIT is out-of-line (the retry loops of barrier waits, jumped to from
+    any role) and is its own row."""
+    regions: list[list[Instruction]] = [[]]
+    for ins in rows:
+        regions[-1].append(ins)
+        if opcode(ins.sass) == "EXIT":
+            regions.append([])
+    regions = [r for r in regions if r]
+    total = sum(ins.samples for ins in rows)
+    lines = ["| code | instructions | issues | % of samples | top stalls (% of the region's) |",
+             "|---|---:|---|---:|---|"]
+    for k, region in enumerate(regions):
+        samples = sum(ins.samples for ins in region)
+        marks = ", ".join(name for op, name in MARKERS
+                          if any(opcode(ins.sass) == op for ins in region)) or "-"
+        reasons: dict[str, float] = {}
+        for ins in region:
+            for reason, v in ins.stalls.items():
+                if "not issued" not in reason.lower():
+                    reasons[reason] = reasons.get(reason, 0.0) + v
+        top = ", ".join(f"{r} {_pct(v, samples)}" for r, v in
+                        sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3] if v)
+        ends = "EXIT" if opcode(region[-1].sass) == "EXIT" else "out-of-line, after the last EXIT"
+        lines.append(f"| {region[0].address}..{region[-1].address} ({ends}) | {len(region)} | "
+                     f"{marks} | {_pct(samples, total)} | {top or '-'} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("reports", nargs="+", metavar="LABEL=PREFIX")
@@ -192,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
                    f"{len(sass[label])} instructions")
     out += ["", "## Stall reasons", "", *stall_table(stalls)]
     for label, rows in sass.items():
-        out += ["", f"## {label}: samples by opcode", "", *opcode_table(rows),
+        out += ["", f"## {label}: samples by code region", "", *region_table(rows),
+                "", f"## {label}: samples by opcode", "", *opcode_table(rows),
                 "", f"## {label}: instructions with the most samples", "", *hot_table(rows)]
     print("\n".join(out))
 

@@ -295,3 +295,24 @@ def test_script_tables_what_it_has_when_one_profile_fails(tmp_path):
     assert "==ERROR== failed" in log.read_text()
     md = (out / "d128-full-4096.md").read_text()
     assert "| barrier | 100.0 |" in md and "FA3" not in md
+
+
+def test_region_table_splits_the_code_at_each_exit(tmp_path):
+    # Two role stretches, each ending in EXIT, then an out-of-line retry loop.
+    path = sass_csv(tmp_path / "r.sass.csv", {"k": [
+        ("0x00", "HGMMA.64x128x16.F32.BF16 R0, gdesc[UR4], R0", "30", "10", "20", "0"),
+        ("0x10", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "30", "10", "30", "0"),
+        ("0x20", "EXIT", "0", "1", "0", "0"),
+        ("0x30", "UTMALDG.4D [UR8], [UR4]", "10", "2", "0", "5"),
+        ("0x40", "@!P0 BRA 0x80", "20", "4", "0", "20"),
+        ("0x50", "EXIT", "0", "1", "0", "0"),
+        ("0x60", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R2], R3", "10", "3", "0", "10"),
+    ]})
+    lines = ncu_sass.region_table(ncu_sass.sass_rows(path))
+    assert lines[2] == ("| 0x00..0x20 (EXIT) | 3 | wgmma | 60.0 | "
+                        "stall_barrier 83.3 |")
+    assert lines[3] == ("| 0x30..0x50 (EXIT) | 3 | TMA loads | 30.0 | "
+                        "stall_long_sb 83.3 |")
+    assert lines[4] == ("| 0x60..0x60 (out-of-line, after the last EXIT) | 1 | - | 10.0 | "
+                        "stall_long_sb 100.0 |")
+    assert len(lines) == 5
