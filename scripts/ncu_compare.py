@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 
-def _number(text: str) -> float | None:
+def number(text: str) -> float | None:
+    """A metric value as ncu's CSV writes it (thousands separators), None if not a number."""
     try:
         return float(text.replace(",", ""))
     except ValueError:
@@ -46,7 +47,7 @@ def longest(found: dict[str, dict]) -> tuple[str, dict]:
     def cycles(metrics: dict) -> float:
         for (_, metric), (_, value) in metrics.items():
             if metric == "Elapsed Cycles":
-                return _number(value) or 0.0
+                return number(value) or 0.0
         return 0.0
     if not found:
         raise ValueError("no kernel in the report")

@@ -16,6 +16,8 @@ import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncu_compare import number  # scripts/ is on the path when a script runs
+
 STALL = "smsp__pcsamp_warps_issue_stalled_"
 SAMPLES = "warp stall sampling (all"
 TOP_REASONS, TOP_OPCODES, TOP_INSTRUCTIONS, TOP_STALL_COLUMNS, SASS_WIDTH = 15, 20, 25, 8, 70
@@ -28,13 +30,6 @@ class Instruction:
     executed: float
     samples: float
     stalls: dict[str, float] = field(default_factory=dict)
-
-
-def _number(text: str) -> float | None:
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return None
 
 
 def _rows(path: Path) -> list[list[str]]:
@@ -64,7 +59,7 @@ def raw_stalls(path: Path) -> tuple[str, dict[str, float]]:
             if c.startswith(STALL) and not c.endswith("_not_issued")}
     name_col = header.index("Kernel Name") if "Kernel Name" in header else None
     for row in rows[at + 1:]:  # the units row has no numbers in these columns
-        values = {k: _number(row[j]) if j < len(row) else None for k, j in cols.items()}
+        values = {k: number(row[j]) if j < len(row) else None for k, j in cols.items()}
         if any(v is not None for v in values.values()):
             name = row[name_col] if name_col is not None and name_col < len(row) else "?"
             return name, {k: v or 0.0 for k, v in values.items()}
@@ -112,7 +107,7 @@ def sass_rows(path: Path) -> list[Instruction]:
 
 
 def _value(row: list[str], j: int | None) -> float:
-    return (_number(row[j]) or 0.0) if j is not None and j < len(row) else 0.0
+    return (number(row[j]) or 0.0) if j is not None and j < len(row) else 0.0
 
 
 def _pct(part: float, whole: float) -> str:
@@ -190,7 +185,7 @@ def region_table(rows: list[Instruction]) -> list[str]:
     total = sum(ins.samples for ins in rows)
     lines = ["| code | instructions | issues | % of samples | top stalls (% of the region's) |",
              "|---|---:|---|---:|---|"]
-    for k, region in enumerate(regions):
+    for region in regions:
         samples = sum(ins.samples for ins in region)
         marks = ", ".join(name for op, name in MARKERS
                           if any(opcode(ins.sass) == op for ins in region)) or "-"
