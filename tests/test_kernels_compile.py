@@ -35,6 +35,11 @@ SCHEDULER_SPILL_BYTES = 16
 # twin without the dQ order spills too (32 and 164 bytes): the walk alone outgrows the lane's
 # registers (docs/design.md, `pack-auto`).
 HYBRID_PACK_SPILL_BYTES = 192
+# At head_dim 128 the MMA warpgroups keep dQ's accumulator live while dK's wgmmas run (dQ's
+# hand-off overlaps them) and ptxas spills up to 56 bytes of theirs (0-56 by variant, most of it
+# reloads); measured faster than the spill-free order (docs/design.md, `bwd-dq-before-dk`).
+# head_dim 64 spills none.
+MMA_SPILL_BYTES = {64: 0, 128: 56}
 # Fallbacks that cost the main loop its overlap: never accepted.
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
 
@@ -95,18 +100,21 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
     assert set(cubin.resources) == expected, cubin.log
     for function, usage in cubin.resources.items():
         allowed = 0
+        if function == name and isinstance(variant, BackwardVariant):
+            allowed = MMA_SPILL_BYTES[variant.head_dim]
         if function == name and isinstance(variant, BackwardVariant) and not variant.table:
             # A named policy's walk runs in the scheduler lane, inside the producer
             # warpgroup's 24 registers, and may keep a few words in local memory; the same
             # kernel walking a table (everything else identical) must spill nothing, so the
             # spills are the walk's (docs/design.md, `scheduler-lane`).
             hybrid_pack = variant.varlen and variant.schedule == "hybrid"
-            allowed = HYBRID_PACK_SPILL_BYTES if hybrid_pack else SCHEDULER_SPILL_BYTES
+            mma = MMA_SPILL_BYTES[variant.head_dim]
+            allowed += HYBRID_PACK_SPILL_BYTES if hybrid_pack else SCHEDULER_SPILL_BYTES
             # A pack has no table walk; its twin without the dQ order (the same walk, no rank
-            # waits) spills nothing either.
+            # waits) spills no more than the MMA warpgroups' bytes either.
             twin = (dataclasses.replace(variant, deterministic=False) if variant.varlen
                     else dataclasses.replace(variant, schedule="table"))
-            assert compiled(twin).resources[twin.kernel_name].spill_bytes <= (
+            assert compiled(twin).resources[twin.kernel_name].spill_bytes <= mma + (
                 HYBRID_PACK_SPILL_BYTES if hybrid_pack else 0)
         assert usage.spill_bytes <= allowed, f"{function} spills {usage.spill_bytes} bytes:\n{cubin.log}"
         assert usage.stack_frame_bytes <= allowed, f"{function}: {usage.stack_frame_bytes} B stack"

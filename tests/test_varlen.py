@@ -34,6 +34,7 @@ from dashgen.runtime.varlen import (  # noqa: E402
     PackWorkspace, pack_tiles, plan_words)
 from dashgen.runtime.select import PACK_AUTO_SCHEDULES, pack_workers, select_pack  # noqa: E402
 from test_op_errors import fake_cuda, h200, on_cpu  # noqa: E402,F401  (fixtures by name)
+from test_kernels_compile import MMA_SPILL_BYTES  # noqa: E402
 
 BF16, FP16 = torch.bfloat16, torch.float16
 ENTRY_REGISTERS = 168  # as in test_kernels_compile: setmaxnreg's cap at entry, 384 threads
@@ -622,8 +623,9 @@ def test_compile_varlen_backward_spills_no_more_than_a_named_walk(variant, compi
     """The pack's walk runs in the scheduler lane like a fixed-length named policy's, in the
     producer warpgroup's 24 registers: the bound test_kernels_compile allows those."""
     main = compiled(variant).resources[variant.kernel_name]
-    assert main.spill_bytes <= SCHEDULER_SPILL_BYTES, compiled(variant).log
-    assert main.stack_frame_bytes <= SCHEDULER_SPILL_BYTES, compiled(variant).log
+    allowed = SCHEDULER_SPILL_BYTES + MMA_SPILL_BYTES[variant.head_dim]
+    assert main.spill_bytes <= allowed, compiled(variant).log
+    assert main.stack_frame_bytes <= allowed, compiled(variant).log
 
 
 def test_compile_varlen_forward(compiled):

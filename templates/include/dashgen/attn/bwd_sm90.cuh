@@ -113,6 +113,10 @@ struct AttnBwdSm90 {
   // the softmax loop has them, the barrier that frees the dS tile passed before the loop; stored
   // after the loop, the whole tile's fragments at once made ptxas spill.
   static constexpr bool kDsInLoop = kDsStmatrix && kBlockM == 128;
+  // dV's wgmmas issued before stage 4 (the dS stores and barriers) rather than after it: where
+  // kDsInLoop has stored dS in the softmax loop. Elsewhere the stores beside the in-flight
+  // wgmma's registers spilled (48 bytes at head_dim 64 under the full mask).
+  static constexpr bool kDvEarly = kDsInLoop;
   // Every tile starts 1024-byte aligned (128B swizzle atoms).
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
@@ -614,8 +618,8 @@ struct AttnBwdSm90 {
 
   // ---- MMA warpgroups ------------------------------------------------------------------------
   // A task's stages, in order: 1 issue_scores, 2 task_stats, 3 P^T and dS^T, 4 dS to shared
-  // memory, 5 dkv_mma, 6 dq_mma, 7 hand_off_dq; at a segment's end store_dkv (or under GQA
-  // add_dkv_in_rank_order). consume() holds what outlives a task (the segment's dK/dV
+  // memory, 5 and 6 dV, dQ, dK (rs_gemm, dq_mma), 7 hand_off_dq; at a segment's end store_dkv
+  // (or under GQA add_dkv_in_rank_order). consume() holds what outlives a task (the segment's dK/dV
   // accumulators) and the stage and segment bookkeeping. Stages 3 and 4 stay written out in it:
   // moved into inlined member functions, they make NVVM number the dK/dV accumulators' registers
   // differently and ptxas schedule the kernel differently from the one measured.
@@ -723,6 +727,13 @@ struct AttnBwdSm90 {
         }
       }
 
+      // Stage 5a with kDvEarly: dV += P^T dO needs nothing of the other warpgroup, so its
+      // wgmmas run through stage 4's barrier.
+      if constexpr (kDvEarly) {
+        wgmma_fence();
+        rs_gemm(dv, pa, do_tile);
+      }
+
       // Stage 4. dS (query rows x KV columns, K-major for dQ's A operand) into shared memory: this
       // warpgroup writes column block wg, once both warpgroups have passed the barrier, so the
       // previous task's dQ reads of the tile are done (kDsInLoop passed it before the softmax
@@ -762,14 +773,25 @@ struct AttnBwdSm90 {
       fence_proxy_async_shared();
       sync_mma_warpgroups();
 
-      dkv_mma(dk, dv, pa, dsa, q_tile, do_tile);
+      // Stages 5 and 6 as dV, dQ, dK: dQ's wgmmas ahead of dK's, so the dQ hand-off (its
+      // shared-memory stores) runs while the tensor cores work on dK, with P^T's registers free
+      // (dV retired) by then.
+      if constexpr (!kDvEarly) {
+        wgmma_fence();
+        rs_gemm(dv, pa, do_tile);
+      }
       float dq[32];
       dq_mma(dq, smem, wg);
+      wgmma_wait_group<1>();  // dV retired: P^T's registers are free
+      wgmma_fence();
+      rs_gemm(dk, dsa, q_tile);
+      wgmma_wait_group<1>();  // dQ retired
       // After a segment's last dQ MMA K/V are free (kEarlyKv: the next segment's load overlaps
-      // the dQ hand-off and the dK/dV stores); then Q/dO stage s and its task slot are.
+      // the dQ hand-off and the dK/dV stores); Q/dO stage s and its task slot once dK/dV retire.
       if (kEarlyKv && tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
-      mbarrier_arrive(&bars->q_empty[s]);
       hand_off_dq(dq, smem, bars, s, use, me);
+      wgmma_wait_group<0>();
+      mbarrier_arrive(&bars->q_empty[s]);
 
       if (t.seg_end) {
         if constexpr (kGqa) {
@@ -878,29 +900,19 @@ struct AttnBwdSm90 {
     return shared_address(block) + sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
   }
 
-  // Stage 5. dV += P^T dO and dK += dS^T Q, A from registers, B MN-major (head_dim contiguous).
-  // Retired before dQ's accumulator is allocated: issuing dQ behind them without a wait kept
-  // the P^T / dS^T fragments live and measured 1.5-4% slower (docs/design.md, `bwd-dq-after-dkv`).
-  __device__ static __forceinline__ void dkv_mma(float (&dk)[kHeadDim / 2],
-                                                 float (&dv)[kHeadDim / 2],
-                                                 const u32 (&pa)[kBlockM / 16][4],
-                                                 const u32 (&dsa)[kBlockM / 16][4],
-                                                 const char* q_tile, const char* do_tile) {
-    wgmma_fence();
+  // Stage 5. acc += A B over the task's kBlockM query rows, one commit group: dV += P^T dO
+  // (A = pa, B = dO) or dK += dS^T Q (A = dsa, B = Q), A from registers, B MN-major (head_dim
+  // contiguous).
+  __device__ static __forceinline__ void rs_gemm(float (&acc)[kHeadDim / 2],
+                                                 const u32 (&a)[kBlockM / 16][4],
+                                                 const char* b_tile) {
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const u64 b_do = wgmma_desc_mn_major_sw128(do_tile + kk * kSw128MnMajorKStepBytes,
-                                                 kBlockM * 128);
-      rs_mma(dv, pa[kk], b_do);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const u64 b_q = wgmma_desc_mn_major_sw128(q_tile + kk * kSw128MnMajorKStepBytes,
-                                                kBlockM * 128);
-      rs_mma(dk, dsa[kk], b_q);
+      const u64 b = wgmma_desc_mn_major_sw128(b_tile + kk * kSw128MnMajorKStepBytes,
+                                              kBlockM * 128);
+      rs_mma(acc, a[kk], b);
     }
     wgmma_commit_group();
-    wgmma_wait_group<0>();
   }
 
   // dV += P^T dO / dK += dS^T Q: one k16 step, N = head_dim, B MN-major.
@@ -929,7 +941,6 @@ struct AttnBwdSm90 {
       wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, b_k, j > 0);
     }
     wgmma_commit_group();
-    wgmma_wait_group<0>();
   }
 
   // Stage 7. The dQ partial to the writer warp through buffer s, once it has taken the stage's
