@@ -113,10 +113,11 @@ struct AttnBwdSm90 {
   // the softmax loop has them, the barrier that frees the dS tile passed before the loop; stored
   // after the loop, the whole tile's fragments at once made ptxas spill.
   static constexpr bool kDsInLoop = kDsStmatrix && kBlockM == 128;
-  // dV's wgmmas issued before stage 4 (the dS stores and barriers) rather than after it: where
-  // kDsInLoop has stored dS in the softmax loop. Elsewhere the stores beside the in-flight
-  // wgmma's registers spilled (48 bytes at head_dim 64 under the full mask).
-  static constexpr bool kDvEarly = kDsInLoop;
+  // dV's wgmmas issued before stage 4 (the dS stores and barriers) rather than after it: at
+  // head_dim 128, and at 64 where kDsInLoop has stored dS in the softmax loop. At 64 under the
+  // full mask the stores after the loop beside the in-flight wgmma's registers spilled 48 bytes,
+  // and with the in-loop stores there it measured ~2% slower (docs/design.md, `bwd-dq-before-dk`).
+  static constexpr bool kDvEarly = kDsInLoop || kHeadDim == 128;
   // Every tile starts 1024-byte aligned (128B swizzle atoms).
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
