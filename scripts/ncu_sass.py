@@ -1,7 +1,9 @@
 """Where a backward's main kernel waits, from Nsight Compute's warp-stall sampling: the stall
 reasons side by side (from `ncu --page raw --csv`: the smsp__pcsamp_warps_issue_stalled_*
-totals), then per kernel the samples by SASS opcode and the instructions that hold the most
-samples (from `ncu --page source --csv --print-source sass`). The detail and SpeedOfLight
+totals), then per kernel the samples by SASS opcode, the instructions that hold the most
+samples and the task loop (the instructions run once a task in every MMA warp: its samples by
+opcode, and its waits and barriers in program order), from `ncu --page source --csv
+--print-source sass`. The detail and SpeedOfLight
 tables of scripts/ncu_compare.py say how busy a kernel is; these say on which instructions its
 warps sit, which is what tells a barrier wait from a scoreboard or a tensor-core wait.
 
@@ -202,6 +204,65 @@ def region_table(rows: list[Instruction]) -> list[str]:
     return lines
 
 
+# The task loop: the instructions run about as often as the wgmmas (within LOOP_SPREAD of their
+# count), i.e. once a task in every MMA warp, on the path most tasks take. Its waits and barriers
+# are listed in program order with the instructions that hold LOOP_HOT_SHARE of its samples (a
+# barrier's wait is sampled on the instruction after it).
+LOOP_SPREAD, LOOP_HOT_SHARE = 0.1, 0.01
+LOOP_WAITS = ("WARPGROUP", "BAR", "SYNCS", "FENCE", "MEMBAR")
+
+
+def loop_rows(rows: list[Instruction]) -> tuple[float, list[Instruction]]:
+    """(runs, instructions) of the task loop: runs is the wgmmas' execution count with the most
+    executions in all (a kernel's other wgmma paths, such as its masked tasks', run less)."""
+    counts: dict[float, float] = {}
+    for ins in rows:
+        if opcode(ins.sass) == "HGMMA" and ins.executed:
+            counts[ins.executed] = counts.get(ins.executed, 0.0) + ins.executed
+    if not counts:
+        return 0.0, []
+    runs = max(counts, key=lambda c: (counts[c], c))
+    return runs, [ins for ins in rows if abs(ins.executed - runs) <= LOOP_SPREAD * runs]
+
+
+def _top_stalls(stalls: dict[str, float], whole: float, n: int) -> str:
+    issued = {k: v for k, v in stalls.items() if v and "not issued" not in k.lower()}
+    return ", ".join(f"{k} {_pct(v, whole)}" for k, v in
+                     sorted(issued.items(), key=lambda kv: (-kv[1], kv[0]))[:n]) or "-"
+
+
+def loop_tables(rows: list[Instruction]) -> list[str]:
+    """The task loop's size and samples, its samples by opcode, and its waits in order."""
+    runs, loop = loop_rows(rows)
+    if not loop:
+        return ["No wgmma in this kernel: no task loop."]
+    total = sum(ins.samples for ins in rows)
+    samples = sum(ins.samples for ins in loop)
+    out = [f"{len(loop)} instructions run {runs:,.0f} times (a task, per MMA warp), "
+           f"{samples:,.0f} samples ({_pct(samples, total)}% of the kernel's).", "",
+           "| opcode | instructions | samples | % of the loop's | top stalls (% of the opcode's) |",
+           "|---|---:|---:|---:|---|"]
+    by_op: dict[str, list[Instruction]] = {}
+    for ins in loop:
+        by_op.setdefault(opcode(ins.sass), []).append(ins)
+    for op, group in sorted(by_op.items(), key=lambda kv: (-sum(i.samples for i in kv[1]),
+                                                           kv[0]))[:TOP_OPCODES]:
+        op_samples = sum(i.samples for i in group)
+        stalls: dict[str, float] = {}
+        for i in group:
+            for k, v in i.stalls.items():
+                stalls[k] = stalls.get(k, 0.0) + v
+        out.append(f"| {op} | {len(group)} | {op_samples:,.0f} | {_pct(op_samples, samples)} | "
+                   f"{_top_stalls(stalls, op_samples, 3)} |")
+    out += ["", "| address | SASS | samples | % of the loop's | top stalls (% of its) |",
+            "|---|---|---:|---:|---|"]
+    for ins in loop:
+        if opcode(ins.sass) in LOOP_WAITS or ins.samples >= LOOP_HOT_SHARE * samples:
+            out.append(f"| {ins.address} | {_cell(ins.sass[:SASS_WIDTH])} | {ins.samples:,.0f} | "
+                       f"{_pct(ins.samples, samples)} | {_top_stalls(ins.stalls, ins.samples, 2)} |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("reports", nargs="+", metavar="LABEL=PREFIX")
@@ -225,7 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     for label, rows in sass.items():
         out += ["", f"## {label}: samples by code region", "", *region_table(rows),
                 "", f"## {label}: samples by opcode", "", *opcode_table(rows),
-                "", f"## {label}: instructions with the most samples", "", *hot_table(rows)]
+                "", f"## {label}: instructions with the most samples", "", *hot_table(rows),
+                "", f"## {label}: the task loop", "", *loop_tables(rows)]
     print("\n".join(out))
 
 

@@ -316,3 +316,54 @@ def test_region_table_splits_the_code_at_each_exit(tmp_path):
     assert lines[4] == ("| 0x60..0x60 (out-of-line, after the last EXIT) | 1 | - | 10.0 | "
                         "stall_long_sb 100.0 |")
     assert len(lines) == 5
+
+
+def test_task_loop_is_the_code_run_as_often_as_the_wgmmas(tmp_path):
+    # Two wgmma paths: 4 HGMMAs run 1,000 times (every task) and 2 run 100 times (masked tasks
+    # only), so the loop runs 1,000 times; within 10% of that count counts, the rest does not.
+    path = sass_csv(tmp_path / "l.sass.csv", {"k": [
+        ("0x00", "UTMALDG.4D [UR8], [UR4]", "50", "125", "0", "50"),
+        ("0x10", "HGMMA.64x128x16.F32.BF16 R0, gdesc[UR4], RZ", "100", "1,000", "0", "0"),
+        ("0x20", "HGMMA.64x128x16.F32.BF16 R0, gdesc[UR4], R0", "0", "1,000", "0", "0"),
+        ("0x30", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "3", "1,000", "3", "0"),
+        ("0x40", "FFMA R1, R2, R3, R4", "600", "960", "0", "0"),
+        ("0x50", "HGMMA.64x64x16.F32.BF16 R8, gdesc[UR6], RZ", "200", "100", "200", "0"),
+        ("0x60", "HGMMA.64x64x16.F32.BF16 R8, gdesc[UR6], R8", "0", "100", "0", "0"),
+        ("0x70", "BAR.SYNC.DEFER_BLOCKING 0x1, 0x100", "0", "1,000", "0", "0"),
+        ("0x80", "IMAD R5, R5, R5, RZ", "297", "1,000", "0", "297"),
+        ("0x90", "HGMMA.64x64x16.F32.BF16 R8, gdesc[UR6], RZ", "0", "1,000", "0", "0"),
+        ("0xa0", "HGMMA.64x64x16.F32.BF16 R8, gdesc[UR6], R8", "0", "1,000", "0", "0"),
+        ("0xb0", "IADD3 R6, R6, 1, RZ", "0", "1,090", "0", "0"),
+        ("0xc0", "IADD3 R7, R7, 1, RZ", "500", "1,200", "0", "0"),
+    ]})
+    rows = ncu_sass.sass_rows(path)
+    runs, loop = ncu_sass.loop_rows(rows)
+    assert runs == 1000
+    assert [ins.address for ins in loop] == ["0x10", "0x20", "0x30", "0x40", "0x70", "0x80",
+                                             "0x90", "0xa0", "0xb0"]
+    lines = ncu_sass.loop_tables(rows)
+    # 1,000 of the kernel's 1,750 samples.
+    assert lines[0] == ("9 instructions run 1,000 times (a task, per MMA warp), 1,000 samples "
+                        "(57.1% of the kernel's).")
+    ops = lines[4:lines.index("", 4)]
+    assert ops[0] == "| FFMA | 1 | 600 | 60.0 | - |"
+    assert ops[1] == "| IMAD | 1 | 297 | 29.7 | stall_long_sb 100.0 |"
+    assert ops[2] == "| HGMMA | 4 | 100 | 10.0 | - |"
+    assert ops[3] == "| WARPGROUP | 1 | 3 | 0.3 | stall_barrier 100.0 |"
+    # Waits and barriers in program order, and what holds 1% of the loop's samples; the IADD3
+    # with none is left out.
+    events = lines[lines.index("", 4) + 3:]
+    assert [e.split(" | ")[0] for e in events] == ["| 0x10", "| 0x30", "| 0x40", "| 0x70",
+                                                   "| 0x80"]
+    assert events[1] == "| 0x30 | WARPGROUP.DEPBAR.LE gsb0, 0x0 | 3 | 0.3 | stall_barrier 100.0 |"
+    assert events[3] == "| 0x70 | BAR.SYNC.DEFER_BLOCKING 0x1, 0x100 | 0 | 0.0 | - |"
+
+
+def test_task_loop_of_a_kernel_without_wgmmas(tmp_path, capsys):
+    path = sass_csv(tmp_path / "n.sass.csv", {"k": [("0x10", "FADD R0, R1, R2", "5", "7", "0",
+                                                     "0")]})
+    assert ncu_sass.loop_rows(ncu_sass.sass_rows(path)) == (0.0, [])
+    raw_csv(tmp_path / "n.raw.csv", [("k", {"barrier": "5"})])
+    ncu_sass.main([f"n={tmp_path / 'n'}"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[out.index("## n: the task loop") + 2] == "No wgmma in this kernel: no task loop."
