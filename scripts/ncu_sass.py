@@ -3,9 +3,9 @@ reasons side by side (from `ncu --page raw --csv`: the smsp__pcsamp_warps_issue_
 totals), then per kernel the samples by SASS opcode, the instructions that hold the most
 samples and the task loop (the instructions run once a task in every MMA warp: its samples by
 opcode, and its waits and barriers in program order), from `ncu --page source --csv
---print-source sass`. The detail and SpeedOfLight
-tables of scripts/ncu_compare.py say how busy a kernel is; these say on which instructions its
-warps sit, which is what tells a barrier wait from a scoreboard or a tensor-core wait.
+--print-source sass`. The detail and SpeedOfLight tables of scripts/ncu_compare.py say how busy
+a kernel is; these say on which instructions its warps sit, which is what tells a barrier wait
+from a scoreboard or a tensor-core wait.
 
 python3 scripts/ncu_sass.py LABEL=PREFIX [LABEL=PREFIX ...]
 
@@ -168,6 +168,22 @@ def hot_table(rows: list[Instruction]) -> list[str]:
     return [line.rstrip() for line in lines]
 
 
+def _stall_sums(instructions: list[Instruction]) -> dict[str, float]:
+    sums: dict[str, float] = {}
+    for ins in instructions:
+        for reason, v in ins.stalls.items():
+            sums[reason] = sums.get(reason, 0.0) + v
+    return sums
+
+
+def _top_stalls(stalls: dict[str, float], whole: float, n: int) -> str:
+    """The n reasons with the most samples, as % of `whole` ("-" for none); the (Not Issued)
+    columns are a subset of their reason and are left out."""
+    issued = {k: v for k, v in stalls.items() if v and "not issued" not in k.lower()}
+    return ", ".join(f"{k} {_pct(v, whole)}" for k, v in
+                     sorted(issued.items(), key=lambda kv: (-kv[1], kv[0]))[:n]) or "-"
+
+
 # What marks a region's code: the MMA warpgroups issue the wgmmas, the producer the TMA loads,
 # the dQ writer the bulk reduce-adds.
 MARKERS = (("HGMMA", "wgmma"), ("UTMALDG", "TMA loads"), ("UBLKRED", "bulk reduce"))
@@ -191,16 +207,10 @@ def region_table(rows: list[Instruction]) -> list[str]:
         samples = sum(ins.samples for ins in region)
         marks = ", ".join(name for op, name in MARKERS
                           if any(opcode(ins.sass) == op for ins in region)) or "-"
-        reasons: dict[str, float] = {}
-        for ins in region:
-            for reason, v in ins.stalls.items():
-                if "not issued" not in reason.lower():
-                    reasons[reason] = reasons.get(reason, 0.0) + v
-        top = ", ".join(f"{r} {_pct(v, samples)}" for r, v in
-                        sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3] if v)
+        top = _top_stalls(_stall_sums(region), samples, 3)
         ends = "EXIT" if opcode(region[-1].sass) == "EXIT" else "out-of-line, after the last EXIT"
         lines.append(f"| {region[0].address}..{region[-1].address} ({ends}) | {len(region)} | "
-                     f"{marks} | {_pct(samples, total)} | {top or '-'} |")
+                     f"{marks} | {_pct(samples, total)} | {top} |")
     return lines
 
 
@@ -225,12 +235,6 @@ def loop_rows(rows: list[Instruction]) -> tuple[float, list[Instruction]]:
     return runs, [ins for ins in rows if abs(ins.executed - runs) <= LOOP_SPREAD * runs]
 
 
-def _top_stalls(stalls: dict[str, float], whole: float, n: int) -> str:
-    issued = {k: v for k, v in stalls.items() if v and "not issued" not in k.lower()}
-    return ", ".join(f"{k} {_pct(v, whole)}" for k, v in
-                     sorted(issued.items(), key=lambda kv: (-kv[1], kv[0]))[:n]) or "-"
-
-
 def loop_tables(rows: list[Instruction]) -> list[str]:
     """The task loop's size and samples, its samples by opcode, and its waits in order."""
     runs, loop = loop_rows(rows)
@@ -248,12 +252,8 @@ def loop_tables(rows: list[Instruction]) -> list[str]:
     for op, group in sorted(by_op.items(), key=lambda kv: (-sum(i.samples for i in kv[1]),
                                                            kv[0]))[:TOP_OPCODES]:
         op_samples = sum(i.samples for i in group)
-        stalls: dict[str, float] = {}
-        for i in group:
-            for k, v in i.stalls.items():
-                stalls[k] = stalls.get(k, 0.0) + v
         out.append(f"| {op} | {len(group)} | {op_samples:,.0f} | {_pct(op_samples, samples)} | "
-                   f"{_top_stalls(stalls, op_samples, 3)} |")
+                   f"{_top_stalls(_stall_sums(group), op_samples, 3)} |")
     out += ["", "| address | SASS | samples | % of the loop's | top stalls (% of its) |",
             "|---|---|---:|---:|---|"]
     for ins in loop:
