@@ -907,11 +907,10 @@ struct AttnBwdSm90 {
   __device__ static __forceinline__ void rs_gemm(float (&acc)[kHeadDim / 2],
                                                  const u32 (&a)[kBlockM / 16][4],
                                                  const char* b_tile) {
+    const u64 b_desc = wgmma_desc_mn_major_sw128(b_tile, kBlockM * 128);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      const u64 b = wgmma_desc_mn_major_sw128(b_tile + kk * kSw128MnMajorKStepBytes,
-                                              kBlockM * 128);
-      rs_mma(acc, a[kk], b);
+      rs_mma(acc, a[kk], wgmma_desc_advance(b_desc, kk * kSw128MnMajorKStepBytes));
     }
     wgmma_commit_group();
   }
@@ -933,13 +932,13 @@ struct AttnBwdSm90 {
     const int k0 = kDqByKv ? wg * kDqSteps : 0;
     const int a_row0 = kDqSplit == DqSplit::kRows ? 64 * wg : 0;
     const char* k_block = smem + kOffK + (kDqSplit == DqSplit::kColumns ? wg * kBlockN * 128 : 0);
+    const u64 k_desc = wgmma_desc_mn_major_sw128(k_block, kBlockN * 128);
 #pragma unroll
     for (int j = 0; j < kDqSteps; ++j) {
       const int k = k0 + j;
       const u64 a_ds = tile_desc_k_major(ds_tile, kBlockM, a_row0, k);
-      const u64 b_k = wgmma_desc_mn_major_sw128(k_block + k * kSw128MnMajorKStepBytes,
-                                                kBlockN * 128);
-      wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, b_k, j > 0);
+      wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, wgmma_desc_advance(k_desc, k * kSw128MnMajorKStepBytes),
+                              j > 0);
     }
     wgmma_commit_group();
   }
