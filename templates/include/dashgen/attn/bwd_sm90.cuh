@@ -691,7 +691,36 @@ struct AttnBwdSm90 {
       const bool edge = mask_reaches<kCausal>(t.n * kBlockN + 64 * wg + 63, t.m * kBlockM,
                                               kVarlen ? seq_k : p.seqlen_k,
                                               kVarlen ? seq_offset : causal_offset);
-      if (kCausal && !edge) {
+      if constexpr (!kCausal) {
+        // Full mask: only keys past the sequence's end are masked, and only a task whose keys
+        // reach it has any. Their scores become -inf there, so the one loop below takes
+        // exp2(-inf) = +0 for them, the value the per-element select gave, without a select
+        // per element on every other task (a second copy of the loop made head_dim 64 spill).
+        if (edge) {
+          const int keys_end = kVarlen ? seq_k : p.seqlen_k;
+#pragma unroll
+          for (int ii = 0; ii < kBlockM / 2; ++ii) {
+            const int key = t.n * kBlockN + 64 * wg + 16 * warp + g + 8 * ((ii / 2) % 2);
+            if (key >= keys_end) st[ii] = -DASHGEN_INF;
+          }
+        }
+#pragma unroll
+        for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
+          float pv[2], ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int ii = i2 + e;
+            const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
+            pv[e] = exp2_ftz(st[ii] * scale_log2 - stats[col]);
+            ds[e] = pv[e] * fmaf(dpt[ii], p.softmax_scale, -stats[kBlockM + col]);
+          }
+          pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
+          dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
+          if constexpr (kDsInLoop) {
+            if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
+          }
+        }
+      } else if (!edge) {
         unmasked_softmax(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
       } else {
 #pragma unroll
