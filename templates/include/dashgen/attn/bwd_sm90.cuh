@@ -704,24 +704,9 @@ struct AttnBwdSm90 {
             if (key >= keys_end) st[ii] = -DASHGEN_INF;
           }
         }
-#pragma unroll
-        for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
-          float pv[2], ds[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int ii = i2 + e;
-            const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
-            pv[e] = exp2_ftz(st[ii] * scale_log2 - stats[col]);
-            ds[e] = pv[e] * fmaf(dpt[ii], p.softmax_scale, -stats[kBlockM + col]);
-          }
-          pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
-          dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
-          if constexpr (kDsInLoop) {
-            if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
-          }
-        }
+        unmasked_softmax<true>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
       } else if (!edge) {
-        unmasked_softmax(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
+        unmasked_softmax<false>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
       } else {
 #pragma unroll
         for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
@@ -836,7 +821,10 @@ struct AttnBwdSm90 {
   }
 
   // Stage 3's loop for a task no mask reaches (causal: its keys end before the diagonal and
-  // the sequence's end): P^T and dS^T of every element.
+  // the sequence's end), or under the full mask for every task once an edge task's keys past the
+  // end hold -inf scores: P^T and dS^T of every element. kFtzAsm: the exponential as the asm
+  // ex2.approx.ftz (the full mask's, `bwd-mask-select`), else exp2f.
+  template <bool kFtzAsm>
   __device__ static __forceinline__ void unmasked_softmax(
       const float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2], const float* stats,
       u32 (&pa)[kBlockM / 16][4], u32 (&dsa)[kBlockM / 16][4], u32 ds_row, float scale_log2,
@@ -848,7 +836,8 @@ struct AttnBwdSm90 {
       for (int e = 0; e < 2; ++e) {
         const int ii = i2 + e;
         const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);
-        pv[e] = exp2f(st[ii] * scale_log2 - stats[col]);
+        const float exponent = st[ii] * scale_log2 - stats[col];
+        pv[e] = kFtzAsm ? exp2_ftz(exponent) : exp2f(exponent);
         ds[e] = pv[e] * fmaf(dpt[ii], softmax_scale, -stats[kBlockM + col]);
       }
       pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
