@@ -1,0 +1,49 @@
+"""scripts/compare_trees.py's table, on figures written here: the ratios and geometric means
+it reports, and its bits column, which calls a shape "same" only when every run of both trees
+hashed the same (a tree that differs from itself between runs is not the same either)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import compare_trees  # noqa: E402
+
+
+def run(bwd: float, fwd: float, hashes=("a", "b"), gpu: float | None = None) -> dict:
+    row = {"bwd_ms": bwd, "fwd_ms": fwd, "hashes": list(hashes)}
+    if gpu is not None:
+        row["bwd_gpu_ms"] = gpu
+    return row
+
+
+def test_ratios_are_old_over_new_medians_and_geomeans():
+    old = [{"s1": run(2.0, 1.0), "s2": run(4.0, 1.0)}, {"s1": run(2.2, 1.0), "s2": run(4.0, 3.0)},
+           {"s1": run(2.4, 1.0), "s2": run(4.0, 1.0)}]
+    new = [{"s1": run(1.0, 1.0), "s2": run(4.0, 2.0)}, {"s1": run(1.1, 1.0), "s2": run(4.0, 2.0)},
+           {"s1": run(1.2, 1.0), "s2": run(4.0, 2.0)}]
+    text = compare_trees.report(old, new)
+    assert "| s1 | 2.200 | 1.100 | 2.000 | 1.000 | 1.000 | 1.000 | same |" in text
+    assert "| s2 | 4.000 | 4.000 | 1.000 | 1.000 | 2.000 | 0.500 | same |" in text
+    assert ("geomean old/new: backward 1.414 (min 1.000), forward 0.707 (min 0.500); "
+            "3 runs of each tree, alternated") in text
+    assert "host hidden" not in text
+
+
+def test_bits_differ_when_any_run_of_either_tree_hashes_otherwise():
+    same = [{"s": run(1.0, 1.0)}]
+    assert "| same |" in compare_trees.report(same * 2, same * 2)
+    other_tree = [{"s": run(1.0, 1.0, hashes=("a", "c"))}]
+    assert "| DIFFER |" in compare_trees.report(same * 2, other_tree * 2)
+    unsteady_old = [{"s": run(1.0, 1.0)}, {"s": run(1.0, 1.0, hashes=("x", "b"))}]
+    assert "| DIFFER |" in compare_trees.report(unsteady_old, same * 2)
+
+
+def test_time_mode_rows_without_hashes_and_with_the_host_hidden_column():
+    def timed(bwd, gpu):
+        return {"s": {"bwd_ms": bwd, "fwd_ms": 1.0, "bwd_gpu_ms": gpu}}
+    text = compare_trees.report([timed(3.0, 2.0)], [timed(2.0, 2.5)])
+    row = "| s | 3.000 | 2.000 | 1.500 | 1.000 | 1.000 | 1.000 | - | 2.000 | 2.500 | 0.800 |"
+    assert row in text
+    assert "backward with the host hidden 0.800 (min 0.800)" in text
