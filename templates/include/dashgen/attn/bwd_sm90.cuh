@@ -687,7 +687,7 @@ struct AttnBwdSm90 {
       // differently. Under a causal mask only a task whose keys (this warpgroup's 64) cross the
       // sequence's end or the diagonal runs the mask: the others (all but one of a KV tile's
       // tasks with square tiles) skip a compare and its index arithmetic per element. A full
-      // mask compares per key, not per element: one loop, where two made head_dim 64 spill.
+      // mask compares per key, on edge tasks only, before the one loop.
       const bool edge = mask_reaches<kCausal>(t.n * kBlockN + 64 * wg + 63, t.m * kBlockM,
                                               kVarlen ? seq_k : p.seqlen_k,
                                               kVarlen ? seq_offset : causal_offset);
@@ -707,7 +707,7 @@ struct AttnBwdSm90 {
         unmasked_softmax<true>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
       } else if (!edge) {
         unmasked_softmax<false>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
-      } else {
+      } else {  // a causal edge task: the mask per element
 #pragma unroll
         for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
           const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
@@ -721,17 +721,11 @@ struct AttnBwdSm90 {
             const bool masked = kVarlen
                                     ? key >= seq_k || (kCausal && key > qrow + seq_offset)
                                     : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
-            // Under the full mask, which runs every task through this loop, the mask selects
-            // the exponent (exp2(-inf) = +0, the 0 it had), not the exponential: as
-            // `masked ? 0 : exp2f(..)` the compiler predicated each element's statistics load
-            // and zeroed its result first. Causal tasks come here only on the diagonal and the
-            // sequence's end, and the select form spilled 8 bytes in a causal GQA variant.
+            // Only causal edge tasks (the diagonal, the sequence's end) come here. The exponent
+            // is formed before the select, as measured; selecting the exponent instead
+            // (exp2(-inf) = +0) spilled 8 bytes in a causal GQA variant.
             const float exponent = st[ii] * scale_log2 - stats[col];
-            if constexpr (kCausal) {
-              pv[e] = masked ? 0.f : exp2f(exponent);
-            } else {
-              pv[e] = exp2_ftz(masked ? -DASHGEN_INF : exponent);
-            }
+            pv[e] = masked ? 0.f : exp2f(exponent);
             ds[e] = pv[e] * fmaf(dpt[ii], p.softmax_scale, -stats[kBlockM + col]);
           }
           pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
