@@ -84,7 +84,7 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
     for hd in (64, 128):
         for causal in (False, True):
             for seq in seqlens:
-                b, h = 16384 // seq, 2048 // hd
+                b, h = max(1, 16384 // seq), 2048 // hd  # one sequence past 16,384 tokens
                 g = torch.Generator(device="cuda").manual_seed(0)
                 q, k, v, do = (torch.randn(b, seq, h, hd, device="cuda", dtype=torch.bfloat16,
                                            generator=g) for _ in range(4))
