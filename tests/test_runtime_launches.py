@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dashgen.caches import clear_caches  # noqa: E402
-from dashgen.codegen.variants import (BwdParams, ConvertParams, FwdParams,  # noqa: E402
-                                      PrepParams)
+from dashgen.codegen.variants import (BACKWARD_CONSTANTS, BwdParams,  # noqa: E402
+                                      ConvertParams, FwdParams, PrepParams)
 from dashgen.runtime import backward as runtime  # noqa: E402
 from dashgen.runtime import forward as runtime_forward  # noqa: E402
 from dashgen.runtime import launch, op, varlen, workspace  # noqa: E402
@@ -163,12 +163,11 @@ def test_backward_launches_carry_the_right_pointers(recorder, heads_kv, determin
     assert params.seqlen_q == 200 and params.num_m_blocks == math.ceil(200 / 64)
 
 
-@pytest.mark.parametrize("head_dim, causal, staged", [(128, False, True), (128, True, True),
-                                                      (64, False, False), (64, True, True)])
-def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, head_dim, causal,
-                                                               staged):
-    """A constant of the backward, on but at head_dim 64 full (docs/design.md, staged-stats):
-    the preprocess lays the statistics out where the main kernel reads them."""
+@pytest.mark.parametrize("head_dim, causal", sorted(BACKWARD_CONSTANTS))
+def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, head_dim, causal):
+    """A constant of the backward (docs/design.md, staged-stats): where it is on, the preprocess
+    lays the statistics out where the main kernel reads them; where off, neither is given any."""
+    staged = BACKWARD_CONSTANTS[head_dim, causal].staged_stats
     do, q, k, v, o, lse = args = inputs(4, 4, head_dim=head_dim)
     runtime.backward(*args, causal=causal, softmax_scale=0.1, deterministic=True,
                      schedule="fa3", num_workers=3)

@@ -34,8 +34,8 @@ class BackwardConstants:
 
 
 BACKWARD_CONSTANTS = {
-    (64, False): BackwardConstants(block_m=128, block_n=128, staged_stats=False,
-                                   ds_stmatrix=False),
+    (64, False): BackwardConstants(block_m=128, block_n=128, staged_stats=True,
+                                   ds_stmatrix=True),
     (64, True): BackwardConstants(block_m=128, block_n=128, staged_stats=True,
                                   ds_stmatrix=True),
     (128, False): BackwardConstants(block_m=64, block_n=128, staged_stats=True,
