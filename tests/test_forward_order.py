@@ -1,9 +1,9 @@
 """The persistent forward's tile order, from the kernel's own code: the header that tells each
 CTA its i-th query tile (templates/include/dashgen/attn/fwd_tile_order.cuh, included by
 fwd_sm90_persistent.cuh) compiled as host code with g++, walked on the grids
-runtime.forward.forward_ctas launches. Every query tile once; under a causal mask a head's tiles
-in one round and every CTA about as busy as the others; under a full mask tile t of the
-m-fastest order on CTA t mod grid."""
+runtime.forward.forward_ctas launches. Every query tile once; under a causal mask in pairs of
+equal cost dealt round-robin, every CTA within one pair of the others; under a full mask tile t
+of the m-fastest order on CTA t mod grid."""
 from __future__ import annotations
 
 import shutil
@@ -96,38 +96,58 @@ def test_the_kernel_takes_its_order_from_the_header():
 
 
 # (query tiles a head, query heads, batch): the benchmark's head_dim 64 shapes 1k .. 16k and
-# head_dim 128's 1k and 16k, then odd ones.
+# head_dim 128's 1k and 16k, then odd ones (3,000 and 12,800 tokens among them).
 SHAPES = [(8, 32, 16), (16, 32, 8), (32, 32, 4), (64, 32, 2), (128, 32, 1),
           (8, 16, 16), (128, 16, 1),
-          (5, 3, 1), (7, 8, 5), (132, 1, 1), (1, 1000, 1), (3, 5, 7)]
+          (5, 3, 1), (7, 8, 5), (132, 1, 1), (1, 1000, 1), (3, 5, 7),
+          (127, 3, 1), (24, 32, 1), (100, 32, 1)]
+
+
+def units_of(per_cta, num_m):
+    """A CTA's tiles cut into the units the causal order deals: two tiles of cost num_m + 1 KV
+    tiles together (num_m - 1 - j then j of one head, or two heads' middle tiles), or one last
+    middle tile alone."""
+    return [per_cta[i:i + 2] for i in range(0, len(per_cta), 2)]
 
 
 @needs_header
 @pytest.mark.parametrize("num_m, heads_q, batch", SHAPES)
-def test_causal_every_tile_once_and_the_ctas_evenly_busy(tile_order, num_m, heads_q, batch):
+def test_causal_every_tile_once_in_units_of_equal_cost(tile_order, num_m, heads_q, batch):
     heads = heads_q * batch
     ctas = forward_ctas(num_m, heads, 132, causal=True)
-    assert ctas % num_m == 0 and 0 < ctas <= 132
+    units = -(-num_m * heads // 2)
+    assert 0 < ctas <= min(132, units)
     order = tile_order(True, num_m, heads_q, batch, ctas)
     assert len(order) == ctas
     tiles = [t for per_cta in order for t in per_cta]
     assert sorted(tiles) == [(b, h, m) for b in range(batch) for h in range(heads_q)
                              for m in range(num_m)]
-    # Round i hands a group of num_m CTAs one head, all of its tiles at once.
-    for i in range(max(map(len, order))):
-        heads_of_round = {}
-        for cta, per_cta in enumerate(order):
-            if i < len(per_cta):
-                b, h, m = per_cta[i]
-                heads_of_round.setdefault((b, h), []).append(m)
-        assert all(sorted(ms) == list(range(num_m)) for ms in heads_of_round.values())
-    # The first round starts each group's first CTA on its head's longest tile (the last).
-    assert all(order[cta][0][2] == num_m - 1 for cta in range(0, ctas, num_m) if order[cta])
-    # A causal tile m visits m + 1 KV tiles (square tiles): the busiest CTA against the mean.
+    lone = []
+    for per_cta in order:
+        for unit in units_of(per_cta, num_m):
+            if len(unit) == 1:
+                lone.append(unit[0])
+                continue
+            (b0, h0, m0), (b1, h1, m1) = unit
+            assert m0 + m1 == num_m - 1 and m0 >= m1, unit  # the long tile first
+            if m0 == m1:  # two heads' middle tiles
+                assert (b0, h0) != (b1, h1)
+            else:
+                assert (b0, h0) == (b1, h1)
+    # Only an odd head count under an odd num_m leaves one middle tile alone, the last head's.
+    assert lone == ([(batch - 1, heads_q - 1, num_m // 2)] if num_m * heads % 2 else [])
+    # Every CTA carries as many units as any other or one fewer, so its KV tiles (tile m visits
+    # m + 1, square tiles) are within one unit of every other's.
+    counts = [len(units_of(per_cta, num_m)) for per_cta in order]
+    assert max(counts) - min(counts) <= 1 and max(counts) == -(-units // ctas)
     loads = [sum(m + 1 for _, _, m in per_cta) for per_cta in order]
-    mean = sum(loads) / len(loads)
-    if heads * num_m >= 4 * ctas:  # enough rounds to even out (all 20 benchmark shapes)
-        assert max(loads) <= 1.1 * mean, (max(loads), mean)
+    assert max(loads) <= -(-units // ctas) * (num_m + 1)
+    # Unit u on CTA u mod grid: the first units of the CTAs are the order's first ctas units,
+    # so the CTAs that start together hold consecutive heads.
+    heads_started = sorted({b * heads_q + h for per_cta in order
+                            for b, h, _ in units_of(per_cta, num_m)[0]})
+    assert heads_started == list(range(heads_started[0], heads_started[-1] + 1))
+    assert heads_started[0] == 0
 
 
 @needs_header
@@ -144,5 +164,7 @@ def test_full_masks_keep_the_fewest_ctas():
     assert forward_ctas(8, 512, 132, causal=False) == 128
     assert forward_ctas(3, 2, 132, causal=False) == 6
     assert forward_ctas(133, 1, 132, causal=False) == 67  # 2 tiles each either way
-    assert forward_ctas(8, 512, 132, causal=True) == 128  # 16 heads' tiles a round
-    assert forward_ctas(132, 1, 132, causal=True) == 132
+    assert forward_ctas(8, 512, 132, causal=True) == 128  # 2,048 pairs, 16 a CTA
+    assert forward_ctas(132, 1, 132, causal=True) == 66  # 66 pairs, one a CTA
+    assert forward_ctas(25, 5, 132, causal=True) == 63  # 63 units: 62 pairs and a lone tile
+    assert forward_ctas(100, 32, 132, causal=True) == 124  # 1,600 pairs in 13 rounds

@@ -484,11 +484,12 @@ def test_forward_descriptors_are_looked_up_once_and_follow_k_shape(recorder, mon
 @pytest.mark.parametrize("causal", [False, True])
 def test_forward_grid(recorder, causal, persistent):
     """Persistent CTAs: under a full mask as few as keep 132 SMs' busiest as busy (133 tiles:
-    2 each, 67 CTAs), under a causal mask whole heads' tiles a round (one CTA a tile past 132
-    query tiles, even when asked for). Without: one CTA a query tile."""
+    2 each, 67 CTAs), under a causal mask as few as deal the pairs of tiles (3 tiles of 2 heads:
+    3 units; 264 units: 2 each) and one CTA a tile past 132 query tiles, even when asked for.
+    Without: one CTA a query tile."""
     overrides = Overrides(persistent_forward=persistent)
     for batch, seqlen, heads, full, causal_ctas in (
-            (16, 1024, 32, 128, 128), (1, 300, 2, 6, 6), (3, 1000, 11, 132, 128),
+            (16, 1024, 32, 128, 128), (1, 300, 2, 6, 3), (3, 1000, 11, 132, 132),
             (1, 17000, 1, 67, None)):
         q = torch.randn(batch, seqlen, heads, 64, dtype=torch.bfloat16)
         runtime_forward.forward(q, q, q, causal=causal, softmax_scale=0.1, overrides=overrides)
@@ -527,7 +528,7 @@ def test_forward_parameter_block_is_whole_on_every_call(recorder):
         assert (block.batch, block.heads_q, block.heads_kv, block.seqlen_q, block.seqlen_k) == (
             2, 8, 2, 200, 150)
         assert (block.q_row_stride, block.k_row_stride, block.o_row_stride) == (512, 128, 512)
-        assert block.softmax_scale == scale and grid == (2 * 16, 1, 1)  # 2 tiles x 16 heads
+        assert block.softmax_scale == scale and grid == (16, 1, 1)  # 2 tiles x 16 heads in pairs
     assert outs[0][0].data_ptr() != outs[1][0].data_ptr()
 
 

@@ -16,12 +16,12 @@ from .workspace import allocator
 
 def forward_ctas(m_tiles: int, heads: int, sms: int, causal: bool) -> int:
     """The persistent forward's grid for heads (batch x heads_q) of m_tiles query tiles each on
-    `sms` SMs: as few CTAs as keep the busiest as busy as one a SM would (full mask), or whole
-    heads' tiles a round (causal mask, m_tiles <= sms)."""
-    tiles = m_tiles * heads
+    `sms` SMs: as few CTAs as keep the busiest as busy as one a SM would. The units dealt are
+    the tiles (full mask) or pairs of tiles of equal cost (causal mask, attn/fwd_tile_order.cuh)."""
+    units = m_tiles * heads
     if causal:
-        return m_tiles * min(heads, sms // m_tiles)
-    return fewest_workers(tiles, min(tiles, sms))
+        units = -(-units // 2)
+    return fewest_workers(units, min(units, sms))
 
 
 class ForwardLaunch:

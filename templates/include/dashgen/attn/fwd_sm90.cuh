@@ -83,6 +83,13 @@ struct AttnFwdSm90 {
     u64 k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
   };
 
+  // The one-CTA-a-tile kernels' query tile. The hardware hands out CTAs x fastest; under a
+  // causal mask x counts from the last tile, so each head's longest tiles start first and the
+  // grid ends on short tiles instead of a head's longest.
+  __device__ static int query_tile() {
+    return kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+  }
+
   // Keys past the last one any row of this CTA sees are skipped (causal: bottom-right aligned).
   __device__ static int num_kv_tiles(const FwdParams& p, int m) {
     int key_end = p.seqlen_k;
@@ -94,7 +101,7 @@ struct AttnFwdSm90 {
                              const FwdParams& p, char* smem_raw) {
     char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     Bars* bars = reinterpret_cast<Bars*>(smem + kOffBar);
-    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int m = query_tile(), h = blockIdx.y, b = blockIdx.z;
     const int n_tiles = num_kv_tiles(p, m);
     if (threadIdx.x == 0) init_barriers<false>(bars);
     __syncthreads();
@@ -121,7 +128,7 @@ struct AttnFwdSm90 {
   // Every CTA checks its sequence's offsets first (attn/pack_check.cuh).
   __device__ static void run_packed(const TensorMap* tm_q, const TensorMap* tm_k,
                                     const TensorMap* tm_v, const FwdParams& p, char* smem_raw) {
-    const int m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int m = query_tile(), h = blockIdx.y, b = blockIdx.z;
     if (pack_faulted(p, 1, b)) return;
     const int q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
     FwdParams seq = p;
