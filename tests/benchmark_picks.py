@@ -15,7 +15,7 @@ BENCHMARK_PICKS = {
     (64, F, 2048): ("shift", 128, T, F, F),
     (64, F, 4096): ("shift", 128, F, F, F),
     (64, F, 8192): ("shift", 128, F, F, F),
-    (64, F, 16384): ("shift", 128, F, F, F),
+    (64, F, 16384): ("fa3", 132, F, F, F),  # one head a wave under shift (`auto-fa3-long-full`)
     (64, T, 1024): ("symmetric_shift", 128, T, T, T),
     (64, T, 2048): ("symmetric_shift", 128, T, T, T),
     (64, T, 4096): ("symmetric_shift", 128, T, F, T),
@@ -59,4 +59,4 @@ def other_schedule_variants() -> set:
                         BackwardVariant("bf16", d, causal, PACK_AUTO_SCHEDULES[causal],
                                         early_kv=True, varlen=True))}
     return packed | {BackwardVariant("bf16", 128, False, name)
-                     for name in ("fa3", "spt", "descending", "hybrid", "table")}
+                     for name in ("spt", "descending", "hybrid", "table")}

@@ -145,6 +145,23 @@ def test_auto_falls_back_where_a_sequence_does_not_fit_the_sms():
         resolve_schedule(long, "symmetric_shift", None, 132)
 
 
+def test_auto_takes_fa3_where_one_d64_full_head_fills_a_wave():
+    """Head_dim 64, full mask: past half the workers' KV tiles a sequence (shift would run one
+    head a wave) fa3 on every worker; head_dim 128 and causal masks keep the DASH orders."""
+    for sms in (114, 132):
+        edge = sms // 2 * 128  # tokens of exactly half the workers' KV tiles
+        for seqlen, expect in ((edge, "shift"), (edge + 1, "fa3"), (16384, "fa3")):
+            problem = problem_for(1, 32, 32, seqlen, seqlen, 64, False)
+            name, workers = resolve_schedule(problem, "auto", None, sms)
+            assert name == expect, seqlen
+            if name == "fa3":
+                assert workers == sms  # every worker, not shift's balanced count
+        wide = problem_for(1, 16, 16, 12800, 12800, 128, False)  # 100 KV tiles
+        assert resolve_schedule(wide, "auto", None, sms)[0] == "shift"
+        causal = problem_for(1, 32, 32, 12800, 12800, 64, True)
+        assert resolve_schedule(causal, "auto", None, sms)[0] == "symmetric_shift"
+
+
 @pytest.mark.parametrize("name", ["fa3", "spt", "descending"])
 def test_worker_independent_schedules_default_to_the_sm_count(name):
     # Never more workers than units: 2 heads of 3 KV tiles give 6.

@@ -28,6 +28,10 @@ AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
     "full": ("shift", "fa3"),
     "causal": ("symmetric_shift", "spt"),
 }
+# Head dims whose full masks take fa3 where one sequence's KV tiles exceed half the workers
+# (shift then runs one head a wave; fa3 on every worker measured 2-3% faster at d64 16k, the
+# same at d128: docs/design.md, `auto-fa3-long-full`).
+AUTO_FA3_LONG_FULL_HEAD_DIMS = (64,)
 
 # fused_convert pays where the convert kernel's time beats the converter warps' share of the
 # main kernel (docs/design.md, `fused-convert`).
@@ -111,6 +115,9 @@ def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
     auto = schedule == "auto"
     if auto:
         candidates = AUTO_SCHEDULES[problem.mask.kind]
+        if (problem.mask.kind == "full" and problem.head_dim in AUTO_FA3_LONG_FULL_HEAD_DIMS
+                and Tiling(problem).num_n > workers // 2):
+            candidates = ("fa3",)
         schedule = next(s for s in candidates if unsupported_reason(s, problem) is None
                         and get_builder(s).min_workers(problem) <= workers)
     reason = unsupported_reason(schedule, problem)
