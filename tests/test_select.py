@@ -109,8 +109,8 @@ def test_persistent_forward_override_replaces_the_policy(value):
 
 
 def test_a_causal_persistent_forward_never_takes_more_query_tiles_than_sms():
-    """Its order takes whole heads a round: past the SM count (here 134 query tiles of 128 rows
-    on 132 SMs) the one-CTA-a-tile forward runs, even when asked for."""
+    """It was measured up to the SM count's query tiles a head: past it (here 134 query tiles of
+    128 rows on 132 SMs) the one-CTA-a-tile forward runs, even when asked for."""
     problem = problem_for(1, 2, 2, 134 * 128, 128, 128, True)
     on = Overrides(persistent_forward=True)
     assert not select_forward(problem, "bf16", overrides=on).persistent
