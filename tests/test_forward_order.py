@@ -103,7 +103,7 @@ SHAPES = [(8, 32, 16), (16, 32, 8), (32, 32, 4), (64, 32, 2), (128, 32, 1),
           (127, 3, 1), (24, 32, 1), (100, 32, 1)]
 
 
-def units_of(per_cta, num_m):
+def units_of(per_cta):
     """A CTA's tiles cut into the units the causal order deals: two tiles of cost num_m + 1 KV
     tiles together (num_m - 1 - j then j of one head, or two heads' middle tiles), or one last
     middle tile alone."""
@@ -124,7 +124,7 @@ def test_causal_every_tile_once_in_units_of_equal_cost(tile_order, num_m, heads_
                              for m in range(num_m)]
     lone = []
     for per_cta in order:
-        for unit in units_of(per_cta, num_m):
+        for unit in units_of(per_cta):
             if len(unit) == 1:
                 lone.append(unit[0])
                 continue
@@ -138,14 +138,14 @@ def test_causal_every_tile_once_in_units_of_equal_cost(tile_order, num_m, heads_
     assert lone == ([(batch - 1, heads_q - 1, num_m // 2)] if num_m * heads % 2 else [])
     # Every CTA carries as many units as any other or one fewer, so its KV tiles (tile m visits
     # m + 1, square tiles) are within one unit of every other's.
-    counts = [len(units_of(per_cta, num_m)) for per_cta in order]
+    counts = [len(units_of(per_cta)) for per_cta in order]
     assert max(counts) - min(counts) <= 1 and max(counts) == -(-units // ctas)
     loads = [sum(m + 1 for _, _, m in per_cta) for per_cta in order]
     assert max(loads) <= -(-units // ctas) * (num_m + 1)
     # Unit u on CTA u mod grid: the first units of the CTAs are the order's first ctas units,
     # so the CTAs that start together hold consecutive heads.
     heads_started = sorted({b * heads_q + h for per_cta in order
-                            for b, h, _ in units_of(per_cta, num_m)[0]})
+                            for b, h, _ in units_of(per_cta)[0]})
     assert heads_started == list(range(heads_started[0], heads_started[-1] + 1))
     assert heads_started[0] == 0
 

@@ -116,7 +116,7 @@ def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
     if auto:
         candidates = AUTO_SCHEDULES[problem.mask.kind]
         if (problem.mask.kind == "full" and problem.head_dim in AUTO_FA3_LONG_FULL_HEAD_DIMS
-                and Tiling(problem).num_n > workers // 2):
+                and problem.num_n_blocks > workers // 2):
             candidates = ("fa3",)
         schedule = next(s for s in candidates if unsupported_reason(s, problem) is None
                         and get_builder(s).min_workers(problem) <= workers)
