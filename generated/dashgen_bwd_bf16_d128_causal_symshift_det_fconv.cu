@@ -95,10 +95,8 @@ struct Cfg {
   static constexpr bool kDeterministic = true;
   static constexpr bool kTrace = false;
   static constexpr bool kGqa = false;
-  static constexpr bool kStagedStats = true;
   static constexpr bool kFusedConvert = true;
   static constexpr bool kEarlyKv = false;
-  static constexpr bool kDsStmatrix = true;
   // The schedule: symmetric_shift (id 5, reported by the watchdog).
   static constexpr int kScheduleId = 5;
   static constexpr bool kTable = false;

@@ -76,10 +76,8 @@ struct Cfg {
   static constexpr bool kDeterministic = true;
   static constexpr bool kTrace = false;
   static constexpr bool kGqa = false;
-  static constexpr bool kStagedStats = true;
   static constexpr bool kFusedConvert = false;
   static constexpr bool kEarlyKv = true;
-  static constexpr bool kDsStmatrix = true;
   // The schedule: hybrid (id 6, reported by the watchdog).
   static constexpr int kScheduleId = 6;
   static constexpr bool kTable = false;

@@ -71,10 +71,8 @@ struct Cfg {
   static constexpr bool kDeterministic = true;
   static constexpr bool kTrace = false;
   static constexpr bool kGqa = false;
-  static constexpr bool kStagedStats = true;
   static constexpr bool kFusedConvert = false;
   static constexpr bool kEarlyKv = false;
-  static constexpr bool kDsStmatrix = true;
   // The schedule: spt (id 2, reported by the watchdog).
   static constexpr int kScheduleId = 2;
   static constexpr bool kTable = false;

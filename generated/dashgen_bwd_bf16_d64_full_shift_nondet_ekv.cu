@@ -95,10 +95,8 @@ struct Cfg {
   static constexpr bool kDeterministic = false;
   static constexpr bool kTrace = false;
   static constexpr bool kGqa = false;
-  static constexpr bool kStagedStats = true;
   static constexpr bool kFusedConvert = false;
   static constexpr bool kEarlyKv = true;
-  static constexpr bool kDsStmatrix = true;
   // The schedule: shift (id 4, reported by the watchdog).
   static constexpr int kScheduleId = 4;
   static constexpr bool kTable = false;

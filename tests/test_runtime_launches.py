@@ -152,7 +152,7 @@ def test_backward_launches_carry_the_right_pointers(recorder, heads_kv, determin
     assert prep.d_scale == pytest.approx(0.1) and params.softmax_scale == pytest.approx(0.1)
     assert prep.zero_dq == (0 if deterministic else 1)
     assert convert_q.counters == (params.dq_counters if deterministic else None)
-    # staged_stats: both kernels carry the same stats part.
+    # Staged statistics: both kernels carry the same stats part.
     assert prep.stats == params.stats and prep.stats is not None
 
     # Every workspace pointer lies in one allocation, the zeroed tail covering the counters.
@@ -165,18 +165,14 @@ def test_backward_launches_carry_the_right_pointers(recorder, heads_kv, determin
 
 @pytest.mark.parametrize("head_dim, causal", sorted(BACKWARD_CONSTANTS))
 def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, head_dim, causal):
-    """A constant of the backward (docs/design.md, staged-stats): where it is on, the preprocess
-    lays the statistics out where the main kernel reads them; where off, neither is given any."""
-    staged = BACKWARD_CONSTANTS[head_dim, causal].staged_stats
+    """docs/design.md, staged-stats: the preprocess lays the statistics out where the main
+    kernel reads them."""
     do, q, k, v, o, lse = args = inputs(4, 4, head_dim=head_dim)
     runtime.backward(*args, causal=causal, softmax_scale=0.1, deterministic=True,
                      schedule="fa3", num_workers=3)
     (_, _, (prep,)), (name, _, main_args) = recorder.launches[:2]
     params = main_args[4]
     assert name.startswith(f"dashgen_bwd_bf16_d{head_dim}_")
-    if not staged:
-        assert prep.stats is None and params.stats is None and prep.lse is None
-        return
     assert prep.stats == params.stats and prep.stats is not None
     assert prep.lse == lse.data_ptr()
     assert params.stats % 16 == 0
@@ -583,7 +579,7 @@ def test_a_packs_small_kernels_walk_its_tiles_through_the_plans_maps(recorder, h
         recorder.launches[:4])
     bm, bn = 64, 128  # head_dim 128's tiles
     layout = varlen.PackWorkspace(batch, total, total, heads_q, heads_kv, head_dim, bm, bn,
-                                  True, gqa)
+                                  gqa)
     assert (layout.q_tiles, layout.k_tiles) == (varlen.pack_tiles(total, batch, bm),
                                                 varlen.pack_tiles(total, batch, bn))
     map_q = plan.pack_plan + 4 * layout.map_words

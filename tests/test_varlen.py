@@ -468,8 +468,7 @@ def test_pack_workspace_holds_every_sequences_tiles(lengths_q, data, heads_kv, g
     const = BACKWARD_CONSTANTS[head_dim, causal]
     bm, bn = const.block_m, const.block_n
     total_q, total_k = sum(lengths_q), sum(lengths_k)
-    ws = PackWorkspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn,
-                       const.staged_stats, gqa)
+    ws = PackWorkspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn, gqa)
     parts = dict(zip(PackWorkspace.PARTS, ws.offsets))
     ends = ws.offsets[1:] + [ws.words]
     size = {name: end - start for name, start, end in zip(PackWorkspace.PARTS, ws.offsets, ends)}
@@ -482,8 +481,7 @@ def test_pack_workspace_holds_every_sequences_tiles(lengths_q, data, heads_kv, g
     assert size["dq_accum"] >= q_slots * bm * head_dim
     assert size["dq_counters"] >= q_slots
     assert size["dpsum"] >= heads_q * total_q  # a (heads_q, seqlen) block per sequence
-    if const.staged_stats:
-        assert size["stats"] >= q_slots * 2 * bm
+    assert size["stats"] >= q_slots * 2 * bm
     if gqa:
         assert size["dk_accum"] >= k_slots * bn * head_dim
         assert size["dv_accum"] >= k_slots * bn * head_dim

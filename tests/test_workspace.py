@@ -13,14 +13,12 @@ from dashgen import Problem  # noqa: E402
 from dashgen.runtime.workspace import WorkspaceLayout  # noqa: E402
 
 
-@pytest.mark.parametrize("staged_stats", [False, True])
 @pytest.mark.parametrize("heads_kv,seqlen_q,seqlen_k,head_dim", [
     (8, 300, 300, 64), (2, 301, 257, 128), (1, 1, 1, 64), (8, 3, 7, 128)])
-def test_workspace_parts_are_disjoint_aligned_views(heads_kv, seqlen_q, seqlen_k, head_dim,
-                                                    staged_stats):
+def test_workspace_parts_are_disjoint_aligned_views(heads_kv, seqlen_q, seqlen_k, head_dim):
     p = Problem(batch=2, heads_q=8, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                 head_dim=head_dim, mask="causal", block_m=64, block_n=128)
-    layout = WorkspaceLayout(p, staged_stats)
+    layout = WorkspaceLayout(p)
     buffer = torch.empty(layout.floats, dtype=torch.float32)
     ws = SimpleNamespace(buffer=buffer, zeroed=buffer[layout.zeroed_offset:],
                          **layout.views(buffer))
@@ -28,7 +26,7 @@ def test_workspace_parts_are_disjoint_aligned_views(heads_kv, seqlen_q, seqlen_k
     assert ws.dpsum.shape == (2, 8, seqlen_q)
     # Staged statistics: one 2 x 64-float chunk per query tile, each a whole number of 16-byte
     # vectors from an aligned start, as the producer's bulk copy needs.
-    assert ws.stats.shape == ((2, 8, p.num_m_blocks, 2, 64) if staged_stats else (0,))
+    assert ws.stats.shape == (2, 8, p.num_m_blocks, 2, 64)
     assert ws.dq_counters.shape == (2, 8, p.num_m_blocks)
     assert ws.dq_counters.dtype == ws.dkv_counters.dtype == torch.int32
     if p.gqa:

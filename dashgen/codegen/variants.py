@@ -25,23 +25,17 @@ PREP_ROWS_PER_BLOCK = 16  # AttnPreprocess / AttnConvert::kRowsPerBlock
 @dataclass(frozen=True)
 class BackwardConstants:
     """What the Hopper backward fixes per (head_dim, causal); docs/design.md holds the
-    measurements behind each: `bwd-block-m`, `staged-stats`, `ds-stmatrix`."""
+    measurements behind them: `bwd-block-m`."""
 
     block_m: int  # query rows per task
     block_n: int  # KV rows per task
-    staged_stats: bool  # lse and D staged per query tile for the producer's bulk copies
-    ds_stmatrix: bool  # dS to shared memory through transposing stmatrix
 
 
 BACKWARD_CONSTANTS = {
-    (64, False): BackwardConstants(block_m=128, block_n=128, staged_stats=True,
-                                   ds_stmatrix=True),
-    (64, True): BackwardConstants(block_m=128, block_n=128, staged_stats=True,
-                                  ds_stmatrix=True),
-    (128, False): BackwardConstants(block_m=64, block_n=128, staged_stats=True,
-                                    ds_stmatrix=True),
-    (128, True): BackwardConstants(block_m=64, block_n=128, staged_stats=True,
-                                   ds_stmatrix=True),
+    (64, False): BackwardConstants(block_m=128, block_n=128),
+    (64, True): BackwardConstants(block_m=128, block_n=128),
+    (128, False): BackwardConstants(block_m=64, block_n=128),
+    (128, True): BackwardConstants(block_m=64, block_n=128),
 }
 FORWARD_BLOCK_M = 128  # query rows per CTA (64 per MMA warpgroup)
 FORWARD_BLOCK_N = 128  # keys per pipeline stage
@@ -198,14 +192,6 @@ class BackwardVariant(_Variant):
     @property
     def block_n(self) -> int:
         return self.constants.block_n
-
-    @property
-    def staged_stats(self) -> bool:
-        return self.constants.staged_stats
-
-    @property
-    def ds_stmatrix(self) -> bool:
-        return self.constants.ds_stmatrix
 
     @property
     def table(self) -> bool:

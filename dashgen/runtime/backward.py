@@ -62,13 +62,12 @@ class BackwardLaunch:
         # (docs/design.md, `first-dq-store`), so the preprocess kernel zeroes the accumulator only
         # for the non-deterministic one, and the convert kernel zeroes the tiles nobody wrote.
         self.first_dq_store = variant.deterministic
-        self.staged_stats = variant.staged_stats
         # fused_convert: the main kernel writes dQ as each tile's sum becomes final. A query
         # tile no KV tile reaches (causal, more query rows than keys) gets no contribution: then
         # the convert kernel still runs, and writes its zeros or the same bits again.
         self.converts_dq = variant.fused_convert
         self.runs_convert_q = not self.converts_dq or Tiling(p).count(0) == 0
-        self.layout = WorkspaceLayout(p, self.staged_stats)
+        self.layout = WorkspaceLayout(p)
         loaded = kernels(variant, device)
         padded_m, padded_n = p.num_m_blocks * p.block_m, p.num_n_blocks * p.block_n
         rows = PREP_ROWS_PER_BLOCK
@@ -153,8 +152,7 @@ class BackwardCall:
         prep = self.prep = PrepParams.from_buffer_copy(bl.prep_template)
         prep.o = self.pointers[3]
         prep.d_scale = softmax_scale
-        if bl.staged_stats:
-            prep.lse = self.pointers[4]
+        prep.lse = self.pointers[4]
         params = self.params = BwdParams.from_buffer_copy(bl.params_template)
         params.q, params.k, params.v, _, params.lse = self.pointers
         params.softmax_scale = softmax_scale
@@ -188,7 +186,6 @@ class BackwardCall:
         base = workspace.data_ptr()
         dq_accum, dpsum, stats, dk_accum, dv_accum, dq_counters, dkv_counters = (
             base + offset for offset in bl.part_bytes)
-        stats = stats if bl.staged_stats else 0
         prep, params = self.prep, self.params
         do_ptr = do.data_ptr()
         prep.dout, prep.dpsum, prep.dq_accum, prep.zero, prep.stats = (

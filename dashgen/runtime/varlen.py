@@ -99,7 +99,7 @@ class PackWorkspace:
              "dkv_counters")
 
     def __init__(self, batch, total_q, total_k, heads_q, heads_kv, head_dim, block_m, block_n,
-                 staged_stats, gqa):
+                 gqa):
         tq, tk = pack_tiles(total_q, batch, block_m), pack_tiles(total_k, batch, block_n)
         self.max_units = pack_tiles(total_k, batch, block_n)
         self.q_tiles, self.k_tiles = tq, tk
@@ -107,7 +107,7 @@ class PackWorkspace:
         self.map_words = plan_words(batch, self.max_units)
         kv = heads_kv * tk * block_n * head_dim if gqa else 0
         sizes = [heads_q * tq * block_m * head_dim, heads_q * total_q,
-                 heads_q * tq * 2 * block_m if staged_stats else 0,
+                 heads_q * tq * 2 * block_m,
                  plan_words(batch, self.max_units, tq, tk), kv, kv, heads_q * tq,
                  heads_kv * tk if gqa else 0]
         sizes = [_cdiv(s, 4) * 4 for s in sizes]
@@ -136,8 +136,7 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                          bool(deterministic), gqa).backward
     bm, bn = variant.block_m, variant.block_n
     loaded = kernels(variant, dev)
-    layout = _workspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn,
-                        variant.staged_stats, gqa)
+    layout = _workspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn, gqa)
     watchdog.check()
     pack_faults.check()
     launch.make_current(dev.index or 0)
@@ -146,7 +145,6 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     base = workspace.data_ptr()
     dq_accum, dpsum, stats, plan, dk_accum, dv_accum, dq_counters, dkv_counters = (
         base + 4 * offset for offset in layout.offsets)
-    stats = stats if variant.staged_stats else 0
     cu_q, cu_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
     q_stride, k_stride = heads_q * head_dim, heads_kv * head_dim
     # Without GQA the main kernel writes dK/dV; the plan kernel zeroes the rows of sequences

@@ -14,17 +14,17 @@ class WorkspaceLayout:
     words, each on a 16-byte boundary): the fp32 dQ accumulator (in the deterministic backward
     the first writer of each tile stores into it, so it needs no zeroing; the non-deterministic
     backward's preprocess zeroes it), rowsum(dO * O), the statistics per query tile that the
-    preprocess kernel lays out for the producer (staged_stats; empty without), then what the
+    preprocess kernel lays out for the producer (`staged-stats`), then what the
     preprocess kernel clears as whole 16-byte vectors (`zeroed_offset` to the end): GQA's fp32
     dK/dV sums (empty without GQA), the dQ tile counters and the dK/dV tile counters."""
 
     PARTS = ("dq_accum", "dpsum", "stats", "dk_accum", "dv_accum", "dq_counters", "dkv_counters")
 
-    def __init__(self, problem: Problem, staged_stats: bool = False):
+    def __init__(self, problem: Problem):
         b, hq, hkv, d = problem.batch, problem.heads_q, problem.heads_kv, problem.head_dim
         gqa = problem.gqa
         kv = (b, hkv, problem.num_n_blocks * problem.block_n, d) if gqa else (0,)
-        stats = (b, hq, problem.num_m_blocks, 2, problem.block_m) if staged_stats else (0,)
+        stats = (b, hq, problem.num_m_blocks, 2, problem.block_m)
         self.shapes = [(b, hq, problem.num_m_blocks * problem.block_m, d),
                        (b, hq, problem.seqlen_q), stats, kv, kv, (b, hq, problem.num_m_blocks),
                        (b, hkv, problem.num_n_blocks) if gqa else (0,)]

@@ -2,7 +2,7 @@
 // Warp-specialized, one CTA per SM, walking its worker's share of the schedule (Cfg::Walk: a
 // named schedule's policy, computed from the tiles, or a schedule file's table):
 //   warpgroup 0, warp 0: producer: TMA loads of K/V once per segment, Q/dO per task (2 stages;
-//                        with kStagedStats also the task's lse and D rows);
+//                        with them the task's lse and D rows);
 //   warpgroup 0, warp 1: dQ writer: waits for the dQ tile's counter to reach the task's dq_rank,
 //                        bulk-reduces the fp32 partial into global memory, waits until it has
 //                        landed, then releases the next rank (2 dQ buffers in flight);
@@ -37,11 +37,8 @@
 
 namespace dashgen {
 
-// Named barrier ids (bar.sync; 0 is __syncthreads'): kMma joins both MMA warpgroups, kStats0 + wg
-// (2 or 3) the 128 threads of MMA warpgroup wg around its own statistics buffer.
-enum class Sm90Barrier : u32 { kMma = 1, kStats0 = 2, kStats1 = 3 };
-static_assert(static_cast<u32>(Sm90Barrier::kStats1) == static_cast<u32>(Sm90Barrier::kStats0) + 1,
-              "kStats0 + wg names each MMA warpgroup's barrier");
+// Named barrier ids (bar.sync; 0 is __syncthreads'): kMma joins both MMA warpgroups.
+enum class Sm90Barrier : u32 { kMma = 1 };
 
 enum class DqSplit { kColumns, kRows, kKvRows };
 
@@ -67,10 +64,8 @@ struct AttnBwdSm90 {
   static constexpr bool kDeterministic = Cfg::kDeterministic;  // dQ adds in dq_rank order
   static constexpr bool kTrace = Cfg::kTrace;
   static constexpr bool kGqa = Cfg::kGqa;
-  static constexpr bool kStagedStats = Cfg::kStagedStats;
   static constexpr bool kFusedConvert = Cfg::kFusedConvert;
   static constexpr bool kEarlyKv = Cfg::kEarlyKv;
-  static constexpr bool kDsStmatrix = Cfg::kDsStmatrix;
   // The schedule: which tasks this worker runs in which order, and their ranks.
   using Tiling = sched::Tiling<kBlockM, kBlockN, kCausal>;
   static constexpr bool kTable = Cfg::kTable;
@@ -109,15 +104,12 @@ struct AttnBwdSm90 {
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
-  // kDsStmatrix with 128-row tasks (head_dim 64): each 16 query rows of dS are stored as soon as
-  // the softmax loop has them, the barrier that frees the dS tile passed before the loop; stored
-  // after the loop, the whole tile's fragments at once made ptxas spill.
-  static constexpr bool kDsInLoop = kDsStmatrix && kBlockM == 128;
-  // dV's wgmmas issued before stage 4 (the dS stores and barriers) rather than after it: at
-  // head_dim 128, and at 64 where kDsInLoop has stored dS in the softmax loop. At 64 under the
-  // full mask the stores after the loop beside the in-flight wgmma's registers spilled 48 bytes,
-  // and with the in-loop stores there it measured ~2% slower (docs/design.md, `bwd-dq-before-dk`).
-  static constexpr bool kDvEarly = kDsInLoop || kHeadDim == 128;
+  // dS goes to shared memory through transposing stmatrix (docs/design.md, `ds-stmatrix`). With
+  // 128-row tasks (head_dim 64) each 16 query rows of dS are stored as soon as the softmax loop
+  // has them, the barrier that frees the dS tile passed before the loop; stored after the loop,
+  // the whole tile's fragments at once made ptxas spill. dV's wgmmas are issued before stage 4
+  // (the dS stores and barriers) at both head dims (docs/design.md, `bwd-dq-before-dk`).
+  static constexpr bool kDsInLoop = kBlockM == 128;
   // Every tile starts 1024-byte aligned (128B swizzle atoms).
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
@@ -126,11 +118,11 @@ struct AttnBwdSm90 {
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
   static constexpr int kOffDq = kOffDs + kDsBytes;
   // The task's softmax statistics (kBlockM lse rows as log2, then kBlockM D rows): one copy per
-  // MMA warpgroup, or with kStagedStats one per stage, loaded with the stage's Q and dO.
+  // stage, loaded with the stage's Q and dO.
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
   static constexpr int kOffStats = kOffDq + kStages * kDqBytes;
   static constexpr int kOffBar = kOffStats + 2 * kStatsBytes;
-  static_assert(kStages == 2, "the statistics region holds two copies: per warpgroup or stage");
+  static_assert(kStages == 2, "the statistics region holds two copies, one per stage");
   // The scheduler lane's ring of tasks: kRing slots, each read by the producer and the writer.
   static constexpr int kRing = 8;
   static constexpr int kNumBars = 2 + 4 * kStages + 2 * kRing;
@@ -385,28 +377,24 @@ struct AttnBwdSm90 {
   __device__ static __forceinline__ int kv_batch(const Task& t) { return kVarlen ? 0 : t.b; }
 
   // A task into stage s, once the MMA warpgroups have freed it: its decoded entry into the
-  // stage's slot, its Q and dO tiles and, with kStagedStats, its softmax statistics.
+  // stage's slot, its Q and dO tiles and its softmax statistics.
   __device__ static __forceinline__ void load_task(const TensorMap* tm_q, const TensorMap* tm_do,
                                                    const BwdParams& p, const Task& t, Bars* bars,
                                                    char* smem, int s, int use) {
     mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
     // Published by the arrive below (release), read after the consumers' wait (acquire).
     reinterpret_cast<Task*>(smem + kOffTask)[s] = t;
-    if constexpr (kStagedStats) {
-      mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes + kStatsBytes);
-      // The preprocess kernel laid the statistics out per query tile (BwdParams::stats).
-      if constexpr (kVarlen) {
-        bulk_load(smem + kOffStats + s * kStatsBytes,
-                  p.stats + static_cast<i64>(q_tile(p, t)) * (2 * kBlockM), kStatsBytes,
-                  &bars->q_full[s]);
-      } else {
-        bulk_load(smem + kOffStats + s * kStatsBytes,
-                  p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *
-                                (2 * kBlockM),
-                  kStatsBytes, &bars->q_full[s]);
-      }
+    mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes + kStatsBytes);
+    // The preprocess kernel laid the statistics out per query tile (BwdParams::stats).
+    if constexpr (kVarlen) {
+      bulk_load(smem + kOffStats + s * kStatsBytes,
+                p.stats + static_cast<i64>(q_tile(p, t)) * (2 * kBlockM), kStatsBytes,
+                &bars->q_full[s]);
     } else {
-      mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes);
+      bulk_load(smem + kOffStats + s * kStatsBytes,
+                p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *
+                              (2 * kBlockM),
+                kStatsBytes, &bars->q_full[s]);
     }
     if constexpr (kVarlen) {
       const int row = p.cu_seqlens_q[t.b] + t.m * kBlockM;  // the sequence's rows, batch 0
@@ -736,12 +724,10 @@ struct AttnBwdSm90 {
         }
       }
 
-      // Stage 5a with kDvEarly: dV += P^T dO needs nothing of the other warpgroup, so its
-      // wgmmas run through stage 4's barrier.
-      if constexpr (kDvEarly) {
-        wgmma_fence();
-        rs_gemm(dv, pa, do_tile);
-      }
+      // Stage 5a: dV += P^T dO needs nothing of the other warpgroup, so its wgmmas run through
+      // stage 4's barrier.
+      wgmma_fence();
+      rs_gemm(dv, pa, do_tile);
 
       // Stage 4. dS (query rows x KV columns, K-major for dQ's A operand) into shared memory: this
       // warpgroup writes column block wg, once both warpgroups have passed the barrier, so the
@@ -752,9 +738,7 @@ struct AttnBwdSm90 {
       }
       char* ds_tile = smem + kOffDs;
       char* ds_block = ds_tile + wg * kBlockM * 128;
-      if constexpr (kDsInLoop) {
-        // stored in the softmax loop
-      } else if constexpr (kDsStmatrix) {
+      if constexpr (!kDsInLoop) {
         // ds_row_address written out: called, it makes ptxas order this kernel differently from
         // the one measured (docs/design.md, `ds-stmatrix`).
         const u32 row = 8 * (lane / 16) + lane % 8;
@@ -762,33 +746,13 @@ struct AttnBwdSm90 {
                         sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
 #pragma unroll
         for (int kk = 0; kk < kBlockM / 16; ++kk) stmatrix_x4_trans(dst + 2048 * kk, dsa[kk]);
-      } else {
-        // Element ii sits at query row 8 * (ii / 4) + 2 * t4 + ii % 2 and KV row
-        // 16 * warp + g + 8 * ((ii / 2) % 2); the swizzle XOR reads the query row mod 8 only, so
-        // its offset is base[ii % 4] + 1024 * (ii / 4). Four bases and immediate offsets, where
-        // computing each address (the compiler hoists them) held 32 64-bit addresses and spilled.
-        u32 base[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          base[e] = sw128_byte_offset(2 * t4 + e % 2, (16 * warp + g + 8 * (e / 2)) * 2);
-        }
-#pragma unroll
-        for (int ii = 0; ii < kBlockM / 2; ++ii) {
-          const u32 word = dsa[ii / 8][(ii % 8) / 2];
-          const u16 half = static_cast<u16>(ii % 2 == 0 ? word & 0xffffu : word >> 16);
-          *reinterpret_cast<u16*>(ds_block + base[ii % 4] + 1024 * (ii / 4)) = half;
-        }
       }
       fence_proxy_async_shared();
       sync_mma_warpgroups();
 
-      // Stages 5 and 6 as dV, dQ, dK: dQ's wgmmas ahead of dK's, so the dQ hand-off (its
-      // shared-memory stores) runs while the tensor cores work on dK, with P^T's registers free
-      // (dV retired) by then.
-      if constexpr (!kDvEarly) {
-        wgmma_fence();
-        rs_gemm(dv, pa, do_tile);
-      }
+      // Stages 5 and 6 as dV (issued above), dQ, dK: dQ's wgmmas ahead of dK's, so the dQ
+      // hand-off (its shared-memory stores) runs while the tensor cores work on dK, with P^T's
+      // registers free (dV retired) by then.
       float dq[32];
       dq_mma(dq, smem, wg);
       wgmma_wait_group<1>();  // dV retired: P^T's registers are free
@@ -863,47 +827,17 @@ struct AttnBwdSm90 {
   }
 
   // Stage 2. The task's per-column (query row) softmax statistics, lse (as log2) then D, in
-  // shared memory (in registers they would cost 32 per thread and spill): with kStagedStats the
-  // producer's copy that landed with Q and dO; else this warpgroup loads them into its own
-  // buffer while the score MMAs run.
-  __device__ static __forceinline__ const float* task_stats(const BwdParams& p, const Task& t,
-                                                            char* smem, int s,
-                                                            const MmaThread& me) {
-    float* stats = reinterpret_cast<float*>(smem + kOffStats) + (kStagedStats ? s : me.wg) * 2 * kBlockM;
-    if constexpr (!kStagedStats) {
-      // 128 threads, 2 * kBlockM values: lse (as log2) then D for each query row.
-      if constexpr (kVarlen) {
-        // A pack's rows: the sequence's (heads_q, seqlen) block (PackedRows).
-        const PackedRows seq(p.cu_seqlens_q, t.b, kBlockM);
-        const int seqlen_q = seq.seqlen;
-#pragma unroll
-        for (int v = me.tid % 128; v < 2 * kBlockM; v += 128) {
-          const int r = v % kBlockM, row = t.m * kBlockM + r;
-          const i64 idx = static_cast<i64>(p.heads_q) * seq.row0 + t.h * seqlen_q + row;
-          if (v < kBlockM) {
-            stats[r] = lse_log2(row < seqlen_q ? p.lse[idx] : -DASHGEN_INF);
-          } else {
-            stats[kBlockM + r] = row < seqlen_q ? p.dpsum[idx] : 0.f;
-          }
-        }
-      } else {
-#pragma unroll
-        for (int v = me.tid % 128; v < 2 * kBlockM; v += 128) {
-          const int r = v % kBlockM, row = t.m * kBlockM + r;
-          const i64 idx = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.seqlen_q + row;
-          if (v < kBlockM) {
-            stats[r] = lse_log2(row < p.seqlen_q ? p.lse[idx] : -DASHGEN_INF);
-          } else {
-            stats[kBlockM + r] = row < p.seqlen_q ? p.dpsum[idx] : 0.f;
-          }
-        }
-      }
-      named_barrier_sync(static_cast<u32>(Sm90Barrier::kStats0) + me.wg, 128);
-    }
+  // shared memory (in registers they would cost 32 per thread and spill): the producer's copy
+  // that landed with stage s's Q and dO (docs/design.md, `staged-stats`).
+  // The task and thread arguments are unused; the call keeps them because without them ptxas
+  // schedules the main kernel differently from the one measured.
+  __device__ static __forceinline__ const float* task_stats(const BwdParams&, const Task&,
+                                                            char* smem, int s, const MmaThread&) {
+    float* stats = reinterpret_cast<float*>(smem + kOffStats) + s * 2 * kBlockM;
     return stats;
   }
 
-  // kDsStmatrix: dsa[kk] holds four 8x8 blocks of dS^T in the fragment layout (KV rows
+  // dsa[kk] holds four 8x8 blocks of dS^T in the fragment layout (KV rows
   // 16 * warp + 0..7 and + 8..15, by query rows 16 kk + 0..7 and + 8..15), and one transposing
   // stmatrix writes them as dS rows. Lane l gives the address of query row 8 (l / 16) + l % 8
   // (16 kk further is 2048 bytes on), KV rows from 16 * warp + 8 ((l / 8) % 2), in the

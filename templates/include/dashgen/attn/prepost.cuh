@@ -24,15 +24,14 @@ struct RowLanes {
                 "head_dim 64 or 128: a row's lanes sit inside one warp");
 };
 
-// Cfg: the backward's configuration (AttnBwdSm90). With Cfg::kStagedStats it also lays lse (as
-// log2) and D out per query tile of kStatsBlockM rows for the backward's producer
-// (BwdParams::stats), the same values its MMA warpgroups compute from lse and dpsum otherwise.
+// Cfg: the backward's configuration (AttnBwdSm90). It also lays lse (as log2) and D out per
+// query tile of kStatsBlockM rows for the backward's producer (BwdParams::stats).
 template <class Cfg>
 struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
   using L = RowLanes<Cfg::kHeadDim>;
   using T = typename Cfg::Element;
   static constexpr int kHeadDim = Cfg::kHeadDim;
-  static constexpr int kStatsBlockM = Cfg::kStagedStats ? Cfg::kBlockM : 0;
+  static constexpr int kStatsBlockM = Cfg::kBlockM;
   static constexpr int kBlockM = Cfg::kBlockM;  // the backward's query tiles
 
   __device__ static void run(const PrepParams& p) {
@@ -93,15 +92,12 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
       for (int offset = L::kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
       sum *= p.d_scale;  // D * softmax_scale: what the backward's dS subtracts
       if (lane == 0 && row < p.seqlen) p.dpsum[(static_cast<i64>(b) * p.heads + h) * p.seqlen + row] = sum;
-      if constexpr (kStatsBlockM > 0) {
-        if (lane == 0 && row < p.padded_rows) {
-          float* chunk = p.stats + ((static_cast<i64>(b) * p.heads + h) * (p.padded_rows / kStatsBlockM) +
-                                    row / kStatsBlockM) * (2 * kStatsBlockM);
-          // The same conversion the MMA warpgroups apply without staged statistics.
-          chunk[row % kStatsBlockM] = lse_log2(
-              row < p.seqlen ? p.lse[(static_cast<i64>(b) * p.heads + h) * p.seqlen + row] : -DASHGEN_INF);
-          chunk[kStatsBlockM + row % kStatsBlockM] = row < p.seqlen ? sum : 0.f;
-        }
+      if (lane == 0 && row < p.padded_rows) {
+        float* chunk = p.stats + ((static_cast<i64>(b) * p.heads + h) * (p.padded_rows / kStatsBlockM) +
+                                  row / kStatsBlockM) * (2 * kStatsBlockM);
+        chunk[row % kStatsBlockM] = lse_log2(
+            row < p.seqlen ? p.lse[(static_cast<i64>(b) * p.heads + h) * p.seqlen + row] : -DASHGEN_INF);
+        chunk[kStatsBlockM + row % kStatsBlockM] = row < p.seqlen ? sum : 0.f;
       }
     }
   }
