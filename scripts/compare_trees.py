@@ -8,6 +8,8 @@ seeded inputs, with schedule="auto" and deterministic=True.
     10 back-to-back calls, median of 7 batches, on 12 of the shapes, and the backward of one
     call with its host time hidden behind a GPU sleep (its kernels alone); the table gives old /
     new (above 1: the second tree is faster), medians over the alternated runs.
+  --mode fwd: the no-grad forward alone, time mode's timer, on the 20 benchmark shapes (or
+    --seqlens), with o hashed per run: for a change to the forward kernels.
   --mode varlen: time mode's figures for packed batches through dashgen.attention_varlen, three
     packs of 16,384 tokens (`dashgen bench --varlen`'s log-normal document lengths, seeds 0-2)
     at head_dim 64 and 128, full and causal per document, with the bits hashed as in bits mode.
@@ -78,8 +80,8 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
     if mode == "varlen":
         Path(out).write_text(json.dumps(measure_packs(dashgen, batch_ms), indent=1))
         return
-    seqlens = seqlens or ((1024, 2048, 4096, 8192, 16384) if mode == "bits"
-                          else (1024, 4096, 16384))
+    seqlens = seqlens or ((1024, 4096, 16384) if mode == "time"
+                          else (1024, 2048, 4096, 8192, 16384))
     res = {}
     for hd in (64, 128):
         for causal in (False, True):
@@ -88,9 +90,15 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
                 g = torch.Generator(device="cuda").manual_seed(0)
                 q, k, v, do = (torch.randn(b, seq, h, hd, device="cuda", dtype=torch.bfloat16,
                                            generator=g) for _ in range(4))
+                key = f"d{hd}_{'causal' if causal else 'full'}_{seq}"
+                if mode == "fwd":
+                    call = lambda: dashgen.attention(q, k, v, causal=causal)  # noqa: E731
+                    with torch.no_grad():
+                        res[key] = {"fwd_ms": batch_ms(call), "hashes": _hashes((call(),))}
+                    torch.cuda.empty_cache()
+                    continue
                 q, k, v = (t.requires_grad_() for t in (q, k, v))
                 o = dashgen.attention(q, k, v, causal=causal, deterministic=True)
-                key = f"d{hd}_{'causal' if causal else 'full'}_{seq}"
                 timer = call_ms if mode == "bits" else batch_ms
                 bwd = timer(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
                 with torch.no_grad():
@@ -151,6 +159,8 @@ def report(old: list[dict], new: list[dict]) -> str:
              " bits |" + (" bwd gpu old ms | bwd gpu new ms | old/new |" if gpu else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if gpu else "")]
     rb, rf, rg = [], [], []
+    if all("bwd_ms" not in x[key] for x in old + new for key in x):
+        return report_forward(old, new)
     for key in old[0]:
         bo, bn = (statistics.median(x[key]["bwd_ms"] for x in runs) for runs in (old, new))
         fo, fn = (statistics.median(x[key]["fwd_ms"] for x in runs) for runs in (old, new))
@@ -174,11 +184,28 @@ def report(old: list[dict], new: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def report_forward(old: list[dict], new: list[dict]) -> str:
+    """The forward-only table (--mode fwd)."""
+    lines = ["| shape | fwd old ms | fwd new ms | old/new | o bits |", "|---|---|---|---|---|"]
+    ratios = []
+    for key in old[0]:
+        fo, fn = (statistics.median(x[key]["fwd_ms"] for x in runs) for runs in (old, new))
+        ratios.append(fo / fn)
+        same = lambda runs: all(x[key]["hashes"] == runs[0][key]["hashes"] for x in runs)  # noqa: E731
+        bits = ("same" if same(old + new) else
+                "differ, each tree repeats" if same(old) and same(new) else "NOT REPEATED")
+        lines.append(f"| {key} | {fo:.4f} | {fn:.4f} | {fo / fn:.3f} | {bits} |")
+    lines.append(f"\ngeomean old/new: forward {statistics.geometric_mean(ratios):.3f} "
+                 f"(min {min(ratios):.3f}, max {max(ratios):.3f}); {len(old)} runs of each "
+                 f"tree, alternated")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old")
     parser.add_argument("new")
-    parser.add_argument("--mode", choices=("bits", "time", "varlen"), default="time")
+    parser.add_argument("--mode", choices=("bits", "time", "fwd", "varlen"), default="time")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default="compare_out")
     parser.add_argument("--seqlens", type=int, nargs="+", default=None,

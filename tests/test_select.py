@@ -108,15 +108,15 @@ def test_persistent_forward_override_replaces_the_policy(value):
         assert sel.forward == ForwardVariant("fp16", head_dim, causal, persistent=value)
 
 
-def test_a_causal_persistent_forward_never_takes_more_query_tiles_than_sms():
+def test_the_causal_persistent_forward_policy_stops_at_the_sm_count_tiles_a_head():
     """It was measured up to the SM count's query tiles a head: past it (here 134 query tiles of
-    128 rows on 132 SMs) the one-CTA-a-tile forward runs, even when asked for."""
+    128 rows on 132 SMs) the policy picks the one-CTA-a-tile forward; the override still runs
+    the persistent one (its order serves any length)."""
     problem = problem_for(1, 2, 2, 134 * 128, 128, 128, True)
+    assert not select_forward(problem, "bf16").persistent
+    assert select_forward(problem, "bf16", sm_count=134).persistent
     on = Overrides(persistent_forward=True)
-    assert not select_forward(problem, "bf16", overrides=on).persistent
-    assert select_forward(problem, "bf16", sm_count=134, overrides=on).persistent
-    full = problem_for(1, 2, 2, 134 * 128, 128, 128, False)
-    assert select_forward(full, "bf16", overrides=on).persistent
+    assert select_forward(problem, "bf16", overrides=on).persistent
 
 
 # -- schedules and workers -----------------------------------------------------------------------

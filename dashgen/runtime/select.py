@@ -157,11 +157,11 @@ def select_forward(problem: Problem, dtype: str, sm_count: int = DEFAULT_SM_COUN
     causal = problem.mask.kind == "causal"
     persistent = overrides.persistent_forward
     if persistent is None:
-        persistent = forward_persistent_pays(problem.seqlen_k, problem.head_dim, causal)
-    # Under a causal mask the persistent kernel was measured up to the SM count's tiles a head;
-    # past it the hardware's one-CTA-a-tile dispatch balances the tiles.
-    m_tiles = -(-problem.seqlen_q // FORWARD_BLOCK_M)
-    persistent = persistent and (not causal or m_tiles <= sm_count)
+        # Under a causal mask the persistent kernel was measured up to the SM count's tiles a
+        # head; past it the hardware's one-CTA-a-tile dispatch balances the tiles.
+        m_tiles = -(-problem.seqlen_q // FORWARD_BLOCK_M)
+        persistent = (forward_persistent_pays(problem.seqlen_k, problem.head_dim, causal)
+                      and (not causal or m_tiles <= sm_count))
     return ForwardVariant(dtype, problem.head_dim, causal, persistent=persistent)
 
 
