@@ -481,18 +481,18 @@ def test_forward_descriptors_are_looked_up_once_and_follow_k_shape(recorder, mon
 def test_forward_grid(recorder, causal, persistent):
     """Persistent CTAs: under a full mask as few as keep 132 SMs' busiest as busy (133 tiles:
     2 each, 67 CTAs), under a causal mask as few as deal the pairs of tiles (3 tiles of 2 heads:
-    3 units; 264 units: 2 each) and one CTA a tile past 132 query tiles, even when asked for.
-    Without: one CTA a query tile."""
+    3 units; 264 units: 2 each; 133 tiles: 67 units, one each; the policy alone stops at 132
+    query tiles). Without: one CTA a query tile."""
     overrides = Overrides(persistent_forward=persistent)
     for batch, seqlen, heads, full, causal_ctas in (
             (16, 1024, 32, 128, 128), (1, 300, 2, 6, 3), (3, 1000, 11, 132, 132),
-            (1, 17000, 1, 67, None)):
+            (1, 17000, 1, 67, 67)):
         q = torch.randn(batch, seqlen, heads, 64, dtype=torch.bfloat16)
         runtime_forward.forward(q, q, q, causal=causal, softmax_scale=0.1, overrides=overrides)
         name, grid, _ = recorder.launches[-1]
         tiles = -(-seqlen // 128)
         ctas = causal_ctas if causal else full
-        if persistent and ctas is not None:
+        if persistent:
             assert name.endswith("_persistent") and grid == (ctas, 1, 1)
         else:
             assert not name.endswith("_persistent") and grid == (tiles, heads, batch)
