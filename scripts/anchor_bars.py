@@ -9,7 +9,10 @@ cuDNN backward against the one recorded there when the two differ by more than 3
 - nondet: dashgen's deterministic backward / the best non-deterministic backward (FA3, DASH where
   correct, SDPA cuDNN, FA4): geometric mean >= 0.95, none below 0.88;
 - forward: dashgen's forward / SDPA cuDNN's forward of the same bench run: >= 1 everywhere;
-  against FA4's recorded forward for reference.
+  against FA4's recorded forward for reference;
+- price of determinism: 1 - dashgen's deterministic / its non-deterministic backward, both of
+  the kit: <= 3% at seqlen >= 2048;
+- memory: the backward's extra memory / its floor, of the bench run's auto row: within 10%.
 
 python3 scripts/anchor_bars.py --anchors DIR/anchors.json [--bench DIR/bench.json] [--out FILE.md]
 """
@@ -24,6 +27,7 @@ REFERENCE = Path(__file__).resolve().parents[1] / "docs/bench/anchors_fa4_2026-1
 WRONG = 1e-2  # the kit's threshold: a gradient norm this far from SDPA cuDNN's is wrong
 DRIFT = 0.03  # scale FA4's recorded figures when this run's cuDNN moved more than this
 DET_BAR, GEOMEAN_BAR, WORST_BAR, FORWARD_BAR = 1.0, 0.95, 0.88, 1.0
+PRICE_BAR, PRICE_FROM, MEMORY_BAR = 0.03, 2048, 1.10
 
 
 def _kit(rows: list[dict]) -> dict:
@@ -49,6 +53,15 @@ def _forwards(bench: dict | None) -> dict:
             for r in bench["rows"] if r["direction"] == "forward" and r.get("tflops")}
 
 
+def _memory(bench: dict | None) -> dict:
+    """(hdim, causal, seqlen) -> extra bytes / floor bytes of a bench run's auto backward."""
+    if bench is None:
+        return {}
+    return {(r["head_dim"], r["mask"] == "causal", r["seqlen"]): r["extra_bytes"] / r["floor_bytes"]
+            for r in bench["rows"] if r["impl"] == "dashgen_auto" and r["direction"] == "backward"
+            and r.get("extra_bytes") and r.get("floor_bytes")}
+
+
 def _best(candidates: dict) -> tuple[str | None, float | None]:
     known = {k: v for k, v in candidates.items() if v}
     if not known:
@@ -59,7 +72,7 @@ def _best(candidates: dict) -> tuple[str | None, float | None]:
 
 def bars(kit_rows: list[dict], reference: dict, bench: dict | None = None) -> list[dict]:
     """One dict per configuration the kit measured dashgen's deterministic backward in."""
-    kit, ref, fwd = _kit(kit_rows), _reference(reference), _forwards(bench)
+    kit, ref, fwd, memory = _kit(kit_rows), _reference(reference), _forwards(bench), _memory(bench)
     out = []
     for (impl, mode, hdim, causal, seqlen), row in sorted(kit.items(),
                                                          key=lambda kv: kv[0][2:]):
@@ -83,6 +96,7 @@ def bars(kit_rows: list[dict], reference: dict, bench: dict | None = None) -> li
                                      "DASH_nondet": tf("dash", "nondet"), "sdpa_cudnn": cudnn,
                                      "FA4_nondet": fa4["nondet"] and fa4["nondet"] * scale})
         ours = row["bwd_tflops"]
+        ours_nondet = tf("dashgen", "nondet")
         forward = fwd.get(("dashgen", hdim, causal, seqlen))
         cudnn_fwd = fwd.get(("sdpa_cudnn", hdim, causal, seqlen))
         fa4_fwd = ref.get(("FA4", None, "forward", hdim, causal, seqlen))
@@ -91,7 +105,9 @@ def bars(kit_rows: list[dict], reference: dict, bench: dict | None = None) -> li
             best_det=det_name, det=ours / det if det else None,
             best_nondet=nondet_name, nondet=ours / nondet if nondet else None,
             forward=forward, forward_vs_cudnn=forward / cudnn_fwd if forward and cudnn_fwd
-            else None, forward_vs_fa4=forward / fa4_fwd if forward and fa4_fwd else None))
+            else None, forward_vs_fa4=forward / fa4_fwd if forward and fa4_fwd else None,
+            price=1 - ours / ours_nondet if ours_nondet else None,
+            memory=memory.get((hdim, causal, seqlen))))
     return out
 
 
@@ -109,6 +125,17 @@ def verdicts(rows: list[dict]) -> list[str]:
                      f"{GEOMEAN_BAR}), worst {min(known):.3f} (bar {WORST_BAR})")
     met, n = count("forward_vs_cudnn", FORWARD_BAR)
     lines.append(f"forward / SDPA cuDNN forward >= {FORWARD_BAR}: {met} of {n} configurations")
+    prices = [r for r in rows if r["price"] is not None and r["seqlen"] >= PRICE_FROM]
+    if prices:
+        worst = max(prices, key=lambda r: r["price"])
+        lines.append(f"price of determinism <= {PRICE_BAR:.0%} at seqlen >= {PRICE_FROM}: "
+                     f"{sum(r['price'] <= PRICE_BAR for r in prices)} of {len(prices)} "
+                     f"configurations (highest {worst['price']:.1%}, d{worst['hdim']} "
+                     f"{'causal' if worst['causal'] else 'full'} {worst['seqlen']})")
+    memory = [r["memory"] for r in rows if r["memory"] is not None]
+    if memory:
+        lines.append(f"memory / floor <= {MEMORY_BAR}: {sum(m <= MEMORY_BAR for m in memory)} of "
+                     f"{len(memory)} configurations (highest {max(memory):.3f})")
     return lines
 
 
@@ -116,14 +143,14 @@ def render(rows: list[dict]) -> str:
     def f(v, spec=".3f"):
         return "-" if v is None else format(v, spec)
     lines = ["| config | dashgen det TFLOP/s | / best det (which) | / best non-det (which) | "
-             "forward TFLOP/s | fwd / cuDNN | fwd / FA4 | FA4 scale |",
-             "|---|---|---|---|---|---|---|---|"]
+             "forward TFLOP/s | fwd / cuDNN | fwd / FA4 | FA4 scale | price | memory |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| d{r['hdim']} {'causal' if r['causal'] else 'full'} {r['seqlen']} | "
                      f"{r['dashgen_det']:.1f} | {f(r['det'])} ({r['best_det']}) | "
                      f"{f(r['nondet'])} ({r['best_nondet']}) | {f(r['forward'], '.1f')} | "
                      f"{f(r['forward_vs_cudnn'])} | {f(r['forward_vs_fa4'])} | "
-                     f"{r['fa4_scale']:.3f} |")
+                     f"{r['fa4_scale']:.3f} | {f(r['price'], '.1%')} | {f(r['memory'])} |")
     return "\n".join(lines + [""] + [f"- {line}" for line in verdicts(rows)]) + "\n"
 
 

@@ -85,3 +85,23 @@ def test_the_recorded_fa4_figures_cover_the_twenty_configurations():
                 for key in (("FA4", "det", "backward"), ("FA4", "nondet", "backward"),
                             ("sdpa_cudnn", "nondet", "backward"), ("FA4", None, "forward")):
                     assert ref[(*key, hdim, causal, seqlen)] > 0
+
+
+def test_price_of_determinism_from_the_kit_and_memory_from_the_bench():
+    kit = []
+    # dashgen det / nondet: 1k (not counted, below 2048), 2k 4% slower, 4k faster.
+    for seqlen, det, nondet in ((1024, 200.0, 300.0), (2048, 288.0, 300.0), (4096, 310.0, 300.0)):
+        kit += [kit_row("dashgen", "det", det, seqlen), kit_row("dashgen", "nondet", nondet, seqlen),
+                kit_row("fa3", "det", 250.0, seqlen)]
+    bench = dict(rows=[dict(impl="dashgen_auto", direction="backward", head_dim=64, mask="causal",
+                            seqlen=seqlen, extra_bytes=extra, floor_bytes=100)
+                       for seqlen, extra in ((1024, 105), (2048, 112), (4096, 100))])
+    rows = anchor_bars.bars(kit, reference(100.0, 100.0, 200.0), bench)
+    assert [r["price"] for r in rows] == [pytest.approx(1 / 3), pytest.approx(0.04),
+                                          pytest.approx(-10 / 300)]
+    assert [r["memory"] for r in rows] == [1.05, 1.12, 1.0]
+    lines = anchor_bars.verdicts(rows)
+    assert lines[3] == ("price of determinism <= 3% at seqlen >= 2048: 1 of 2 configurations "
+                        "(highest 4.0%, d64 causal 2048)")
+    assert lines[4] == "memory / floor <= 1.1: 2 of 3 configurations (highest 1.120)"
+    assert "| 4.0% | 1.120 |" in anchor_bars.render(rows)
