@@ -154,13 +154,13 @@ def measure_packs(dashgen, timer) -> dict:
 
 
 def report(old: list[dict], new: list[dict]) -> str:
+    if all("bwd_ms" not in x[key] for x in old + new for key in x):
+        return report_forward(old, new)
     gpu = all("bwd_gpu_ms" in x[key] for x in old + new for key in x)
     lines = ["| shape | bwd old ms | bwd new ms | old/new | fwd old ms | fwd new ms | old/new |"
              " bits |" + (" bwd gpu old ms | bwd gpu new ms | old/new |" if gpu else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if gpu else "")]
     rb, rf, rg = [], [], []
-    if all("bwd_ms" not in x[key] for x in old + new for key in x):
-        return report_forward(old, new)
     for key in old[0]:
         bo, bn = (statistics.median(x[key]["bwd_ms"] for x in runs) for runs in (old, new))
         fo, fn = (statistics.median(x[key]["fwd_ms"] for x in runs) for runs in (old, new))
