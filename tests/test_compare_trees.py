@@ -47,3 +47,18 @@ def test_time_mode_rows_without_hashes_and_with_the_host_hidden_column():
     row = "| s | 3.000 | 2.000 | 1.500 | 1.000 | 1.000 | 1.000 | - | 2.000 | 2.500 | 0.800 |"
     assert row in text
     assert "backward with the host hidden 0.800 (min 0.800)" in text
+
+
+def test_forward_only_runs_get_the_forward_table_and_its_three_bit_verdicts():
+    def fwd(ms, hashes=("o",)):
+        return {"fwd_ms": ms, "hashes": list(hashes)}
+
+    old = [{"s1": fwd(2.0), "s2": fwd(1.0)}, {"s1": fwd(2.2), "s2": fwd(1.0)}]
+    new = [{"s1": fwd(1.0), "s2": fwd(2.0, ("p",))}, {"s1": fwd(1.1), "s2": fwd(2.0, ("p",))}]
+    text = compare_trees.report(old, new)
+    assert text.startswith("| shape | fwd old ms | fwd new ms | old/new | o bits |")
+    assert "| s1 | 2.1000 | 1.0500 | 2.000 | same |" in text
+    assert "| s2 | 1.0000 | 2.0000 | 0.500 | differ, each tree repeats |" in text
+    assert "geomean old/new: forward 1.000 (min 0.500, max 2.000); 2 runs" in text
+    unsteady = [{"s1": fwd(1.0), "s2": fwd(1.0, ("q",))}, {"s1": fwd(1.0), "s2": fwd(1.0)}]
+    assert "| s2 | 1.0000 | 2.0000 | 0.500 | NOT REPEATED |" in compare_trees.report(unsteady, new)
