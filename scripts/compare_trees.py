@@ -14,6 +14,8 @@ seeded inputs, with schedule="auto" and deterministic=True.
     packs of 16,384 tokens (`dashgen bench --varlen`'s log-normal document lengths, seeds 0-2)
     at head_dim 64 and 128, full and causal per document, with the bits hashed as in bits mode.
 
+  --configs d128_full ...: the bits, time and fwd modes on those configurations only.
+
 PYTHONPATH= python3 scripts/compare_trees.py OLD_TREE NEW_TREE --mode time --runs 3 --out DIR
 """
 from __future__ import annotations
@@ -27,7 +29,8 @@ import sys
 from pathlib import Path
 
 
-def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = None) -> None:
+def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = None,
+            configs: tuple[str, ...] | None = None) -> None:
     """In a child process: import dashgen from `tree` and write its figures to `out`."""
     sys.path.insert(0, tree)
     import torch
@@ -83,36 +86,49 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
     seqlens = seqlens or ((1024, 4096, 16384) if mode == "time"
                           else (1024, 2048, 4096, 8192, 16384))
     res = {}
-    for hd in (64, 128):
-        for causal in (False, True):
-            for seq in seqlens:
-                b, h = max(1, 16384 // seq), 2048 // hd  # one sequence past 16,384 tokens
-                g = torch.Generator(device="cuda").manual_seed(0)
-                q, k, v, do = (torch.randn(b, seq, h, hd, device="cuda", dtype=torch.bfloat16,
-                                           generator=g) for _ in range(4))
-                key = f"d{hd}_{'causal' if causal else 'full'}_{seq}"
-                if mode == "fwd":
-                    call = lambda: dashgen.attention(q, k, v, causal=causal)  # noqa: E731
-                    with torch.no_grad():
-                        res[key] = {"fwd_ms": batch_ms(call), "hashes": _hashes((call(),))}
-                    torch.cuda.empty_cache()
-                    continue
-                q, k, v = (t.requires_grad_() for t in (q, k, v))
-                o = dashgen.attention(q, k, v, causal=causal, deterministic=True)
-                timer = call_ms if mode == "bits" else batch_ms
-                bwd = timer(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+    for hd, causal in configurations(configs):
+        for seq in seqlens:
+            b, h = max(1, 16384 // seq), 2048 // hd  # one sequence past 16,384 tokens
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v, do = (torch.randn(b, seq, h, hd, device="cuda", dtype=torch.bfloat16,
+                                       generator=g) for _ in range(4))
+            key = f"d{hd}_{'causal' if causal else 'full'}_{seq}"
+            if mode == "fwd":
+                call = lambda: dashgen.attention(q, k, v, causal=causal)  # noqa: E731
                 with torch.no_grad():
-                    fwd = timer(lambda: dashgen.attention(q, k, v, causal=causal, deterministic=True))
-                    o2 = dashgen.attention(q, k, v, causal=causal, deterministic=True)
-                res[key] = {"bwd_ms": bwd, "fwd_ms": fwd}
-                if mode == "time":  # the kernels alone, so a moved row says where it moved
-                    res[key]["bwd_gpu_ms"] = hidden_ms(
-                        lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-                if mode == "bits":
-                    grads = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-                    res[key]["hashes"] = _hashes((*grads, o2))
+                    res[key] = {"fwd_ms": batch_ms(call), "hashes": _hashes((call(),))}
                 torch.cuda.empty_cache()
+                continue
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+            o = dashgen.attention(q, k, v, causal=causal, deterministic=True)
+            timer = call_ms if mode == "bits" else batch_ms
+            bwd = timer(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+            with torch.no_grad():
+                fwd = timer(lambda: dashgen.attention(q, k, v, causal=causal, deterministic=True))
+                o2 = dashgen.attention(q, k, v, causal=causal, deterministic=True)
+            res[key] = {"bwd_ms": bwd, "fwd_ms": fwd}
+            if mode == "time":  # the kernels alone, so a moved row says where it moved
+                res[key]["bwd_gpu_ms"] = hidden_ms(
+                    lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+            if mode == "bits":
+                grads = torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+                res[key]["hashes"] = _hashes((*grads, o2))
+            torch.cuda.empty_cache()
     Path(out).write_text(json.dumps(res, indent=1))
+
+
+CONFIGURATIONS = {f"d{hd}_{'causal' if causal else 'full'}": (hd, causal)
+                  for hd in (64, 128) for causal in (False, True)}
+
+
+def configurations(names: tuple[str, ...] | None) -> list[tuple[int, bool]]:
+    """(head_dim, causal) of the named configurations (all four without names), in the table's
+    order; raises ValueError naming --configs for a name it does not know."""
+    unknown = sorted(set(names or ()) - set(CONFIGURATIONS))
+    if unknown:
+        raise ValueError(f"--configs: unknown {', '.join(unknown)}; choose from "
+                         f"{', '.join(CONFIGURATIONS)}")
+    return [hc for name, hc in CONFIGURATIONS.items() if not names or name in names]
 
 
 def _hashes(tensors) -> list[str]:
@@ -211,12 +227,20 @@ def main() -> None:
     parser.add_argument("--seqlens", type=int, nargs="+", default=None,
                         help="bits/time: the sequence lengths (default 1k-16k for bits, "
                              "1k/4k/16k for time)")
+    parser.add_argument("--configs", nargs="+", default=None, metavar="dHD_MASK",
+                        help="bits/time/fwd: only these configurations, e.g. d128_full "
+                             "(default all four)")
     parser.add_argument("--child", nargs=2, metavar=("TREE", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         measure(str(Path(args.child[0]).resolve()), args.mode, args.child[1],
-                tuple(args.seqlens) if args.seqlens else None)
+                tuple(args.seqlens) if args.seqlens else None,
+                tuple(args.configs) if args.configs else None)
         return
+    try:
+        configurations(args.configs)
+    except ValueError as exc:
+        parser.error(str(exc))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict]] = {"old": [], "new": []}
@@ -225,6 +249,7 @@ def main() -> None:
             path = out / f"{args.mode}_{name}_{r}.json"
             subprocess.run([sys.executable, __file__, args.old, args.new, "--mode", args.mode,
                             *(["--seqlens", *map(str, args.seqlens)] if args.seqlens else []),
+                            *(["--configs", *args.configs] if args.configs else []),
                             "--child", getattr(args, name), str(path)], check=True)
             runs[name].append(json.loads(path.read_text()))
     text = report(runs["old"], runs["new"])

@@ -62,3 +62,16 @@ def test_forward_only_runs_get_the_forward_table_and_its_three_bit_verdicts():
     assert "geomean old/new: forward 1.000 (min 0.500, max 2.000); 2 runs" in text
     unsteady = [{"s1": fwd(1.0), "s2": fwd(1.0, ("q",))}, {"s1": fwd(1.0), "s2": fwd(1.0)}]
     assert "| s2 | 1.0000 | 2.0000 | 0.500 | NOT REPEATED |" in compare_trees.report(unsteady, new)
+
+
+def test_configs_select_configurations_in_table_order_and_refuse_unknown_names():
+    assert compare_trees.configurations(None) == [(64, False), (64, True), (128, False),
+                                                  (128, True)]
+    assert compare_trees.configurations(("d128_causal", "d64_full")) == [(64, False),
+                                                                         (128, True)]
+    try:
+        compare_trees.configurations(("d128_full", "d96_full"))
+    except ValueError as exc:
+        assert "--configs" in str(exc) and "d96_full" in str(exc)
+    else:
+        raise AssertionError("an unknown configuration was accepted")
