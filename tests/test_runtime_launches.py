@@ -294,10 +294,11 @@ def test_fused_convert_is_decided_per_problem_by_default(recorder, heads, num_wo
         recorder.launches.clear()
 
 
-@pytest.mark.parametrize("seqlen, early", [(200, True), (1000, False)])
+@pytest.mark.parametrize("seqlen, early", [(200, True), (4096, True), (4097, False)])
 def test_early_kv_is_decided_per_problem_by_default(recorder, seqlen, early):
-    """Without an override: on where a KV tile's segment is short (select.early_kv_pays): 4
-    query tiles per KV tile at seqlen 200, 16 at 1000; an override decides either way."""
+    """Without an override: on where the sequence has at most 32 KV tiles
+    (select.early_kv_pays): 2 at seqlen 200, 32 at 4096, 33 at 4097; an override decides
+    either way."""
     for deterministic in (True, False):
         runtime.backward(*inputs(4, 4, seqlen=seqlen), causal=False, softmax_scale=0.1,
                          deterministic=deterministic, schedule="fa3", num_workers=3)

@@ -38,8 +38,8 @@ AUTO_FA3_LONG_FULL_HEAD_DIMS = (64,)
 FUSED_CONVERT_COST = 0.03          # fraction of the main kernel the converter costs
 CONVERT_BYTES_PER_US = 4.0e6       # the convert kernel's bandwidth (4 TB/s)
 TASK_US = {64: 3.00, 128: 2.54}    # main-kernel time per task (dashgen calibrate, per head_dim)
-# early_kv pays where KV segments are short (docs/design.md, `early-kv`).
-EARLY_KV_MAX_SEGMENT_TASKS = 10
+# early_kv pays where a sequence has at most this many KV tiles (docs/design.md, `early-kv`).
+EARLY_KV_MAX_KV_TILES = 32
 # The most KV tiles a query tile visits where the persistent forward pays, per (head_dim,
 # causal), measured through 16384 keys (docs/design.md, `fwd-persistent`).
 FWD_PERSISTENT_MAX_KV_TILES = {(64, False): 8, (128, False): 64,
@@ -175,13 +175,10 @@ def fuses_convert(problem: Problem, longest: int) -> bool:
 
 
 def early_kv_pays(problem: Problem) -> bool:
-    """Whether loading each KV segment's K/V early pays: where segments are short. Every
-    schedule runs each KV tile as one segment (contiguity), so the mean segment is the tasks
-    per KV tile that has any."""
-    tiling = Tiling(problem)
-    per_head = [tiling.rows(n) for n in range(tiling.num_n)]
-    tasks, segments = sum(per_head), sum(1 for count in per_head if count)
-    return tasks <= EARLY_KV_MAX_SEGMENT_TASKS * max(segments, 1)
+    """Whether loading each KV segment's K/V early pays: measured on the H200 for sequences of
+    up to 32 KV tiles (4,096 keys) under both masks at both head dims, and not from 64 on (the
+    mechanism is not known; segment length alone does not separate the two)."""
+    return problem.num_n_blocks <= EARLY_KV_MAX_KV_TILES
 
 
 def resolve_table(problem: Problem, table: Schedule, num_workers: int | None,
