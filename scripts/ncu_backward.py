@@ -1,4 +1,5 @@
-"""One deterministic backward for Nsight Compute, dashgen's or FlashAttention-3's, at one of the
+"""One deterministic backward for Nsight Compute, dashgen's or FlashAttention-3's (or, with
+--nondeterministic, the backward without the dQ order, FA3's atomic one), at one of the
 benchmark's configurations (16,384 tokens, 2048 / head_dim heads, bf16 randn, seed 0): two
 backwards to warm up, then one between cudaProfilerStart and cudaProfilerStop, so that
 `ncu --profile-from-start off` sees that backward's kernels alone (autograd launches them from
@@ -35,6 +36,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--head-dim", type=int, required=True)
     ap.add_argument("--mask", required=True)
     ap.add_argument("--seqlen", type=int, required=True)
+    ap.add_argument("--nondeterministic", dest="deterministic", action="store_false",
+                    help="the backward without the dQ order (deterministic=False)")
     args = ap.parse_args(argv)
     if args.head_dim not in HEAD_DIMS:
         ap.error(f"--head-dim must be one of {HEAD_DIMS}, got {args.head_dim}")
@@ -50,16 +53,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def attention_fn(args: argparse.Namespace):
-    """(q, k, v) -> o for the implementation, deterministic, with the configuration's mask."""
-    causal = args.mask == "causal"
+    """(q, k, v) -> o for the implementation, deterministic unless --nondeterministic, with the
+    configuration's mask."""
+    causal, deterministic = args.mask == "causal", args.deterministic
     if args.impl == "dashgen":
         import dashgen
-        return lambda q, k, v: dashgen.attention(q, k, v, causal=causal, deterministic=True)
+        return lambda q, k, v: dashgen.attention(q, k, v, causal=causal,
+                                                 deterministic=deterministic)
     sys.path.insert(0, args.fa3_path)
     import flash_attn_interface
 
     def fa3(q, k, v):
-        out = flash_attn_interface.flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        out = flash_attn_interface.flash_attn_func(q, k, v, causal=causal,
+                                                   deterministic=deterministic)
         return out[0] if isinstance(out, tuple) else out
     return fa3
 

@@ -36,3 +36,25 @@ def test_fa3_path_must_hold_its_interface(tmp_path, capsys):
     (tmp_path / "flash_attn_interface.py").write_text("")
     args = ncu_backward.parse(argv)
     assert (args.impl, args.head_dim, args.mask, args.seqlen) == ("fa3", 128, "causal", 8192)
+
+
+def test_nondeterministic_reaches_fa3s_call(tmp_path):
+    """--nondeterministic is FA3's deterministic=False (a stand-in flash_attn_interface records
+    the call); without it the call is deterministic."""
+    (tmp_path / "flash_attn_interface.py").write_text(
+        "calls = []\n"
+        "def flash_attn_func(q, k, v, **kwargs):\n"
+        "    calls.append(kwargs)\n"
+        "    return ('o', 'lse')\n")
+    base = ["--impl", "fa3", "--fa3-path", str(tmp_path), "--head-dim", "128", "--mask", "full",
+            "--seqlen", "8192"]
+    try:
+        for argv, deterministic in ((base, True), (base + ["--nondeterministic"], False)):
+            assert ncu_backward.attention_fn(ncu_backward.parse(argv))(1, 2, 3) == "o"
+            import flash_attn_interface
+            assert flash_attn_interface.calls[-1] == {"causal": False,
+                                                      "deterministic": deterministic}
+    finally:
+        sys.modules.pop("flash_attn_interface", None)
+        while str(tmp_path) in sys.path:
+            sys.path.remove(str(tmp_path))
