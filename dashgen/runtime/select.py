@@ -175,9 +175,9 @@ def fuses_convert(problem: Problem, longest: int) -> bool:
 
 
 def early_kv_pays(problem: Problem) -> bool:
-    """Whether loading each KV segment's K/V early pays: measured on the H200 for sequences of
-    up to 32 KV tiles (4,096 keys) under both masks at both head dims, and not from 64 on (the
-    mechanism is not known; segment length alone does not separate the two)."""
+    """Whether loading each KV segment's K/V early pays: where the sequence has at most
+    EARLY_KV_MAX_KV_TILES KV tiles. Measured on the H200 up to that bound and from twice it
+    on, under both masks at both head dims; segment length alone does not separate the two."""
     return problem.num_n_blocks <= EARLY_KV_MAX_KV_TILES
 
 
@@ -241,7 +241,7 @@ def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
                 deterministic: bool = True, gqa: bool = False) -> Selection:
     """The varlen kernels that run a packed batch (dashgen.attention_varlen): one pair per
     (dtype, head_dim, mask, schedule, mode), whatever the lengths, which they read at run time.
-    early_kv always: a pack's documents (median ~1k tokens) give short KV segments
+    early_kv always: a pack's documents (median ~1k tokens) have few KV tiles
     (`early-kv`). The Selection's problem is a one-token placeholder and num_workers 0: the
     launch decides the workers (pack_workers)."""
     check_dtype_head_dim(dtype, head_dim)
