@@ -6,7 +6,10 @@
 #
 #   bash scripts/ncu_backward.sh OUT_DIR d64-causal-8192 d64-full-4096 ...
 #   NONDET=1 bash scripts/ncu_backward.sh ...   # both without the dQ order (FA3's atomic dQ)
+#   NONDET=fa3 bash scripts/ncu_backward.sh ... # FA3's atomic backward beside dashgen's
+#                                               # deterministic one (the pair the bars compare)
 set -euo pipefail
+source "$(dirname "$0")/ncu_nondet.sh"
 out=$1; shift
 fa3=${FA3_PATH:-/tmp/anchors/fa3/hopper}
 mkdir -p "$out"
@@ -19,7 +22,7 @@ for config in "$@"; do
         ncu --profile-from-start off --clock-control none "${sections[@]}" --csv \
             --page details python3 scripts/ncu_backward.py --impl "$impl" --fa3-path "$fa3" \
             --head-dim "${dim#d}" --mask "$mask" --seqlen "$seqlen" \
-            ${NONDET:+--nondeterministic} \
+            $(nondet_flag "$impl") \
             > "$out/$config.$impl.csv" 2> "$out/$config.$impl.log" ||
             echo "$config $impl: ncu exited $?, see $out/$config.$impl.log" >&2
     done

@@ -9,9 +9,11 @@
 # the project root:
 #
 #   bash scripts/ncu_stalls.sh OUT_DIR d64-causal-8192 d128-full-4096 ...
+#   NONDET=1 / NONDET=fa3 bash scripts/ncu_stalls.sh ...  # as in scripts/ncu_backward.sh
 #
 # writes OUT_DIR/<config>.<impl>.ncu-rep, .sass.csv, .raw.csv, .log and OUT_DIR/<config>.md.
 set -euo pipefail
+source "$(dirname "$0")/ncu_nondet.sh"
 if (( $# < 2 )); then
     echo "usage: bash scripts/ncu_stalls.sh OUT_DIR CONFIG [CONFIG ...]" >&2
     echo "  CONFIG: d<head dim>-<full|causal>-<seqlen>, e.g. d64-causal-8192" >&2
@@ -40,7 +42,8 @@ for config in "$@"; do
             --kernel-name-base "${name_base[$impl]}" --kernel-name "${kernel[$impl]}" \
             --launch-count 1 "${sections[@]}" --import-source no -o "$base" \
             python3 scripts/ncu_backward.py --impl "$impl" --fa3-path "$fa3" \
-            --head-dim "${dim#d}" --mask "$mask" --seqlen "$seqlen" > "$base.log" 2>&1 || rc=$?
+            --head-dim "${dim#d}" --mask "$mask" --seqlen "$seqlen" $(nondet_flag "$impl") \
+            > "$base.log" 2>&1 || rc=$?
         if (( rc )) || [[ ! -f $base.ncu-rep ]]; then
             echo "$config $impl: ncu exited $rc or wrote no report, see $base.log" >&2
             continue

@@ -367,3 +367,32 @@ def test_task_loop_of_a_kernel_without_wgmmas(tmp_path, capsys):
     ncu_sass.main([f"n={tmp_path / 'n'}"])
     out = capsys.readouterr().out.splitlines()
     assert out[out.index("## n: the task loop") + 2] == "No wgmma in this kernel: no task loop."
+
+
+@pytest.mark.parametrize("nondet, flagged", [("", ()), ("1", ("dashgen", "fa3")),
+                                             ("fa3", ("fa3",))])
+def test_nondet_picks_which_backwards_run_without_the_order(tmp_path, nondet, flagged):
+    data = tmp_path / "data"
+    data.mkdir()
+    for impl in ("dashgen", "fa3"):
+        raw_csv(data / f"{impl}.raw.csv", [(f"{impl}_main", {"barrier": "1"})])
+        sass_csv(data / f"{impl}.sass.csv", {"k": [("0x10", "EXIT ;", "1", "1", "0", "0")]})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ncu").write_text(FAKE_NCU)
+    (bin_dir / "ncu").chmod(0o755)
+    log = tmp_path / "ncu.log"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", NCU_LOG=str(log),
+               NCU_DATA=str(data), NONDET=nondet)
+    done = run_script(str(tmp_path / "out"), "d128-causal-8192", env=env)
+    assert done.returncode == 0, done.stderr
+    profiled = {line.split("--impl ")[1].split()[0]: line.endswith(" --nondeterministic")
+                for line in log.read_text().splitlines() if " -o " in line}
+    assert profiled == {impl: impl in flagged for impl in ("dashgen", "fa3")}
+
+
+def test_nondet_refuses_other_values_by_name(tmp_path):
+    env = dict(os.environ, NONDET="yes")
+    done = run_script(str(tmp_path / "out"), "d128-causal-8192", env=env)
+    assert done.returncode == 2
+    assert "NONDET must be empty, 1 or fa3, got 'yes'" in done.stderr
