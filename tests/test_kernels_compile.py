@@ -36,10 +36,10 @@ SCHEDULER_SPILL_BYTES = 16
 # registers (docs/design.md, `pack-auto`).
 HYBRID_PACK_SPILL_BYTES = 192
 # At head_dim 128 the MMA warpgroups keep dQ's accumulator live while dK's wgmmas run (dQ's
-# hand-off overlaps them) and ptxas spills up to 56 bytes of theirs (0-56 by variant, most of it
-# reloads); measured faster than the spill-free order (docs/design.md, `bwd-dq-before-dk`).
-# head_dim 64 spills none.
-MMA_SPILL_BYTES = {64: 0, 128: 56}
+# hand-off overlaps them); with dK/dV stored 16 bytes at a time at a segment's end
+# (docs/design.md, `dkv-16-byte-stores`) only the GQA backward without the dQ order spills
+# there (16 bytes; 0-56 by variant before, most of it reloads). head_dim 64 spills none.
+MMA_SPILL_BYTES = {64: 0, 128: 16}
 # Fallbacks that cost the main loop its overlap: never accepted.
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
 

@@ -20,6 +20,7 @@
 // where a 64-row task leaves the tensor cores idle behind its fixed per-task costs.
 #pragma once
 #include "dashgen/attn/element.cuh"
+#include "dashgen/attn/fragment.cuh"
 #include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/ptx/barrier.cuh"
@@ -937,7 +938,9 @@ struct AttnBwdSm90 {
   }
 
   // Segment end. dK (scaled through dS) and dV of this warpgroup's 64 KV rows, straight to
-  // global memory in the inputs' 16-bit type.
+  // global memory in the inputs' 16-bit type, 16 bytes a store (quad_transpose): stored as they
+  // lie, 4 bytes at a time, they took ~5 us a segment at head_dim 128 (ncu, docs/design.md
+  // `dkv-16-byte-stores`).
   __device__ static __forceinline__ void store_dkv(const BwdParams& p, const Task& t,
                                                    const float (&dk)[kHeadDim / 2],
                                                    const float (&dv)[kHeadDim / 2], int group,
@@ -953,15 +956,32 @@ struct AttnBwdSm90 {
       dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(k0) * p.heads_kv + hk) * kHeadDim;
       dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(k0) * p.heads_kv + hk) * kHeadDim;
     }
+    store_rows(dk_out, dk, t, seqlen_k, p.k_row_stride, me);
+    store_rows(dv_out, dv, t, seqlen_k, p.k_row_stride, me);
+  }
+
+  // One of store_dkv's tiles: this warpgroup's 64 rows of `acc`, 16 bytes a store.
+  __device__ static __forceinline__ void store_rows(T* out, const float (&acc)[kHeadDim / 2],
+                                                    const Task& t, int seqlen_k, int row_stride,
+                                                    const MmaThread& me) {
 #pragma unroll
-    for (int ii = 0; ii < kHeadDim / 2; ii += 2) {
-      const int row = 16 * me.warp + me.g + 8 * ((ii / 2) % 2);
+    for (int half = 0; half < 2; ++half) {
+      const int row = 16 * me.warp + me.g + 8 * half;
       const int key = t.n * kBlockN + 64 * me.wg + row;
-      const int col = 8 * (ii / 4) + 2 * me.t4;
-      if (kVarlen ? key < seqlen_k : key < p.seqlen_k) {
-        const i64 off = static_cast<i64>(key) * p.k_row_stride + col;
-        *reinterpret_cast<u32*>(dk_out + off) = Element<T>::pack(dk[ii], dk[ii + 1]);
-        *reinterpret_cast<u32*>(dv_out + off) = Element<T>::pack(dv[ii], dv[ii + 1]);
+#pragma unroll
+      for (int j0 = 0; j0 < kHeadDim / 8; j0 += 4) {
+        // Fragment elements 4j + 2 * half and + 1: row `row`, columns 8j + 2 * t4 and + 1.
+        u32 w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int ii = 4 * (j0 + k) + 2 * half;
+          w[k] = Element<T>::pack(acc[ii], acc[ii + 1]);
+        }
+        quad_transpose(w, me.t4);
+        if (key < seqlen_k) {
+          *reinterpret_cast<uint4*>(out + static_cast<i64>(key) * row_stride + 8 * (j0 + me.t4)) =
+              make_uint4(w[0], w[1], w[2], w[3]);
+        }
       }
     }
   }

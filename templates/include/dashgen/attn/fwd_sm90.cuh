@@ -11,6 +11,7 @@
 // tensor cores. Deterministic by construction: no cross-CTA reduction.
 #pragma once
 #include "dashgen/attn/element.cuh"
+#include "dashgen/attn/fragment.cuh"
 #include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/pack_check.cuh"
 #include "dashgen/attn/params.cuh"
@@ -446,7 +447,7 @@ struct AttnFwdSm90 {
     }
   }
 
-  // store_o_lse at head_dim 64: O stored from the accumulator as it lies.
+  // store_o_lse at head_dim 64: O from the accumulator, 16 bytes a store (quad_transpose).
   __device__ static void store_o_lse_direct(const FwdParams& p, const float (&o)[kHeadDim / 2],
                                             const float (&row_max)[2], float (&row_sum)[2], int h,
                                             int b, int row0, int t4) {
@@ -457,13 +458,22 @@ struct AttnFwdSm90 {
       row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
       const int row = row0 + 8 * half;
       const float inv = row_sum[half] > 0.f ? 1.f / row_sum[half] : 0.f;
-      if (row < p.seqlen_q) {
 #pragma unroll
-        for (int i = 2 * half; i < kHeadDim / 2; i += 4) {
-          const int col = 8 * (i / 4) + 2 * t4;
-          *reinterpret_cast<u32*>(out + static_cast<i64>(row) * p.o_row_stride + col) =
-              Element<T>::pack(o[i] * inv, o[i + 1] * inv);
+      for (int j0 = 0; j0 < kHeadDim / 8; j0 += 4) {
+        // Fragment elements 4j + 2 * half and + 1: columns 8j + 2 * t4 and + 1 of `row`.
+        u32 w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int i = 4 * (j0 + k) + 2 * half;
+          w[k] = Element<T>::pack(o[i] * inv, o[i + 1] * inv);
         }
+        quad_transpose(w, t4);
+        if (row < p.seqlen_q) {
+          *reinterpret_cast<uint4*>(out + static_cast<i64>(row) * p.o_row_stride +
+                                    8 * (j0 + t4)) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+      if (row < p.seqlen_q) {
         if (t4 == 0) {
           // Natural-log units of the scaled scores; -inf for a row that sees no key.
           p.lse[(static_cast<i64>(b) * p.heads_q + h) * p.seqlen_q + row] =
