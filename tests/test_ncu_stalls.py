@@ -239,19 +239,27 @@ fi
 """
 
 
-def test_script_profiles_both_main_kernels_and_tables_them(tmp_path):
+def fake_ncu(tmp_path, impls, stalls, sass, **env_vars) -> tuple[dict, Path]:
+    """A stand-in ncu on PATH whose reports hold `stalls` (raw page) and `sass` (source page)
+    for each of `impls`; returns the environment and the log of its command lines."""
     data = tmp_path / "data"
     data.mkdir()
-    for impl in ("dashgen", "fa3"):
-        raw_csv(data / f"{impl}.raw.csv", [(f"{impl}_main", {"barrier": "3", "wait": "1"})])
-        sass_csv(data / f"{impl}.sass.csv", {"k": [("0x10", "BAR.SYNC 0x0 ;", "4", "1", "3", "0")]})
+    for impl in impls:
+        raw_csv(data / f"{impl}.raw.csv", [(f"{impl}_main", stalls)])
+        sass_csv(data / f"{impl}.sass.csv", {"k": [sass]})
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ncu").write_text(FAKE_NCU)
     (bin_dir / "ncu").chmod(0o755)
     log = tmp_path / "ncu.log"
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", NCU_LOG=str(log),
-               NCU_DATA=str(data), FA3_PATH="/opt/fa3")
+               NCU_DATA=str(data), **env_vars)
+    return env, log
+
+
+def test_script_profiles_both_main_kernels_and_tables_them(tmp_path):
+    env, log = fake_ncu(tmp_path, ("dashgen", "fa3"), {"barrier": "3", "wait": "1"},
+                        ("0x10", "BAR.SYNC 0x0 ;", "4", "1", "3", "0"), FA3_PATH="/opt/fa3")
     out = tmp_path / "out"
     done = run_script(str(out), "d64-causal-8192", env=env)
     assert done.returncode == 0, done.stderr
@@ -277,16 +285,8 @@ def test_script_profiles_both_main_kernels_and_tables_them(tmp_path):
 
 
 def test_script_tables_what_it_has_when_one_profile_fails(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    raw_csv(data / "dashgen.raw.csv", [("dashgen_main", {"barrier": "1"})])
-    sass_csv(data / "dashgen.sass.csv", {"k": [("0x10", "EXIT ;", "1", "1", "0", "0")]})
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ncu").write_text(FAKE_NCU)
-    (bin_dir / "ncu").chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}",
-               NCU_LOG=str(tmp_path / "ncu.log"), NCU_DATA=str(data), NCU_FAIL="fa3")
+    env, _ = fake_ncu(tmp_path, ("dashgen",), {"barrier": "1"},
+                      ("0x10", "EXIT ;", "1", "1", "0", "0"), NCU_FAIL="fa3")
     out = tmp_path / "out"
     done = run_script(str(out), "d128-full-4096", env=env)
     assert done.returncode == 0
@@ -372,18 +372,8 @@ def test_task_loop_of_a_kernel_without_wgmmas(tmp_path, capsys):
 @pytest.mark.parametrize("nondet, flagged", [("", ()), ("1", ("dashgen", "fa3")),
                                              ("fa3", ("fa3",))])
 def test_nondet_picks_which_backwards_run_without_the_order(tmp_path, nondet, flagged):
-    data = tmp_path / "data"
-    data.mkdir()
-    for impl in ("dashgen", "fa3"):
-        raw_csv(data / f"{impl}.raw.csv", [(f"{impl}_main", {"barrier": "1"})])
-        sass_csv(data / f"{impl}.sass.csv", {"k": [("0x10", "EXIT ;", "1", "1", "0", "0")]})
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ncu").write_text(FAKE_NCU)
-    (bin_dir / "ncu").chmod(0o755)
-    log = tmp_path / "ncu.log"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", NCU_LOG=str(log),
-               NCU_DATA=str(data), NONDET=nondet)
+    env, log = fake_ncu(tmp_path, ("dashgen", "fa3"), {"barrier": "1"},
+                        ("0x10", "EXIT ;", "1", "1", "0", "0"), NONDET=nondet)
     done = run_script(str(tmp_path / "out"), "d128-causal-8192", env=env)
     assert done.returncode == 0, done.stderr
     profiled = {line.split("--impl ")[1].split()[0]: line.endswith(" --nondeterministic")
