@@ -2,7 +2,8 @@
 reasons side by side (from `ncu --page raw --csv`: the smsp__pcsamp_warps_issue_stalled_*
 totals), then per kernel the samples by SASS opcode, the instructions that hold the most
 samples and the task loop (the instructions run once a task in every MMA warp: its samples by
-opcode, and its waits and barriers in program order), from `ncu --page source --csv
+opcode, its waits and barriers in program order, and its samples by stretch, each stretch
+running from one wait to the next), from `ncu --page source --csv
 --print-source sass`. The detail and SpeedOfLight tables of scripts/ncu_compare.py say how busy
 a kernel is; these say on which instructions its warps sit, which is what tells a barrier wait
 from a scoreboard or a tensor-core wait.
@@ -263,6 +264,42 @@ def loop_tables(rows: list[Instruction]) -> list[str]:
     return out
 
 
+def is_wait(sass: str) -> bool:
+    """A wait on another party that opens a stretch of the task loop: a wgmma wait
+    (WARPGROUP.DEPBAR), a named-barrier sync (BAR.SYNC; a barrier's samples land on the
+    instruction after it, in the same stretch) or an mbarrier try-wait (SYNCS...TRYWAIT, whose
+    retry branch follows it)."""
+    op = opcode(sass)
+    return ((op == "WARPGROUP" and "DEPBAR" in sass) or (op == "BAR" and ".SYNC" in sass)
+            or (op == "SYNCS" and "TRYWAIT" in sass))
+
+
+def stretch_table(rows: list[Instruction]) -> list[str]:
+    """The task loop's samples by stretch: a stretch starts at a wait (is_wait) and runs to the
+    next one, so its samples are the time spent at that wait and on the work after it. Side by
+    side with another kernel's, this says which wait and which stretch of work a per-task
+    difference sits in (multiply the share by the task's time)."""
+    _, loop = loop_rows(rows)
+    if not loop:
+        return ["No wgmma in this kernel: no task loop."]
+    stretches: list[list[Instruction]] = [[]]
+    for ins in loop:
+        if is_wait(ins.sass) and stretches[-1]:
+            stretches.append([])
+        stretches[-1].append(ins)
+    samples = sum(ins.samples for ins in loop)
+    out = ["| from | opening instruction | instructions | wgmmas | samples | % of the loop's | "
+           "top stalls (% of the stretch's) |", "|---|---|---:|---:|---:|---:|---|"]
+    for group in stretches:
+        head = group[0]
+        part = sum(i.samples for i in group)
+        wgmmas = sum(1 for i in group if opcode(i.sass) == "HGMMA")
+        out.append(f"| {head.address} | {_cell(head.sass[:SASS_WIDTH])} | {len(group)} | "
+                   f"{wgmmas} | {part:,.0f} | {_pct(part, samples)} | "
+                   f"{_top_stalls(_stall_sums(group), part, 3)} |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("reports", nargs="+", metavar="LABEL=PREFIX")
@@ -287,7 +324,8 @@ def main(argv: list[str] | None = None) -> None:
         out += ["", f"## {label}: samples by code region", "", *region_table(rows),
                 "", f"## {label}: samples by opcode", "", *opcode_table(rows),
                 "", f"## {label}: instructions with the most samples", "", *hot_table(rows),
-                "", f"## {label}: the task loop", "", *loop_tables(rows)]
+                "", f"## {label}: the task loop", "", *loop_tables(rows),
+                "", f"## {label}: the task loop by stretch", "", *stretch_table(rows)]
     print("\n".join(out))
 
 
