@@ -14,7 +14,11 @@ seeded inputs, with schedule="auto" and deterministic=True.
     packs of 16,384 tokens (`dashgen bench --varlen`'s log-normal document lengths, seeds 0-2)
     at head_dim 64 and 128, full and causal per document, with the bits hashed as in bits mode.
 
-  --configs d128_full ...: the bits, time and fwd modes on those configurations only.
+  --mode gqa: time mode's figures for grouped-query attention, 4 query heads a KV head (Llama's
+    grouping) on the benchmark's 16,384 tokens at hidden 2048, 2k and 8k keys, both head_dims
+    and masks, with the bits hashed as in bits mode.
+
+  --configs d128_full ...: the bits, time, fwd and gqa modes on those configurations only.
 
 PYTHONPATH= python3 scripts/compare_trees.py OLD_TREE NEW_TREE --mode time --runs 3 --out DIR
 """
@@ -82,6 +86,9 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
 
     if mode == "varlen":
         Path(out).write_text(json.dumps(measure_packs(dashgen, batch_ms), indent=1))
+        return
+    if mode == "gqa":
+        Path(out).write_text(json.dumps(measure_gqa(dashgen, batch_ms, configs), indent=1))
         return
     seqlens = seqlens or ((1024, 4096, 16384) if mode == "time"
                           else (1024, 2048, 4096, 8192, 16384))
@@ -169,6 +176,40 @@ def measure_packs(dashgen, timer) -> dict:
     return res
 
 
+GQA_GROUP, GQA_SEQLENS = 4, (2048, 8192)
+
+
+def measure_gqa(dashgen, timer, configs: tuple[str, ...] | None = None,
+                device: str = "cuda", tokens: int = 16384) -> dict:
+    """Grouped-query backward and forward times, and the bits: GQA_GROUP query heads a KV head,
+    the benchmark's tokens and hidden size (`tokens` fewer in the CPU test), deterministic,
+    schedule="auto"."""
+    import torch
+    res = {}
+    for hd, causal in configurations(configs):
+        h = 2048 // hd
+        for seq in GQA_SEQLENS:
+            b = max(1, tokens // seq)
+            g = torch.Generator(device=device).manual_seed(0)
+            q, do = (torch.randn(b, seq, h, hd, device=device, dtype=torch.bfloat16,
+                                 generator=g) for _ in range(2))
+            k, v = (torch.randn(b, seq, h // GQA_GROUP, hd, device=device, dtype=torch.bfloat16,
+                                generator=g).requires_grad_() for _ in range(2))
+            q.requires_grad_()
+            call = lambda: dashgen.attention(q, k, v, causal=causal,  # noqa: E731
+                                             deterministic=True)
+            o = call()
+            key = f"gqa{GQA_GROUP}_d{hd}_{'causal' if causal else 'full'}_{seq}"
+            bwd = timer(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+            with torch.no_grad():
+                fwd = timer(call)
+                o2 = call()
+            grads = torch.autograd.grad(o, (q, k, v), do)
+            res[key] = {"bwd_ms": bwd, "fwd_ms": fwd, "hashes": _hashes((*grads, o2))}
+            torch.cuda.empty_cache()
+    return res
+
+
 def report(old: list[dict], new: list[dict]) -> str:
     if all("bwd_ms" not in x[key] for x in old + new for key in x):
         return report_forward(old, new)
@@ -221,14 +262,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old")
     parser.add_argument("new")
-    parser.add_argument("--mode", choices=("bits", "time", "fwd", "varlen"), default="time")
+    parser.add_argument("--mode", choices=("bits", "time", "fwd", "varlen", "gqa"),
+                        default="time")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default="compare_out")
     parser.add_argument("--seqlens", type=int, nargs="+", default=None,
                         help="bits/time: the sequence lengths (default 1k-16k for bits, "
                              "1k/4k/16k for time)")
     parser.add_argument("--configs", nargs="+", default=None, metavar="dHD_MASK",
-                        help="bits/time/fwd: only these configurations, e.g. d128_full "
+                        help="bits/time/fwd/gqa: only these configurations, e.g. d128_full "
                              "(default all four)")
     parser.add_argument("--child", nargs=2, metavar=("TREE", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()

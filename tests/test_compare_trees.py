@@ -75,3 +75,29 @@ def test_configs_select_configurations_in_table_order_and_refuse_unknown_names()
         assert "--configs" in str(exc) and "d96_full" in str(exc)
     else:
         raise AssertionError("an unknown configuration was accepted")
+
+
+def test_gqa_mode_runs_llamas_grouping_and_hashes_all_four_outputs(monkeypatch):
+    # measure_gqa on the CPU with a stand-in dashgen (attention over K/V heads repeated per
+    # group, as the kernels read them) and a timer that calls once: the shapes it builds, its
+    # keys, and that the hashes cover dq, dk, dv and o.
+    import torch
+    monkeypatch.setattr(compare_trees, "GQA_SEQLENS", (128,))
+    seen = []
+
+    class Stand:
+        @staticmethod
+        def attention(q, k, v, causal, deterministic):
+            seen.append((tuple(q.shape), tuple(k.shape), causal, deterministic))
+            group = q.shape[2] // k.shape[2]
+            k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                is_causal=causal).transpose(1, 2)
+
+    res = compare_trees.measure_gqa(Stand, lambda fn: (fn(), 1.0)[1], ("d128_causal",),
+                                    device="cpu", tokens=256)
+    assert list(res) == ["gqa4_d128_causal_128"]
+    row = res["gqa4_d128_causal_128"]
+    assert row["bwd_ms"] == row["fwd_ms"] == 1.0 and len(row["hashes"]) == 4
+    assert seen[0] == ((2, 128, 16, 128), (2, 128, 4, 128), True, True)
