@@ -144,6 +144,19 @@ def _hashes(tensors) -> list[str]:
             for t in tensors]
 
 
+def timed_and_hashed(timer, call, leaves, do) -> dict:
+    """One configuration's row: the backward of call()'s output and the no-grad forward, each
+    through `timer`, and the hashes of the gradients and of the forward's output."""
+    import torch
+    o = call()
+    bwd = timer(lambda: torch.autograd.grad(o, leaves, do, retain_graph=True))
+    with torch.no_grad():
+        fwd = timer(call)
+        o2 = call()
+    grads = torch.autograd.grad(o, leaves, do)
+    return {"bwd_ms": bwd, "fwd_ms": fwd, "hashes": _hashes((*grads, o2))}
+
+
 def measure_packs(dashgen, timer) -> dict:
     """Packed backward and forward times, and the bits, on the benchmark's kind of pack."""
     import itertools
@@ -163,14 +176,8 @@ def measure_packs(dashgen, timer) -> dict:
                 n = max(lengths)
                 call = lambda: dashgen.attention_varlen(  # noqa: E731
                     q, k, v, cu, cu, n, n, causal=causal, deterministic=True)
-                o = call()
                 key = f"pack{seed}_d{hd}_{'causal' if causal else 'full'}"
-                bwd = timer(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-                with torch.no_grad():
-                    fwd = timer(call)
-                    o2 = call()
-                grads = torch.autograd.grad(o, (q, k, v), do)
-                res[key] = {"bwd_ms": bwd, "fwd_ms": fwd, "hashes": _hashes((*grads, o2)),
+                res[key] = {**timed_and_hashed(timer, call, (q, k, v), do),
                             "documents": len(lengths), "longest": n}
                 torch.cuda.empty_cache()
     return res
@@ -198,14 +205,8 @@ def measure_gqa(dashgen, timer, configs: tuple[str, ...] | None = None,
             q.requires_grad_()
             call = lambda: dashgen.attention(q, k, v, causal=causal,  # noqa: E731
                                              deterministic=True)
-            o = call()
             key = f"gqa{GQA_GROUP}_d{hd}_{'causal' if causal else 'full'}_{seq}"
-            bwd = timer(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-            with torch.no_grad():
-                fwd = timer(call)
-                o2 = call()
-            grads = torch.autograd.grad(o, (q, k, v), do)
-            res[key] = {"bwd_ms": bwd, "fwd_ms": fwd, "hashes": _hashes((*grads, o2))}
+            res[key] = timed_and_hashed(timer, call, (q, k, v), do)
             torch.cuda.empty_cache()
     return res
 
