@@ -988,8 +988,10 @@ struct AttnBwdSm90 {
 
   // Segment end under GQA: the query heads of a group add their dK/dV into one fp32 tile, in
   // dkv_rank order. One thread waits for this segment's turn; both MMA warpgroups add their 64
-  // rows with plain atomic adds (exclusive while the turn is ours, so the order of the sum is
-  // the rank order); after a fence the same thread passes the turn on.
+  // rows with two-float reductions (exclusive while the turn is ours, so the order of the sum is
+  // the rank order; fire-and-forget, where returning atomics waited on each reply: 1.115x the
+  // grouped-query backward, docs/design.md `gqa-red-v2`); after a fence the same thread passes
+  // the turn on.
   __device__ static void add_dkv_in_rank_order(const BwdParams& p, const Task& t,
                                                const float (&dk)[kHeadDim / 2],
                                                const float (&dv)[kHeadDim / 2],
@@ -1016,11 +1018,11 @@ struct AttnBwdSm90 {
     float* dk_acc = p.dk_accum + (tile + 64 * me.wg) * kHeadDim;
     float* dv_acc = p.dv_accum + (tile + 64 * me.wg) * kHeadDim;
 #pragma unroll
-    for (int ii = 0; ii < kHeadDim / 2; ++ii) {
+    for (int ii = 0; ii < kHeadDim / 2; ii += 2) {
       const int row = 16 * me.warp + me.g + 8 * ((ii / 2) % 2);
-      const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);  // row-major: swizzled addresses spill
-      atomicAdd(dk_acc + row * kHeadDim + col, dk[ii]);
-      atomicAdd(dv_acc + row * kHeadDim + col, dv[ii]);
+      const int col = 8 * (ii / 4) + 2 * me.t4;  // row-major: swizzled addresses spill
+      red_add_v2_f32(dk_acc + row * kHeadDim + col, dk[ii], dk[ii + 1]);
+      red_add_v2_f32(dv_acc + row * kHeadDim + col, dv[ii], dv[ii + 1]);
     }
     __threadfence();
     sync_mma_warpgroups();

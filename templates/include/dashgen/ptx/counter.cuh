@@ -22,6 +22,12 @@ __device__ __forceinline__ void red_release_gpu_add(u32* ptr, u32 value) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(ptr), "r"(value) : "memory");
 }
 
+// Two adjacent floats added in one reduction (8-byte aligned): red.global.add.v2.f32 (sm_90).
+__device__ __forceinline__ void red_add_v2_f32(float* ptr, float a, float b) {
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};"
+               :: "l"(ptr), "f"(a), "f"(b) : "memory");
+}
+
 // Relaxed atomic fetch-add at gpu scope (work counters, the non-deterministic mode); returns the
 // old value.
 __device__ __forceinline__ u32 atomic_fetch_add_relaxed_gpu(u32* ptr, u32 value) {
