@@ -42,12 +42,17 @@ def _rows(path: Path) -> list[list[str]]:
         return [r for r in csv.reader(f) if r and not r[0].startswith("==")]
 
 
-def opcode(sass: str) -> str:
-    """The mnemonic without its predicate and modifiers: `@!P1 HGMMA.64x128x16.F32` -> HGMMA."""
+def mnemonic(sass: str) -> str:
+    """The instruction word without its predicate: `@!P1 MUFU.EX2 R1, R2` -> MUFU.EX2."""
     words = sass.split()
     if words and words[0].startswith("@"):
         words = words[1:]
-    return words[0].split(".")[0].rstrip(";") if words else "?"
+    return words[0].rstrip(";") if words else "?"
+
+
+def opcode(sass: str) -> str:
+    """The mnemonic without its modifiers: `@!P1 HGMMA.64x128x16.F32` -> HGMMA."""
+    return mnemonic(sass).split(".")[0]
 
 
 def raw_stalls(path: Path) -> tuple[str, dict[str, float]]:
@@ -278,7 +283,9 @@ def stretch_table(rows: list[Instruction]) -> list[str]:
     """The task loop's samples by stretch: a stretch starts at a wait (is_wait) and runs to the
     next one, so its samples are the time spent at that wait and on the work after it. Side by
     side with another kernel's, this says which wait and which stretch of work a per-task
-    difference sits in (multiply the share by the task's time)."""
+    difference sits in (multiply the share by the task's time). The exponentials column counts
+    MUFU.EX2: which wait a kernel's softmax sits behind (ptxas moves them across waits; the
+    source order does not say)."""
     _, loop = loop_rows(rows)
     if not loop:
         return ["No wgmma in this kernel: no task loop."]
@@ -288,14 +295,16 @@ def stretch_table(rows: list[Instruction]) -> list[str]:
             stretches.append([])
         stretches[-1].append(ins)
     samples = sum(ins.samples for ins in loop)
-    out = ["| from | opening instruction | instructions | wgmmas | samples | % of the loop's | "
-           "top stalls (% of the stretch's) |", "|---|---|---:|---:|---:|---:|---|"]
+    out = ["| from | opening instruction | instructions | wgmmas | exponentials | samples | "
+           "% of the loop's | top stalls (% of the stretch's) |",
+           "|---|---|---:|---:|---:|---:|---:|---|"]
     for group in stretches:
         head = group[0]
         part = sum(i.samples for i in group)
         wgmmas = sum(1 for i in group if opcode(i.sass) == "HGMMA")
+        exps = sum(1 for i in group if mnemonic(i.sass) == "MUFU.EX2")
         out.append(f"| {head.address} | {_cell(head.sass[:SASS_WIDTH])} | {len(group)} | "
-                   f"{wgmmas} | {part:,.0f} | {_pct(part, samples)} | "
+                   f"{wgmmas} | {exps} | {part:,.0f} | {_pct(part, samples)} | "
                    f"{_top_stalls(_stall_sums(group), part, 3)} |")
     return out
 

@@ -390,13 +390,13 @@ def test_nondet_refuses_other_values_by_name(tmp_path):
 
 def test_stretches_run_from_one_wait_to_the_next(tmp_path):
     # A loop of 9 instructions (as in the task-loop test): the stretch before the first wait,
-    # the one the wgmma wait opens (its own samples and the FFMA's), and the one the named
+    # the one the wgmma wait opens (its own samples and the exponential's), and the one the named
     # barrier opens. The try-wait opens a stretch too; the barrier's arrive form does not.
     path = sass_csv(tmp_path / "s.sass.csv", {"k": [
         ("0x10", "HGMMA.64x128x16.F32.BF16 R0, gdesc[UR4], RZ", "100", "1,000", "0", "0"),
         ("0x20", "HGMMA.64x128x16.F32.BF16 R0, gdesc[UR4], R0", "0", "1,000", "0", "0"),
         ("0x30", "WARPGROUP.DEPBAR.LE gsb0, 0x0", "3", "1,000", "3", "0"),
-        ("0x40", "FFMA R1, R2, R3, R4", "600", "1,000", "0", "0"),
+        ("0x40", "@P1 MUFU.EX2 R1, R2", "600", "1,000", "0", "0"),
         ("0x50", "BAR.ARV 0x2, 0x100", "7", "1,000", "0", "0"),
         ("0x60", "BAR.SYNC.DEFER_BLOCKING 0x1, 0x100", "0", "1,000", "0", "0"),
         ("0x70", "IMAD R5, R5, R5, RZ", "190", "1,000", "0", "190"),
@@ -407,11 +407,12 @@ def test_stretches_run_from_one_wait_to_the_next(tmp_path):
     assert [ncu_sass.is_wait(i.sass) for i in rows] == [False, False, True, False, False, True,
                                                        False, True, False]
     lines = ncu_sass.stretch_table(rows)
+    assert lines[0].split(" | ")[4] == "exponentials"
     assert lines[2:] == [
-        "| 0x10 | HGMMA.64x128x16.F32.BF16 R0, gdesc[UR4], RZ | 2 | 2 | 100 | 10.0 | - |",
-        "| 0x30 | WARPGROUP.DEPBAR.LE gsb0, 0x0 | 3 | 0 | 610 | 61.0 | stall_barrier 0.5 |",
-        "| 0x60 | BAR.SYNC.DEFER_BLOCKING 0x1, 0x100 | 2 | 0 | 190 | 19.0 | "
+        "| 0x10 | HGMMA.64x128x16.F32.BF16 R0, gdesc[UR4], RZ | 2 | 2 | 0 | 100 | 10.0 | - |",
+        "| 0x30 | WARPGROUP.DEPBAR.LE gsb0, 0x0 | 3 | 0 | 1 | 610 | 61.0 | stall_barrier 0.5 |",
+        "| 0x60 | BAR.SYNC.DEFER_BLOCKING 0x1, 0x100 | 2 | 0 | 0 | 190 | 19.0 | "
         "stall_long_sb 100.0 |",
-        "| 0x80 | SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR9], R0 | 2 | 0 | 100 | 10.0 | "
+        "| 0x80 | SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR9], R0 | 2 | 0 | 0 | 100 | 10.0 | "
         "stall_long_sb 80.0 |",
     ]
