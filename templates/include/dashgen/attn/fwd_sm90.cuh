@@ -447,7 +447,9 @@ struct AttnFwdSm90 {
     }
   }
 
-  // store_o_lse at head_dim 64: O from the accumulator, 16 bytes a store (quad_transpose).
+  // store_o_lse at head_dim 64: O from the accumulator, 16 bytes a store (quad_transpose). The
+  // loop is the backward's store_rows with its own scaling and row test, written out: one
+  // shared helper made ptxas schedule the kernels differently from the ones measured.
   __device__ static void store_o_lse_direct(const FwdParams& p, const float (&o)[kHeadDim / 2],
                                             const float (&row_max)[2], float (&row_sum)[2], int h,
                                             int b, int row0, int t4) {

@@ -1,5 +1,5 @@
 // dashgen/ptx/counter.cuh: gpu-scope acquire/release counters in global memory, the hand-off
-// between writers of one dQ tile in dq_rank order.
+// between writers of one dQ tile in dq_rank order, and the reductions a turn's holder makes.
 #pragma once
 #include "dashgen/ptx/timer.cuh"
 #include "dashgen/types.cuh"
