@@ -38,8 +38,9 @@
 
 namespace dashgen {
 
-// Named barrier ids (bar.sync; 0 is __syncthreads'): kMma joins both MMA warpgroups.
-enum class Sm90Barrier : u32 { kMma = 1 };
+// Named barrier ids (bar.sync; 0 is __syncthreads'): kMma joins both MMA warpgroups; kHandOff
+// orders their dQ hand-offs with two dS tiles (hand_off_dq).
+enum class Sm90Barrier : u32 { kMma = 1, kHandOff = 2 };
 
 enum class DqSplit { kColumns, kRows, kKvRows };
 
@@ -111,13 +112,20 @@ struct AttnBwdSm90 {
   // the whole tile's fragments at once made ptxas spill. dV's wgmmas are issued before stage 4
   // (the dS stores and barriers) at both head dims (docs/design.md, `bwd-dq-before-dk`).
   static constexpr bool kDsInLoop = kBlockM == 128;
+  // Two dS tiles with 128-row tasks (but beside the fused convert's chunks, which leave no room),
+  // task i's in tile i mod 2: that tile was last read by task i - 2's dQ MMA, which both
+  // warpgroups retired before they passed task i - 1's stage-4 barrier, so no barrier precedes
+  // the softmax loop (docs/design.md, `ds64-two-tiles`). Shared memory then fits only without
+  // the alignment slack: the extern buffer is declared 1024-aligned, and the align-up in run()
+  // stays (a no-op then).
+  static constexpr int kDsStages = kDsInLoop && !(kFusedConvert && kDeterministic) ? 2 : 1;
   // Every tile starts 1024-byte aligned (128B swizzle atoms).
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
   static constexpr int kOffQ = kOffV + kKBytes;
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
-  static constexpr int kOffDq = kOffDs + kDsBytes;
+  static constexpr int kOffDq = kOffDs + kDsStages * kDsBytes;
   // The task's softmax statistics (kBlockM lse rows as log2, then kBlockM D rows): one copy per
   // stage, loaded with the stage's Q and dO.
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
@@ -147,8 +155,9 @@ struct AttnBwdSm90 {
       kOffConv + 128 + 2 * 8192 + 1024 <= kSm90MaxSmemBytes ? 8192 : 4096;
   static constexpr int kConvChunks = kDqBytes / kConvChunkBytes;  // chunks per dQ tile
   static constexpr int kConvChunkRows = kConvChunkBytes / (kHeadDim * 4);
+  static constexpr int kAlignSlack = kDsStages == 2 ? 0 : 1024;  // see kDsStages
   static constexpr int kSmemBytes = kConvertDq ? kOffConv + 128 + 2 * kConvChunkBytes + 1024
-                                               : kOffRing + kRing * 32 + 1024;  // + alignment slack
+                                               : kOffRing + kRing * 32 + kAlignSlack;
   static_assert(kSmemBytes <= kSm90MaxSmemBytes,
                 "shared memory exceeds what an sm_90 block may use");
 
@@ -244,7 +253,12 @@ struct AttnBwdSm90 {
   __device__ static void report_stall(const BwdParams& p, StallRole role, const u32* counters,
                                       const u32* counter, u32 rank) {
     if (p.stall != nullptr) {
-      volatile u32* row = p.stall + (static_cast<i64>(blockIdx.x) * 4 + role) * kStallWords;
+      // The row's offset formed here: left to ptxas, the row's address was computed at the
+      // kernel's start and held in two of the writer lane's registers throughout, and the
+      // pointer loaded for word 0 below spilled (16 bytes, with two dS tiles at head_dim 64).
+      u32 at = (blockIdx.x * 4 + role) * kStallWords;
+      asm volatile("" : "+r"(at));
+      volatile u32* row = p.stall + at;
       row[1] = Cfg::kScheduleId; row[2] = role; row[3] = static_cast<u32>(counter - counters);
       row[4] = rank; row[5] = ld_acquire_gpu(counter); row[6] = blockIdx.x;
       __threadfence_system();
@@ -665,9 +679,16 @@ struct AttnBwdSm90 {
       wgmma_wait_group<0>();
       u32 ds_row = 0;  // kDsInLoop: this lane's stmatrix row address in this warpgroup's block
       if constexpr (kDsInLoop) {
-        // Both warpgroups finished the previous task's dQ MMA (its reads of dS) before this one.
-        sync_mma_warpgroups();
-        ds_row = ds_row_address(smem + kOffDs + wg * kBlockM * 128, warp, lane);
+        // One dS tile: both warpgroups finished the previous task's dQ MMA (its reads of dS)
+        // before this one. Two: see kDsStages.
+        int ds_off = 0;
+        if constexpr (kDsStages == 1) {
+          sync_mma_warpgroups();
+        } else {
+          ds_off = s * kDsBytes;
+          asm volatile("mov.b32 %0, %0;" : "+r"(ds_off));  // formed here, not held from the top
+        }
+        ds_row = ds_row_address(smem + kOffDs + ds_off + wg * kBlockM * 128, warp, lane);
       }
       // P^T = exp2(S^T * scale - lse), 0 for keys past the end and, under the causal mask, keys
       // after the query row; dS^T = P^T (dP^T * softmax_scale - D * softmax_scale), the D the
@@ -737,7 +758,7 @@ struct AttnBwdSm90 {
       if constexpr (!kDsInLoop) {
         sync_mma_warpgroups();
       }
-      char* ds_tile = smem + kOffDs;
+      char* ds_tile = smem + kOffDs + s * (kDsStages == 2 ? kDsBytes : 0);
       char* ds_block = ds_tile + wg * kBlockM * 128;
       if constexpr (!kDsInLoop) {
         // ds_row_address written out: called, it makes ptxas order this kernel differently from
@@ -755,7 +776,7 @@ struct AttnBwdSm90 {
       // hand-off (its shared-memory stores) runs while the tensor cores work on dK, with P^T's
       // registers free (dV retired) by then.
       float dq[32];
-      dq_mma(dq, smem, wg);
+      dq_mma(dq, smem, ds_tile, wg);
       wgmma_wait_group<1>();  // dV retired: P^T's registers are free
       wgmma_fence();
       rs_gemm(dk, dsa, q_tile);
@@ -873,9 +894,9 @@ struct AttnBwdSm90 {
 
   // Stage 6. dQ = dS K, A = dS K-major, B = K MN-major: this warpgroup's 64x64 share
   // (kDqSplit), retired on return.
-  __device__ static __forceinline__ void dq_mma(float (&dq)[32], const char* smem, int wg) {
+  __device__ static __forceinline__ void dq_mma(float (&dq)[32], const char* smem,
+                                                const char* ds_tile, int wg) {
     constexpr int kDqSteps = kDqByKv ? kBlockN / 32 : kBlockN / 16;
-    const char* ds_tile = smem + kOffDs;
     const int k0 = kDqByKv ? wg * kDqSteps : 0;
     const int a_row0 = kDqSplit == DqSplit::kRows ? 64 * wg : 0;
     const char* k_block = smem + kOffK + (kDqSplit == DqSplit::kColumns ? wg * kBlockN * 128 : 0);
@@ -903,7 +924,17 @@ struct AttnBwdSm90 {
       sync_mma_warpgroups();
       if (me.wg == 1) add_dq(dq_buf, dq, me.warp, me.g, me.t4);
     } else if constexpr (kDqSplit == DqSplit::kRows) {
+      // With two dS tiles nothing else holds the warpgroups together until the next task's
+      // stage 4: warpgroup 1 stores after warpgroup 0, so the two start the next task's score
+      // MMAs a store apart instead of together (docs/design.md, `ds64-two-tiles`). Both pass
+      // every task's stage-4 barrier, so warpgroup 0 cannot arrive twice before one sync.
+      if (kDsStages == 2 && me.wg == 1) {
+        named_barrier_sync(static_cast<u32>(Sm90Barrier::kHandOff), kMmaThreads);
+      }
       store_dq(dq_buf + 64 * me.wg * kHeadDim, dq, 0, me.warp, me.g, me.t4);
+      if (kDsStages == 2 && me.wg == 0) {
+        named_barrier_arrive(static_cast<u32>(Sm90Barrier::kHandOff), kMmaThreads);
+      }
     } else {
       store_dq(dq_buf, dq, 64 * me.wg, me.warp, me.g, me.t4);
     }
