@@ -34,8 +34,9 @@ AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
 AUTO_FA3_LONG_FULL_HEAD_DIMS = (64,)
 
 # fused_convert pays where the convert kernel's time beats the converter warps' share of the
-# main kernel (docs/design.md, `fused-convert`).
-FUSED_CONVERT_COST = 0.03          # fraction of the main kernel the converter costs
+# main kernel (docs/design.md, `fused-convert`). Per head_dim: at 64 the kernels without the
+# converter keep two dS tiles (`ds64-two-tiles`), which the converter's share must also pay for.
+FUSED_CONVERT_COST = {64: 0.05, 128: 0.03}  # fraction of the main kernel the converter costs
 CONVERT_BYTES_PER_US = 4.0e6       # the convert kernel's bandwidth (4 TB/s)
 TASK_US = {64: 3.00, 128: 2.54}    # main-kernel time per task (dashgen calibrate, per head_dim)
 # early_kv pays where a sequence has at most this many KV tiles (docs/design.md, `early-kv`).
@@ -168,10 +169,12 @@ def select_forward(problem: Problem, dtype: str, sm_count: int = DEFAULT_SM_COUN
 def fuses_convert(problem: Problem, longest: int) -> bool:
     """Whether converting dQ in the main kernel saves time: the convert kernel's estimated time
     against the converter's cost, a fraction of the main kernel estimated from the longest
-    worker's task count. True for short sequences (at 16384 tokens: 1k-2k, and 4k causal)."""
+    worker's task count. True for short sequences (at 16384 tokens: head_dim 64 full 1k and
+    causal 1k-2k; head_dim 128 1k-2k and causal 4k)."""
     convert_us = (problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim * 6
                   / CONVERT_BYTES_PER_US)
-    return convert_us > FUSED_CONVERT_COST * longest * TASK_US[problem.head_dim]
+    return convert_us > (FUSED_CONVERT_COST[problem.head_dim] * longest
+                          * TASK_US[problem.head_dim])
 
 
 def early_kv_pays(problem: Problem) -> bool:
