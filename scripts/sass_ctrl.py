@@ -24,7 +24,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sass_compare import SECTION, find_nvdisasm  # scripts/ is on the path when a script runs
+from ncu_sass import mnemonic  # scripts/ is on the path when a script runs
+from sass_compare import SECTION, find_nvdisasm
 
 NO_SCOREBOARD = 7  # the 3-bit scoreboard fields' "none"
 INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;\s*/\*\s*(0x[0-9a-f]{16})\s*\*/")
@@ -128,8 +129,7 @@ def main() -> None:
             continue
         if ins.address < args.start or (args.end is not None and ins.address > args.end):
             continue
-        opcode = ins.text.split()[1] if ins.text.startswith("@") else ins.text.split()[0]
-        if prefixes and not opcode.startswith(prefixes):
+        if prefixes and not mnemonic(ins.text).startswith(prefixes):
             continue
         print(f"{ins.function}  {format_instruction(ins)}")
 
