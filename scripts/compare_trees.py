@@ -20,6 +20,10 @@ seeded inputs, with schedule="auto" and deterministic=True.
 
   --configs d128_full ...: the bits, time, fwd and gqa modes on those configurations only.
 
+More than one new tree (OLD NEW1 NEW2 ...) runs them all alternated in one call, each run
+visiting every tree in turn, and reports one table per new tree against the old one: several
+candidates measured under the same clocks, for the price of one old tree.
+
 PYTHONPATH= python3 scripts/compare_trees.py OLD_TREE NEW_TREE --mode time --runs 3 --out DIR
 """
 from __future__ import annotations
@@ -262,7 +266,7 @@ def report_forward(old: list[dict], new: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("old")
-    parser.add_argument("new")
+    parser.add_argument("new", nargs="+", help="one or more trees, each compared to OLD")
     parser.add_argument("--mode", choices=("bits", "time", "fwd", "varlen", "gqa"),
                         default="time")
     parser.add_argument("--runs", type=int, default=3)
@@ -286,18 +290,38 @@ def main() -> None:
         parser.error(str(exc))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    names = run_names(len(args.new))
+    trees = dict(zip(names, [args.old, *args.new]))
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(args.runs):
-        for name in ("old", "new"):
+        for name, tree in trees.items():
             path = out / f"{args.mode}_{name}_{r}.json"
-            subprocess.run([sys.executable, __file__, args.old, args.new, "--mode", args.mode,
+            subprocess.run([sys.executable, __file__, args.old, *args.new, "--mode", args.mode,
                             *(["--seqlens", *map(str, args.seqlens)] if args.seqlens else []),
                             *(["--configs", *args.configs] if args.configs else []),
-                            "--child", getattr(args, name), str(path)], check=True)
+                            "--child", tree, str(path)], check=True)
             runs[name].append(json.loads(path.read_text()))
-    text = report(runs["old"], runs["new"])
+    text = report_all(trees, runs)
     (out / f"{args.mode}.md").write_text(text + "\n")
     print(text)
+
+
+def run_names(new_trees: int) -> list[str]:
+    """The names of the runs' files: old and new with one new tree (as before), else old, new1,
+    new2, ..."""
+    if new_trees == 1:
+        return ["old", "new"]
+    return ["old", *(f"new{i}" for i in range(1, new_trees + 1))]
+
+
+def report_all(trees: dict[str, str], runs: dict[str, list[dict]]) -> str:
+    """One table against the old tree per new tree, headed by the new tree's path when there are
+    several (with one, exactly `report`'s table)."""
+    news = [name for name in trees if name != "old"]
+    if len(news) == 1:
+        return report(runs["old"], runs[news[0]])
+    return "\n\n".join(f"## {name}: {trees[name]} against {trees['old']}\n\n"
+                        + report(runs["old"], runs[name]) for name in news)
 
 
 if __name__ == "__main__":

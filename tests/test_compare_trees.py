@@ -101,3 +101,38 @@ def test_gqa_mode_runs_llamas_grouping_and_hashes_all_four_outputs(monkeypatch):
     row = res["gqa4_d128_causal_128"]
     assert row["bwd_ms"] == row["fwd_ms"] == 1.0 and len(row["hashes"]) == 4
     assert seen[0] == ((2, 128, 16, 128), (2, 128, 4, 128), True, True)
+
+
+def test_several_new_trees_run_alternated_and_each_gets_its_table(monkeypatch, tmp_path):
+    # main() with its children replaced by a stand-in that writes one figure per tree: every
+    # run visits old, new1, new2 in turn, and each new tree is reported against the old one.
+    import json
+    figures = {"A": 2.0, "B": 1.0, "C": 4.0}
+    visits = []
+
+    def child(cmd, check):
+        tree, path = cmd[-2:]
+        visits.append(tree)
+        Path(path).write_text(json.dumps({"s": run(figures[tree], 1.0, hashes=(tree,) if
+                                                   tree == "C" else ("a",))}))
+
+    monkeypatch.setattr(compare_trees.subprocess, "run", child)
+    monkeypatch.setattr(sys, "argv", ["compare_trees.py", "A", "B", "C", "--mode", "bits",
+                                      "--runs", "2", "--out", str(tmp_path)])
+    compare_trees.main()
+    assert visits == ["A", "B", "C", "A", "B", "C"]
+    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+        f"bits_{n}_{r}.json" for n in ("new1", "new2", "old") for r in (0, 1)]
+    text = (tmp_path / "bits.md").read_text()
+    first, second = text.split("## new2: C against A")
+    assert first.startswith("## new1: B against A")
+    assert "| s | 2.000 | 1.000 | 2.000 | 1.000 | 1.000 | 1.000 | same |" in first
+    assert "| s | 2.000 | 4.000 | 0.500 | 1.000 | 1.000 | 1.000 | DIFFER |" in second
+
+
+def test_one_new_tree_keeps_the_old_and_new_names_and_the_plain_table():
+    assert compare_trees.run_names(1) == ["old", "new"]
+    assert compare_trees.run_names(3) == ["old", "new1", "new2", "new3"]
+    runs = {"old": [{"s": run(2.0, 1.0)}], "new": [{"s": run(1.0, 1.0)}]}
+    text = compare_trees.report_all({"old": "A", "new": "B"}, runs)
+    assert text == compare_trees.report(runs["old"], runs["new"])
