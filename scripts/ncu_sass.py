@@ -3,8 +3,8 @@ reasons side by side (from `ncu --page raw --csv`: the smsp__pcsamp_warps_issue_
 totals), then per kernel the samples by SASS opcode, the instructions that hold the most
 samples and the task loop (the instructions run once a task in every MMA warp: its samples by
 opcode, its waits and barriers in program order, and its samples by stretch, each stretch
-running from one wait to the next), from `ncu --page source --csv
---print-source sass`. The detail and SpeedOfLight tables of scripts/ncu_compare.py say how busy
+running from one wait to the next) and its samples by how often the code ran (a forward's
+once-a-tile code in loop iterations), from `ncu --page source --csv --print-source sass`. The detail and SpeedOfLight tables of scripts/ncu_compare.py say how busy
 a kernel is; these say on which instructions its warps sit, which is what tells a barrier wait
 from a scoreboard or a tensor-core wait.
 
@@ -269,6 +269,39 @@ def loop_tables(rows: list[Instruction]) -> list[str]:
     return out
 
 
+RUNS_ROWS = 12
+
+
+def runs_table(rows: list[Instruction]) -> list[str]:
+    """Samples by how often the code ran: the instructions grouped by their execution count (a
+    count is a basic block or blocks that run together), the groups with the most samples, each
+    with its count against the task loop's and its samples a run against the loop's. Code run
+    once a query tile in a forward (its prologue and epilogue, a tile's last step) then reads as
+    loop iterations: a group whose runs are 1/7 of the loop's and whose samples a run are 2.5x
+    the loop's holds 2.5 steps of a tile's time. The counts are warp executions, so a role with
+    fewer warps (a writer or producer warp) runs fewer times on the same tasks."""
+    loop_runs, loop = loop_rows(rows)
+    if not loop:
+        return ["No wgmma in this kernel: no task loop."]
+    per_loop_run = sum(ins.samples for ins in loop) / loop_runs
+    groups: dict[float, list[Instruction]] = {}
+    for ins in rows:
+        if ins.executed:
+            groups.setdefault(ins.executed, []).append(ins)
+    total = sum(ins.samples for ins in rows)
+    out = ["| runs | / the loop's | instructions | wgmmas | exponentials | samples | % of samples "
+           "| samples a run / the loop's |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    ranked = sorted(groups.items(), key=lambda kv: -sum(i.samples for i in kv[1]))
+    for runs, group in ranked[:RUNS_ROWS]:
+        part = sum(i.samples for i in group)
+        wgmmas = sum(1 for i in group if opcode(i.sass) == "HGMMA")
+        exps = sum(1 for i in group if mnemonic(i.sass) == "MUFU.EX2")
+        cost = part / runs / per_loop_run if per_loop_run else 0.0
+        out.append(f"| {runs:,.0f} | {runs / loop_runs:.3f} | {len(group)} | {wgmmas} | {exps} | "
+                   f"{part:,.0f} | {_pct(part, total)} | {cost:.3f} |")
+    return out
+
+
 def is_wait(sass: str) -> bool:
     """A wait on another party that opens a stretch of the task loop: a wgmma wait
     (WARPGROUP.DEPBAR), a named-barrier sync (BAR.SYNC; a barrier's samples land on the
@@ -334,7 +367,8 @@ def main(argv: list[str] | None = None) -> None:
                 "", f"## {label}: samples by opcode", "", *opcode_table(rows),
                 "", f"## {label}: instructions with the most samples", "", *hot_table(rows),
                 "", f"## {label}: the task loop", "", *loop_tables(rows),
-                "", f"## {label}: the task loop by stretch", "", *stretch_table(rows)]
+                "", f"## {label}: the task loop by stretch", "", *stretch_table(rows),
+                "", f"## {label}: samples by how often the code ran", "", *runs_table(rows)]
     print("\n".join(out))
 
 

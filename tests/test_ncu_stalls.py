@@ -416,3 +416,20 @@ def test_stretches_run_from_one_wait_to_the_next(tmp_path):
         "| 0x80 | SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR9], R0 | 2 | 0 | 0 | 100 | 10.0 | "
         "stall_long_sb 80.0 |",
     ]
+
+
+def test_runs_table_reads_once_a_tile_code_in_loop_iterations(tmp_path):
+    # A forward-like kernel: a loop of 700 runs (7 steps a tile, 100 tiles) holding 1,400
+    # samples (2 a run), and code run once a tile (100 runs) holding 500 (5 a run: 2.5 steps).
+    path = sass_csv(tmp_path / "k.sass.csv", {"fwd": [
+        ("0x10", "HGMMA.64x128x16.F32.BF16 gdesc[UR4], R24, gsb0 ;", "1,000", "700", "0", "0"),
+        ("0x20", "MUFU.EX2 R1, R2 ;", "400", "700", "0", "0"),
+        ("0x30", "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;", "300", "100", "0", "0"),
+        ("0x40", "MUFU.EX2 R3, R4 ;", "200", "100", "0", "0"),
+        ("0x50", "EXIT ;", "7", "3", "0", "0"),
+    ]})
+    lines = ncu_sass.runs_table(ncu_sass.sass_rows(path))
+    assert lines[2] == "| 700 | 1.000 | 2 | 1 | 1 | 1,400 | 73.4 | 1.000 |"
+    assert lines[3] == "| 100 | 0.143 | 2 | 0 | 1 | 500 | 26.2 | 2.500 |"
+    assert lines[4] == "| 3 | 0.004 | 1 | 0 | 0 | 7 | 0.4 | 1.167 |"
+    assert ncu_sass.runs_table([]) == ["No wgmma in this kernel: no task loop."]
