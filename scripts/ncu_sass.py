@@ -4,9 +4,10 @@ totals), then per kernel the samples by SASS opcode, the instructions that hold 
 samples and the task loop (the instructions run once a task in every MMA warp: its samples by
 opcode, its waits and barriers in program order, and its samples by stretch, each stretch
 running from one wait to the next) and its samples by how often the code ran (a forward's
-once-a-tile code in loop iterations), from `ncu --page source --csv --print-source sass`. The detail and SpeedOfLight tables of scripts/ncu_compare.py say how busy
-a kernel is; these say on which instructions its warps sit, which is what tells a barrier wait
-from a scoreboard or a tensor-core wait.
+once-a-tile code in loop iterations), from `ncu --page source --csv --print-source sass`. The
+detail and SpeedOfLight tables of scripts/ncu_compare.py say how busy a kernel is; these say on
+which instructions its warps sit, which is what tells a barrier wait from a scoreboard or a
+tensor-core wait.
 
 python3 scripts/ncu_sass.py LABEL=PREFIX [LABEL=PREFIX ...]
 
