@@ -4,9 +4,10 @@ tiles at every length, and a query tile's time is F + n s with n the KV tiles of
 runs (their mean (L / 128 + 1) / 2 under the causal mask). Its FLOPs as the benchmark counts them
 are c full steps (c = n, or L / 256 under the causal mask, whose diagonal tiles count half), so
 c / TFLOP/s = F' + n s' is linear in n; the least-squares line over the lengths gives F / s (the
-start in KV steps) and c / n / s' at the longest length (the TFLOP/s of the step alone). Per configuration and forward (dashgen's, SDPA cuDNN's), over all
-lengths and without the longest (which the board's power cap can slow): where the 1k-2k
-forward rows lose, a start longer than the other kernel's says so while a slower step does not.
+start in KV steps) and c / n / s' at the longest length (the TFLOP/s of the step alone). Per
+configuration and forward (dashgen's, SDPA cuDNN's), over all lengths and without the longest
+(which the board's power cap can slow): where the 1k-2k forward rows lose, a start longer than
+the other kernel's says so while a slower step does not.
 
 python3 scripts/tile_start.py DIR/bench.json [--out FILE.md]
 """
