@@ -24,8 +24,8 @@ FORWARDS = ("dashgen forward", "sdpa_cudnn forward")
 def kv_tiles(seqlen: int, causal: bool) -> tuple[float, float]:
     """(n, c): a query tile's KV tiles of BLOCK_N keys as run (their mean over the tiles under
     the causal mask) and as the benchmark's FLOP count has them (the causal mask's half)."""
-    n = seqlen / BLOCK_N
-    return ((-(-seqlen // BLOCK_N) + 1) / 2, n / 2) if causal else (float(-(-seqlen // BLOCK_N)), n)
+    tiles, counted = -(-seqlen // BLOCK_N), seqlen / BLOCK_N
+    return ((tiles + 1) / 2, counted / 2) if causal else (float(tiles), counted)
 
 
 def fit(points: list[tuple[float, float, float]]) -> tuple[float, float]:
