@@ -24,6 +24,10 @@ More than one new tree (OLD NEW1 NEW2 ...) runs them all alternated in one call,
 visiting every tree in turn, and reports one table per new tree against the old one: several
 candidates measured under the same clocks, for the price of one old tree.
 
+A tree whose run fails or takes longer than --child-timeout seconds (a kernel that hangs) is
+left out of the later runs and named in the report with why; the other trees go on. Without
+the old tree nothing is compared: the script stops with an error.
+
 PYTHONPATH= python3 scripts/compare_trees.py OLD_TREE NEW_TREE --mode time --runs 3 --out DIR
 """
 from __future__ import annotations
@@ -277,6 +281,8 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=None, metavar="dHD_MASK",
                         help="bits/time/fwd/gqa: only these configurations, e.g. d128_full "
                              "(default all four)")
+    parser.add_argument("--child-timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="how long one tree's run may take (default 600)")
     parser.add_argument("--child", nargs=2, metavar=("TREE", "FILE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -293,17 +299,38 @@ def main() -> None:
     names = run_names(len(args.new))
     trees = dict(zip(names, [args.old, *args.new]))
     runs: dict[str, list[dict]] = {name: [] for name in names}
+    failed: dict[str, str] = {}
     for r in range(args.runs):
         for name, tree in trees.items():
+            if name in failed:
+                continue
             path = out / f"{args.mode}_{name}_{r}.json"
-            subprocess.run([sys.executable, __file__, args.old, *args.new, "--mode", args.mode,
-                            *(["--seqlens", *map(str, args.seqlens)] if args.seqlens else []),
-                            *(["--configs", *args.configs] if args.configs else []),
-                            "--child", tree, str(path)], check=True)
+            why = run_child([sys.executable, __file__, args.old, *args.new, "--mode", args.mode,
+                             *(["--seqlens", *map(str, args.seqlens)] if args.seqlens else []),
+                             *(["--configs", *args.configs] if args.configs else []),
+                             "--child", tree, str(path)], args.child_timeout)
+            if why is not None:
+                failed[name] = f"run {r + 1}: {why}"
+                print(f"{tree}: {failed[name]}; left out of the later runs", file=sys.stderr)
+                if name == "old":
+                    sys.exit(f"the old tree {tree} failed ({failed[name]}): nothing to compare "
+                             f"against")
+                continue
             runs[name].append(json.loads(path.read_text()))
-    text = report_all(trees, runs)
+    text = report_all(trees, runs, failed)
     (out / f"{args.mode}.md").write_text(text + "\n")
     print(text)
+
+
+def run_child(cmd: list[str], timeout: float) -> str | None:
+    """Run one tree's child process: None when it finished cleanly, else why not (its exit
+    status, or the timeout after which it was killed, which ends its CUDA context and any
+    kernel still running in it)."""
+    try:
+        proc = subprocess.run(cmd, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"killed after --child-timeout ({timeout:g} s)"
+    return None if proc.returncode == 0 else f"exit status {proc.returncode}"
 
 
 def run_names(new_trees: int) -> list[str]:
@@ -314,14 +341,22 @@ def run_names(new_trees: int) -> list[str]:
     return ["old", *(f"new{i}" for i in range(1, new_trees + 1))]
 
 
-def report_all(trees: dict[str, str], runs: dict[str, list[dict]]) -> str:
+def report_all(trees: dict[str, str], runs: dict[str, list[dict]],
+               failed: dict[str, str] | None = None) -> str:
     """One table against the old tree per new tree, headed by the new tree's path when there are
-    several (with one, exactly `report`'s table)."""
+    several (with one, exactly `report`'s table); a tree in `failed` gets a line saying why it
+    was left out instead of a table (its runs before the failure are not reported)."""
+    failed = failed or {}
     news = [name for name in trees if name != "old"]
+
+    def part(name: str) -> str:
+        if name in failed:
+            return f"{trees[name]}: left out ({failed[name]})"
+        return report(runs["old"], runs[name])
     if len(news) == 1:
-        return report(runs["old"], runs[news[0]])
-    return "\n\n".join(f"## {name}: {trees[name]} against {trees['old']}\n\n"
-                        + report(runs["old"], runs[name]) for name in news)
+        return part(news[0])
+    return "\n\n".join(f"## {name}: {trees[name]} against {trees['old']}\n\n" + part(name)
+                        for name in news)
 
 
 if __name__ == "__main__":

@@ -110,11 +110,12 @@ def test_several_new_trees_run_alternated_and_each_gets_its_table(monkeypatch, t
     figures = {"A": 2.0, "B": 1.0, "C": 4.0}
     visits = []
 
-    def child(cmd, check):
+    def child(cmd, timeout):
         tree, path = cmd[-2:]
         visits.append(tree)
         Path(path).write_text(json.dumps({"s": run(figures[tree], 1.0, hashes=(tree,) if
                                                    tree == "C" else ("a",))}))
+        return compare_trees.subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(compare_trees.subprocess, "run", child)
     monkeypatch.setattr(sys, "argv", ["compare_trees.py", "A", "B", "C", "--mode", "bits",
@@ -136,3 +137,54 @@ def test_one_new_tree_keeps_the_old_and_new_names_and_the_plain_table():
     runs = {"old": [{"s": run(2.0, 1.0)}], "new": [{"s": run(1.0, 1.0)}]}
     text = compare_trees.report_all({"old": "A", "new": "B"}, runs)
     assert text == compare_trees.report(runs["old"], runs["new"])
+
+
+def test_a_child_that_hangs_is_killed_and_one_that_fails_is_reported():
+    py = sys.executable
+    assert compare_trees.run_child([py, "-c", "pass"], timeout=60) is None
+    assert compare_trees.run_child([py, "-c", "raise SystemExit(3)"], timeout=60) == (
+        "exit status 3")
+    assert compare_trees.run_child([py, "-c", "import time; time.sleep(60)"], timeout=0.5) == (
+        "killed after --child-timeout (0.5 s)")
+
+
+def _stand_in_children(monkeypatch, tmp_path, fails: dict[tuple[str, int], int], argv):
+    """main() over stand-in children: tree T's r-th visit exits with fails[(T, r)] (a written
+    figure and 0 otherwise); returns the visits in order."""
+    import json
+    visits = []
+
+    def child(cmd, timeout):
+        tree, path = cmd[-2:]
+        code = fails.get((tree, visits.count(tree)), 0)
+        visits.append(tree)
+        if code == 0:
+            Path(path).write_text(json.dumps({"s": run(2.0, 1.0)}))
+        return compare_trees.subprocess.CompletedProcess(cmd, code)
+
+    monkeypatch.setattr(compare_trees.subprocess, "run", child)
+    monkeypatch.setattr(sys, "argv", ["compare_trees.py", *argv, "--mode", "bits", "--runs",
+                                      "2", "--out", str(tmp_path)])
+    return visits
+
+
+def test_a_new_tree_that_fails_is_left_out_of_later_runs_and_named(monkeypatch, tmp_path):
+    visits = _stand_in_children(monkeypatch, tmp_path, {("B", 0): 1}, ["A", "B", "C"])
+    compare_trees.main()
+    assert visits == ["A", "B", "C", "A", "C"]
+    text = (tmp_path / "bits.md").read_text()
+    first, second = text.split("## new2: C against A")
+    assert first.strip() == "## new1: B against A\n\nB: left out (run 1: exit status 1)"
+    assert "| s | 2.000 | 2.000 | 1.000 | 1.000 | 1.000 | 1.000 | same |" in second
+
+
+def test_without_the_old_tree_the_comparison_stops(monkeypatch, tmp_path):
+    visits = _stand_in_children(monkeypatch, tmp_path, {("A", 1): 2}, ["A", "B"])
+    try:
+        compare_trees.main()
+    except SystemExit as exc:
+        assert "old tree A failed (run 2: exit status 2)" in str(exc.code)
+    else:
+        raise AssertionError("main() went on without the old tree")
+    assert visits == ["A", "B", "A"]
+    assert not (tmp_path / "bits.md").exists()
