@@ -37,7 +37,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--mask", required=True)
     ap.add_argument("--seqlen", type=int, required=True)
     ap.add_argument("--nondeterministic", dest="deterministic", action="store_false",
-                    help="the backward without the dQ order (deterministic=False)")
+                    help="deterministic=False: the backward without the dQ order (where "
+                         "dashgen converts dQ in the kernel, short sequences, its ordered one)")
     args = ap.parse_args(argv)
     if args.head_dim not in HEAD_DIMS:
         ap.error(f"--head-dim must be one of {HEAD_DIMS}, got {args.head_dim}")

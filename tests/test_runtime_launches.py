@@ -284,13 +284,14 @@ def test_fused_convert_hands_dq_to_the_main_kernel(recorder, seqlen_k, convert):
 def test_fused_convert_is_decided_per_problem_by_default(recorder, heads, num_workers, fused):
     """Without an override: on where the convert kernel would take longer than the converter
     costs the main kernel (select.fuses_convert, on the runtime's cached plan): few tasks per
-    worker."""
+    worker. There a non-deterministic call runs the ordered kernel too; elsewhere its own."""
     args = inputs(heads, heads)
     for deterministic in (True, False):
         runtime.backward(*args, causal=False, softmax_scale=0.1, deterministic=deterministic,
                          schedule="fa3", num_workers=num_workers)
         name = recorder.launches[1][0]
-        assert ("_fconv" in name) == (fused and deterministic), name
+        assert ("_fconv" in name) == fused, name
+        assert ("_nondet" in name) == (not deterministic and not fused), name
         recorder.launches.clear()
 
 
@@ -311,13 +312,24 @@ def test_early_kv_is_decided_per_problem_by_default(recorder, seqlen, early):
         recorder.launches.clear()
 
 
-def test_fused_convert_leaves_the_non_deterministic_backward_alone(recorder):
-    args = inputs(4, 4)
-    runtime.backward(*args, causal=True, softmax_scale=0.1, deterministic=False,
-                     schedule="fa3", num_workers=3, overrides=FUSED_CONVERT)
+def test_a_non_deterministic_call_with_dq_converted_in_the_kernel_runs_the_ordered_one(recorder):
+    """Only the ordered kernel knows when a dQ sum is final, so where dQ is converted in the main
+    kernel, deterministic=False runs it: no accumulator zeroing, no convert kernel."""
+    dq, _, _ = runtime.backward(*inputs(4, 4), causal=True, softmax_scale=0.1,
+                                deterministic=False, schedule="fa3", num_workers=3,
+                                overrides=FUSED_CONVERT)
+    (prep, _, prep_args), (name, _, main_args) = recorder.launches
+    assert prep.endswith("_preprocess") and "_det_fconv" in name
+    assert prep_args[0].zero_dq == 0 and main_args[4].dq == dq.data_ptr()
+
+
+def test_the_unordered_kernel_zeroes_the_accumulator_and_converts_after(recorder):
+    runtime.backward(*inputs(4, 4), causal=True, softmax_scale=0.1, deterministic=False,
+                     schedule="fa3", num_workers=3, overrides=Overrides(fused_convert=False))
     assert len(recorder.launches) == 3 and recorder.launches[2][0].endswith("_convert")
-    params = recorder.launches[1][2][4]
-    assert params.dq is None and params.tasks is None
+    (_, _, prep_args), (name, _, main_args) = recorder.launches[:2]
+    assert "_nondet" in name and prep_args[0].zero_dq == 1
+    assert main_args[4].dq is None and main_args[4].tasks is None
 
 
 def schedule_file(seqlen=200, heads=4):

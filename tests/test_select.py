@@ -41,11 +41,13 @@ def test_the_benchmark_configurations_get_their_kernels(picks, key):
                                            fused_convert=fused, early_kv=early)
     assert det.forward == ForwardVariant("bf16", head_dim, causal, persistent=persistent)
     assert (det.forward, det.backward, nondet.backward) == picked_variants(key)
-    # Without the order, nothing can tell when a dQ sum is final: never the fused convert.
+    # Without the order nothing can tell when a dQ sum is final: where dQ is converted in the
+    # kernel, deterministic=False runs the ordered kernel (`unordered-unfused`).
     assert (nondet.schedule, nondet.num_workers, nondet.forward) == (schedule, workers,
                                                                      det.forward)
-    assert nondet.backward == BackwardVariant("bf16", head_dim, causal, schedule, deterministic=False,
-                                              early_kv=early)
+    expected = det.backward if fused else BackwardVariant(
+        "bf16", head_dim, causal, schedule, deterministic=False, early_kv=early)
+    assert nondet.backward == expected
 
 
 def test_the_policies_agree_with_the_table():
@@ -76,7 +78,9 @@ def test_fused_convert_override_replaces_the_policy(value):
         assert sel.backward.fused_convert is value
         nondet = select(problem, "bf16", deterministic=False,
                         overrides=Overrides(fused_convert=value))
-        assert nondet.backward.fused_convert is False
+        # Converting dQ in the kernel needs the order: deterministic=False then runs it.
+        assert nondet.backward.fused_convert is value
+        assert nondet.backward.deterministic is value
 
 
 def test_fused_convert_policy_reads_the_longest_worker():

@@ -405,9 +405,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     deterministic: None (the default) follows torch.are_deterministic_algorithms_enabled(), so
     torch.use_deterministic_algorithms(True) is the one switch; True makes dq/dk/dv bitwise
     reproducible: a function of each sequence's shape, the dtype, head_dim and the schedule
-    alone (never of num_workers, the GPU's SM count, the batch or the other heads); False uses
-    atomic adds (faster, not reproducible), and under the deterministic flag raises
-    RuntimeError (a warning with warn_only=True, then it runs non-deterministic).
+    alone (never of num_workers, the GPU's SM count, the batch or the other heads); False asks
+    for the fastest backward and promises no bits: atomic dQ adds, or at short sequences, where
+    dQ is converted in the main kernel, the ordered kernel (faster there); under the
+    deterministic flag False raises RuntimeError (a warning with warn_only=True, then it runs).
 
     schedule: a name from dashgen.list_schedules(), "auto", or a verified dashgen.Schedule
     (dashgen.load_schedule), which runs from its task table. "auto" picks the fastest order

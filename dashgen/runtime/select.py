@@ -215,8 +215,8 @@ def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: b
     early_kv = overrides.early_kv
     if early_kv is None:
         early_kv = early_kv_pays(problem)
-    fused = bool(overrides.fused_convert) and deterministic
-    if overrides.fused_convert is None and deterministic:
+    fused = overrides.fused_convert
+    if fused is None:
         # The busiest worker carries at least the mean: where even that rules the converter
         # out (long sequences), the per-worker loads, O(units), are never counted.
         tiling = Tiling(problem)
@@ -226,7 +226,12 @@ def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: b
             loads = ([len(program) for program in table.workers] if table is not None
                      else schedule_loads(name, problem, workers))
             fused = fuses_convert(problem, max(loads, default=0))
-    backward = BackwardVariant(dtype, problem.head_dim, causal, name, deterministic=deterministic,
+    # deterministic=False asks for the fastest backward, not for unordered adds: where dQ is
+    # converted in the main kernel, which only the ordered kernel can do (it alone knows when a
+    # tile's sum is final), the unordered one would add the accumulator's zeroing and the
+    # convert kernel's pass, so the ordered kernel runs (docs/design.md, `unordered-unfused`).
+    ordered = deterministic or fused
+    backward = BackwardVariant(dtype, problem.head_dim, causal, name, deterministic=ordered,
                                gqa=problem.gqa, fused_convert=fused, early_kv=early_kv,
                                trace=trace)
     return Selection(problem, select_forward(problem, dtype, sm_count, overrides), backward,
