@@ -163,9 +163,10 @@ def test_fp16_matches_float64(head_dim, causal, sm_count, seed):
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(257, 257), (1000, 1000), (100, 257)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_non_deterministic_mode_is_still_accurate(causal, seqlen_q, seqlen_k, sm_count, seed):
-    """deterministic=False through attention() (at these lengths dQ is converted in the main
-    kernel, so that is the ordered kernel: docs/design.md `unordered-unfused`) and the unordered
-    kernel itself, with the convert kernel after it."""
+    """deterministic=False through attention() (where a plan converts dQ in the main kernel,
+    which on all the workers these short sequences do, that is the ordered kernel:
+    docs/design.md `unordered-unfused`) and the unordered kernel itself under every plan, with
+    the convert kernel after it."""
     case = Case(2, 8, 2, seqlen_q, seqlen_k, 128, causal)
     plans = [{**plan, "deterministic": False} for plan in serving_plans(case.problem, sm_count)]
     bad = [msg for plan in plans for msg in case.failures(**plan)]
