@@ -455,6 +455,9 @@ def cmd_emit(args: argparse.Namespace) -> None:
             raise SystemExit(1) from None
     if emission.tasks_path is not None:  # a schedule file's table; a policy needs none
         print(f"wrote {emission.tasks_path} ({emission.plan.num_tasks} tasks)")
+    if args.nondeterministic and emission.selection.backward.deterministic:
+        print("  dQ is converted in the main kernel here, which only the ordered backward can "
+              "do: deterministic=False runs it (docs/design.md, unordered-unfused)")
     _print_emitted(emission.kernels)
 
 

@@ -266,3 +266,18 @@ def test_tasks_json_is_the_table():
     assert data["worker_offsets"] == list(plan.worker_offsets)
     assert data["problem"] == problem.to_dict() and data["schedule"] == "spt"
     assert problem_tag(problem, 5) == "b1_h4kv2_s320x448_d128_causal_w5"
+
+
+def test_emit_says_when_a_non_deterministic_call_runs_the_ordered_kernel(tmp_path, capsys):
+    """16 x 1k at head_dim 128 converts dQ in the main kernel, which needs the order: the
+    non-deterministic request emits the ordered backward and says why; 1 x 4k does not."""
+    for seqlen, batch, ordered in ((1024, 16, True), (4096, 1, False)):
+        out = tmp_path / str(seqlen)
+        main(["emit", "--schedule", "shift", "--hdim", "128", "--mask", "full", "--seqlen",
+              str(seqlen), "--batch", str(batch), "--heads", "16", "--nondeterministic",
+              "--out", str(out)])
+        printed = capsys.readouterr().out
+        assert ("only the ordered backward can do" in printed) == ordered
+        written = {p.name for p in out.iterdir()}
+        kind = "det_fconv" if ordered else "nondet"
+        assert any(n.startswith(f"dashgen_bwd_bf16_d128_full_shift_{kind}") for n in written)
