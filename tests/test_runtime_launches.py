@@ -323,6 +323,26 @@ def test_a_non_deterministic_call_with_dq_converted_in_the_kernel_runs_the_order
     assert prep_args[0].zero_dq == 0 and main_args[4].dq == dq.data_ptr()
 
 
+def _without_addresses(launches) -> list:
+    """Names, grids and the blocks' fields but their addresses (a call's own buffers)."""
+    return [(name, grid, [tuple((f, getattr(a, f)) for f, kind in a._fields_
+                                if kind is not ctypes.c_void_p)
+                          for a in args if isinstance(a, ctypes.Structure)])
+            for name, grid, args in launches]
+
+
+@pytest.mark.parametrize("heads_kv", [4, 1], ids=["mha", "gqa"])
+def test_where_dq_converts_in_the_kernel_both_modes_launch_the_same(recorder, heads_kv):
+    launched = {}
+    for deterministic in (True, False):
+        runtime.backward(*inputs(4, heads_kv), causal=True, softmax_scale=0.1,
+                         deterministic=deterministic, schedule="fa3", num_workers=3,
+                         overrides=FUSED_CONVERT)
+        launched[deterministic] = _without_addresses(recorder.launches)
+        recorder.launches.clear()
+    assert launched[True] == launched[False] and len(launched[True]) >= 2
+
+
 def test_the_unordered_kernel_zeroes_the_accumulator_and_converts_after(recorder):
     runtime.backward(*inputs(4, 4), causal=True, softmax_scale=0.1, deterministic=False,
                      schedule="fa3", num_workers=3, overrides=Overrides(fused_convert=False))
