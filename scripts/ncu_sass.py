@@ -292,9 +292,9 @@ def runs_table(rows: list[Instruction]) -> list[str]:
     total = sum(ins.samples for ins in rows)
     out = ["| runs | / the loop's | instructions | wgmmas | exponentials | samples | % of samples "
            "| samples a run / the loop's |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    ranked = sorted(groups.items(), key=lambda kv: -sum(i.samples for i in kv[1]))
-    for runs, group in ranked[:RUNS_ROWS]:
-        part = sum(i.samples for i in group)
+    samples = {runs: sum(i.samples for i in group) for runs, group in groups.items()}
+    for runs in sorted(groups, key=lambda r: -samples[r])[:RUNS_ROWS]:
+        group, part = groups[runs], samples[runs]
         wgmmas = sum(1 for i in group if opcode(i.sass) == "HGMMA")
         exps = sum(1 for i in group if mnemonic(i.sass) == "MUFU.EX2")
         cost = part / runs / per_loop_run if per_loop_run else 0.0
