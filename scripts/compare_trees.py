@@ -20,6 +20,12 @@ seeded inputs, with schedule="auto" and deterministic=True.
 
   --configs d128_full ...: the bits, time, fwd and gqa modes on those configurations only.
 
+Long rows: bits and time modes carry one sequence of 131,072 and one of 1,048,576 tokens in
+every configuration by default (LONG_SEQLENS), so a change cannot cost them unseen. A row past
+16,384 tokens is timed as one warm call then the median of 3 (one past 5 s a call: a 1M
+backward runs 10-40 s), and beside the deterministic backward the non-deterministic one, whose
+ratio is the price of the order at that length (a second table).
+
 More than one new tree (OLD NEW1 NEW2 ...) runs them all alternated in one call, each run
 visiting every tree in turn, and reports one table per new tree against the old one: several
 candidates measured under the same clocks, for the price of one old tree.
@@ -77,6 +83,16 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
             times.append(s.elapsed_time(e) / calls)
         return statistics.median(times[1:])
 
+    def long_ms(fn):
+        """A long row: one warm call, then the median of 3 single calls (1 past 5 s a call)."""
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record(); fn(); e.record(); torch.cuda.synchronize()
+        times = []
+        for _ in range(3 if s.elapsed_time(e) < 5000 else 1):
+            s.record(); fn(); e.record(); torch.cuda.synchronize()
+            times.append(s.elapsed_time(e))
+        return statistics.median(times)
+
     def hidden_ms(fn, calls=7, sleep_cycles=5_000_000):
         """GPU time of one call with its host time hidden: the GPU sleeps (~2.5 ms) while the
         host queues the call, and the clock starts when the sleep ends. (scripts/overhead.py's
@@ -99,7 +115,7 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
         Path(out).write_text(json.dumps(measure_gqa(dashgen, batch_ms, configs), indent=1))
         return
     seqlens = seqlens or ((1024, 4096, 16384) if mode == "time"
-                          else (1024, 2048, 4096, 8192, 16384))
+                          else (1024, 2048, 4096, 8192, 16384)) + LONG_SEQLENS
     res = {}
     for hd, causal in configurations(configs):
         for seq in seqlens:
@@ -116,13 +132,19 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
                 continue
             q, k, v = (t.requires_grad_() for t in (q, k, v))
             o = dashgen.attention(q, k, v, causal=causal, deterministic=True)
-            timer = call_ms if mode == "bits" else batch_ms
+            long = seq > LONG_FROM
+            timer = long_ms if long else call_ms if mode == "bits" else batch_ms
             bwd = timer(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
             with torch.no_grad():
                 fwd = timer(lambda: dashgen.attention(q, k, v, causal=causal, deterministic=True))
                 o2 = dashgen.attention(q, k, v, causal=causal, deterministic=True)
             res[key] = {"bwd_ms": bwd, "fwd_ms": fwd}
-            if mode == "time":  # the kernels alone, so a moved row says where it moved
+            if long:  # the price of the order at this length: the same call unordered
+                o3 = dashgen.attention(q, k, v, causal=causal, deterministic=False)
+                res[key]["bwd_nondet_ms"] = timer(
+                    lambda: torch.autograd.grad(o3, (q, k, v), do, retain_graph=True))
+                del o3
+            elif mode == "time":  # the kernels alone, so a moved row says where it moved
                 res[key]["bwd_gpu_ms"] = hidden_ms(
                     lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
             if mode == "bits":
@@ -131,6 +153,9 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
             torch.cuda.empty_cache()
     Path(out).write_text(json.dumps(res, indent=1))
 
+
+LONG_FROM = 16384  # rows past this many tokens take the long timer and the non-det ratio
+LONG_SEQLENS = (131072, 1048576)
 
 CONFIGURATIONS = {f"d{hd}_{'causal' if causal else 'full'}": (hd, causal)
                   for hd in (64, 128) for causal in (False, True)}
@@ -222,7 +247,9 @@ def measure_gqa(dashgen, timer, configs: tuple[str, ...] | None = None,
 def report(old: list[dict], new: list[dict]) -> str:
     if all("bwd_ms" not in x[key] for x in old + new for key in x):
         return report_forward(old, new)
-    gpu = all("bwd_gpu_ms" in x[key] for x in old + new for key in x)
+    # The host-hidden column where a row has it (long rows do not: their host time is noise).
+    has_gpu = {key: all("bwd_gpu_ms" in x[key] for x in old + new) for key in old[0]}
+    gpu = any(has_gpu.values())
     lines = ["| shape | bwd old ms | bwd new ms | old/new | fwd old ms | fwd new ms | old/new |"
              " bits |" + (" bwd gpu old ms | bwd gpu new ms | old/new |" if gpu else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if gpu else "")]
@@ -236,18 +263,39 @@ def report(old: list[dict], new: list[dict]) -> str:
                 else "DIFFER") if "hashes" in old[0][key] else "-"
         line = (f"| {key} | {bo:.3f} | {bn:.3f} | {bo / bn:.3f} | {fo:.3f} | {fn:.3f} | "
                 f"{fo / fn:.3f} | {bits} |")
-        if gpu:
+        if gpu and has_gpu[key]:
             go, gn = (statistics.median(x[key]["bwd_gpu_ms"] for x in runs)
                       for runs in (old, new))
             rg.append(go / gn)
             line += f" {go:.3f} | {gn:.3f} | {go / gn:.3f} |"
+        elif gpu:
+            line += " - | - | - |"
         lines.append(line)
     g = statistics.geometric_mean
     lines.append(f"\ngeomean old/new: backward {g(rb):.3f} (min {min(rb):.3f}), forward "
                  f"{g(rf):.3f} (min {min(rf):.3f})"
                  + (f", backward with the host hidden {g(rg):.3f} (min {min(rg):.3f})"
                     if gpu else "") + f"; {len(old)} runs of each tree, alternated")
-    return "\n".join(lines)
+    return "\n".join(lines + report_long(old, new))
+
+
+def report_long(old: list[dict], new: list[dict]) -> list[str]:
+    """The long rows' price of the order: each tree's deterministic over non-deterministic
+    backward time, medians over the runs (above 1: the order costs that much)."""
+    keys = [key for key in old[0] if "bwd_nondet_ms" in old[0][key]
+            and all("bwd_nondet_ms" in x.get(key, {}) for x in old + new)]
+    if not keys:
+        return []
+    lines = ["", "| long row | old det ms | old non-det ms | old det/non-det | new det ms | "
+             "new non-det ms | new det/non-det |", "|---|---|---|---|---|---|---|"]
+    for key in keys:
+        cells = []
+        for runs in (old, new):
+            det, nondet = (statistics.median(x[key][f] for x in runs)
+                           for f in ("bwd_ms", "bwd_nondet_ms"))
+            cells.append(f"{det:.1f} | {nondet:.1f} | {det / nondet:.3f}")
+        lines.append(f"| {key} | {cells[0]} | {cells[1]} |")
+    return lines
 
 
 def report_forward(old: list[dict], new: list[dict]) -> str:

@@ -188,3 +188,26 @@ def test_without_the_old_tree_the_comparison_stops(monkeypatch, tmp_path):
         raise AssertionError("main() went on without the old tree")
     assert visits == ["A", "B", "A"]
     assert not (tmp_path / "bits.md").exists()
+
+
+def test_long_rows_get_the_price_of_the_order_table_and_no_host_hidden_cells():
+    def timed(bwd, nondet=None, gpu=None):
+        row = {"bwd_ms": bwd, "fwd_ms": 1.0}
+        if nondet is not None:
+            row["bwd_nondet_ms"] = nondet
+        if gpu is not None:
+            row["bwd_gpu_ms"] = gpu
+        return row
+    old = [{"short": timed(2.0, gpu=2.0), "long": timed(1300.0, nondet=1000.0)}] * 3
+    new = [{"short": timed(2.0, gpu=1.0), "long": timed(1000.0, nondet=1000.0)}] * 3
+    text = compare_trees.report(old, new)
+    assert "| short | 2.000 | 2.000 | 1.000 | 1.000 | 1.000 | 1.000 | - | 2.000 | 1.000 | 2.000 |" \
+        in text
+    assert "| long | 1300.000 | 1000.000 | 1.300 | 1.000 | 1.000 | 1.000 | - | - | - | - |" in text
+    assert "| long | 1300.0 | 1000.0 | 1.300 | 1000.0 | 1000.0 | 1.000 |" in text
+    assert "backward with the host hidden 2.000 (min 2.000)" in text
+
+
+def test_long_rows_are_in_the_default_rows():
+    assert set(compare_trees.LONG_SEQLENS) >= {131072, 1048576}
+    assert compare_trees.LONG_FROM < min(compare_trees.LONG_SEQLENS)
