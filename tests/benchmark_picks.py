@@ -61,4 +61,4 @@ def other_schedule_variants() -> set:
                         BackwardVariant("bf16", d, causal, PACK_AUTO_SCHEDULES[causal],
                                         early_kv=True, varlen=True))}
     return packed | {BackwardVariant("bf16", 128, False, name)
-                     for name in ("spt", "descending", "hybrid", "table")}
+                     for name in ("spt", "spt_listed", "descending", "hybrid", "table")}

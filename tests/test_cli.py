@@ -47,7 +47,7 @@ def test_schedules_lists_one_line_each(capsys):
     main(["schedules"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split()[0] for line in lines] == ["fa3", "spt", "descending", "shift",
-                                                   "symmetric_shift", "hybrid"]
+                                                   "symmetric_shift", "spt_listed", "hybrid"]
 
 
 def test_show_refuses_an_unsupported_problem_cleanly():
@@ -175,7 +175,8 @@ def test_plan_prints_each_schedules_worker_count(capsys):
     assert "blocks 64x128" in lines[0] and lines[1].split()[:2] == ["schedule", "workers"]
     workers = {line.split()[0]: line.split()[1] for line in lines[2:]}
     assert workers == {"fa3": "132", "spt": "132", "descending": "132", "shift": "skipped:",
-                       "symmetric_shift": "128", "hybrid": "128"}  # hybrid: symmetric_shift at 4k
+                       "symmetric_shift": "128", "spt_listed": "132",
+                       "hybrid": "128"}  # hybrid: symmetric_shift at 4k
 
 
 # -- summaries at any size; the full view below a limit -------------------------------------------

@@ -56,6 +56,9 @@ EXTRA_VARIANTS = [
     B("bf16", 64, False, "fa3", gqa=True, fused_convert=True, early_kv=True),
     B("bf16", 64, True, "spt", deterministic=False, gqa=True, early_kv=True),
     B("bf16", 64, True, "table", gqa=True, fused_convert=True, early_kv=True),
+    # dq_last: the long sequences' ordered backward (select's DQ_LAST_FROM_KV_TILES)
+    B("bf16", 128, True, "spt", dq_last=True),
+    B("bf16", 128, False, "fa3", dq_last=True, gqa=True),
     # fp16: the same templates with f16 wgmma inputs
     B("fp16", 128, True, "symmetric_shift"),
     B("fp16", 128, False, "fa3", deterministic=False),
@@ -227,3 +230,11 @@ def test_switches_must_be_bools(kwargs, name):
         B("bf16", 128, schedule="fa3", **kwargs)
     with pytest.raises(TypeError, match=r"^persistent must be a bool"):
         F("bf16", 128, False, persistent=1)
+
+
+def test_dq_last_is_refused_where_it_spills():
+    with pytest.raises(ValueError, match=r"^dq_last serves head_dim \(128,\): at head_dim 64"):
+        B("bf16", 64, True, "spt", dq_last=True)
+    with pytest.raises(TypeError, match=r"^dq_last must be a bool"):
+        B("bf16", 128, True, "spt", dq_last=1)
+    assert B("bf16", 128, True, "spt", dq_last=True).kernel_name.endswith("_dqlast")

@@ -18,7 +18,7 @@ from dashgen.schedule.builders.base import pack_order, pack_tilings, pack_units
 from dashgen.runtime.varlen import pack_tiles
 from test_pack_header import packs
 from test_varlen import tile_slots
-from test_policy_header import POLICIES, POLICY_OBJECTS, needs_gxx
+from test_policy_header import PACK_POLICIES, POLICY_OBJECTS, needs_gxx
 
 # argv: policy id, block_m, causal, sequences, their seqlen_q, their seqlen_k. Prints
 # "S <dealt> <sequences in deal order>" and "U <units dealt> <b,u of each in deal order>".
@@ -251,7 +251,7 @@ def check(plan_driver, name: str, problem: Problem) -> bool:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(problem=packs())
 def test_the_plan_kernel_orders_the_pack_as_the_ir(plan_driver, problem):
-    assert sum(check(plan_driver, name, problem) for name in POLICIES) > 0
+    assert sum(check(plan_driver, name, problem) for name in PACK_POLICIES) > 0
 
 
 @needs_gxx
@@ -259,4 +259,4 @@ def test_the_plan_kernel_orders_the_pack_as_the_ir(plan_driver, problem):
 def test_a_long_tailed_pack_of_16k_tokens_is_ordered_as_the_ir(plan_driver, mask):
     lengths = [9000, 2500, 1200, 1100, 700, 500, 300, 300, 200, 100, 100, 60, 30, 1, 0]
     problem = Problem.pack(lengths, heads_q=2, head_dim=128, mask=mask, block_m=64, block_n=128)
-    assert sum(check(plan_driver, name, problem) for name in POLICIES) >= 4
+    assert sum(check(plan_driver, name, problem) for name in PACK_POLICIES) >= 4

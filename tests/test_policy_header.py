@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from dashgen import Problem
 from dashgen.codegen.render import include_dir
 from dashgen.schedule.builders import BUILDERS, hybrid_policy, build_schedule
-from dashgen.schedule.builders.base import assemble
+from dashgen.schedule.builders.base import assemble, list_deal
 
 HEADERS = ("dashgen/sched/walk.cuh", "dashgen/sched/ordered.cuh", "dashgen/sched/shift.cuh",
            "dashgen/sched/hybrid.cuh")
@@ -21,8 +21,12 @@ HEADERS = ("dashgen/sched/walk.cuh", "dashgen/sched/ordered.cuh", "dashgen/sched
 # hybrid with a bound of 3 KV tiles (the drivers' id 106, Hybrid<Tl, 3>), so that the small
 # drawn problems take both of hybrid's orders.
 POLICY_OBJECTS = {**BUILDERS, "hybrid3": hybrid_policy(3, 106)}
-POLICIES = {"fa3": "Fa3", "spt": "Spt", "descending": "Descending", "shift": "Shift",
+POLICIES = {"fa3": "Fa3", "spt": "Spt", "spt_listed": "Spt (DealtWalk)",
+            "descending": "Descending", "shift": "Shift",
             "symmetric_shift": "SymmetricShift", "hybrid": "Hybrid", "hybrid3": "Hybrid<Tl, 3>"}
+
+# The policies a pack can run: a listed deal is one fixed shape's (a pack has its own deal).
+PACK_POLICIES = {name: cls for name, cls in POLICIES.items() if not POLICY_OBJECTS[name].listed}
 
 
 def build(name, problem, workers):
@@ -98,6 +102,26 @@ static void walk(const Tl& t, int batch, int heads_q, int heads_kv, int workers)
   }
 }
 
+// A listed deal (kListed): per worker count, one stdin line "<n> <n words>" holding the
+// BwdParams::unit_deal array the runtime uploads.
+static constexpr int kListed = 7;
+template <class Policy, class Tl>
+static void walk_dealt(const Tl& t, int batch, int heads_q, int heads_kv, int workers) {
+  int n = 0;
+  if (std::scanf("%d", &n) != 1) std::exit(5);
+  int* deal = new int[n > 0 ? n : 1];
+  for (int j = 0; j < n; ++j) {
+    if (std::scanf("%d", &deal[j]) != 1) std::exit(5);
+  }
+  std::printf("W %d\n", workers);
+  const Shape shape{batch, heads_q, heads_kv, workers, t.seqlen_q, t.seqlen_k};
+  for (int w = 0; w < workers; ++w) {
+    DealtWalk<Policy, Tl, Shape> walk(shape, deal, w);
+    print_walk(walk);
+  }
+  delete[] deal;
+}
+
 template <int kBlockM, bool kCausal>
 static int run(int id, int argc, char** argv) {
   using Tl = Tiling<kBlockM, 128, kCausal>;
@@ -105,6 +129,10 @@ static int run(int id, int argc, char** argv) {
   const int batch = std::atoi(argv[4]), heads_q = std::atoi(argv[5]), heads_kv = std::atoi(argv[6]);
   for (int a = 9; a < argc; ++a) {
     const int workers = std::atoi(argv[a]);
+    if (id == kListed) {
+      walk_dealt<Spt<Tl>>(t, batch, heads_q, heads_kv, workers);
+      continue;
+    }
     const int status = with_policy<Tl>(id, [&](auto policy) {
       walk<decltype(policy)>(t, batch, heads_q, heads_kv, workers);
     });
@@ -162,9 +190,10 @@ def build_driver(tmp_path_factory, name: str, source: str):
     return binary
 
 
-def run_walks(args: list[str]) -> dict[int, list[list[tuple]]]:
+def run_walks(args: list[str], stdin: str = "") -> dict[int, list[list[tuple]]]:
     """Run a driver: {worker count: per worker its task tuples}."""
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(args, input=stdin, capture_output=True, text=True, timeout=120,
+                         check=True).stdout
     result, current = {}, None
     for line in out.splitlines():
         if line.startswith("W "):
@@ -196,10 +225,20 @@ def walk_policy(tmp_path_factory):
         return counts, shares
 
     def walk(name, problem, counts):
-        return run_walks([str(binary), str(POLICY_OBJECTS[name].kernel_id), str(problem.block_m),
+        policy = POLICY_OBJECTS[name]
+        stdin = ""
+        if policy.listed:  # the deal the runtime uploads (runtime.plans.device_deal's words)
+            for c in counts:
+                deal = list_deal(policy, problem, c)
+                offsets = [len(deal) + 1]
+                for units in deal:
+                    offsets.append(offsets[-1] + len(units))
+                words = offsets + [g for units in deal for g in units]
+                stdin += " ".join(map(str, [len(words), *words])) + "\n"
+        return run_walks([str(binary), str(policy.kernel_id), str(problem.block_m),
                           str(int(problem.mask.kind == "causal")), str(problem.batch),
                           str(problem.heads_q), str(problem.heads_kv), str(problem.seqlen_q),
-                          str(problem.seqlen_k)] + [str(c) for c in counts])
+                          str(problem.seqlen_k)] + [str(c) for c in counts], stdin)
     walk.convert = convert
     return walk
 
@@ -254,6 +293,7 @@ def test_every_policy_enumerates_its_ir(walk_policy, problem):
 @pytest.mark.parametrize("name, mask, seqlen, head_dim", [
     ("shift", "full", 16384, 64), ("symmetric_shift", "causal", 16384, 128),
     ("spt", "causal", 4096, 64), ("fa3", "full", 2048, 128), ("descending", "causal", 1024, 128),
+    ("spt_listed", "causal", 8192, 128),
     ("symmetric_shift", "causal", 5 * 128 + 7, 64),  # an odd KV tile count: a middle unit
 ])
 def test_benchmark_sizes_match(walk_policy, name, mask, seqlen, head_dim):

@@ -19,7 +19,8 @@ def dq_orders(schedule: Schedule) -> dict[tuple[int, int, int], list[int]]:
 
 
 def test_list_schedules_names_every_builder():
-    assert list_schedules() == ["fa3", "spt", "descending", "shift", "symmetric_shift", "hybrid"]
+    assert list_schedules() == ["fa3", "spt", "descending", "shift", "symmetric_shift",
+                                "spt_listed", "hybrid"]
 
 
 @pytest.mark.parametrize("name", list_schedules())

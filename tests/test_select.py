@@ -7,7 +7,8 @@ import pytest
 
 from dashgen import Mask, Problem
 from dashgen.codegen.variants import BackwardVariant, ForwardVariant
-from dashgen.runtime.select import (AUTO_SCHEDULES, DEFAULT_SM_COUNT, Overrides,
+from dashgen.runtime.select import (AUTO_SCHEDULES, DEFAULT_SM_COUNT, DQ_LAST_FROM_KV_TILES,
+                                    Overrides,
                                     check_kernel_problem, early_kv_pays,
                                     forward_persistent_pays, problem_for, resolve_schedule,
                                     select, select_forward, balanced_workers, fuses_convert)
@@ -100,6 +101,28 @@ def test_early_kv_override_replaces_the_policy(value):
             assert sel.backward.early_kv is value
 
 
+def test_dq_last_runs_the_ordered_long_causal_sequences_at_head_dim_128():
+    long = DQ_LAST_FROM_KV_TILES * 128  # keys: that many KV tiles of 128
+    for head_dim, seqlen, causal, deterministic, expected in (
+            (128, long, True, True, True), (128, long - 128, True, True, False),
+            (128, long, True, False, False),  # the unordered kernel keeps its order
+            (128, long, False, True, False),  # full masks keep it too
+            (64, long, True, True, False), (128, 16384, True, True, False)):
+        problem = problem_for(1, 2048 // head_dim, 2048 // head_dim, seqlen, seqlen, head_dim,
+                              causal)
+        sel = select(problem, "bf16", deterministic=deterministic)
+        assert sel.backward.dq_last is expected, (head_dim, seqlen, causal, deterministic)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_dq_last_override_replaces_the_policy(value):
+    for seqlen in (1024, DQ_LAST_FROM_KV_TILES * 128):
+        sel = select(benchmark_problem(128, True, min(seqlen, 16384)) if seqlen <= 16384 else
+                     problem_for(1, 16, 16, seqlen, seqlen, 128, True), "bf16",
+                     overrides=Overrides(dq_last=value))
+        assert sel.backward.dq_last is value
+
+
 @pytest.mark.parametrize("value", [True, False])
 def test_persistent_forward_override_replaces_the_policy(value):
     for head_dim, causal, seqlen in ((128, False, 1024), (128, False, 16384), (64, True, 1024),
@@ -142,7 +165,10 @@ def test_auto_takes_the_first_candidate_that_serves_on_balanced_workers():
 def test_auto_falls_back_where_a_sequence_does_not_fit_the_sms():
     """One 64k-token causal sequence has 256 symmetric_shift units: more than 132 workers."""
     long = problem_for(1, 16, 16, 65536, 65536, 128, True)
-    assert resolve_schedule(long, "auto", None, 132) == ("spt", 132)
+    assert resolve_schedule(long, "auto", None, 132) == ("spt_listed", 132)
+    # deterministic=False promises no bits: the unordered kernel keeps spt's deal there
+    assert resolve_schedule(long, "auto", None, 132, deterministic=False) == ("spt", 132)
+    assert select(long, "bf16", deterministic=False).schedule == "spt"
     full = problem_for(1, 16, 16, 32768, 32768, 128, False)
     assert resolve_schedule(full, "auto", None, 132) == ("fa3", 132)
     with pytest.raises(ValueError, match=r"symmetric_shift.*at least 256 workers.*num_workers=132"):

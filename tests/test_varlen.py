@@ -219,7 +219,12 @@ def test_a_schedule_no_pack_runs_is_named(schedule):
 
 def test_pack_schedules_are_named_policies():
     assert "table" not in PACK_SCHEDULES and "auto" not in PACK_SCHEDULES
-    assert set(PACK_SCHEDULES) == set(SCHEDULE_POLICIES) - {"table"}
+    # A listed schedule deals one fixed shape's units: a pack has its own deal.
+    from dashgen.schedule.builders import BUILDERS
+    assert set(PACK_SCHEDULES) == {name for name in SCHEDULE_POLICIES
+                                   if name != "table" and not BUILDERS[name].listed}
+    with pytest.raises(ValueError, match=r"^schedule must be 'auto' or one of"):
+        select_pack("bf16", 128, True, "spt_listed")
 
 
 @pytest.mark.parametrize("schedule, causal, pattern", [

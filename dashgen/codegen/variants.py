@@ -37,6 +37,9 @@ BACKWARD_CONSTANTS = {
     (128, False): BackwardConstants(block_m=64, block_n=128),
     (128, True): BackwardConstants(block_m=64, block_n=128),
 }
+# The head dims whose backward compiles the dq_last order without spills (at 64 the dS tiles
+# in the softmax loop beside dK's accumulators spilled 56 bytes).
+DQ_LAST_HEAD_DIMS = (128,)
 FORWARD_BLOCK_M = 128  # query rows per CTA (64 per MMA warpgroup)
 FORWARD_BLOCK_N = 128  # keys per pipeline stage
 
@@ -63,6 +66,7 @@ def backward_tiles(head_dim: int) -> tuple[int, int]:
 SCHEDULE_POLICIES = {
     "fa3": ("ordered.cuh", "Fa3", "fa3"),
     "spt": ("ordered.cuh", "Spt", "spt"),
+    "spt_listed": ("ordered.cuh", "Spt", "sptl"),
     "descending": ("ordered.cuh", "Descending", "desc"),
     "shift": ("shift.cuh", "Shift", "shift"),
     "symmetric_shift": ("shift.cuh", "SymmetricShift", "symshift"),
@@ -86,8 +90,8 @@ class _Variant:
 
     def __post_init__(self) -> None:
         check_dtype_head_dim(self.dtype, self.head_dim)
-        for name in ("causal", "deterministic", "gqa", "fused_convert", "early_kv", "trace",
-                     "persistent", "varlen"):
+        for name in ("causal", "deterministic", "gqa", "fused_convert", "early_kv", "dq_last",
+                     "trace", "persistent", "varlen"):
             value = getattr(self, name, False)
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
@@ -151,7 +155,9 @@ class BackwardVariant(_Variant):
     fused_convert: in the deterministic backward, two idle producer-warpgroup warps convert dQ
     tiles to 16 bits as their sums become final, so the convert kernel has nothing left to do.
     early_kv: a KV segment's K/V are freed once its last dQ MMA has landed and the next
-    segment's loads start then. trace: the dQ writer records each task's hand-off times.
+    segment's loads start then. dq_last: a task's dQ wgmmas after dK's and Q/dO freed before
+    the dQ hand-off (for long sequences). trace: the dQ writer records each task's hand-off
+    times.
     schedule: the policy compiled into the kernel (SCHEDULE_POLICIES), or "table" for a
     schedule file's task table. varlen: a pack of sequences of their own lengths (cu_seqlens),
     dealt by the policy's pack deal from orders a plan kernel computes on the GPU.
@@ -168,18 +174,30 @@ class BackwardVariant(_Variant):
     early_kv: bool = False
     trace: bool = False
     varlen: bool = False
+    dq_last: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.varlen and (self.schedule == "table" or self.fused_convert or self.trace):
             raise ValueError("a varlen backward runs a named schedule without fused_convert "
                              "or trace")
+        if self.varlen and self.schedule in SCHEDULE_POLICIES and self.listed:
+            raise ValueError(f"schedule={self.schedule!r} deals one fixed shape's units; a "
+                             f"pack has its own deal (use 'spt')")
         if self.schedule not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULE_POLICIES)}, "
                              f"got {self.schedule!r}")
+        if self.dq_last and self.head_dim not in DQ_LAST_HEAD_DIMS:
+            raise ValueError(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}: at head_dim "
+                             f"{self.head_dim} its order spills the MMA warpgroups' registers")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
+
+    @property
+    def listed(self) -> bool:
+        """Whether the kernel walks a listed deal (BwdParams::unit_deal, sched::DealtWalk)."""
+        return not self.table and BUILDERS[self.schedule].listed
 
     @property
     def constants(self) -> BackwardConstants:
@@ -216,7 +234,8 @@ class BackwardVariant(_Variant):
         name = (f"dashgen_bwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}_"
                 f"{SCHEDULE_POLICIES[self.schedule][2]}_{mode}")
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
-                          (self.early_kv, "ekv"), (self.trace, "trace"),
+                          (self.early_kv, "ekv"), (self.dq_last, "dqlast"),
+                          (self.trace, "trace"),
                           (self.varlen, "varlen")):
             if flag:
                 name += "_" + tag
@@ -260,7 +279,7 @@ class BwdParams(ctypes.Structure):
                                 "q_row_stride", "k_row_stride", "num_m_blocks", "num_n_blocks")] + [
         ("softmax_scale", _F), ("watchdog_ms", ctypes.c_uint32), ("stats", _P), ("dq", _P),
         ("cu_seqlens_q", _P), ("cu_seqlens_k", _P), ("pack_plan", _P), ("max_units", _I),
-        ("pack_fault", _P), ("total_q", _I), ("total_k", _I)]
+        ("pack_fault", _P), ("total_q", _I), ("total_k", _I), ("unit_deal", _P)]
 
 
 # The watchdog's record (params.cuh): STALL_WORDS uint32 per worker and role, word 0

@@ -15,7 +15,7 @@ from . import launch
 from .device import (DTYPE_NAMES, addresses, allocation_stream, kernels, sm_count, stream,
                      tensor_map)
 from . import watchdog
-from .plans import device_tables, trace_offsets
+from .plans import device_deal, device_tables, trace_offsets
 from .select import Overrides, Selection, problem_of_shapes, select
 from .tables import is_table, table_of
 from .workspace import WorkspaceLayout, allocator
@@ -95,6 +95,10 @@ class BackwardLaunch:
             watchdog.record(device, sel.num_workers), p.batch, p.heads_q, p.heads_kv,
             p.seqlen_q, p.seqlen_k, q_stride, k_stride, p.num_m_blocks, p.num_n_blocks, 0.0,
             watchdog.timeout_ms(), 0, 0)
+        if variant.listed:
+            deal, deal_stream = device_deal(p, sel.schedule, sel.num_workers, device)
+            self.tables.append((deal_stream, (deal,)))
+            self.params_template.unit_deal = deal.data_ptr()
         # The backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
         self.convert_q_template = ConvertParams(0, 0, 0, p.batch, p.heads_q, p.seqlen_q,
                                                 q_stride, padded_m, True, p.block_m)

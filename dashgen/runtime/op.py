@@ -161,23 +161,23 @@ def _check_device(q, k, v) -> int:
 @constant_for_compile
 def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
           causal: bool, schedule: str, num_workers: int | None,
-          sm_count: int, dtype: str = "bf16") -> tuple[str, int, str]:
+          sm_count: int, dtype: str = "bf16", deterministic: bool = True) -> tuple[str, int, str]:
     """(schedule, num_workers, error message or ""): torch.compile runs this once while tracing
     and keeps the answer. It returns its error instead of raising, because an exception thrown
     here would reach the user as an internal torch.compile error instead of a ValueError."""
     return _plan_cached(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
-                        schedule, num_workers, sm_count, dtype)
+                        schedule, num_workers, sm_count, dtype, deterministic)
 
 
 @memo(max_entries=256)  # eager calls repeat the same shapes; keep them cheap
 def _plan_cached(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, schedule,
-                 num_workers, sm_count, dtype) -> tuple[str, int, str]:
+                 num_workers, sm_count, dtype, deterministic=True) -> tuple[str, int, str]:
     # The problem in the tiles of the backward that will run: the tiles a schedule covers.
     problem = problem_for(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
     try:
         if is_table(schedule):
             return schedule, resolve_table(problem, table_of(schedule), num_workers, sm_count), ""
-        return (*resolve_schedule(problem, schedule, num_workers, sm_count), "")
+        return (*resolve_schedule(problem, schedule, num_workers, sm_count, deterministic), "")
     except ValueError as exc:
         return "", 0, str(exc)
 
@@ -249,9 +249,12 @@ def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
     _check_options(causal, softmax_scale, deterministic, schedule, num_workers)
     sm_count = _check_device(q, k, v)
     batch, seqlen_q, heads_q, head_dim = q.shape
+    # Whether the backward orders its sums: "auto" picks per mode (`listed-deal`).
+    ordered = torch.are_deterministic_algorithms_enabled() if deterministic is None \
+        else bool(deterministic)
     name, workers, error = _plan(batch, heads_q, k.shape[2], seqlen_q, k.shape[1], head_dim,
                                  causal, schedule, num_workers, sm_count,
-                                 "bf16" if q.dtype == torch.bfloat16 else "fp16")
+                                 "bf16" if q.dtype == torch.bfloat16 else "fp16", ordered)
     if error:
         raise ValueError(error)
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
@@ -414,8 +417,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     (dashgen.load_schedule), which runs from its task table. "auto" picks the fastest order
     measured: the DASH schedules ("shift" for a full mask, "symmetric_shift" for causal) where
     one sequence's units fit on the SMs at once (up to 16,384 tokens a sequence with shift,
-    32,768 with symmetric_shift on 132 SMs), else "fa3" / "spt". A named schedule that cannot
-    serve the problem, or needs more workers than it gets, raises ValueError, never falls back.
+    32,768 with symmetric_shift on 132 SMs), else "fa3" / "spt_listed" (spt's order on a listed
+    deal; "spt" with deterministic=False). A named schedule that cannot serve the problem, or
+    needs more workers than it gets, raises ValueError, never falls back.
 
     num_workers: persistent CTAs (None: the SM count); the shift schedules run a whole multiple
     of one sequence's units of them. It decides only who runs what when. More than the SM count

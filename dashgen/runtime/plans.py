@@ -1,15 +1,18 @@
 """The one schedule that travels as data: a verified schedule file's task table on the GPU
 (dashgen.runtime.tables names it), and the trace's per-worker row offsets. Named schedules need
-neither: their policy is compiled in. A table costs 16 bytes a task in device memory
-(dashgen.schedule.lower), the only schedule memory that grows with the number of tasks."""
+neither (their policy is compiled in), but a listed one's deal of units (4 bytes a unit). A
+table costs 16 bytes a task in device memory (dashgen.schedule.lower), the only schedule memory
+that grows with the number of tasks."""
 from __future__ import annotations
 
+from array import array
 from itertools import accumulate
 
 import torch
 
 from ..caches import memo
-from ..schedule.builders import schedule_loads
+from ..schedule.builders import get_builder, schedule_loads
+from ..schedule.builders.base import list_deal
 from ..schedule.lower import lower
 from ..schedule.problem import Problem
 from .device import allocation_stream
@@ -30,6 +33,19 @@ def device_tables(key: str, device: torch.device) -> tuple[torch.Tensor, torch.T
     plan = lower(table_of(key))
     return (int32_tensor(plan.tasks).to(device), int32_tensor(plan.worker_offsets).to(device),
             allocation_stream(device))
+
+
+@memo(max_entries=8)
+def device_deal(problem: Problem, schedule: str, num_workers: int,
+                device: torch.device) -> tuple[torch.Tensor, int]:
+    """A listed schedule's deal on `device` (BwdParams::unit_deal: the workers + 1 offsets into
+    the array, then each worker's global units), and the stream it was allocated on. 4 bytes a
+    unit: 128 KiB for one 262,144-token sequence of 16 heads at head_dim 128."""
+    deal = list_deal(get_builder(schedule), problem, num_workers)
+    offsets = [len(deal) + 1, *accumulate(len(units) for units in deal)]
+    offsets[1:] = [offsets[0] + x for x in offsets[1:]]
+    words = array("i", offsets + [g for units in deal for g in units])
+    return int32_tensor(words).to(device), allocation_stream(device)
 
 
 def trace_offsets(problem: Problem, schedule: str, num_workers: int) -> list[int]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..caches import memo
-from ..codegen.variants import (FORWARD_BLOCK_M, FORWARD_BLOCK_N, BackwardVariant,
-                                ForwardVariant, backward_tiles, check_dtype_head_dim)
+from ..codegen.variants import (DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
+                                BackwardVariant, ForwardVariant, backward_tiles,
+                                check_dtype_head_dim)
 from ..schedule.builders import (HYBRID_MAX_TILES, hybrid_need, Tiling, get_builder, schedule_loads,
                                  unsupported_reason)
 from ..schedule.builders.base import fewest_workers
@@ -25,6 +26,13 @@ DEFAULT_SM_COUNT = 132  # H100 SXM and H200: the worker count `show`, `plan` and
 # (docs/design.md, `auto-schedule`): a DASH order where one sequence's units fit on them at once,
 # else the launch-ordered fallback, live on any worker count.
 AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
+    "full": ("shift", "fa3"),
+    "causal": ("symmetric_shift", "spt_listed"),
+}
+# deterministic=False promises no bits, only speed: past symmetric_shift the unordered kernel
+# runs spt's round-robin deal, which measured faster without the order than the listed one
+# (1.23x at 262,144 tokens, d128; docs/design.md, `listed-deal`).
+AUTO_UNORDERED_SCHEDULES: dict[str, tuple[str, ...]] = {
     "full": ("shift", "fa3"),
     "causal": ("symmetric_shift", "spt"),
 }
@@ -41,6 +49,10 @@ CONVERT_BYTES_PER_US = 4.0e6       # the convert kernel's bandwidth (4 TB/s)
 TASK_US = {64: 3.00, 128: 2.54}    # main-kernel time per task (dashgen calibrate, per head_dim)
 # early_kv pays where a sequence has at most this many KV tiles (docs/design.md, `early-kv`).
 EARLY_KV_MAX_KV_TILES = 32
+# dq_last (a task's dQ wgmmas after dK's, Q/dO freed before the dQ hand-off) in the ordered
+# causal backward from this many KV tiles a sequence on: measured 1.04-1.34x from 64k tokens,
+# neutral at 32k, 0.97-0.99x under full masks (docs/design.md, `dq-last-long`).
+DQ_LAST_FROM_KV_TILES = 512
 # The most KV tiles a query tile visits where the persistent forward pays, per (head_dim,
 # causal), measured through 16384 keys (docs/design.md, `fwd-persistent`).
 FWD_PERSISTENT_MAX_KV_TILES = {(64, False): 8, (128, False): 64,
@@ -54,6 +66,7 @@ class Overrides:
     fused_convert: bool | None = None
     early_kv: bool | None = None
     persistent_forward: bool | None = None
+    dq_last: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -105,9 +118,10 @@ def check_kernel_problem(problem: Problem) -> None:
 
 
 def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
-                     sm_count: int) -> tuple[str, int]:
+                     sm_count: int, deterministic: bool = True) -> tuple[str, int]:
     """(schedule name, workers the launch runs); raises ValueError naming the argument. The
-    worker count decides only who runs what when: the ranks, so the bits, are the tiles'."""
+    worker count decides only who runs what when: the ranks, so the bits, are the tiles'.
+    `deterministic`: whether the backward orders its dQ sums (auto's candidates differ)."""
     if num_workers is not None and num_workers > sm_count:
         raise ValueError(f"num_workers={num_workers} exceeds this GPU's {sm_count} SMs: persistent "
                          f"workers that cannot all be resident at once would deadlock on the "
@@ -115,7 +129,8 @@ def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
     workers = sm_count if num_workers is None else num_workers
     auto = schedule == "auto"
     if auto:
-        candidates = AUTO_SCHEDULES[problem.mask.kind]
+        candidates = (AUTO_SCHEDULES if deterministic
+                      else AUTO_UNORDERED_SCHEDULES)[problem.mask.kind]
         if (problem.mask.kind == "full" and problem.head_dim in AUTO_FA3_LONG_FULL_HEAD_DIMS
                 and problem.num_n_blocks > workers // 2):
             candidates = ("fa3",)
@@ -210,7 +225,8 @@ def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: b
     if table is not None:
         name, workers = "table", resolve_table(problem, table, num_workers, sm_count)
     else:
-        name, workers = resolve_schedule(problem, schedule, num_workers, sm_count)
+        name, workers = resolve_schedule(problem, schedule, num_workers, sm_count,
+                                         deterministic)
     causal = problem.mask.kind == "causal"
     early_kv = overrides.early_kv
     if early_kv is None:
@@ -231,9 +247,14 @@ def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: b
     # tile's sum is final), the unordered one would add the accumulator's zeroing and the
     # convert kernel's pass, so the ordered kernel runs (docs/design.md, `unordered-unfused`).
     ordered = deterministic or fused
+    dq_last = overrides.dq_last
+    if dq_last is None:
+        # The ordered causal kernel only: unordered or under a full mask it measured slower.
+        dq_last = (ordered and causal and problem.head_dim in DQ_LAST_HEAD_DIMS
+                   and problem.num_n_blocks >= DQ_LAST_FROM_KV_TILES)
     backward = BackwardVariant(dtype, problem.head_dim, causal, name, deterministic=ordered,
                                gqa=problem.gqa, fused_convert=fused, early_kv=early_kv,
-                               trace=trace)
+                               dq_last=dq_last, trace=trace)
     return Selection(problem, select_forward(problem, dtype, sm_count, overrides), backward,
                      name, workers, None if table is None else register(table))
 

@@ -17,6 +17,7 @@ from dashgen.runtime.backward import backward, selection  # noqa: E402
 from dashgen.runtime.forward import forward, forward_variant  # noqa: E402
 from dashgen.runtime.op import attention  # noqa: E402
 from dashgen.runtime.select import Overrides, problem_for  # noqa: E402
+from dashgen.codegen.variants import DQ_LAST_HEAD_DIMS  # noqa: E402
 from dashgen.schedule.builders import BUILDERS, Tiling, unsupported_reason  # noqa: E402
 from dashgen.runtime.select import balanced_workers  # noqa: E402
 
@@ -282,7 +283,7 @@ def test_under_deterministic_algorithms_every_output_is_written(shape, seed):
 OVERRIDE_CASES = [(1, 4, 4, 300, 100, 128, True), (2, 8, 2, 257, 257, 128, False),
                   (1, 4, 4, 333, 333, 128, True),
                   (1, 4, 4, 300, 100, 64, True), (2, 4, 1, 200, 333, 64, False)]
-OVERRIDES = ["fused_convert", "early_kv", "persistent_forward"]
+OVERRIDES = ["fused_convert", "early_kv", "persistent_forward", "dq_last"]
 
 
 def picked(case: Case, sm_count: int, schedule: str, num_workers: int) -> dict:
@@ -293,13 +294,15 @@ def picked(case: Case, sm_count: int, schedule: str, num_workers: int) -> dict:
                     Overrides())
     fwd = forward_variant(q, k, dtype, case.causal, sm_count, Overrides())
     return dict(fused_convert=sel.backward.fused_convert, early_kv=sel.backward.early_kv,
-                persistent_forward=fwd.persistent)
+                persistent_forward=fwd.persistent, dq_last=sel.backward.dq_last)
 
 
 @pytest.mark.parametrize("name", OVERRIDES)
 @pytest.mark.parametrize("shape", OVERRIDE_CASES, ids=lambda s: "-".join(map(str, s)))
 def test_overridden_policies_match_float64_and_repeat_bitwise(name, shape, sm_count, seed):
     """Each policy switched from what select picks for the case."""
+    if name == "dq_last" and shape[5] not in DQ_LAST_HEAD_DIMS:
+        pytest.skip(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}")
     case = Case(*shape)
     for schedule, workers in (("fa3", min(132, sm_count)), ("auto", min(132, sm_count))):
         flipped = Overrides(**{name: not picked(case, sm_count, schedule, workers)[name]})
@@ -311,13 +314,16 @@ def test_overridden_policies_match_float64_and_repeat_bitwise(name, shape, sm_co
 
 
 @pytest.mark.parametrize("names", ["fused_convert", "early_kv", "fused_convert,early_kv",
-                                   "persistent_forward"])
+                                   "persistent_forward", "dq_last", "dq_last,early_kv"])
 @pytest.mark.parametrize("shape", OVERRIDE_CASES, ids=lambda s: "-".join(map(str, s)))
 def test_the_policies_change_no_bits(names, shape, sm_count, seed):
     """fused_convert applies the convert kernel's conversion to the same final sums, inside the
-    main kernel; early_kv only loads a segment's K/V sooner; the persistent forward runs the
+    main kernel; early_kv only loads a segment's K/V sooner; dq_last issues the same wgmmas in
+    another order and hands dQ off later; the persistent forward runs the
     one-tile kernel's per-tile code on fewer CTAs. Every value comes from the same operations,
     so the bits must not move."""
+    if "dq_last" in names and shape[5] not in DQ_LAST_HEAD_DIMS:
+        pytest.skip(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}")
     case = Case(*shape)
     workers = min(132, sm_count)
     results = [case.run(Overrides(**dict.fromkeys(names.split(","), value)), "auto", workers)
@@ -350,8 +356,8 @@ REPEATS = 1000
 
 @pytest.mark.parametrize("causal, schedule, worker_dependent", [
     (False, "fa3", False), (False, "shift", True),
-    (True, "spt", False), (True, "symmetric_shift", True),
-], ids=["full-fa3", "full-shift", "causal-spt", "causal-symmetric_shift"])
+    (True, "spt", False), (True, "symmetric_shift", True), (True, "spt_listed", False),
+], ids=["full-fa3", "full-shift", "causal-spt", "causal-symmetric_shift", "causal-spt_listed"])
 def test_backward_is_bitwise_reproducible_while_another_stream_keeps_the_gpu_busy(
         causal, schedule, worker_dependent, sm_count, seed):
     q, k, v = (torch.randn(2, 1000, h, 128, device="cuda", dtype=torch.bfloat16,
@@ -380,6 +386,21 @@ def test_backward_is_bitwise_reproducible_while_another_stream_keeps_the_gpu_bus
     side.synchronize()
     assert not mismatches, \
         f"{len(mismatches)} of {REPEATS} calls differed, first at {mismatches[:5]}"
+
+
+@pytest.mark.parametrize("workers", [7, 131])
+def test_a_listed_deal_keeps_its_policys_bits(workers, sm_count, seed):
+    """spt_listed runs spt's ranks on another deal: the same bits as spt on any worker count
+    (GQA, several sequences, so the deal crosses sequence boundaries)."""
+    q, k, v = (torch.randn(3, 1500, h, 128, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for h in (8, 2, 2))
+    do = torch.randn_like(q)
+    grads = []
+    for schedule, count in (("spt", min(132, sm_count)), ("spt_listed", min(workers, sm_count))):
+        o = attention(q, k, v, causal=True, schedule=schedule, deterministic=True,
+                      num_workers=count)
+        grads.append((o, *torch.autograd.grad(o, (q, k, v), do)))
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
 # -- (c) the kernel runs the schedule it was given ---------------------------------------------

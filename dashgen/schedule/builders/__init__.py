@@ -10,7 +10,7 @@ from .descending import descending_step, descending_tasks, descending_units
 from .fa3 import fa3_step, fa3_tasks, fa3_units
 from .hybrid import HYBRID_MAX_TILES, HybridOrder, hybrid_need, hybrid_supports
 from .shift import shift_step, shift_supports, shift_tasks, shift_units
-from .spt import spt_step, spt_tasks, spt_units
+from .spt import spt_listed_units, spt_step, spt_tasks, spt_units
 from .symmetric_shift import (symmetric_shift_step, symmetric_shift_supports,
                               symmetric_shift_tasks, symmetric_shift_units)
 
@@ -19,7 +19,7 @@ def _any_mask(problem: Problem) -> str | None:
     return None
 
 
-# kernel_id: the policy's number in templates/include/dashgen/sched/policies.cuh (0: a table).
+# kernel_id: the policy's number in the kernel (the watchdog reports it; 0: a table).
 BUILDERS: dict[str, Policy] = {b.name: b for b in [
     Policy("fa3", 1, "FA3's deterministic order: Q tiles ascending, dQ adds in ascending KV order",
            fa3_units, fa3_tasks, fa3_step, False, _any_mask, fa3_units.__doc__ or ""),
@@ -35,6 +35,9 @@ BUILDERS: dict[str, Policy] = {b.name: b for b in [
            "causal: KV tiles p and N-1-p paired, rectangle rotated, then triangle",
            symmetric_shift_units, symmetric_shift_tasks, symmetric_shift_step, True,
            symmetric_shift_supports, symmetric_shift_units.__doc__ or ""),
+    Policy("spt_listed", 7, "spt dealt listed: each unit in launch order to the worker that "
+           "frees first (long sequences)", spt_listed_units, spt_tasks, spt_step, False,
+           _any_mask, spt_listed_units.__doc__ or "", deal_rising=True, listed=True),
 ]}
 
 

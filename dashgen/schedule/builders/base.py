@@ -127,6 +127,10 @@ class Policy:
     # has the most Q tiles) or rising (spt: the last first, the fewest). pack_units.
     deal_rising: bool = False
     together: Callable[[Tiling], bool] | None = None
+    # A fixed-length launch's deal: False, unit g (sequence-major) on worker g mod W; True, the
+    # same units listed (list_deal): each, in g order, to the worker whose dealt tasks end
+    # first, so a later unit never starts before an earlier one (a table the kernel reads).
+    listed: bool = False
 
     def runs_together(self, tiling: Tiling) -> bool:
         """Whether this sequence's units must all run at once."""
@@ -270,6 +274,30 @@ def pack_deal(policy: Policy, problem: Problem, num_workers: int) -> list[list[t
     return programs
 
 
+def list_deal(policy: Policy, problem: Problem, num_workers: int) -> list[list[int]]:
+    """Each worker's global units (g = sequence * units + unit, sequence = batch * heads_q +
+    head), in rising g: list scheduling in launch order, unit g to the worker whose dealt tasks
+    sum least (ties: the lowest worker), units without tasks left out. Counted in tasks, a
+    unit then starts no sooner than any unit before it, on whichever worker: the deal that
+    round-robin gives inside one sequence of rising units, kept across the boundaries between
+    sequences (docs/design.md, `listed-deal`). Every wait of a launch-ordered policy is on a
+    lower g and each worker runs its units in rising g, so the deal is live on any count."""
+    import heapq
+    tiling = Tiling(problem)
+    workers = policy.workers_used(problem, num_workers)
+    per_seq = policy.units(tiling)
+    sizes = [policy.unit_tasks(tiling, u) for u in range(per_seq)]
+    free = [(0, w) for w in range(workers)]  # (tasks dealt, worker): a heap
+    deal: list[list[int]] = [[] for _ in range(workers)]
+    for s in range(problem.batch * problem.heads_q):
+        for u, size in enumerate(sizes):
+            if size:
+                load, w = heapq.heappop(free)
+                deal[w].append(s * per_seq + u)
+                heapq.heappush(free, (load + size, w))
+    return deal
+
+
 def fewest_workers(units: int, num_workers: int) -> int:
     """The fewest workers that deal `units` in as many rounds as `num_workers` do."""
     if units <= 0:
@@ -306,15 +334,19 @@ def assemble(policy: Policy, problem: Problem, num_workers: int) -> Schedule:
     steps = [[policy.step(tiling, u, i) for i in range(size)] for u, size in enumerate(sizes)]
     group = problem.group_size
     programs: list[list[Task]] = [[] for _ in range(workers_used)]
-    g = 0
-    for b in range(problem.batch):
-        for h in range(problem.heads_q):
-            dkv_rank = h % group if problem.gqa else None
-            for u in range(per_seq):
-                program = programs[g % workers_used]
-                program.extend(Task(b, h, s.n_block, s.m_block, s.dq_rank, dkv_rank)
-                               for s in steps[u])
-                g += 1
+
+    def extend(program: list[Task], g: int) -> None:
+        seq, u = divmod(g, per_seq)
+        b, h = divmod(seq, problem.heads_q)
+        dkv_rank = h % group if problem.gqa else None
+        program.extend(Task(b, h, s.n_block, s.m_block, s.dq_rank, dkv_rank) for s in steps[u])
+    if policy.listed:
+        for program, units in zip(programs, list_deal(policy, problem, num_workers)):
+            for g in units:
+                extend(program, g)
+    else:
+        for g in range(problem.batch * problem.heads_q * per_seq):
+            extend(programs[g % workers_used], g)
     return Schedule(name=policy.name, problem=problem, num_workers=workers_used,
                     workers=programs, depends_on_workers=False)
 
@@ -349,6 +381,9 @@ def worker_loads(policy: Policy, problem: Problem, num_workers: int) -> list[int
     tiling = Tiling(problem)
     workers_used = policy.workers_used(problem, num_workers)
     sizes = [policy.unit_tasks(tiling, u) for u in range(policy.units(tiling))]
+    if policy.listed:
+        return [sum(sizes[g % len(sizes)] for g in units)
+                for units in list_deal(policy, problem, num_workers)]
     loads = [0] * workers_used
     per_seq = len(sizes)
     seqs = problem.batch * problem.heads_q

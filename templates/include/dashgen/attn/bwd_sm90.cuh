@@ -68,6 +68,11 @@ struct AttnBwdSm90 {
   static constexpr bool kGqa = Cfg::kGqa;
   static constexpr bool kFusedConvert = Cfg::kFusedConvert;
   static constexpr bool kEarlyKv = Cfg::kEarlyKv;
+  // A task's dQ wgmmas after dK's, Q/dO freed before the dQ hand-off (which waits for the
+  // writer): the order before dQ's hand-off moved under dK's wgmmas. Where the writer waits
+  // long for ranks, the hand-off no longer holds back the next Q/dO loads (docs/design.md,
+  // `dq-last-long`).
+  static constexpr bool kDqLast = Cfg::kDqLast;
   // The schedule: which tasks this worker runs in which order, and their ranks.
   using Tiling = sched::Tiling<kBlockM, kBlockN, kCausal>;
   static constexpr bool kTable = Cfg::kTable;
@@ -240,6 +245,8 @@ struct AttnBwdSm90 {
   __device__ static Walk make_walk(const BwdParams& p, const Shape& shape) {
     if constexpr (kTable) {
       return Walk(p.tasks, p.worker_offsets, blockIdx.x);
+    } else if constexpr (Cfg::kListed) {
+      return Walk(shape, p.unit_deal, blockIdx.x);
     } else {
       return Walk(shape, blockIdx.x);
     }
@@ -772,21 +779,36 @@ struct AttnBwdSm90 {
       fence_proxy_async_shared();
       sync_mma_warpgroups();
 
-      // Stages 5 and 6 as dV (issued above), dQ, dK: dQ's wgmmas ahead of dK's, so the dQ
-      // hand-off (its shared-memory stores) runs while the tensor cores work on dK, with P^T's
-      // registers free (dV retired) by then.
-      float dq[32];
-      dq_mma(dq, smem, ds_tile, wg);
-      wgmma_wait_group<1>();  // dV retired: P^T's registers are free
-      wgmma_fence();
-      rs_gemm(dk, dsa, q_tile);
-      wgmma_wait_group<1>();  // dQ retired
-      // After a segment's last dQ MMA K/V are free (kEarlyKv: the next segment's load overlaps
-      // the dQ hand-off and the dK/dV stores); Q/dO stage s and its task slot once dK/dV retire.
-      if (kEarlyKv && tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
-      hand_off_dq(dq, smem, bars, s, use, me);
-      wgmma_wait_group<0>();
-      mbarrier_arrive(&bars->q_empty[s]);
+      if constexpr (kDqLast) {
+        // Stages 5 and 6 as dV (issued above), dK, dQ: Q/dO stage s and its task slot are free
+        // once dQ's wgmmas retire, before the hand-off waits for the writer.
+        wgmma_fence();
+        rs_gemm(dk, dsa, q_tile);
+        wgmma_wait_group<0>();  // dV and dK retired: P^T's and dS^T's registers are free
+        float dq[32];
+        dq_mma(dq, smem, ds_tile, wg);
+        wgmma_wait_group<0>();
+        if (kEarlyKv && tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
+        mbarrier_arrive(&bars->q_empty[s]);
+        hand_off_dq(dq, smem, bars, s, use, me);
+      } else {
+        // Stages 5 and 6 as dV (issued above), dQ, dK: dQ's wgmmas ahead of dK's, so the dQ
+        // hand-off (its shared-memory stores) runs while the tensor cores work on dK, with
+        // P^T's registers free (dV retired) by then.
+        float dq[32];
+        dq_mma(dq, smem, ds_tile, wg);
+        wgmma_wait_group<1>();  // dV retired: P^T's registers are free
+        wgmma_fence();
+        rs_gemm(dk, dsa, q_tile);
+        wgmma_wait_group<1>();  // dQ retired
+        // After a segment's last dQ MMA K/V are free (kEarlyKv: the next segment's load
+        // overlaps the dQ hand-off and the dK/dV stores); Q/dO stage s and its task slot once
+        // dK/dV retire.
+        if (kEarlyKv && tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
+        hand_off_dq(dq, smem, bars, s, use, me);
+        wgmma_wait_group<0>();
+        mbarrier_arrive(&bars->q_empty[s]);
+      }
 
       if (t.seg_end) {
         if constexpr (kGqa) {

@@ -76,6 +76,8 @@ struct BwdParams {
   // A pack: as FwdParams (attn/pack_check.cuh; the plan kernel checks every sequence).
   u32* pack_fault;
   i32 total_q, total_k;
+  // A listed deal (sched::DealtWalk; else null): the workers + 1 offsets, then the units.
+  const i32* unit_deal;
 };
 
 // Where a pack keeps sequence b: in every buffer a batch of one, so the fixed-length code runs

@@ -1,8 +1,9 @@
 // dashgen/sched/walk.cuh: a worker's walk through its tasks, the one interface the backward's
 // producer and dQ writer read the schedule through (the MMA warpgroups receive each task from
 // the producer). UnitWalk runs a named policy: unit g of the batch * heads_q sequences' units
-// (sequence-major) on worker g mod workers, each unit's steps in order; TableWalk reads a
-// verified schedule file's table. Host-compilable like tiling.cuh.
+// (sequence-major) on worker g mod workers, each unit's steps in order; DealtWalk the same
+// units dealt by a list; TableWalk reads a verified schedule file's table. Host-compilable like
+// tiling.cuh.
 #ifndef DASHGEN_SCHED_WALK_CUH
 #define DASHGEN_SCHED_WALK_CUH
 #include "dashgen/sched/tiling.cuh"
@@ -48,6 +49,48 @@ struct UnitWalk {
           ++b;
         }
       }
+      i = 0;
+      tasks = Policy::unit_tasks(t, u);
+    }
+    const Step s = Policy::step(t, u, i++);
+    const int group = shape.group();
+    return Task{b, h, s.n, s.m, s.dq_rank, group > 1 ? h % group : -1, s.seg_start, s.seg_end};
+  }
+};
+
+// DealtWalk runs a named policy over a listed deal (dashgen.schedule.builders.base.list_deal):
+// deal[w] .. deal[w + 1] index worker w's units in `deal` (the workers + 1 offsets come first),
+// each a global unit g = sequence * units + unit (sequence = batch * heads_q + head), in rising
+// g; each unit's steps in order.
+template <class Policy, class Tl, class Shape>
+struct DealtWalk {
+  const Shape& shape;
+  const int* deal;
+  // The next entry of this worker's deal and its end; the current unit's sequence (b, h), its
+  // index u, the next step in it and its steps.
+  int k, end, b, h, u, i, tasks;
+
+  DASHGEN_HD DealtWalk(const Shape& shape_, const int* deal_, int worker)
+      : shape(shape_), deal(deal_), k(deal_[worker]), end(deal_[worker + 1]), b(0), h(0), u(0),
+        i(0), tasks(0) {}
+
+  DASHGEN_HD Tl tiling() const { return Tl(shape.seqlen_q(), shape.seqlen_k()); }
+
+  DASHGEN_HD int count() const {
+    const Tl t = tiling();
+    const int per_seq = Policy::units(t);
+    int n = 0;
+    for (int j = k; j < end; ++j) n += Policy::unit_tasks(t, deal[j] % per_seq);
+    return n;
+  }
+
+  DASHGEN_HD Task next() {
+    const Tl t = tiling();
+    while (i == tasks) {
+      const int per_seq = Policy::units(t), g = deal[k++], seq = g / per_seq;
+      u = g - seq * per_seq;
+      b = seq / shape.heads_q();
+      h = seq - b * shape.heads_q();
       i = 0;
       tasks = Policy::unit_tasks(t, u);
     }
