@@ -71,9 +71,18 @@ def _lengths(text: str) -> tuple[int, ...]:
     return values
 
 
+SCHEDULE_MASK_HELP = ("full, causal or window:LEFT,RIGHT (default: the mask the schedule serves: "
+                      "causal for symmetric_shift, full otherwise)")
+
+
 def _problem(args: argparse.Namespace) -> Problem:
-    """The problem of the options, in the backward kernel's tiles unless --block-m/-n say."""
+    """The problem of the options, in the backward kernel's tiles unless --block-m/-n say; the
+    mask, where --mask is left out of show and plan, the one --schedule serves."""
     default_m, default_n = backward_tiles(args.hdim) if args.hdim in HEAD_DIMS else (128, 128)
+    if args.mask is None:
+        from .tools.emit import default_mask
+        schedule = getattr(args, "schedule", None)
+        args.mask = default_mask(schedule) if schedule in list_schedules() else "full"
     try:
         if getattr(args, "seqlens", None) is not None or getattr(args, "seqlens_k", None):
             if args.seqlens is None:
@@ -517,8 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", required=True, choices=list_schedules())
     p.add_argument("--json", metavar="FILE", help="also write the schedule as an editable JSON file")
     _view_options(p, "the worker programs and dQ orders")
-    _problem_options(p)
-    p.set_defaults(func=cmd_show)
+    _problem_options(p, helps={"mask": SCHEDULE_MASK_HELP})
+    p.set_defaults(func=cmd_show, mask=None)  # None: the schedule's own mask (_problem)
 
     p = sub.add_parser("plan", help="simulate schedules and compare makespans",
                        description="Simulate schedules on a problem: makespan against the lower "
@@ -539,8 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--masked-cost", action="store_true",
                    help="scale c by the fraction of each tile the mask keeps")
     _view_options(p, "the simulation")
-    _problem_options(p)
-    p.set_defaults(func=cmd_plan)
+    _problem_options(p, helps={"mask": SCHEDULE_MASK_HELP + "; with --schedule all, full"})
+    p.set_defaults(func=cmd_plan, mask=None)  # None: the schedule's own mask (_problem)
 
     p = sub.add_parser("verify", help="verify a schedule file or an emitted task table",
                        description="Check a schedule file (dashgen show --json) or a task table "

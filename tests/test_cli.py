@@ -574,3 +574,15 @@ def test_a_schedule_file_that_fails_verification_is_not_planned_or_emitted(tmp_p
         assert exit_.value.code == 1
         assert "failed verification" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_show_and_plan_take_the_schedules_own_mask_by_default(capsys):
+    main(["show", "--schedule", "symmetric_shift", "--seqlen", "512", "--hdim", "64",
+          "--workers", "2"])
+    assert "causal mask" in capsys.readouterr().out.splitlines()[0]
+    main(["plan", "--schedule", "symmetric_shift", "--seqlen", "1024"])
+    assert "causal mask" in capsys.readouterr().out.splitlines()[0]
+    main(["plan", "--seqlen", "1024"])  # every schedule: the full mask
+    assert "full mask" in capsys.readouterr().out.splitlines()[0]
+    proc = run_cli("show", "--schedule", "symmetric_shift", "--mask", "full", "--seqlen", "512")
+    assert proc.returncode == 2 and "needs a causal mask" in proc.stderr
