@@ -29,6 +29,14 @@ class CliError(Exception):
     """A user-facing error: printed as one line, exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit status 2): the error and where the usage is,
+    not the usage itself; the subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _problem_options(parser: argparse.ArgumentParser, helps: dict[str, str] | None = None) -> None:
     """Add the shared problem options; `helps` replaces the help text of an option, by dest."""
     helps = helps or {}
@@ -82,7 +90,7 @@ def _problem(args: argparse.Namespace) -> Problem:
     if args.mask is None:
         from .tools.emit import default_mask
         schedule = getattr(args, "schedule", None)
-        args.mask = default_mask(schedule) if schedule in list_schedules() else "full"
+        args.mask = default_mask(schedule) if schedule in list_schedules() else "full"  # all, auto
     try:
         if getattr(args, "seqlens", None) is not None or getattr(args, "seqlens_k", None):
             if args.seqlens is None:
@@ -109,6 +117,25 @@ def _workers(args: argparse.Namespace) -> int:
     return args.workers
 
 
+def _auto(args: argparse.Namespace, problem: Problem) -> int:
+    """--schedule auto: the schedule and workers dashgen.attention picks for the problem on a
+    GPU of --workers SMs (deterministic; a pack's: hybrid on every worker); args.schedule
+    becomes its name, said on stderr. Returns the workers."""
+    from .runtime.select import PACK_AUTO_SCHEDULES, resolve_schedule
+
+    workers = _workers(args)
+    if problem.is_pack:
+        name = PACK_AUTO_SCHEDULES[problem.mask.kind == "causal"]
+    else:
+        try:
+            name, workers = resolve_schedule(problem, "auto", None, workers)
+        except (ValueError, StopIteration):
+            raise CliError(f"--schedule auto: no schedule serves {problem.describe()}") from None
+    print(f"auto: {name} on {workers} workers", file=sys.stderr)
+    args.schedule = name
+    return workers
+
+
 def _summarize(name: str, problem: Problem, workers: int) -> ScheduleSummary:
     try:
         return summarize(name, problem, workers)
@@ -128,6 +155,11 @@ def _full_view(args: argparse.Namespace, num_tasks: int, asked: list[str]) -> bo
         raise CliError(f"{asked[0]} needs the full per-task view, limited to "
                        f"{FULL_VIEW_MAX_TASKS:,} tasks; this problem has {num_tasks:,} (leave "
                        f"out {asked[0]} for the summary)")
+    if asked and num_tasks > FULL_VIEW_DEFAULT_TASKS and not args.full:
+        # Past the default limit the full view takes minutes and gigabytes: only on request.
+        raise CliError(f"{asked[0]} needs the full per-task view, which past "
+                       f"{FULL_VIEW_DEFAULT_TASKS:,} tasks runs only with --full (this problem "
+                       f"has {num_tasks:,}; up to {FULL_VIEW_MAX_TASKS:,})")
     return bool(asked) or num_tasks <= FULL_VIEW_DEFAULT_TASKS
 
 
@@ -166,7 +198,7 @@ def cmd_show(args: argparse.Namespace) -> None:
     if args.json:
         _check_writable("--json", args.json)
     problem = _problem(args)
-    workers = _workers(args)
+    workers = _auto(args, problem) if args.schedule == "auto" else _workers(args)
     summary = _summarize(args.schedule, problem, workers)  # refusals before any task is built
     asked = [opt for opt, on in (("--full", args.full), ("--json", args.json)) if on]
     if not _full_view(args, summary.num_tasks, asked):
@@ -193,8 +225,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
         _print_plan(args, schedule.problem, cost, [(schedule.name, schedule)])
         return
     problem = _problem(args)
+    workers = _auto(args, problem) if args.schedule == "auto" else _workers(args)
     names = list_schedules() if args.schedule == "all" else [args.schedule]
-    workers = _workers(args)
     num_tasks = problem_tasks(problem)
     asked = [opt for opt, on in (("--full", args.full), ("--png", args.png), ("--text", args.text),
                                  ("--kernel-model", args.kernel_model)) if on]
@@ -339,7 +371,7 @@ def _emit_problem(args: argparse.Namespace) -> Problem:
     from .runtime.select import check_kernel_problem
 
     if args.mask is None:
-        args.mask = default_mask(args.schedule)
+        args.mask = default_mask(args.schedule) if args.schedule != "auto" else "full"
     if args.gqa:
         if args.heads_kv is None:
             args.heads_kv = 1  # --gqa alone: every query head shares one KV head (MQA)
@@ -436,6 +468,11 @@ def cmd_emit(args: argparse.Namespace) -> None:
         _emit_pack(args)
         return
     if args.golden:
+        if args.out is None and not (GOLDEN_DIR.parent / "pyproject.toml").is_file():
+            # An installed copy: GOLDEN_DIR would land beside site-packages.
+            raise CliError(f"--golden rewrites a checkout's generated/, and this dashgen is "
+                           f"installed ({GOLDEN_DIR.parent} is no checkout): run it from a "
+                           f"checkout (pip install -e .) or give --out DIR")
         directory = _out_dir(Path(args.out) if args.out else GOLDEN_DIR)
         written, removed = write_golden(directory)
         print(f"wrote {len(written)} golden files to {directory}"
@@ -449,7 +486,8 @@ def cmd_emit(args: argparse.Namespace) -> None:
                        "generated/)")
     else:
         problem = _emit_problem(args)
-        schedule = _build(args.schedule, problem, _workers(args))
+        workers = _auto(args, problem) if args.schedule == "auto" else _workers(args)
+        schedule = _build(args.schedule, problem, workers)
     out = _out_dir(Path(args.out or "dashgen-out"))
     mode = "non-deterministic" if args.nondeterministic else "deterministic"
     print(f"emit {schedule.name}: {problem.describe()}")
@@ -511,7 +549,7 @@ def _view_options(parser: argparse.ArgumentParser, full: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dashgen", description="Deterministic attention backward schedules for Hopper.")
     parser.add_argument("--version", action="version", version=f"dashgen {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -523,7 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print a schedule's worker programs and dQ order",
                        description="Build a schedule and print each worker's program and the "
                                    "order in which every dQ tile is summed.")
-    p.add_argument("--schedule", required=True, choices=list_schedules())
+    p.add_argument("--schedule", required=True, choices=list_schedules() + ["auto"],
+                   help="a schedule, or auto: the one dashgen.attention picks (deterministic)")
     p.add_argument("--json", metavar="FILE", help="also write the schedule as an editable JSON file")
     _view_options(p, "the worker programs and dQ orders")
     _problem_options(p, helps={"mask": SCHEDULE_MASK_HELP})
@@ -532,7 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="simulate schedules and compare makespans",
                        description="Simulate schedules on a problem: makespan against the lower "
                                    "bound (total work / workers), with an optional Gantt chart.")
-    p.add_argument("--schedule", default="all", choices=list_schedules() + ["all"])
+    p.add_argument("--schedule", default="all", choices=list_schedules() + ["all", "auto"],
+                   help="a schedule, all (default), or auto: the one dashgen.attention picks")
     p.add_argument("--schedule-file", metavar="FILE",
                    help="simulate this schedule file (dashgen show --json, or an emitted task "
                         "table) instead; its own problem and workers")
@@ -568,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "ones dashgen.attention would run for the problem. A "
                                    "--schedule-file runs as a task table, which is written "
                                    "too (<schedule>_<problem>.tasks.json).")
-    p.add_argument("--schedule", choices=list_schedules(), help="the schedule to emit")
+    p.add_argument("--schedule", choices=list_schedules() + ["auto"],
+                   help="the schedule to emit, or auto: the one dashgen.attention picks")
     p.add_argument("--schedule-file", metavar="FILE",
                    help="emit a schedule file (dashgen show --json, verified): the table "
                         "backward and its task table, unless it is exactly its name's policy")

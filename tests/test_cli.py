@@ -105,8 +105,9 @@ def test_verify_missing_file():
 ])
 def test_plan_real_problem_every_schedule_with_gantt(tmp_path, mask, served, skipped):
     png = tmp_path / "plan.png"
+    # --full: the full mask's 32,768 tasks are past the default full-view limit
     proc = run_cli("plan", "--heads", "16", "--seqlen", "4096", "--hdim", "128",
-                   "--workers", "132", "--mask", mask, "--png", str(png))
+                   "--workers", "132", "--mask", mask, "--png", str(png), "--full")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     for name in served:
@@ -586,3 +587,50 @@ def test_show_and_plan_take_the_schedules_own_mask_by_default(capsys):
     assert "full mask" in capsys.readouterr().out.splitlines()[0]
     proc = run_cli("show", "--schedule", "symmetric_shift", "--mask", "full", "--seqlen", "512")
     assert proc.returncode == 2 and "needs a causal mask" in proc.stderr
+
+
+def test_a_usage_error_is_one_line_with_status_2():
+    proc = run_cli("show", "--schedule", "nope")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dashgen show: error: argument --schedule")
+    assert lines[0].endswith("(see dashgen show --help)")
+    proc = run_cli("nope")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_full_view_past_the_default_limit_needs_full(capsys, tmp_path):
+    """--png, --text and --kernel-model past FULL_VIEW_DEFAULT_TASKS refuse without --full,
+    naming the limit and the flag, before any schedule is built."""
+    proc = run_cli("plan", "--seqlen", "65536", "--png", str(tmp_path / "g.png"))
+    assert proc.returncode == 2
+    assert "past 20,000 tasks runs only with --full" in proc.stderr
+    assert not (tmp_path / "g.png").exists()
+    proc = run_cli("show", "--schedule", "fa3", "--seqlen", "65536", "--json",
+                   str(tmp_path / "s.json"))
+    assert proc.returncode == 2 and "--json needs the full per-task view" in proc.stderr
+
+
+def test_golden_refuses_outside_a_checkout(monkeypatch, tmp_path):
+    import dashgen.tools.emit as emit_module
+    monkeypatch.setattr(emit_module, "GOLDEN_DIR", tmp_path / "site-packages" / "generated")
+    with pytest.raises(SystemExit) as exc:
+        main(["emit", "--golden"])
+    assert exc.value.code == 2
+    assert not (tmp_path / "site-packages" / "generated").exists()
+
+
+def test_show_plan_and_emit_take_auto_as_attention_picks_it(capsys, tmp_path):
+    from dashgen.runtime.select import resolve_schedule
+    long = Problem(heads_q=16, seqlen_q=65536, mask="causal", block_m=64, block_n=128)
+    expected, workers = resolve_schedule(long, "auto", None, 132)
+    assert expected == "spt_listed"
+    main(["show", "--schedule", "auto", "--heads", "16", "--seqlen", "65536", "--mask", "causal",
+          "--summary"])
+    out, err = capsys.readouterr()
+    assert err.strip() == f"auto: {expected} on {workers} workers"
+    assert out.startswith(f"{expected}: ")
+    main(["plan", "--schedule", "auto", "--seqlen", "4096", "--mask", "causal"])
+    out, err = capsys.readouterr()
+    assert err.startswith("auto: symmetric_shift on 16 workers")
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["symmetric_shift"]

@@ -28,8 +28,8 @@ from dashgen.schedule.builders import BUILDERS, workers_used
 from dashgen.schedule.lower import lower
 
 REPO = Path(__file__).resolve().parent.parent
-# name, registers, spills, static + dynamic shared memory, compile time or "cached"
-REPORT = re.compile(r"^(dashgen_\w+) +(\d+) regs (\d+) spills smem +(\d+)\+(\d+) "
+# name, registers, spill bytes, static + dynamic shared memory bytes, compile time or "cached"
+REPORT = re.compile(r"^(dashgen_\w+) +(\d+) regs spill (\d+)B smem +(\d+)\+(\d+)B "
                     r"(cached|\d+\.\d s)$")
 
 

@@ -181,8 +181,8 @@ def emit_pack(out_dir: Path, *, schedule: str = "auto", head_dim: int = 128,
 
 
 def report_lines(kernels: tuple[EmittedKernel, ...]) -> list[str]:
-    """One line per kernel function (registers, spills, shared memory, compile time), each
-    ptxas diagnostic on a line of its own below its function."""
+    """One line per kernel function (registers, spill bytes, shared memory bytes static+dynamic,
+    compile time), each ptxas diagnostic on a line of its own below its function."""
     rows: list[tuple[str, str, tuple[str, ...]]] = []
     for kernel in kernels:
         if kernel.cubin is None:
@@ -193,10 +193,10 @@ def report_lines(kernels: tuple[EmittedKernel, ...]) -> list[str]:
         for name in names:
             usage = kernel.cubin.resources[name]
             dynamic = kernel.dynamic_smem_bytes if name == main_name else 0
-            # static+dynamic bytes; unpadded, so that the longest names' lines stay near 100
-            # columns
-            smem = f"{usage.shared_bytes}+{dynamic}"
-            rows.append((name, f"{usage.registers:>3} regs {usage.spill_bytes} spills "
+            # static+dynamic shared memory; unpadded, so that the longest names' lines stay
+            # near 100 columns
+            smem = f"{usage.shared_bytes}+{dynamic}B"
+            rows.append((name, f"{usage.registers:>3} regs spill {usage.spill_bytes}B "
                                f"smem {smem} {when}", usage.warnings))
     width = max((len(name) for name, _, _ in rows), default=0)
     lines = []
