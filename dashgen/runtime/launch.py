@@ -122,14 +122,6 @@ def encode_tensor_map(ptr: int, dtype: Any, shape: Sequence[int], strides: Seque
         f"cuTensorMapEncodeTiled(shape={list(shape)}, box={list(box)}, swizzle={swizzle})")
 
 
-def encode_tensor_map_2d(ptr: int, dtype: Any, shape: Sequence[int], strides: Sequence[int],
-                         box: Sequence[int], swizzle: int = 128) -> Any:
-    """encode_tensor_map for a [rows, cols] matrix; shape/strides/box are (rows, cols)."""
-    if len(shape) != 2:
-        raise ValueError(f"encode_tensor_map_2d takes a 2-D shape, got {list(shape)}")
-    return encode_tensor_map(ptr, dtype, shape, strides, box, swizzle)
-
-
 def pack_args(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
     """The void** array cuLaunchKernel wants, and the objects it points into (keep them alive).
 

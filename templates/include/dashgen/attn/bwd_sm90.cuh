@@ -42,7 +42,7 @@ namespace dashgen {
 // orders their dQ hand-offs with two dS tiles (hand_off_dq).
 enum class Sm90Barrier : u32 { kMma = 1, kHandOff = 2 };
 
-enum class DqSplit { kColumns, kRows, kKvRows };
+enum class DqSplit { kColumns, kRows };
 
 // A if kFirst, else B (std::conditional, which NVRTC's headers may lack).
 template <bool kFirst, class A, class B>
@@ -98,14 +98,11 @@ struct AttnBwdSm90 {
   static_assert(kBlockN == 128, "128 KV rows: 64 per MMA warpgroup");
   // 128 query rows hold 64 more S^T/dP^T accumulators per thread: room for them only beside
   // head_dim 64's dK/dV.
-  static_assert(kBlockM == 64 || (kBlockM == 128 && kHeadDim == 64), "block_m 64, or 128 at d64");
-  // How the MMA warpgroups share dQ = dS K: by its 64-column halves at head_dim 128; by query
-  // rows when a task has 128 of them; otherwise (head_dim 64, 64 rows: one 128-byte swizzle
-  // block, too narrow to split) by the KV rows, the two partial sums added in shared memory in
-  // a fixed order.
-  static constexpr DqSplit kDqSplit = kHeadDim == 128 ? DqSplit::kColumns
-                                      : kBlockM == 128 ? DqSplit::kRows : DqSplit::kKvRows;
-  static constexpr bool kDqByKv = kDqSplit == DqSplit::kKvRows;
+  static_assert((kHeadDim == 128 && kBlockM == 64) || (kHeadDim == 64 && kBlockM == 128),
+                "block_m 64 at head_dim 128, 128 at head_dim 64 (the backward's tiles)");
+  // How the MMA warpgroups share dQ = dS K: by its 64-column halves at head_dim 128, by query
+  // rows at head_dim 64 (128 of them a task).
+  static constexpr DqSplit kDqSplit = kHeadDim == 128 ? DqSplit::kColumns : DqSplit::kRows;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one Q or dO tile
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
@@ -135,8 +132,7 @@ struct AttnBwdSm90 {
   // stage, loaded with the stage's Q and dO.
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
   static constexpr int kOffStats = kOffDq + kStages * kDqBytes;
-  static constexpr int kOffBar = kOffStats + 2 * kStatsBytes;
-  static_assert(kStages == 2, "the statistics region holds two copies, one per stage");
+  static constexpr int kOffBar = kOffStats + kStages * kStatsBytes;  // a copy a stage
   // The scheduler lane's ring of tasks: kRing slots, each read by the producer and the writer.
   static constexpr int kRing = 8;
   static constexpr int kNumBars = 2 + 4 * kStages + 2 * kRing;
@@ -918,14 +914,13 @@ struct AttnBwdSm90 {
   // (kDqSplit), retired on return.
   __device__ static __forceinline__ void dq_mma(float (&dq)[32], const char* smem,
                                                 const char* ds_tile, int wg) {
-    constexpr int kDqSteps = kDqByKv ? kBlockN / 32 : kBlockN / 16;
-    const int k0 = kDqByKv ? wg * kDqSteps : 0;
+    constexpr int kDqSteps = kBlockN / 16;
     const int a_row0 = kDqSplit == DqSplit::kRows ? 64 * wg : 0;
     const char* k_block = smem + kOffK + (kDqSplit == DqSplit::kColumns ? wg * kBlockN * 128 : 0);
     const u64 k_desc = wgmma_desc_mn_major_sw128(k_block, kBlockN * 128);
 #pragma unroll
     for (int j = 0; j < kDqSteps; ++j) {
-      const int k = k0 + j;
+      const int k = j;
       const u64 a_ds = tile_desc_k_major(ds_tile, kBlockM, a_row0, k);
       wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, wgmma_desc_advance(k_desc, k * kSw128MnMajorKStepBytes),
                               j > 0);
@@ -938,14 +933,8 @@ struct AttnBwdSm90 {
   __device__ static __forceinline__ void hand_off_dq(const float (&dq)[32], char* smem, Bars* bars,
                                                      int s, int use, const MmaThread& me) {
     float* dq_buf = reinterpret_cast<float*>(smem + kOffDq + s * kDqBytes);
-    if (!kDqByKv || me.wg == 0) mbarrier_wait_parity(&bars->dq_empty[s], (use & 1) ^ 1);
-    if constexpr (kDqByKv) {
-      // Warpgroup 0 stores its partial, then warpgroup 1 adds its own onto it: P0 + P1 in
-      // that order for every element, whatever the timing.
-      if (me.wg == 0) store_dq(dq_buf, dq, 0, me.warp, me.g, me.t4);
-      sync_mma_warpgroups();
-      if (me.wg == 1) add_dq(dq_buf, dq, me.warp, me.g, me.t4);
-    } else if constexpr (kDqSplit == DqSplit::kRows) {
+    mbarrier_wait_parity(&bars->dq_empty[s], (use & 1) ^ 1);
+    if constexpr (kDqSplit == DqSplit::kRows) {
       // With two dS tiles nothing else holds the warpgroups together until the next task's
       // stage 4: warpgroup 1 stores after warpgroup 0, so the two start the next task's score
       // MMAs a store apart instead of together (docs/design.md, `ds64-two-tiles`). Both pass
@@ -974,19 +963,6 @@ struct AttnBwdSm90 {
       const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
       const int col = accum_col(g, col0 + 8 * (ii / 4) + 2 * t4);
       *reinterpret_cast<float2*>(buf + row * kHeadDim + col) = make_float2(dq[ii], dq[ii + 1]);
-    }
-  }
-
-  // buf += dq for the same fragment positions store_dq wrote (the other warpgroup's thread with
-  // the same index wrote exactly these elements).
-  __device__ static void add_dq(float* buf, const float (&dq)[32], int warp, int g, int t4) {
-#pragma unroll
-    for (int ii = 0; ii < 32; ii += 2) {
-      const int row = 16 * warp + g + 8 * ((ii / 2) % 2);
-      const int col = accum_col(g, 8 * (ii / 4) + 2 * t4);
-      float2* cell = reinterpret_cast<float2*>(buf + row * kHeadDim + col);
-      const float2 v = *cell;
-      *cell = make_float2(v.x + dq[ii], v.y + dq[ii + 1]);
     }
   }
 
