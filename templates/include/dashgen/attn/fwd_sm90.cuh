@@ -26,6 +26,12 @@
 
 namespace dashgen {
 
+// Named barrier ids of the forward (bar.sync; 0 is __syncthreads'): each MMA warpgroup's turn
+// (turn_barrier), consecutive so that warpgroup wg's is kTurnWg0 + wg.
+enum class FwdBarrier : u32 { kTurnWg0 = 1, kTurnWg1 = 2 };
+static_assert(static_cast<u32>(FwdBarrier::kTurnWg1) == static_cast<u32>(FwdBarrier::kTurnWg0) + 1,
+              "turn_barrier adds the warpgroup to kTurnWg0");
+
 // Cfg: the configuration the entry template renders (attn_fwd_sm90.cu.j2); its members are
 // named here as the kernel uses them.
 template <class Cfg>
@@ -63,7 +69,7 @@ struct AttnFwdSm90 {
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
 
-  // Turns: MMA warpgroup wg issues its wgmmas after named barrier kTurn0 + wg completes (its own
+  // Turns: MMA warpgroup wg issues its wgmmas after its turn barrier completes (its own
   // 128 threads waiting, the other warpgroup's 128 arriving) and then passes the turn. Both
   // warpgroups of a query tile issue equally often, so the alternation carries over from one
   // tile to the next (persistent CTAs); warpgroup 1 hands warpgroup 0 the first turn once per
@@ -71,13 +77,16 @@ struct AttnFwdSm90 {
   // the persistent kernels and the one-tile kernel at head_dim 128. The one-tile kernel at
   // head_dim 64 measured 3-5% slower with them (why is not known: it too runs one CTA an SM).
   // Packs keep the kernel without.
-  static constexpr u32 kTurn0 = 1;
   static constexpr bool kOneTileTurns = kHeadDim == 128;
-  __device__ static void start_turns(int wg) {
-    if (wg == 1) named_barrier_arrive(kTurn0, 256);
+  // Warpgroup wg's turn barrier (FwdBarrier: kTurnWg0 + wg, consecutive ids).
+  __device__ static u32 turn_barrier(int wg) {
+    return static_cast<u32>(FwdBarrier::kTurnWg0) + static_cast<u32>(wg);
   }
-  __device__ static void wait_turn(int wg) { named_barrier_sync(kTurn0 + wg, 256); }
-  __device__ static void pass_turn(int wg) { named_barrier_arrive(kTurn0 + (wg ^ 1), 256); }
+  __device__ static void start_turns(int wg) {
+    if (wg == 1) named_barrier_arrive(static_cast<u32>(FwdBarrier::kTurnWg0), 256);
+  }
+  __device__ static void wait_turn(int wg) { named_barrier_sync(turn_barrier(wg), 256); }
+  __device__ static void pass_turn(int wg) { named_barrier_arrive(turn_barrier(wg ^ 1), 256); }
 
   struct Bars {
     u64 q_full;
