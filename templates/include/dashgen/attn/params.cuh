@@ -1,5 +1,6 @@
 // dashgen/attn/params.cuh: kernel parameter blocks, passed by value. The host mirrors each one
-// field for field (dashgen/codegen/variants.py); keep the order pointers first, then 32-bit fields.
+// field for field (dashgen/codegen/variants.py; tests/test_params_layout.py compiles this header
+// on the host and checks every field's offset and size against the mirror).
 #pragma once
 #include "dashgen/sched/walk.cuh"
 #include "dashgen/types.cuh"
