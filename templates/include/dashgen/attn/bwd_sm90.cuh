@@ -33,6 +33,8 @@
 #include "dashgen/ptx/tma.cuh"
 #include "dashgen/ptx/wgmma.cuh"
 #include "dashgen/attn/tiles_sm90.cuh"
+#include "dashgen/attn/bwd_dq_converter.cuh"
+#include "dashgen/attn/bwd_dq_writer.cuh"
 #include "dashgen/sched/walk.cuh"
 #include "dashgen/swizzle.cuh"
 
@@ -319,9 +321,9 @@ struct AttnBwdSm90 {
       setmaxnreg_dec<kProducerRegs>();
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
       if (warp == 0 && lane == 0) produce(tm_q, tm_k, tm_v, tm_do, p, smem, bars, count);
-      if (warp == 1 && lane == 0) write_dq(p, smem, bars, count);
+      if (warp == 1 && lane == 0) BwdDqWriter<AttnBwdSm90>::run(p, smem, bars, count);
       if constexpr (kConvertDq) {
-        if (warp >= 2) convert_dq(p, smem, threadIdx.x - 64);
+        if (warp >= 2) BwdDqConverter<AttnBwdSm90>::run(p, smem, threadIdx.x - 64);
       }
       if (warp == 3 && lane == 1) schedule_tasks(p, smem, bars, count);
     } else {
@@ -446,7 +448,7 @@ struct AttnBwdSm90 {
     }
   }
 
-  // ---- dQ writer -----------------------------------------------------------------------------
+  // ---- dQ writer (attn/bwd_dq_writer.cuh: BwdDqWriter) ---------------------------------------
   // The task's query tile among the dQ counters, sums and statistics: per (batch, head)
   // num_m_blocks (a pack: the sequence's block, PackedRows).
   __device__ static __forceinline__ int q_tile(const BwdParams& p, const Task& t) {
@@ -455,172 +457,6 @@ struct AttnBwdSm90 {
       return p.heads_q * r.tile0 + t.h * r.tiles(kBlockM) + t.m;
     }
     return (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
-  }
-
-  __device__ static void write_dq(const BwdParams& p, char* smem, Bars* bars, int count) {
-    // Tracing: this worker's rows start at its offset in the IR's order (p.worker_offsets).
-    const int first_row = kTrace ? p.worker_offsets[blockIdx.x] : 0;
-    for (int i = 0; i < count; ++i) {
-      const Task t = take_task(smem, bars, i);
-      const int s = i % kStages, use = i / kStages;
-      mbarrier_wait_parity(&bars->dq_full[s], use & 1);
-      i32* row = kTrace ? p.trace + static_cast<i64>(first_row + i) * kTraceColumns : nullptr;
-      if (kTrace) trace_stamp(row, kTraceReady);
-      u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
-      if constexpr (kVarlen) counter = p.dq_counters + q_tile(p, t);
-      if (kDeterministic) {
-        if constexpr (kTrace) {
-          // Traced builds (the tests' trace = IR check) wait unbounded: their trace row holds
-          // the registers the watchdog would take.
-          wait_counter_equals(counter, static_cast<u32>(t.dq_rank));
-        } else {
-          wait_rank(p, kStallDq, p.dq_counters, counter, static_cast<u32>(t.dq_rank));
-        }
-        fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
-      }
-      if (kTrace) trace_stamp(row, kTraceAcquired);
-      land_dq_partial(p, t, smem, s);
-      if (kTrace) trace_stamp(row, kTraceLanded);
-      if (kDeterministic || kTrace) pass_dq_turn(t, counter, row);
-      mbarrier_arrive(&bars->dq_empty[s]);
-    }
-  }
-
-  // Stage s's dQ partial onto the task's fp32 tile in global memory, returning once it has
-  // landed there (not when shared memory was read): only then may the next rank's add start.
-  __device__ static __forceinline__ void land_dq_partial(const BwdParams& p, const Task& t,
-                                                         const char* smem, int s) {
-    float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
-                               static_cast<i64>(t.m) * kBlockM) * kHeadDim;
-    if constexpr (kVarlen) dst = p.dq_accum + static_cast<i64>(q_tile(p, t)) * kBlockM * kHeadDim;
-    const float* src = reinterpret_cast<const float*>(smem + kOffDq + s * kDqBytes);
-    if (kDeterministic && t.dq_rank == 0) {
-      // The first contribution in dq_rank order: the tile holds nothing yet (the preprocess
-      // kernel does not zero it: 134 MB less HBM traffic at 16384 tokens x hidden 2048), so
-      // the partial is stored, not added.
-      bulk_store_f32(dst, src, kDqBytes);
-    } else {
-      bulk_reduce_add_f32(dst, src, kDqBytes);
-    }
-    bulk_commit_group();
-    bulk_wait_group<0>();
-  }
-
-  // The tile's counter moves on once the add is visible to the next rank's writer (and to the
-  // fused converter): async-proxy then gpu-scope fence. Tracing records the task and the count
-  // it saw.
-  __device__ static __forceinline__ void pass_dq_turn(const Task& t, u32* counter, i32* row) {
-    fence_proxy_async_global();
-    __threadfence();
-    const u32 seen = atomic_fetch_add_relaxed_gpu(counter, 1u);
-    if (kTrace) {
-      row[0] = t.b; row[1] = t.h; row[2] = t.n; row[3] = t.m; row[4] = t.dq_rank;
-      row[5] = static_cast<i32>(seen);
-    }
-  }
-
-  // ---- dQ converter (kConvertDq) -------------------------------------------------------------
-  // The convert kernel's per-row work (AttnConvert) for this worker's share of the tiles: fp32
-  // sums in the accum_col layout -> 16-bit dQ rows, the same conversion, so the same bits. The
-  // dQ tiles that receive any contribution are dealt round-robin to the workers in
-  // (batch, head, m_block) order, the order their heads launch in (sched::ConvertDeal); not to
-  // the worker that adds last: a schedule may give one worker the last add of every tile.
-  // Chunk j of the worker's share (tile j / kConvChunks) goes through buffer j % 2. Warp 3's
-  // lane 0 issues each copy once the tile's sum is final and warp 2 has emptied the buffer, and
-  // leaves where the chunk's rows go in the buffer's ConvSlot; warp 2 converts. Two roles in
-  // two warps keep each within the producer warpgroup's 24 registers, and the converting warp
-  // decodes nothing (a tile's batch, head and m_block take two integer divisions): its few
-  // instructions per byte take few issue slots from its sub-partition's MMA warps.
-  struct ConvSlot {
-    i64 out;   // dQ element offset of the chunk's first row
-    int rows;  // rows from it inside seqlen_q (past them: padding)
-  };
-
-  // The converter's shared memory (at kOffConv): its full[2] and empty[2] barriers, the two
-  // ConvSlots, then the two chunk buffers.
-  struct ConvBuffers {
-    u64* full;
-    u64* empty;
-    ConvSlot* slots;
-    float* buf;
-  };
-  static constexpr int kChunkFloats = kConvChunkBytes / 4;
-  using Deal = sched::ConvertDeal<Tiling>;
-
-  __device__ static void convert_dq(const BwdParams& p, char* smem, int tid) {
-    u64* full = reinterpret_cast<u64*>(smem + kOffConv);
-    const ConvBuffers c{full, full + 2, reinterpret_cast<ConvSlot*>(smem + kOffConv + 32),
-                        reinterpret_cast<float*>(smem + kOffConv + 128)};
-    const int chunks = Deal::share(Tiling(p.seqlen_q, p.seqlen_k), p.batch * p.heads_q,
-                                   blockIdx.x, gridDim.x) * kConvChunks;
-    if (tid == 32) issue_conv_copies(p, c, chunks);
-    if (tid >= 32) return;
-    convert_chunks(p, c, chunks, tid);
-  }
-
-  // Warp 3's lane 0: each chunk of the worker's share into buffer j % 2, once its tile's sum is
-  // final and the buffer is empty.
-  __device__ static __forceinline__ void issue_conv_copies(const BwdParams& p, const ConvBuffers& c,
-                                                           int chunks) {
-    const Tiling t(p.seqlen_q, p.seqlen_k);
-#pragma unroll 1
-    for (int j = 0; j < chunks; ++j) {
-      if (j >= 2) mbarrier_wait_parity(&c.empty[j % 2], (j / 2 - 1) & 1);
-      const int k = j / kConvChunks;  // the worker's k-th tile (sched::ConvertDeal)
-      const int m = Deal::m_of(t, blockIdx.x, gridDim.x, k);
-      const int bh = Deal::seq_of(t, blockIdx.x, gridDim.x, k);
-      const int tile = bh * p.num_m_blocks + m;
-      const int row0 = m * kBlockM + (j % kConvChunks) * kConvChunkRows;
-      if (j % kConvChunks == 0) {
-        // Final once every contribution has landed: the writers release the counter after
-        // their add is visible (fence.proxy.async, then a gpu-scope fence). Asleep between
-        // polls: a polling warp would take issue slots from its sub-partition's MMA warps.
-        const u32 total = t.count(m);
-        u32 since = global_ns();
-        while (ld_acquire_gpu(p.dq_counters + tile) != total) {
-          if (global_ns() - since > p.watchdog_ms * 1000000u) {
-            report_stall(p, kStallConvert, p.dq_counters, p.dq_counters + tile, total);
-          }
-          __nanosleep(kConvPollNs);
-        }
-        fence_proxy_async_global();  // the copy below reads through the async proxy
-      }
-      // Published by the arrive below (release), read after the wait on it (acquire).
-      c.slots[j % 2].out = (static_cast<i64>(bh / p.heads_q) * p.seqlen_q + row0) *
-                           p.q_row_stride + static_cast<i64>(bh % p.heads_q) * kHeadDim;
-      c.slots[j % 2].rows = p.seqlen_q - row0;
-      mbarrier_arrive_expect_tx(&c.full[j % 2], kConvChunkBytes);
-      bulk_load(c.buf + (j % 2) * kChunkFloats,
-                p.dq_accum + static_cast<i64>(tile) * kBlockM * kHeadDim +
-                    (j % kConvChunks) * kChunkFloats,
-                kConvChunkBytes, &c.full[j % 2]);
-    }
-  }
-
-  // Warp 2: lane `tid` converts column quad tid % kQuads of every kPassRows-th row from
-  // tid / kQuads of each chunk, then frees its buffer. Chunks start at multiples of 8 rows, so a
-  // chunk row's swizzle (accum_col) is its tile row's.
-  __device__ static __forceinline__ void convert_chunks(const BwdParams& p, const ConvBuffers& c,
-                                                        int chunks, int tid) {
-    static_assert(kConvChunkRows % 8 == 0, "a chunk row keeps its tile row's swizzle");
-    constexpr int kQuads = kHeadDim / 4;  // 4 columns per 8-byte store
-    constexpr int kPassRows = 32 / kQuads;
-#pragma unroll 1
-    for (int j = 0; j < chunks; ++j) {
-      mbarrier_wait_parity(&c.full[j % 2], (j / 2) & 1);
-      const int rows = c.slots[j % 2].rows;
-      T* out = static_cast<T*>(p.dq) + c.slots[j % 2].out + (tid % kQuads) * 4;
-      const float* src = c.buf + (j % 2) * kChunkFloats;
-      // (Two bounds, not their min: ptxas then spills at head_dim 64, causal.)
-#pragma unroll 1
-      for (int r = tid / kQuads; r < kConvChunkRows && r < rows; r += kPassRows) {
-        const float4 v = *reinterpret_cast<const float4*>(
-            src + r * kHeadDim + accum_col(r, (tid % kQuads) * 4));  // a quad stays whole
-        *reinterpret_cast<uint2*>(out + static_cast<i64>(r) * p.q_row_stride) =
-            make_uint2(Element<T>::pack(v.x, v.y), Element<T>::pack(v.z, v.w));
-      }
-      mbarrier_arrive(&c.empty[j % 2]);  // this lane has read buffer j % 2 and its slot
-    }
   }
 
   // ---- MMA warpgroups ------------------------------------------------------------------------
