@@ -35,6 +35,7 @@
 #include "dashgen/attn/tiles_sm90.cuh"
 #include "dashgen/attn/bwd_dq_converter.cuh"
 #include "dashgen/attn/bwd_dq_writer.cuh"
+#include "dashgen/attn/bwd_producer.cuh"
 #include "dashgen/sched/walk.cuh"
 #include "dashgen/swizzle.cuh"
 
@@ -320,7 +321,9 @@ struct AttnBwdSm90 {
     if (warpgroup == 0) {
       setmaxnreg_dec<kProducerRegs>();
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-      if (warp == 0 && lane == 0) produce(tm_q, tm_k, tm_v, tm_do, p, smem, bars, count);
+      if (warp == 0 && lane == 0) {
+        BwdProducer<AttnBwdSm90>::run(tm_q, tm_k, tm_v, tm_do, p, smem, bars, count);
+      }
       if (warp == 1 && lane == 0) BwdDqWriter<AttnBwdSm90>::run(p, smem, bars, count);
       if constexpr (kConvertDq) {
         if (warp >= 2) BwdDqConverter<AttnBwdSm90>::run(p, smem, threadIdx.x - 64);
@@ -364,89 +367,7 @@ struct AttnBwdSm90 {
     return t;
   }
 
-  // ---- producer ------------------------------------------------------------------------------
-  // Tensor-map coordinates run innermost first over (batch, seqlen, heads, head_dim) tensors:
-  // (column, head, row, batch).
-  __device__ static void produce(const TensorMap* tm_q, const TensorMap* tm_k,
-                                 const TensorMap* tm_v, const TensorMap* tm_do,
-                                 const BwdParams& p, char* smem, Bars* bars, int count) {
-    const int group = p.heads_q / p.heads_kv;
-    int segment = 0;
-    for (int i = 0; i < count; ++i) {
-      const Task t = take_task(smem, bars, i);
-      // A segment's K/V go before its first task's Q/dO, or with kEarlyKv after them: then
-      // those Q/dO load while the previous segment's last task still runs, and the K/V as soon
-      // as its dQ MMA has freed them (not after its dK/dV stores).
-      if (!kEarlyKv && t.seg_start) {
-        load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, kv_row(p, t), kv_batch(t));
-      }
-      const int s = i % kStages, use = i / kStages;
-      load_task(tm_q, tm_do, p, t, bars, smem, s, use);
-      if (kEarlyKv && t.seg_start) {
-        load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, kv_row(p, t), kv_batch(t));
-      }
-    }
-  }
-
-  // The task's K/V tile in the K/V tensor maps: row and batch (a pack's rows are the sequence's
-  // from its first, in a batch of one).
-  __device__ static __forceinline__ int kv_row(const BwdParams& p, const Task& t) {
-    if constexpr (kVarlen) return p.cu_seqlens_k[t.b] + t.n * kBlockN;
-    return t.n * kBlockN;
-  }
-  __device__ static __forceinline__ int kv_batch(const Task& t) { return kVarlen ? 0 : t.b; }
-
-  // A task into stage s, once the MMA warpgroups have freed it: its decoded entry into the
-  // stage's slot, its Q and dO tiles and its softmax statistics.
-  __device__ static __forceinline__ void load_task(const TensorMap* tm_q, const TensorMap* tm_do,
-                                                   const BwdParams& p, const Task& t, Bars* bars,
-                                                   char* smem, int s, int use) {
-    mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
-    // Published by the arrive below (release), read after the consumers' wait (acquire).
-    reinterpret_cast<Task*>(smem + kOffTask)[s] = t;
-    mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes + kStatsBytes);
-    // The preprocess kernel laid the statistics out per query tile (BwdParams::stats).
-    if constexpr (kVarlen) {
-      bulk_load(smem + kOffStats + s * kStatsBytes,
-                p.stats + static_cast<i64>(q_tile(p, t)) * (2 * kBlockM), kStatsBytes,
-                &bars->q_full[s]);
-    } else {
-      bulk_load(smem + kOffStats + s * kStatsBytes,
-                p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *
-                              (2 * kBlockM),
-                kStatsBytes, &bars->q_full[s]);
-    }
-    if constexpr (kVarlen) {
-      const int row = p.cu_seqlens_q[t.b] + t.m * kBlockM;  // the sequence's rows, batch 0
-      for (int cb = 0; cb < kColBlocks; ++cb) {
-        tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
-                    cb * 64, t.h, row, 0);
-        tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
-                    cb * 64, t.h, row, 0);
-      }
-    } else {
-      for (int cb = 0; cb < kColBlocks; ++cb) {
-        tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
-                    cb * 64, t.h, t.m * kBlockM, t.b);
-        tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
-                    cb * 64, t.h, t.m * kBlockM, t.b);
-      }
-    }
-  }
-
-  // A segment's K and V, once the MMA warpgroups have freed them (the first wait passes at once).
-  __device__ static __forceinline__ void load_kv(const TensorMap* tm_k, const TensorMap* tm_v,
-                                                 Bars* bars, char* smem, int segment, int head,
-                                                 int row, int batch) {
-    mbarrier_wait_parity(&bars->kv_empty, (segment & 1) ^ 1);
-    mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kKBytes);
-    for (int cb = 0; cb < kColBlocks; ++cb) {
-      tma_load_4d(smem + kOffK + cb * kBlockN * 128, tm_k, &bars->kv_full, cb * 64, head, row,
-                  batch);
-      tma_load_4d(smem + kOffV + cb * kBlockN * 128, tm_v, &bars->kv_full, cb * 64, head, row,
-                  batch);
-    }
-  }
+  // ---- producer (attn/bwd_producer.cuh: BwdProducer) ----------------------------------------
 
   // ---- dQ writer (attn/bwd_dq_writer.cuh: BwdDqWriter) ---------------------------------------
   // The task's query tile among the dQ counters, sums and statistics: per (batch, head)
