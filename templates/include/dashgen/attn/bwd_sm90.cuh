@@ -1,6 +1,9 @@
 // dashgen/attn/bwd_sm90.cuh: the Hopper-native persistent attention backward.
 // Warp-specialized, one CTA per SM, walking its worker's share of the schedule (Cfg::Walk: a
 // named schedule's policy, computed from the tiles, or a schedule file's table):
+// Roles with a header of their own (each a struct templated on this kernel for its constants):
+// BwdProducer (attn/bwd_producer.cuh), BwdDqWriter (attn/bwd_dq_writer.cuh), BwdDqConverter
+// (attn/bwd_dq_converter.cuh); the scheduler lane and the MMA warpgroups are still here.
 //   warpgroup 0, warp 0: producer: TMA loads of K/V once per segment, Q/dO per task (2 stages;
 //                        with them the task's lse and D rows);
 //   warpgroup 0, warp 1: dQ writer: waits for the dQ tile's counter to reach the task's dq_rank,
