@@ -238,3 +238,9 @@ def test_dq_last_is_refused_where_it_spills():
     with pytest.raises(TypeError, match=r"^dq_last must be a bool"):
         B("bf16", 128, True, "spt", dq_last=1)
     assert B("bf16", 128, True, "spt", dq_last=True).kernel_name.endswith("_dqlast")
+
+
+def test_a_listed_schedule_is_refused_for_packs():
+    with pytest.raises(ValueError, match=r"^schedule='spt_listed' deals one fixed shape's units"):
+        B("bf16", 128, True, "spt_listed", varlen=True, early_kv=True)
+    assert B("bf16", 128, True, "spt_listed").listed and not B("bf16", 128, True, "spt").listed

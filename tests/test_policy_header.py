@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from dashgen import Problem
 from dashgen.codegen.render import include_dir
 from dashgen.schedule.builders import BUILDERS, hybrid_policy, build_schedule
-from dashgen.schedule.builders.base import assemble, list_deal
+from dashgen.schedule.builders.base import assemble, deal_words, list_deal
 
 HEADERS = ("dashgen/sched/walk.cuh", "dashgen/sched/ordered.cuh", "dashgen/sched/shift.cuh",
            "dashgen/sched/hybrid.cuh")
@@ -229,11 +229,7 @@ def walk_policy(tmp_path_factory):
         stdin = ""
         if policy.listed:  # the deal the runtime uploads (runtime.plans.device_deal's words)
             for c in counts:
-                deal = list_deal(policy, problem, c)
-                offsets = [len(deal) + 1]
-                for units in deal:
-                    offsets.append(offsets[-1] + len(units))
-                words = offsets + [g for units in deal for g in units]
+                words = deal_words(list_deal(policy, problem, c))
                 stdin += " ".join(map(str, [len(words), *words])) + "\n"
         return run_walks([str(binary), str(policy.kernel_id), str(problem.block_m),
                           str(int(problem.mask.kind == "causal")), str(problem.batch),

@@ -181,12 +181,12 @@ class BackwardVariant(_Variant):
         if self.varlen and (self.schedule == "table" or self.fused_convert or self.trace):
             raise ValueError("a varlen backward runs a named schedule without fused_convert "
                              "or trace")
-        if self.varlen and self.schedule in SCHEDULE_POLICIES and self.listed:
-            raise ValueError(f"schedule={self.schedule!r} deals one fixed shape's units; a "
-                             f"pack has its own deal (use 'spt')")
         if self.schedule not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULE_POLICIES)}, "
                              f"got {self.schedule!r}")
+        if self.varlen and self.listed:
+            raise ValueError(f"schedule={self.schedule!r} deals one fixed shape's units; a "
+                             f"pack has its own deal (use 'spt')")
         if self.dq_last and self.head_dim not in DQ_LAST_HEAD_DIMS:
             raise ValueError(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}: at head_dim "
                              f"{self.head_dim} its order spills the MMA warpgroups' registers")

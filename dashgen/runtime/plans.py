@@ -12,7 +12,7 @@ import torch
 
 from ..caches import memo
 from ..schedule.builders import get_builder, schedule_loads
-from ..schedule.builders.base import list_deal
+from ..schedule.builders.base import deal_words, list_deal
 from ..schedule.lower import lower
 from ..schedule.problem import Problem
 from .device import allocation_stream
@@ -41,10 +41,7 @@ def device_deal(problem: Problem, schedule: str, num_workers: int,
     """A listed schedule's deal on `device` (BwdParams::unit_deal: the workers + 1 offsets into
     the array, then each worker's global units), and the stream it was allocated on. 4 bytes a
     unit: 128 KiB for one 262,144-token sequence of 16 heads at head_dim 128."""
-    deal = list_deal(get_builder(schedule), problem, num_workers)
-    offsets = [len(deal) + 1, *accumulate(len(units) for units in deal)]
-    offsets[1:] = [offsets[0] + x for x in offsets[1:]]
-    words = array("i", offsets + [g for units in deal for g in units])
+    words = array("i", deal_words(list_deal(get_builder(schedule), problem, num_workers)))
     return int32_tensor(words).to(device), allocation_stream(device)
 
 

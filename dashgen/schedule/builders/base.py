@@ -12,6 +12,7 @@ worker count only decides who runs which unit when (docs/design.md, `ranks-by-ti
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -282,7 +283,6 @@ def list_deal(policy: Policy, problem: Problem, num_workers: int) -> list[list[i
     round-robin gives inside one sequence of rising units, kept across the boundaries between
     sequences (docs/design.md, `listed-deal`). Every wait of a launch-ordered policy is on a
     lower g and each worker runs its units in rising g, so the deal is live on any count."""
-    import heapq
     tiling = Tiling(problem)
     workers = policy.workers_used(problem, num_workers)
     per_seq = policy.units(tiling)
@@ -296,6 +296,15 @@ def list_deal(policy: Policy, problem: Problem, num_workers: int) -> list[list[i
                 deal[w].append(s * per_seq + u)
                 heapq.heappush(free, (load + size, w))
     return deal
+
+
+def deal_words(deal: list[list[int]]) -> list[int]:
+    """A listed deal as the kernel reads it (BwdParams::unit_deal, sched::DealtWalk): the
+    workers + 1 offsets into these words, then each worker's units."""
+    offsets = [len(deal) + 1]
+    for units in deal:
+        offsets.append(offsets[-1] + len(units))
+    return offsets + [g for units in deal for g in units]
 
 
 def fewest_workers(units: int, num_workers: int) -> int:
