@@ -27,6 +27,7 @@ template <class K>
 struct BwdDqConverter {
   using T = typename K::T;
   using Tiling = typename K::Tiling;
+  using Scheduler = typename K::Scheduler;
   using Deal = sched::ConvertDeal<Tiling>;
   static constexpr int kBlockM = K::kBlockM;
   static constexpr int kHeadDim = K::kHeadDim;
@@ -82,7 +83,8 @@ struct BwdDqConverter {
         u32 since = global_ns();
         while (ld_acquire_gpu(p.dq_counters + tile) != total) {
           if (global_ns() - since > p.watchdog_ms * 1000000u) {
-            K::report_stall(p, K::kStallConvert, p.dq_counters, p.dq_counters + tile, total);
+            Scheduler::report_stall(p, Scheduler::kStallConvert, p.dq_counters,
+                                    p.dq_counters + tile, total);
           }
           __nanosleep(kConvPollNs);
         }

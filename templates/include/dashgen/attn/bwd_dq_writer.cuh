@@ -16,25 +16,27 @@ namespace dashgen {
 template <class K>
 struct BwdDqWriter {
   using Task = sched::Task;
+  using Scheduler = typename K::Scheduler;
 
   __device__ static void run(const BwdParams& p, char* smem, typename K::Bars* bars, int count) {
     // Tracing: this worker's rows start at its offset in the IR's order (p.worker_offsets).
     const int first_row = K::kTrace ? p.worker_offsets[blockIdx.x] : 0;
     for (int i = 0; i < count; ++i) {
-      const Task t = K::take_task(smem, bars, i);
+      const Task t = Scheduler::take_task(smem, bars, i);
       const int s = i % K::kStages, use = i / K::kStages;
       mbarrier_wait_parity(&bars->dq_full[s], use & 1);
       i32* row = K::kTrace ? p.trace + static_cast<i64>(first_row + i) * kTraceColumns : nullptr;
       if (K::kTrace) trace_stamp(row, kTraceReady);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
-      if constexpr (K::kVarlen) counter = p.dq_counters + K::q_tile(p, t);
+      if constexpr (K::kVarlen) counter = p.dq_counters + Scheduler::q_tile(p, t);
       if (K::kDeterministic) {
         if constexpr (K::kTrace) {
           // Traced builds (the tests' trace = IR check) wait unbounded: their trace row holds
           // the registers the watchdog would take.
           wait_counter_equals(counter, static_cast<u32>(t.dq_rank));
         } else {
-          K::wait_rank(p, K::kStallDq, p.dq_counters, counter, static_cast<u32>(t.dq_rank));
+          Scheduler::wait_rank(p, Scheduler::kStallDq, p.dq_counters, counter,
+                               static_cast<u32>(t.dq_rank));
         }
         fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
       }
@@ -54,7 +56,7 @@ struct BwdDqWriter {
     float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
                                static_cast<i64>(t.m) * kBlockM) * kHeadDim;
     if constexpr (K::kVarlen) {
-      dst = p.dq_accum + static_cast<i64>(K::q_tile(p, t)) * kBlockM * kHeadDim;
+      dst = p.dq_accum + static_cast<i64>(Scheduler::q_tile(p, t)) * kBlockM * kHeadDim;
     }
     const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + s * K::kDqBytes);
     if (K::kDeterministic && t.dq_rank == 0) {

@@ -16,6 +16,7 @@ template <class K>
 struct BwdProducer {
   using Task = sched::Task;
   using Bars = typename K::Bars;
+  using Scheduler = typename K::Scheduler;
   static constexpr bool kVarlen = K::kVarlen, kEarlyKv = K::kEarlyKv;
   static constexpr int kBlockM = K::kBlockM, kBlockN = K::kBlockN, kStages = K::kStages;
   static constexpr int kColBlocks = K::kColBlocks, kQBytes = K::kQBytes, kKBytes = K::kKBytes;
@@ -29,7 +30,7 @@ struct BwdProducer {
     const int group = p.heads_q / p.heads_kv;
     int segment = 0;
     for (int i = 0; i < count; ++i) {
-      const Task t = K::take_task(smem, bars, i);
+      const Task t = Scheduler::take_task(smem, bars, i);
       // A segment's K/V go before its first task's Q/dO, or with kEarlyKv after them: then
       // those Q/dO load while the previous segment's last task still runs, and the K/V as soon
       // as its dQ MMA has freed them (not after its dK/dV stores).
@@ -64,8 +65,8 @@ struct BwdProducer {
     // The preprocess kernel laid the statistics out per query tile (BwdParams::stats).
     if constexpr (kVarlen) {
       bulk_load(smem + kOffStats + s * kStatsBytes,
-                p.stats + static_cast<i64>(K::q_tile(p, t)) * (2 * kBlockM), kStatsBytes,
-                &bars->q_full[s]);
+                p.stats + static_cast<i64>(Scheduler::q_tile(p, t)) * (2 * kBlockM),
+                kStatsBytes, &bars->q_full[s]);
     } else {
       bulk_load(smem + kOffStats + s * kStatsBytes,
                 p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *

@@ -2,8 +2,11 @@
 // Warp-specialized, one CTA per SM, walking its worker's share of the schedule (Cfg::Walk: a
 // named schedule's policy, computed from the tiles, or a schedule file's table):
 // Roles with a header of their own (each a struct templated on this kernel for its constants):
-// BwdProducer (attn/bwd_producer.cuh), BwdDqWriter (attn/bwd_dq_writer.cuh), BwdDqConverter
-// (attn/bwd_dq_converter.cuh); the scheduler lane and the MMA warpgroups are still here.
+// BwdScheduler (attn/bwd_scheduler.cuh), BwdProducer (attn/bwd_producer.cuh), BwdDqWriter
+// (attn/bwd_dq_writer.cuh), BwdDqConverter (attn/bwd_dq_converter.cuh); the MMA warpgroups are
+// still here.
+//   warpgroup 0, warp 3, lane 1: scheduler: walks the schedule, each task into a ring slot that
+//                        the producer and the dQ writer read;
 //   warpgroup 0, warp 0: producer: TMA loads of K/V once per segment, Q/dO per task (2 stages;
 //                        with them the task's lse and D rows);
 //   warpgroup 0, warp 1: dQ writer: waits for the dQ tile's counter to reach the task's dq_rank,
@@ -39,6 +42,7 @@
 #include "dashgen/attn/bwd_dq_converter.cuh"
 #include "dashgen/attn/bwd_dq_writer.cuh"
 #include "dashgen/attn/bwd_producer.cuh"
+#include "dashgen/attn/bwd_scheduler.cuh"
 #include "dashgen/sched/walk.cuh"
 #include "dashgen/swizzle.cuh"
 
@@ -50,20 +54,11 @@ enum class Sm90Barrier : u32 { kMma = 1, kHandOff = 2 };
 
 enum class DqSplit { kColumns, kRows };
 
-// A if kFirst, else B (std::conditional, which NVRTC's headers may lack).
-template <bool kFirst, class A, class B>
-struct Either {
-  using type = A;
-};
-template <class A, class B>
-struct Either<false, A, B> {
-  using type = B;
-};
-
 // Cfg: the configuration the entry template renders (attn_bwd_sm90.cu.j2); its members are
 // named here as the kernel uses them.
 template <class Cfg>
 struct AttnBwdSm90 {
+  using Config = Cfg;
   using T = typename Cfg::Element;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kBlockM = Cfg::kBlockM;  // query rows per task
@@ -144,7 +139,7 @@ struct AttnBwdSm90 {
   static constexpr int kNumBars = 2 + 4 * kStages + 2 * kRing;
   // The producer hands each stage's task to the MMA warpgroups here, so they never see the
   // schedule (its state stays out of their registers); after the slots, this worker's task
-  // count, which the producer's walk computes before the roles start.
+  // count, which thread 0 counts on the scheduler's walk before the roles start.
   static constexpr int kOffTask = kOffBar + kNumBars * 8;
   static constexpr int kOffCount = kOffTask + kStages * 32;
   static constexpr int kOffRing = kOffCount + 16;  // kRing Task slots
@@ -177,6 +172,7 @@ struct AttnBwdSm90 {
 
   using Task = sched::Task;
   static_assert(sizeof(Task) <= 32, "one 32-byte task slot per stage");
+  using Scheduler = BwdScheduler<AttnBwdSm90>;
 
   // One copy into registers: volatile, so the compiler cannot re-read the slot after the
   // producer has reused it for a later task.
@@ -194,96 +190,6 @@ struct AttnBwdSm90 {
   // rewritten only after this thread's arrive on q_empty[s].
   __device__ static bool seg_end_of(const char* smem, int s) {
     return reinterpret_cast<const volatile Task*>(smem + kOffTask)[s].seg_end;
-  }
-
-  // The launch's shape as a named policy's walk reads it: from the parameter block and the
-  // grid, where it is needed (sched::UnitWalk).
-  struct LaunchShape {
-    const BwdParams& p;
-    // Each read is opaque (a volatile move the compiler cannot hoist), so the walk's loop keeps
-    // no shape value in a register across steps: the scheduler lane has 24.
-    __device__ __forceinline__ static int fresh(int value) {
-      int out;
-      asm volatile("mov.b32 %0, %1;" : "=r"(out) : "r"(value));
-      return out;
-    }
-    __device__ __forceinline__ int batch() const { return fresh(p.batch); }
-    __device__ __forceinline__ int heads_q() const { return fresh(p.heads_q); }
-    // Query heads per KV head: 1 unless GQA (a constant there, so no division per task).
-    __device__ __forceinline__ int group() const {
-      return kGqa ? fresh(p.heads_q) / fresh(p.heads_kv) : 1;
-    }
-    __device__ __forceinline__ int seqlen_q() const { return fresh(p.seqlen_q); }
-    __device__ __forceinline__ int seqlen_k() const { return fresh(p.seqlen_k); }
-    __device__ __forceinline__ int workers() const { return fresh(static_cast<int>(gridDim.x)); }
-  };
-  // A pack's shape (sched::PackWalk): per-sequence lengths from cu_seqlens, the deal's orders
-  // from the plan.
-  struct PackShape : LaunchShape {
-    __device__ explicit PackShape(const BwdParams& params) : LaunchShape{params} {}
-    __device__ __forceinline__ int seqlen_q(int b) const {
-      return this->p.cu_seqlens_q[b + 1] - this->p.cu_seqlens_q[b];
-    }
-    __device__ __forceinline__ int seqlen_k(int b) const {
-      return this->p.cu_seqlens_k[b + 1] - this->p.cu_seqlens_k[b];
-    }
-    __device__ __forceinline__ int dealt() const { return this->p.pack_plan[0]; }
-    __device__ __forceinline__ int units_dealt() const { return this->p.pack_plan[1]; }
-    __device__ __forceinline__ int order(int k) const {
-      return this->p.pack_plan[kPlanHeader + k];
-    }
-    __device__ __forceinline__ int unit_seq(int k) const {
-      return this->p.pack_plan[kPlanHeader + this->p.batch + k];
-    }
-    __device__ __forceinline__ int unit_index(int k) const {
-      return this->p.pack_plan[kPlanHeader + this->p.batch + this->p.max_units + k];
-    }
-  };
-  using Shape = typename Either<kVarlen, PackShape, LaunchShape>::type;
-  using Walk = typename Cfg::template Walk<Tiling, Shape>;
-
-  // This worker's walk: the producer and the dQ writer each walk it, the MMA warpgroups read
-  // the producer's copy of each task from the stage's slot. `shape` outlives the walk.
-  __device__ static Walk make_walk(const BwdParams& p, const Shape& shape) {
-    if constexpr (kTable) {
-      return Walk(p.tasks, p.worker_offsets, blockIdx.x);
-    } else if constexpr (Cfg::kListed) {
-      return Walk(shape, p.unit_deal, blockIdx.x);
-    } else {
-      return Walk(shape, blockIdx.x);
-    }
-  }
-
-  // A rank wait that did not end within p.watchdog_ms: the schedule is not live. Record what
-  // waited for what (host memory Python reads: dashgen.runtime.watchdog) and abort the launch,
-  // so no gradient of a broken order is ever returned. The tile is the counter's index in its
-  // counter array ((batch * heads + head) * tiles + tile), which the host decodes.
-  enum StallRole : u32 { kStallDq = 1, kStallDkv = 2, kStallConvert = 3 };
-  __device__ static void report_stall(const BwdParams& p, StallRole role, const u32* counters,
-                                      const u32* counter, u32 rank) {
-    if (p.stall != nullptr) {
-      // The row's offset formed here: left to ptxas, the row's address was computed at the
-      // kernel's start and held in two of the writer lane's registers throughout, and the
-      // pointer loaded for word 0 below spilled (16 bytes, with two dS tiles at head_dim 64).
-      u32 at = (blockIdx.x * 4 + role) * kStallWords;
-      asm volatile("" : "+r"(at));
-      volatile u32* row = p.stall + at;
-      row[1] = Cfg::kScheduleId; row[2] = role; row[3] = static_cast<u32>(counter - counters);
-      row[4] = rank; row[5] = ld_acquire_gpu(counter); row[6] = blockIdx.x;
-      __threadfence_system();
-      row[0] = kStallMagic;
-      *static_cast<volatile u32*>(p.stall) = kStallMagic;  // row 0 (no role): "some row is"
-      __threadfence_system();
-    }
-    __trap();
-  }
-
-  __device__ static __forceinline__ void wait_rank(const BwdParams& p, StallRole role,
-                                                   const u32* counters, const u32* counter,
-                                                   u32 rank) {
-    if (!wait_counter_equals_for(counter, rank, p.watchdog_ms * 1000000u)) {
-      report_stall(p, role, counters, counter, rank);
-    }
   }
 
   __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k, const TensorMap* tm_v,
@@ -315,8 +221,8 @@ struct AttnBwdSm90 {
         for (int i = 0; i < 4; ++i) mbarrier_init(&conv_bars[i], i < 2 ? 1 : 32);
       }
       fence_barrier_init();
-      const Shape shape{p};
-      *count_slot = make_walk(p, shape).count();
+      const typename Scheduler::Shape shape{p};
+      *count_slot = Scheduler::make_walk(p, shape).count();
     }
     __syncthreads();
     const int count = *count_slot;
@@ -331,7 +237,7 @@ struct AttnBwdSm90 {
       if constexpr (kConvertDq) {
         if (warp >= 2) BwdDqConverter<AttnBwdSm90>::run(p, smem, threadIdx.x - 64);
       }
-      if (warp == 3 && lane == 1) schedule_tasks(p, smem, bars, count);
+      if (warp == 3 && lane == 1) Scheduler::run(p, smem, bars, count);
     } else {
       setmaxnreg_inc<kMmaRegs>();
       // The MMA loop runs from an opaque first index: with a literal 0 the compiler turned the
@@ -341,46 +247,6 @@ struct AttnBwdSm90 {
       asm volatile("mov.b32 %0, 0;" : "=r"(begin));
       consume(p, smem, bars, begin, begin + count, warpgroup - 1, threadIdx.x - 128);
     }
-  }
-
-  // ---- scheduler -----------------------------------------------------------------------------
-  // Warp 3's lane 1 walks this worker's schedule (the policy's integer formulas, or the table)
-  // and leaves each task in ring slot i % kRing for the producer and the writer, which only
-  // read it: one lane holds the walk's state, inside the producer warpgroup's 24 registers.
-  __device__ static void schedule_tasks(const BwdParams& p, char* smem, Bars* bars, int count) {
-    const Shape shape{p};
-    Walk walk = make_walk(p, shape);
-    Task* ring = reinterpret_cast<Task*>(smem + kOffRing);
-#pragma unroll 1
-    for (int i = 0; i < count; ++i) {
-      const int k = i % kRing;
-      if (i >= kRing) mbarrier_wait_parity(&bars->ring_empty[k], ((i / kRing) - 1) & 1);
-      ring[k] = walk.next();
-      mbarrier_arrive(&bars->ring_full[k]);  // release: the slot's stores before the arrive
-    }
-  }
-
-  // Task i from the scheduler's ring (the caller arrives on ring_empty once it has read it).
-  __device__ static __forceinline__ Task take_task(const char* smem, Bars* bars, int i) {
-    mbarrier_wait_parity(&bars->ring_full[i % kRing], (i / kRing) & 1);
-    // Plain loads, so a reader keeps only the fields it uses; the arrive (a memory clobber)
-    // keeps them before the slot is released.
-    const Task t = reinterpret_cast<const Task*>(smem + kOffRing)[i % kRing];
-    mbarrier_arrive(&bars->ring_empty[i % kRing]);
-    return t;
-  }
-
-  // ---- producer (attn/bwd_producer.cuh: BwdProducer) ----------------------------------------
-
-  // ---- dQ writer (attn/bwd_dq_writer.cuh: BwdDqWriter) ---------------------------------------
-  // The task's query tile among the dQ counters, sums and statistics: per (batch, head)
-  // num_m_blocks (a pack: the sequence's block, PackedRows).
-  __device__ static __forceinline__ int q_tile(const BwdParams& p, const Task& t) {
-    if constexpr (kVarlen) {
-      const PackedRows r(p.cu_seqlens_q, t.b, kBlockM);
-      return p.heads_q * r.tile0 + t.h * r.tiles(kBlockM) + t.m;
-    }
-    return (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
   }
 
   // ---- MMA warpgroups ------------------------------------------------------------------------
