@@ -37,9 +37,11 @@ BACKWARD_CONSTANTS = {
     (128, False): BackwardConstants(block_m=64, block_n=128),
     (128, True): BackwardConstants(block_m=64, block_n=128),
 }
-# The head dims whose backward compiles the dq_last order without spills (at 64 the dS tiles
-# in the softmax loop beside dK's accumulators spilled 56 bytes).
-DQ_LAST_HEAD_DIMS = (128,)
+# The head dims with a dq_last order. At 64 it spills 56 bytes (the dS tiles in the softmax
+# loop beside dK's accumulators) and is still 1.14-1.26x faster at 128k-256k tokens, where the
+# Q/dO stage it frees before the dQ hand-off is what the long sequences wait on
+# (docs/design.md, `dq-last-long`).
+DQ_LAST_HEAD_DIMS = (64, 128)
 FORWARD_BLOCK_M = 128  # query rows per CTA (64 per MMA warpgroup)
 FORWARD_BLOCK_N = 128  # keys per pipeline stage
 
@@ -188,8 +190,8 @@ class BackwardVariant(_Variant):
             raise ValueError(f"schedule={self.schedule!r} deals one fixed shape's units; a "
                              f"pack has its own deal (use 'spt')")
         if self.dq_last and self.head_dim not in DQ_LAST_HEAD_DIMS:
-            raise ValueError(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}: at head_dim "
-                             f"{self.head_dim} its order spills the MMA warpgroups' registers")
+            raise ValueError(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}, got head_dim "
+                             f"{self.head_dim}")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")

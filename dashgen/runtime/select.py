@@ -46,13 +46,14 @@ AUTO_FA3_LONG_FULL_HEAD_DIMS = (64,)
 # converter keep two dS tiles (`ds64-two-tiles`), which the converter's share must also pay for.
 FUSED_CONVERT_COST = {64: 0.05, 128: 0.03}  # fraction of the main kernel the converter costs
 CONVERT_BYTES_PER_US = 4.0e6       # the convert kernel's bandwidth (4 TB/s)
-TASK_US = {64: 3.00, 128: 2.54}    # main-kernel time per task (dashgen calibrate, per head_dim)
+TASK_US = {64: 3.00, 128: 2.54}    # main-kernel time per task (lab/calibrate.py, per head_dim)
 # early_kv pays where a sequence has at most this many KV tiles (docs/design.md, `early-kv`).
 EARLY_KV_MAX_KV_TILES = 32
 # dq_last (a task's dQ wgmmas after dK's, Q/dO freed before the dQ hand-off) in the ordered
-# causal backward from this many KV tiles a sequence on: measured 1.04-1.34x from 64k tokens,
-# neutral at 32k, 0.97-0.99x under full masks (docs/design.md, `dq-last-long`).
-DQ_LAST_FROM_KV_TILES = 512
+# causal backward from this many KV tiles a sequence on, per head_dim: at 128 measured 1.04-1.34x
+# from 64k tokens, neutral at 32k; at 64 (where it spills 56 bytes) 0.92x at 64k, 1.14x at 128k,
+# 1.26x at 256k; under full masks 0.97-0.99x (docs/design.md, `dq-last-long`).
+DQ_LAST_FROM_KV_TILES = {64: 1024, 128: 512}
 # The most KV tiles a query tile visits where the persistent forward pays, per (head_dim,
 # causal), measured through 16384 keys (docs/design.md, `fwd-persistent`).
 FWD_PERSISTENT_MAX_KV_TILES = {(64, False): 8, (128, False): 64,
@@ -251,7 +252,7 @@ def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: b
     if dq_last is None:
         # The ordered causal kernel only: unordered or under a full mask it measured slower.
         dq_last = (ordered and causal and problem.head_dim in DQ_LAST_HEAD_DIMS
-                   and problem.num_n_blocks >= DQ_LAST_FROM_KV_TILES)
+                   and problem.num_n_blocks >= DQ_LAST_FROM_KV_TILES[problem.head_dim])
     backward = BackwardVariant(dtype, problem.head_dim, causal, name, deterministic=ordered,
                                gqa=problem.gqa, fused_convert=fused, early_kv=early_kv,
                                dq_last=dq_last, trace=trace)
