@@ -84,3 +84,18 @@ def test_every_field_sits_where_the_mirror_puts_it(offsets, name):
 
 def test_the_field_reader_sees_declarations_only():
     assert struct_fields("ConvertParams")[:3] == [f for f, _ in ConvertParams._fields_[:3]]
+
+
+@pytest.mark.parametrize("name", sorted(MIRRORS))
+def test_parameter_blocks_are_filled_by_name_only(name):
+    block = MIRRORS[name]
+    with pytest.raises(TypeError):
+        block(1, 2)  # by position: refused, a misplaced value would still launch
+    with pytest.raises(TypeError, match=rf"^{name} has no field 'seqlen_x'$"):
+        block(seqlen_x=1)
+    first, _ = block._fields_[0]
+    last_int = next(f for f, t in reversed(block._fields_) if t is ctypes.c_int32)
+    filled = block(**{first: 0x1000, last_int: 7})
+    assert getattr(filled, first) == 0x1000 and getattr(filled, last_int) == 7
+    # A field not named is zero, as the kernels expect of every pointer they do not use.
+    assert all(not getattr(filled, f) for f, _ in block._fields_ if f not in (first, last_int))

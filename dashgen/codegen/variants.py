@@ -253,7 +253,20 @@ _I = ctypes.c_int32
 _F = ctypes.c_float
 
 
-class FwdParams(ctypes.Structure):
+class ParamBlock(ctypes.Structure):
+    """A kernel's parameter block, filled by field name only: with 14-40 fields of the same
+    types, a positional argument in the wrong place would still type-check and launch. Fields
+    not named are zero."""
+
+    def __init__(self, **fields):
+        names = {name for name, _ in self._fields_}
+        unknown = sorted(set(fields) - names)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {unknown[0]!r}")
+        super().__init__(**fields)
+
+
+class FwdParams(ParamBlock):
     """Mirror of dashgen::FwdParams (templates/include/dashgen/attn/params.cuh)."""
 
     _fields_ = [("q", _P), ("k", _P), ("v", _P), ("o", _P), ("lse", _P),
@@ -271,7 +284,7 @@ class FwdParams(ctypes.Structure):
 TRACE_COLUMNS = 12
 
 
-class BwdParams(ctypes.Structure):
+class BwdParams(ParamBlock):
     """Mirror of dashgen::BwdParams."""
 
     _fields_ = [(name, _P) for name in (
@@ -291,7 +304,7 @@ STALL_WORDS = 16
 STALL_ROLES = {1: "dQ writer", 2: "dK/dV add", 3: "dQ converter"}
 
 
-class PrepParams(ctypes.Structure):
+class PrepParams(ParamBlock):
     """Mirror of dashgen::PrepParams."""
 
     _fields_ = [("o", _P), ("dout", _P), ("dpsum", _P), ("dq_accum", _P), ("zero", _P),
@@ -301,7 +314,7 @@ class PrepParams(ctypes.Structure):
                 ("cu_seqlens", _P), ("tile_seq", _P), ("d_scale", _F)]
 
 
-class ConvertParams(ctypes.Structure):
+class ConvertParams(ParamBlock):
     """Mirror of dashgen::ConvertParams."""
 
     _fields_ = [("src", _P), ("dst", _P), ("counters", _P), ("batch", _I), ("heads", _I),

@@ -88,22 +88,26 @@ class BackwardLaunch:
         # fills in its pointers. Every tensor is contiguous, so its shape gives its row stride.
         q_stride, k_stride = p.heads_q * p.head_dim, p.heads_kv * p.head_dim
         self.prep_template = PrepParams(
-            0, 0, 0, 0, 0, (self.layout.floats - self.layout.zeroed_offset) // 4, p.batch,
-            p.heads_q, p.seqlen_q, q_stride, padded_m, not self.first_dq_store, 0, 0)
+            zero_vec4s=(self.layout.floats - self.layout.zeroed_offset) // 4, batch=p.batch,
+            heads=p.heads_q, seqlen=p.seqlen_q, row_stride=q_stride, padded_rows=padded_m,
+            zero_dq=not self.first_dq_store)
         self.params_template = BwdParams(
-            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, tasks_ptr, offsets_ptr, 0,
-            watchdog.record(device, sel.num_workers), p.batch, p.heads_q, p.heads_kv,
-            p.seqlen_q, p.seqlen_k, q_stride, k_stride, p.num_m_blocks, p.num_n_blocks, 0.0,
-            watchdog.timeout_ms(), 0, 0)
+            tasks=tasks_ptr, worker_offsets=offsets_ptr,
+            stall=watchdog.record(device, sel.num_workers), batch=p.batch, heads_q=p.heads_q,
+            heads_kv=p.heads_kv, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
+            q_row_stride=q_stride, k_row_stride=k_stride, num_m_blocks=p.num_m_blocks,
+            num_n_blocks=p.num_n_blocks, watchdog_ms=watchdog.timeout_ms())
         if variant.listed:
             deal, deal_stream = device_deal(p, sel.schedule, sel.num_workers, device)
             self.tables.append((deal_stream, (deal,)))
             self.params_template.unit_deal = deal.data_ptr()
         # The backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.
-        self.convert_q_template = ConvertParams(0, 0, 0, p.batch, p.heads_q, p.seqlen_q,
-                                                q_stride, padded_m, True, p.block_m)
-        self.convert_kv_template = ConvertParams(0, 0, 0, p.batch, p.heads_kv, p.seqlen_k,
-                                                 k_stride, padded_n, False, p.block_n)
+        self.convert_q_template = ConvertParams(
+            batch=p.batch, heads=p.heads_q, seqlen=p.seqlen_q, row_stride=q_stride,
+            padded_rows=padded_m, swizzled=True, block_m=p.block_m)
+        self.convert_kv_template = ConvertParams(
+            batch=p.batch, heads=p.heads_kv, seqlen=p.seqlen_k, row_stride=k_stride,
+            padded_rows=padded_n, swizzled=False, block_m=p.block_n)
         self._maps = Memo(None, max_entries=512)
         self._do_maps = Memo(None, max_entries=512)
 

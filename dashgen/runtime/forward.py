@@ -81,8 +81,9 @@ class ForwardCall:
         batch, seqlen_q, heads_q, head_dim = q_shape
         self.lse_shape = (batch, heads_q, seqlen_q)
         self.device_index = device.index or 0
-        self.template = FwdParams(0, 0, 0, 0, 0, batch, heads_q, k_shape[2], seqlen_q,
-                                  k_shape[1], 0, 0, 0, float(softmax_scale))
+        self.template = FwdParams(batch=batch, heads_q=heads_q, heads_kv=k_shape[2],
+                                  seqlen_q=seqlen_q, seqlen_k=k_shape[1],
+                                  softmax_scale=float(softmax_scale))
 
     def __call__(self, q, k, v):
         empty = allocator()

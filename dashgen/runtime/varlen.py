@@ -79,11 +79,13 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
     loaded = kernels(variant, q.device)
     grid = (_cdiv(max_seqlen_q, FORWARD_BLOCK_M), heads_q, batch)
     maps = (_maps(q, 64), _maps(k, FORWARD_BLOCK_N), _maps(v, FORWARD_BLOCK_N))
-    params = FwdParams(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr(),
-                       batch, heads_q, heads_kv, max_seqlen_q, max_seqlen_k, q.stride(0),
-                       k.stride(0), o.stride(0), float(softmax_scale),
-                       cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
-                       pack_faults.record(q.device), total_q, total_k)
+    params = FwdParams(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
+                       lse=lse.data_ptr(), batch=batch, heads_q=heads_q, heads_kv=heads_kv,
+                       seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k, q_row_stride=q.stride(0),
+                       k_row_stride=k.stride(0), o_row_stride=o.stride(0),
+                       softmax_scale=float(softmax_scale), cu_seqlens_q=cu_seqlens_q.data_ptr(),
+                       cu_seqlens_k=cu_seqlens_k.data_ptr(),
+                       pack_fault=pack_faults.record(q.device), total_q=total_q, total_k=total_k)
     launch.make_current(q.device.index or 0)
     _launcher(loaded.main, grid, THREADS, loaded.smem_bytes)(
         stream(q.device), [int(m.getPtr()) for m in maps] + [ctypes.addressof(params)])
@@ -153,13 +155,17 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     if not gqa:
         dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
     params = BwdParams(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), do.data_ptr(), lse.data_ptr(), dpsum,
-        dq_accum, dk.data_ptr() if dk is not None else 0, dv.data_ptr() if dv is not None else 0,
-        dk_accum if gqa else 0, dv_accum if gqa else 0, dq_counters,
-        dkv_counters if gqa else 0, 0, 0, 0, watchdog.record(dev, workers), batch, heads_q,
-        heads_kv, max_seqlen_q, max_seqlen_k, q_stride, k_stride, _cdiv(max_seqlen_q, bm),
-        _cdiv(max_seqlen_k, bn), float(softmax_scale), watchdog.timeout_ms(), stats, 0, cu_q,
-        cu_k, plan, layout.max_units, pack_faults.record(dev), total_q, total_k)
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), dout=do.data_ptr(), lse=lse.data_ptr(),
+        dpsum=dpsum, dq_accum=dq_accum, dk=dk.data_ptr() if dk is not None else 0,
+        dv=dv.data_ptr() if dv is not None else 0, dk_accum=dk_accum if gqa else 0,
+        dv_accum=dv_accum if gqa else 0, dq_counters=dq_counters,
+        dkv_counters=dkv_counters if gqa else 0, stall=watchdog.record(dev, workers),
+        batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=max_seqlen_q,
+        seqlen_k=max_seqlen_k, q_row_stride=q_stride, k_row_stride=k_stride,
+        num_m_blocks=_cdiv(max_seqlen_q, bm), num_n_blocks=_cdiv(max_seqlen_k, bn),
+        softmax_scale=float(softmax_scale), watchdog_ms=watchdog.timeout_ms(), stats=stats,
+        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, pack_plan=plan, max_units=layout.max_units,
+        pack_fault=pack_faults.record(dev), total_q=total_q, total_k=total_k)
     block_args = addresses(params)
     _launcher(loaded.plan, (1, 1, 1), PLAN_THREADS, 0)(strm, block_args)
     # The preprocess and converts walk the pack's tiles (PackedTile), through the tile maps the
@@ -167,23 +173,28 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     map_q = plan + 4 * layout.map_words
     map_k = map_q + 4 * layout.q_tiles
     q_blocks = layout.q_tiles * bm // PREP_ROWS_PER_BLOCK
-    prep = PrepParams(o.data_ptr(), do.data_ptr(), dpsum, dq_accum, base + 4 * layout.zeroed,
-                      (layout.words - layout.zeroed) // 4, batch, heads_q, max_seqlen_q,
-                      q_stride, 0, not deterministic, lse.data_ptr(), stats, cu_q, map_q,
-                      float(softmax_scale))
+    prep = PrepParams(o=o.data_ptr(), dout=do.data_ptr(), dpsum=dpsum, dq_accum=dq_accum,
+                      zero=base + 4 * layout.zeroed,
+                      zero_vec4s=(layout.words - layout.zeroed) // 4, batch=batch,
+                      heads=heads_q, seqlen=max_seqlen_q, row_stride=q_stride,
+                      zero_dq=not deterministic, lse=lse.data_ptr(), stats=stats,
+                      cu_seqlens=cu_q, tile_seq=map_q, d_scale=float(softmax_scale))
     _launcher(loaded.preprocess, (q_blocks, heads_q, 1), AUX_THREADS, 0)(strm, addresses(prep))
     maps = (_maps(q, bm), _maps(k, bn), _maps(v, bn), _maps(do, bm))
     _launcher(loaded.main, (workers, 1, 1), THREADS, loaded.smem_bytes)(
         strm, [int(m.getPtr()) for m in maps] + [ctypes.addressof(params)])
     dq = empty(q.shape, q.dtype, dev)
-    convert = ConvertParams(dq_accum, dq.data_ptr(), dq_counters if deterministic else 0, batch,
-                            heads_q, max_seqlen_q, q_stride, 0, True, bm, cu_q, map_q)
+    convert = ConvertParams(src=dq_accum, dst=dq.data_ptr(),
+                            counters=dq_counters if deterministic else 0, batch=batch,
+                            heads=heads_q, seqlen=max_seqlen_q, row_stride=q_stride,
+                            swizzled=True, block_m=bm, cu_seqlens=cu_q, tile_seq=map_q)
     _launcher(loaded.convert, (q_blocks, heads_q, 1), AUX_THREADS, 0)(strm, addresses(convert))
     if gqa:
         dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
         for src, dst in ((dk_accum, dk), (dv_accum, dv)):
-            convert = ConvertParams(src, dst.data_ptr(), 0, batch, heads_kv, max_seqlen_k,
-                                    k_stride, 0, False, bn, cu_k, map_k)
+            convert = ConvertParams(src=src, dst=dst.data_ptr(), batch=batch, heads=heads_kv,
+                                    seqlen=max_seqlen_k, row_stride=k_stride, swizzled=False,
+                                    block_m=bn, cu_seqlens=cu_k, tile_seq=map_k)
             _launcher(loaded.convert, (layout.k_tiles * bn // PREP_ROWS_PER_BLOCK, heads_kv, 1),
                       AUX_THREADS, 0)(strm, addresses(convert))
     del maps, params, prep  # the driver copied the arguments at each launch
