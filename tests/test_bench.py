@@ -1,18 +1,15 @@
-"""The benchmark (`dashgen bench`, scripts/bench.py) without a GPU: which rows a configuration
-plans (every schedule in both modes, the "auto" row, the forwards, the peers), the table it
-renders from results, and a clean refusal where no GPU is visible."""
+"""The benchmark (`dashgen bench`, or python -m dashgen.tools.bench) without a GPU: which rows a
+configuration plans (every schedule in both modes, the "auto" row, the forwards, the peers), the
+table it renders from results, and a clean refusal where no GPU is visible."""
 from __future__ import annotations
 
 import subprocess
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +63,7 @@ def test_markdown_table_and_memory_floor(bench):
 
 
 @pytest.mark.parametrize("command", [[sys.executable, "-m", "dashgen.cli", "bench"],
-                                     [sys.executable, str(ROOT / "scripts" / "bench.py")]])
+                                     [sys.executable, "-m", "dashgen.tools.bench"]])
 def test_bench_refuses_cleanly_without_a_gpu(command, tmp_path):
     import torch
     if torch.cuda.is_available():

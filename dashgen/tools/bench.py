@@ -3,7 +3,7 @@ not) and forward, against SDPA cuDNN, SDPA flash (deterministic) and FlexAttenti
 
     dashgen bench --out bench_out          # the 20 core configurations
     dashgen bench --seqlens 2048 --hdims 128 --masks causal --peers none
-    (scripts/bench.py runs the same from a checkout)
+    (from a checkout without installing: PYTHONPATH=. python3 -m dashgen bench ...)
 
 Writes DIR/bench.json, DIR/bench.md and DIR/bench.png; prints the markdown table last.
 """
@@ -240,7 +240,7 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
             out.append((row, lambda inputs, n=name, d=det, w=workers:
                         setup_dashgen(cfg, inputs, n, d, w)))
     # What a user gets without choosing: schedule="auto", num_workers=None (a separate impl, so
-    # `dashgen calibrate` does not take it for a schedule). Timed right after its pick's
+    # lab/calibrate.py does not take it for a schedule). Timed right after its pick's
     # deterministic row: rounds alternate direction, so each of the two rows of the same kernel
     # follows the other in half the rounds and the rows before them in the other half. Placed
     # last, it followed only fast rows while its pick followed slow ones, and measured 2-5%
@@ -355,7 +355,7 @@ def _names(text: str) -> list[str]:
 
 
 def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The benchmark's options (shared by `dashgen bench` and scripts/bench.py)."""
+    """The benchmark's options (`dashgen bench`; build_parser for running this module alone)."""
     p.add_argument("--seqlens", type=_ints, default=[1024, 2048, 4096, 8192, 16384],
                    help="comma list (default 1024,2048,4096,8192,16384)")
     p.add_argument("--hdims", type=_ints, default=[64, 128], help="comma list (default 64,128)")

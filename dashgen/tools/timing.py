@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent  # the checkout, for the commit id
 
 def event_ms(fn, before=None) -> float:
     """One call of fn between two CUDA events on an idle GPU, in ms. `before` (a diagnostic:
-    scripts/overhead.py queues a GPU sleep there) runs between the synchronize and the start."""
+    lab/overhead.py queues a GPU sleep there) runs between the synchronize and the start."""
     import torch
     torch.cuda.synchronize()  # the GPU is idle when the clock starts, as for every timed call
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -2,7 +2,7 @@
 batches of 1-16 sequences at every position, and across worker counts from each schedule's
 minimum to the SM count; every named schedule, both masks. Prints a table, writes JSON.
 
-python3 scripts/invariance.py --out DIR [--quick]
+python3 lab/invariance.py --out DIR [--quick]
 """
 from __future__ import annotations
 

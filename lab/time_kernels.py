@@ -1,12 +1,12 @@
 """Quick timing of dashgen's forward and backward on the ANCHORS.md shapes (a subset), for
 comparing kernel versions inside one device call. The full protocol is `dashgen bench`.
 
-PYTHONPATH=. python3 scripts/time_kernels.py [--seqlens 1024 4096] [--hdims 64 128]
+PYTHONPATH=. python3 lab/time_kernels.py [--seqlens 1024 4096] [--hdims 64 128]
     [--fused-convert on|off] [--early-kv on|off] [--persistent-forward on|off]
-PYTHONPATH=. python3 scripts/time_kernels.py --compare fused_convert|early_kv|persistent_forward
+PYTHONPATH=. python3 lab/time_kernels.py --compare fused_convert|early_kv|persistent_forward
 
-The --fused-convert, --early-kv and --persistent-forward flags (also used by gpu_check.py,
-overhead.py and task_times.py) replace a per-problem policy of dashgen.runtime.select through
+The --fused-convert, --early-kv and --persistent-forward flags (also used by gpu_check.py
+and overhead.py) replace a per-problem policy of dashgen.runtime.select through
 Overrides; without them the policy decides.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from dashgen.runtime.backward import backward, selection  # noqa: E402
 from dashgen.runtime.forward import forward, forward_variant  # noqa: E402
 from dashgen.runtime.select import Overrides  # noqa: E402
-from dashgen.tools.bench import median_ms  # noqa: E402  (the protocol's timing)
+from dashgen.tools.timing import median_ms  # noqa: E402  (the protocol's timing)
 
 OVERRIDES = tuple(f.name for f in dataclasses.fields(Overrides))  # each policy select has
 

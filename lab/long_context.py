@@ -4,7 +4,7 @@ for rows under half a second the median of 7 calls after ~200 ms of warm calls),
 accuracy against a float64 reference on sampled query rows (dq, o) and key rows (dk, dv) within
 2x of PyTorch's own bf16 error on those rows (its fused bf16 SDPA). Prints a table, writes JSON.
 
-python3 scripts/long_context.py --out DIR [--seqlens 131072,1048576] [--configs d128,d64]
+python3 lab/long_context.py --out DIR [--seqlens 131072,1048576] [--configs d128,d64]
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 # torch.autograd.grad imports torch.fx's symbolic shapes (and sympy) on its first call with
-# grad_outputs, 2.4 s on the H200 (scripts/first_call.py): imported here, so that the first
+# grad_outputs, 2.4 s on the H200 (measured in a fresh process): imported here, so that the first
 # row's first-call host time is dashgen's and not PyTorch's one-time import.
 import torch.fx.experimental.symbolic_shapes  # noqa: E402,F401
 

@@ -1,13 +1,9 @@
-"""scripts/sass_compare.py's reading of nvdisasm listings and its verdicts, on listings written
+"""lab/sass_compare.py's reading of nvdisasm listings and its verdicts, on listings written
 here in nvdisasm's layout (sections, addresses, predicates, labels), without a compiler."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import sass_compare  # noqa: E402
+import sass_compare  # lab/ is on the path (the root conftest.py)
 
 LISTING = """\
 \t.headerflags\t@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"

@@ -7,7 +7,7 @@ every kernel function's instructions are compared without their addresses. A fun
 order: ptxas scheduled or numbered differently) or "differs", with the opcodes whose counts
 moved.
 
-python3 scripts/sass_compare.py OLD_TREE NEW_TREE [--out DIR] [--only SUBSTRING]
+python3 lab/sass_compare.py OLD_TREE NEW_TREE [--out DIR] [--only SUBSTRING]
 
 nvdisasm: from PATH, $NVDISASM, or the nvidia-cuda-nvdisasm wheel
 (`pip install nvidia-cuda-nvdisasm`).
@@ -25,10 +25,17 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from ncu_sass import opcode  # scripts/ is on the path when a script runs
-
 SECTION = re.compile(r"^\s*\.text\.(\S+):\s*$")
 INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;?\s*$")
+
+
+def opcode(sass: str) -> str:
+    """The instruction word without its predicate and modifiers: `@!P1 HGMMA.64x128x16.F32`
+    -> HGMMA (the counts that moved are told per opcode)."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].rstrip(";").split(".")[0] if words else "?"
 
 
 def find_nvdisasm() -> str:

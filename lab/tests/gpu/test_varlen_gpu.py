@@ -2,16 +2,14 @@
 (dashgen.attention, batch 1) for every schedule, its values are within 2x PyTorch's bf16 error
 of float64, flash_attn_varlen_func returns the same bits and FlashAttention's lse layout, and
 the op traces under torch.compile (dynamic shapes, one graph for packs of other lengths) and
-replays in a CUDA graph with new lengths. scripts/varlen_invariance.py runs the same checks
+replays in a CUDA graph with new lengths. lab/varlen_invariance.py runs the same checks
 over many more packs.
 
-Run: PYTHONPATH=. python3 -m pytest tests/gpu/test_varlen_gpu.py -q
+Run: PYTHONPATH=. python3 -m pytest lab/tests/gpu/test_varlen_gpu.py -q
 """
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +17,7 @@ torch = pytest.importorskip("torch")
 
 import dashgen  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import varlen_invariance as vi  # noqa: E402
+import varlen_invariance as vi  # noqa: E402  (lab/ is on the path: the root conftest.py)
 
 pytestmark = pytest.mark.gpu
 

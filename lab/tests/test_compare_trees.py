@@ -1,4 +1,4 @@
-"""scripts/compare_trees.py's table, on figures written here: the ratios and geometric means
+"""lab/compare_trees.py's table, on figures written here: the ratios and geometric means
 it reports, and its bits column, which calls a shape "same" only when every run of both trees
 hashed the same (a tree that differs from itself between runs is not the same either)."""
 from __future__ import annotations
@@ -6,9 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import compare_trees  # noqa: E402
+import compare_trees  # lab/ is on the path (the root conftest.py)
 
 
 def run(bwd: float, fwd: float, hashes=("a", "b"), gpu: float | None = None) -> dict:

@@ -1,15 +1,12 @@
-"""scripts/anchor_bars.py on hand-made kit rows: which anchors count, FA4's drift scaling, the
+"""lab/anchor_bars.py on hand-made kit rows: which anchors count, FA4's drift scaling, the
 three bars."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import anchor_bars  # noqa: E402
+import anchor_bars  # lab/ is on the path (the root conftest.py)
 
 SEQLENS = [1024, 2048, 4096, 8192, 16384]
 

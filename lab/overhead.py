@@ -7,7 +7,7 @@ GPU time; the difference is host time the GPU waited for) and a CUDA-graph repla
 only, no launch gaps); then the forward
 through runtime.forward and through attention() under no_grad (forward TFLOP/s).
 
-PYTHONPATH=. python3 scripts/overhead.py [--seqlen 1024] [--causal] [--fused-convert on|off] ...
+PYTHONPATH=. python3 lab/overhead.py [--seqlen 1024] [--causal] [--fused-convert on|off] ...
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from dashgen.runtime import backward as runtime_backward  # noqa: E402
 from dashgen.runtime import forward as runtime_forward  # noqa: E402
 from dashgen.runtime.op import attention  # noqa: E402
-from dashgen.tools.bench import event_ms, median_ms, rounds_ms  # noqa: E402  (the protocol)
+from dashgen.tools.timing import event_ms, median_ms, rounds_ms  # noqa: E402  (the protocol)
 
-from time_kernels import (add_override_flags, overrides_from,  # noqa: E402  (scripts/)
+from time_kernels import (add_override_flags, overrides_from,  # noqa: E402  (lab/)
                           problem_inputs)
 
 

@@ -6,7 +6,7 @@ alone once; each pack draws pool sequences in random order, repeats allowed, so 
 meets many neighbours and positions. One pack per case is also checked against float64
 (within 2x PyTorch's own error in the inputs' dtype). Prints a table, writes JSON.
 
-python3 scripts/varlen_invariance.py --packs 200 --out DIR
+python3 lab/varlen_invariance.py --packs 200 --out DIR
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Correctness, determinism and trace checks of the attention kernels on a GPU, printed as a table.
 
 Run on an sm_90 machine from the repository root:
-    PYTHONPATH=. python3 scripts/gpu_check.py [--quick] [--fused-convert on|off] ...
+    PYTHONPATH=. python3 lab/gpu_check.py [--quick] [--fused-convert on|off] ...
 Each case compares against float64 math on fresh randn inputs and against PyTorch's own math in
 the input dtype (our error must stay within 2x of it). The kernels are the ones
 dashgen.runtime.select picks, or what the override flags ask for.

@@ -4,7 +4,7 @@ and the auto row, "dashgen_det auto") of OLD against the same row of NEW, old ms
 two runs (the machines' drift, where both runs timed cuDNN). Prints a table, the geometric means
 and the rows below --bar.
 
-python3 scripts/bench_vs.py OLD/bench.json NEW/bench.json [--bar 0.98] [--out FILE.md]
+python3 lab/bench_vs.py OLD/bench.json NEW/bench.json [--bar 0.98] [--out FILE.md]
 A run kept in git history: git show REV:docs/bench/RUN/bench.json > /tmp/old.json
 """
 from __future__ import annotations

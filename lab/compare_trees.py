@@ -34,7 +34,7 @@ A tree whose run fails or takes longer than --child-timeout seconds (a kernel th
 left out of the later runs and named in the report with why; the other trees go on. Without
 the old tree nothing is compared: the script stops with an error.
 
-PYTHONPATH= python3 scripts/compare_trees.py OLD_TREE NEW_TREE --mode time --runs 3 --out DIR
+PYTHONPATH= python3 lab/compare_trees.py OLD_TREE NEW_TREE --mode time --runs 3 --out DIR
 """
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
 
     def hidden_ms(fn, calls=7, sleep_cycles=5_000_000):
         """GPU time of one call with its host time hidden: the GPU sleeps (~2.5 ms) while the
-        host queues the call, and the clock starts when the sleep ends. (scripts/overhead.py's
+        host queues the call, and the clock starts when the sleep ends. (lab/overhead.py's
         reads dashgen.tools.timing, which an older tree may not have: written out here, like
         the timers above.)"""
         fn()

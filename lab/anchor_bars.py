@@ -14,7 +14,7 @@ cuDNN backward against the one recorded there when the two differ by more than 3
   the kit: <= 3% at seqlen >= 2048;
 - memory: the backward's extra memory / its floor, of the bench run's auto row: within 10%.
 
-python3 scripts/anchor_bars.py --anchors DIR/anchors.json [--bench DIR/bench.json] [--out FILE.md]
+python3 lab/anchor_bars.py --anchors DIR/anchors.json [--bench DIR/bench.json] [--out FILE.md]
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ Documents: log-normal lengths (median 1024, sigma 1.0) packed into rows of --tok
 (--data: a repeated random motif per document, or walks through a fixed successor table);
 every run sees the same batches (seeded per step). Writes DIR/train_packed.json and .png.
 
-CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 scripts/train_packed.py --out DIR
+CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 lab/train_packed.py --out DIR
 """
 from __future__ import annotations
 
