@@ -508,24 +508,6 @@ def cmd_emit(args: argparse.Namespace) -> None:
     _print_emitted(emission.kernels)
 
 
-def cmd_calibrate(args: argparse.Namespace) -> None:
-    from .tools.calibrate import load_measurements, report
-
-    try:
-        measurements = load_measurements([Path(f) for f in args.files])
-        if args.head_dims:
-            # One model per head_dim: a task's cost differs between them.
-            measurements = [m for m in measurements if m.head_dim in args.head_dims]
-            if not measurements:
-                raise ValueError(f"no dashgen backward rows with head_dim in {args.head_dims}")
-        text = report(measurements, tuple(args.fit_seqlens))
-    except (OSError, ValueError, KeyError) as exc:
-        raise CliError(str(exc)) from None
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-
-
 def cmd_bench(args: argparse.Namespace) -> None:
     from .tools.bench import run
     try:
@@ -584,7 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delay of a counter release seen by another worker (default 0.05)")
     p.add_argument("--kernel-model", action="store_true",
                    help="also give the makespan in the model of the kernel as built (a writer "
-                        "warp adds dQ while the MMA goes on, 2 buffers; see dashgen calibrate)")
+                        "warp adds dQ while the MMA goes on, 2 buffers; a checkout's "
+                        "lab/calibrate.py fits its costs to a benchmark run)")
     p.add_argument("--masked-cost", action="store_true",
                    help="scale c by the fraction of each tile the mask keeps")
     _view_options(p, "the simulation")
@@ -644,19 +627,6 @@ def build_parser() -> argparse.ArgumentParser:
                            bench.__doc__.splitlines()[1:2]))
     bench.add_options(p)
     p.set_defaults(func=cmd_bench)
-    p = sub.add_parser("calibrate", help="fit the kernel model to benchmark results",
-                       description="Fit the kernel model's costs (c, r, signal latency, overhead) "
-                                   "to dashgen's measured backward times in `dashgen bench` JSON "
-                                   "files at --fit-seqlens, then compare its predictions with "
-                                   "every measurement and check which schedule it ranks first.")
-    p.add_argument("files", nargs="+", metavar="BENCH.json")
-    p.add_argument("--fit-seqlens", type=int, nargs="+", default=[1024, 2048],
-                   help="sequence lengths to fit on; the rest are held out (default 1024 2048)")
-    p.add_argument("--head-dims", type=int, nargs="+", default=None,
-                   help="fit and check only these head_dims (default: every one in the files, "
-                        "with one set of costs)")
-    p.add_argument("--out", metavar="FILE.md", help="also write the report here")
-    p.set_defaults(func=cmd_calibrate)
     return parser
 
 

@@ -22,7 +22,7 @@ from dashgen.schedule.builders import schedule_loads, workers_used
 from dashgen.schedule.files import TASKS_FORMAT
 from dashgen.schedule.summary import problem_tasks
 
-COMMANDS = ["schedules", "show", "plan", "verify", "emit", "calibrate"]
+COMMANDS = ["schedules", "show", "plan", "verify", "emit", "bench"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

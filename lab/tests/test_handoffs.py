@@ -1,10 +1,11 @@
-"""dashgen.tools.handoffs: the timed trace's stamps read back as waits, pace and release latency."""
+"""lab/handoffs.py: the timed trace's stamps read back as waits, pace and release latency."""
 import pytest
 import torch
 
 from dashgen import Problem, build_schedule
-from dashgen.tools.handoffs import handoffs, summarize
 from dashgen.codegen.variants import TRACE_COLUMNS
+
+from handoffs import handoffs, summarize  # lab/ is on the path (the root conftest.py)
 
 
 def timed_trace(schedule, ready, acquired, landed, base=0):

@@ -3,20 +3,27 @@
 Fits KernelCost (c, r, signal latency, fixed overhead) to dashgen's measured backward times from
 `dashgen bench` JSON files, on a subset of sequence lengths, then predicts the rest: how close
 the times are, and whether the schedule the model ranks first is the one that measured fastest.
+The report ends with the `dashgen plan --kernel-model` line that predicts with the fitted costs.
+
+python3 lab/calibrate.py DIR/bench.json [--fit-seqlens 1024 2048] [--head-dims 64] [--out FILE.md]
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..caches import memo
-from ..schedule.ir import Schedule
-from .kernel_model import KernelCost, kernel_makespan
-from ..codegen.variants import backward_tiles
-from ..schedule.problem import Problem
-from ..schedule.builders import build_schedule
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from dashgen.caches import memo  # noqa: E402
+from dashgen.codegen.variants import backward_tiles  # noqa: E402
+from dashgen.schedule.builders import build_schedule  # noqa: E402
+from dashgen.schedule.ir import Schedule  # noqa: E402
+from dashgen.schedule.problem import Problem  # noqa: E402
+from dashgen.tools.kernel_model import KernelCost, kernel_makespan  # noqa: E402
 
 # r and the signal latency as fractions of c: the grid the fit searches.
 R_RATIOS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6)
@@ -186,3 +193,44 @@ def report(measurements: list[Measurement], fit_seqlens: tuple[int, ...]) -> str
         lines.append(f"| {r.config[0]} | {r.config[1]} | {r.config[2]} | {r.measured_best} | "
                      f"{r.predicted_best} | {r.regret:.1%} |")
     return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="calibrate.py",
+        description="Fit the kernel model's costs (c, r, signal latency, overhead) to dashgen's "
+                    "measured backward times in `dashgen bench` JSON files at --fit-seqlens, then "
+                    "compare its predictions with every measurement and check which schedule it "
+                    "ranks first.")
+    p.add_argument("files", nargs="+", metavar="BENCH.json")
+    p.add_argument("--fit-seqlens", type=int, nargs="+", default=[1024, 2048],
+                   help="sequence lengths to fit on; the rest are held out (default 1024 2048)")
+    p.add_argument("--head-dims", type=int, nargs="+", default=None,
+                   help="fit and check only these head_dims (default: every one in the files, "
+                        "with one set of costs)")
+    p.add_argument("--out", metavar="FILE.md", help="also write the report here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The report on stdout (and in --out); a file that is no benchmark result, or no row left
+    to fit, is one line on stderr and exit status 2."""
+    args = build_parser().parse_args(argv)
+    try:
+        measurements = load_measurements([Path(f) for f in args.files])
+        if args.head_dims:
+            # One model per head_dim: a task's cost differs between them.
+            measurements = [m for m in measurements if m.head_dim in args.head_dims]
+            if not measurements:
+                raise ValueError(f"no dashgen backward rows with head_dim in {args.head_dims}")
+        text = report(measurements, tuple(args.fit_seqlens))
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"calibrate.py: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,75 +1,19 @@
-"""The kernel model (writer decoupled from the MMA pipeline) and its calibration."""
+"""lab/calibrate.py: the kernel model's costs fitted to benchmark rows the model itself made,
+the held-out predictions and rankings, and the command line."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from dashgen import Problem, build_schedule
-from dashgen.tools.calibrate import Measurement, _fit_scale, fit, load_measurements, predict_ms, rankings
-from dashgen.schedule.ir import Task
-from dashgen.tools.kernel_model import KernelCost, kernel_makespan
+import calibrate  # lab/ is on the path (the root conftest.py)
+from calibrate import Measurement, _fit_scale, fit, load_measurements, predict_ms, rankings
+from dashgen.tools.kernel_model import KernelCost
 
-
-def full_problem(n: int) -> Problem:
-    return Problem(seqlen_q=64 * n, seqlen_k=64 * n, block_m=64, block_n=64)
-
-
-def test_one_worker_runs_its_compute_back_to_back_when_the_writer_keeps_up():
-    s = build_schedule("fa3", full_problem(4), 1)  # 16 tasks on one worker
-    assert kernel_makespan(s, KernelCost(c=1.0, r=0.5)) == pytest.approx(16 + 0.5)
-
-
-def test_a_slow_writer_bounds_the_worker_through_its_buffers():
-    s = build_schedule("fa3", full_problem(4), 1)
-    # The writer needs 2 per task: 16 adds after the first compute.
-    assert kernel_makespan(s, KernelCost(c=1.0, r=2.0, buffers=2)) == pytest.approx(1 + 16 * 2)
-
-
-def test_fa3_full_mask_waits_shift_does_not():
-    p = full_problem(8)  # 8 KV tiles x 8 Q tiles, 8 workers: all want dQ 0 at once under fa3
-    cost = KernelCost(c=1.0, r=0.9, buffers=1)
-    fa3 = kernel_makespan(build_schedule("fa3", p, 8), cost)
-    shift = kernel_makespan(build_schedule("shift", p, 8), cost)
-    assert shift == pytest.approx(8 * 1.0 + 0.9)  # never waits: compute + the last add
-    assert fa3 > shift + 5 * 0.9  # the serialized first dQ tile staggers the workers
-
-
-def test_unordered_mode_never_waits():
-    p = full_problem(8)
-    s = build_schedule("fa3", p, 8)
-    cost = KernelCost(c=1.0, r=0.9, signal_latency=0.3, buffers=1)
-    assert kernel_makespan(s, cost, ordered=False) == pytest.approx(8 * 1.0 + 0.9)
-    assert kernel_makespan(s, cost, ordered=True) > kernel_makespan(s, cost, ordered=False)
-
-
-def test_signal_latency_costs_only_across_workers():
-    s = build_schedule("fa3", full_problem(4), 1)
-    assert kernel_makespan(s, KernelCost(1.0, 0.5, signal_latency=10.0)) == pytest.approx(16.5)
-
-
-def test_overhead_adds_once():
-    s = build_schedule("fa3", full_problem(2), 2)
-    base = kernel_makespan(s, KernelCost(1.0, 0.2))
-    assert kernel_makespan(s, KernelCost(1.0, 0.2, overhead=7.0)) == pytest.approx(base + 7.0)
-
-
-def test_a_rank_cycle_deadlocks():
-    p = Problem(seqlen_q=128, block_m=64, block_n=64)  # 2 KV tiles x 2 Q tiles
-    s = build_schedule("fa3", p, 2)
-    # Worker 0 adds m0 second and m1 first; worker 1 the opposite, in program order m0, m1.
-    s.workers[0] = [Task(0, 0, 0, 0, 1), Task(0, 0, 0, 1, 0)]
-    s.workers[1] = [Task(0, 0, 1, 1, 1), Task(0, 0, 1, 0, 0)]
-    with pytest.raises(RuntimeError, match="deadlock"):
-        kernel_makespan(s, KernelCost(buffers=1))
-
-
-@pytest.mark.parametrize("field,value", [("c", -1.0), ("r", "x"), ("buffers", 0)])
-def test_bad_costs_name_the_field(field, value):
-    with pytest.raises(ValueError, match=field):
-        KernelCost(**{field: value})
+CALIBRATE = str(Path(calibrate.__file__))
 
 
 def test_fit_scale_recovers_an_exact_line():
@@ -111,7 +55,7 @@ def test_calibration_recovers_known_costs_and_rankings(tmp_path):
 
 def test_calibrate_cli_reports_and_refuses_bad_files(tmp_path):
     bench = synthetic_bench(tmp_path / "bench.json", seqlens=(256, 512))
-    proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "calibrate", str(bench),
+    proc = subprocess.run([sys.executable, CALIBRATE, str(bench),
                            "--fit-seqlens", "256", "--out", str(tmp_path / "r.md")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -119,10 +63,10 @@ def test_calibrate_cli_reports_and_refuses_bad_files(tmp_path):
     assert (tmp_path / "r.md").read_text().startswith("Fitted on 8 measurements")
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
-    proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "calibrate", str(bad)],
+    proc = subprocess.run([sys.executable, CALIBRATE, str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "not a `dashgen bench` result" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "calibrate", str(bench),
+    proc = subprocess.run([sys.executable, CALIBRATE, str(bench),
                            "--fit-seqlens", "256", "--head-dims", "64"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.startswith("Fitted on 8 measurements")
@@ -136,6 +80,6 @@ def test_calibrate_cli_reports_and_refuses_bad_files(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert plan.returncode == 0, plan.stderr
     assert "kernel model" in plan.stdout and "symmetric_shift" in plan.stdout
-    proc = subprocess.run([sys.executable, "-m", "dashgen.cli", "calibrate", str(bench),
+    proc = subprocess.run([sys.executable, CALIBRATE, str(bench),
                            "--head-dims", "128"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no dashgen backward rows with head_dim in [128]" in proc.stderr

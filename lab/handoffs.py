@@ -5,7 +5,8 @@ A traced backward (runtime.backward(..., trace=True)) stamps each task's row wit
 and the GPU's nanosecond timer at three points of the dQ writer's hand-off (kernels.TRACE_COLUMNS):
 ready (the writer has the partial), acquired (the counter reached the task's rank) and landed
 (its add is in global memory). This module turns those rows into the numbers the kernel model
-(kernel_model.py) needs and cannot get from identical task times.
+(dashgen.tools.kernel_model) needs and cannot get from identical task times. A module, not a
+script: `import handoffs` with lab/ on the path, then summarize(handoffs(trace, worker_offsets)).
 """
 from __future__ import annotations
 
