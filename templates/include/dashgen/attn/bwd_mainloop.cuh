@@ -61,14 +61,19 @@ struct BwdMainloop {
     return reinterpret_cast<const volatile Task*>(smem + kOffTask)[s].seg_end;
   }
 
-  // A task's stages, in order: 1 issue_scores, 2 task_stats, 3 P^T and dS^T, 4 dS to shared
-  // memory, 5 and 6 dV, dQ, dK (rs_gemm, dq_mma), 7 hand_off_dq; at a segment's end the
-  // epilogue (BwdEpilogue: store_dkv, or under GQA add_dkv_in_rank_order). consume() holds what
-  // outlives a task (the segment's dK/dV accumulators) and the stage and segment bookkeeping.
-  // Stages 3 and 4 stay written out in it: moved into inlined member functions, they make NVVM
-  // number the dK/dV accumulators' registers differently and ptxas schedule the kernel
-  // differently from the one measured.
-
+  // A task's stages, in order: 1 issue_scores, 2 task_stats, 3 recompute (P^T and dS^T), 4
+  // store_ds (dS to shared memory), 5 and 6 dV, dQ, dK (rs_gemm, dq_mma) in one of two orders
+  // (dq_then_dk, dk_then_dq), 7 hand_off_dq; at a segment's end end_segment hands dK/dV to the
+  // epilogue. consume() holds what outlives a task (the segment's dK/dV accumulators) and the
+  // stage and segment bookkeeping.
+  //
+  // consume() also declares every local array of a task's stages (st/dpt, pa/dsa, pv/ds, dq),
+  // each in the order the stages first use it, and passes it on by reference. Where an array is
+  // declared decides its place in the inlined kernel's frame, and that order decides how NVVM
+  // numbers the values it promotes to registers: declared inside the stage functions (which
+  // inline ahead of the caller's locals), the same code made ptxas allocate the dK/dV
+  // accumulators' registers differently and schedule the kernel differently from the one
+  // measured.
   __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
                                  int wg, int tid) {
     const int warp = (tid % 128) / 32, lane = tid % 32;
@@ -101,147 +106,188 @@ struct BwdMainloop {
       issue_scores(st, dpt, smem, q_tile, do_tile, wg);
       const float* stats = task_stats(p, t, smem, s, me);
 
-      // Stage 3. P^T and dS^T in registers, packed to 16-bit A fragments for the RS wgmmas, once
-      // the score MMAs have landed. kDsInLoop: each 16 query rows of dS go to shared memory as
-      // the loop finishes them.
       u32 pa[kBlockM / 16][4], dsa[kBlockM / 16][4];
-      wgmma_wait_group<0>();
-      u32 ds_row = 0;  // kDsInLoop: this lane's stmatrix row address in this warpgroup's block
-      if constexpr (kDsInLoop) {
-        // One dS tile: both warpgroups finished the previous task's dQ MMA (its reads of dS)
-        // before this one. Two: see kDsStages.
-        int ds_off = 0;
-        if constexpr (kDsStages == 1) {
-          K::sync_mma_warpgroups();
-        } else {
-          ds_off = s * kDsBytes;
-          asm volatile("mov.b32 %0, %0;" : "+r"(ds_off));  // formed here, not held from the top
-        }
-        ds_row = ds_row_address(smem + kOffDs + ds_off + wg * kBlockM * 128, warp, lane);
-      }
-      // P^T = exp2(S^T * scale - lse), 0 for keys past the end and, under the causal mask, keys
-      // after the query row; dS^T = P^T (dP^T * softmax_scale - D * softmax_scale), the D the
-      // preprocess stored already scaled: one FFMA where a subtraction and a product were. Written out in the loop: with
-      // the mask and the exponent in functions of their own, NVVM orders its index arithmetic
-      // differently. Under a causal mask only a task whose keys (this warpgroup's 64) cross the
-      // sequence's end or the diagonal runs the mask: the others (all but one of a KV tile's
-      // tasks with square tiles) skip a compare and its index arithmetic per element. A full
-      // mask compares per key, on edge tasks only, before the one loop.
-      const bool edge = mask_reaches<kCausal>(t.n * kBlockN + 64 * wg + 63, t.m * kBlockM,
-                                              kVarlen ? seq_k : p.seqlen_k,
-                                              kVarlen ? seq_offset : causal_offset);
-      if constexpr (!kCausal) {
-        // Full mask: only keys past the sequence's end are masked, and only a task whose keys
-        // reach it has any. Their scores become -inf there, so the one loop below takes
-        // exp2(-inf) = +0 for them, the value the per-element select gave, without a select
-        // per element on every other task (a second copy of the loop made head_dim 64 spill).
-        if (edge) {
-          const int keys_end = kVarlen ? seq_k : p.seqlen_k;
-#pragma unroll
-          for (int ii = 0; ii < kBlockM / 2; ++ii) {
-            const int key = t.n * kBlockN + 64 * wg + 16 * warp + g + 8 * ((ii / 2) % 2);
-            if (key >= keys_end) st[ii] = -DASHGEN_INF;
-          }
-        }
-        unmasked_softmax<true>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
-      } else if (!edge) {
-        unmasked_softmax<false>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
-      } else {  // a causal edge task: the mask per element
-#pragma unroll
-        for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
-          const int row = 16 * warp + g + 8 * ((i2 / 2) % 2);
-          const int key = t.n * kBlockN + 64 * wg + row;
-          float pv[2], ds[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int ii = i2 + e;
-            const int col = 8 * (ii / 4) + 2 * t4 + (ii % 2);
-            const int qrow = t.m * kBlockM + col;
-            const bool masked = kVarlen
-                                    ? key >= seq_k || (kCausal && key > qrow + seq_offset)
-                                    : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
-            // Only causal edge tasks (the diagonal, the sequence's end) come here. The exponent
-            // is formed before the select, as measured; selecting the exponent instead
-            // (exp2(-inf) = +0) spilled 8 bytes in a causal GQA variant.
-            const float exponent = st[ii] * scale_log2 - stats[col];
-            pv[e] = masked ? 0.f : exp2f(exponent);
-            ds[e] = pv[e] * fmaf(dpt[ii], p.softmax_scale, -stats[kBlockM + col]);
-          }
-          pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
-          dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
-          if constexpr (kDsInLoop) {
-            if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
-          }
-        }
-      }
+      float pv[2], ds[2];  // masked_softmax's pair of P^T and dS^T values (see above)
+      recompute(st, dpt, stats, pa, dsa, pv, ds, smem, p, t, s, seq_k, seq_offset, causal_offset,
+                scale_log2, me);
 
       // Stage 5a: dV += P^T dO needs nothing of the other warpgroup, so its wgmmas run through
       // stage 4's barrier.
       wgmma_fence();
       rs_gemm(dv, pa, do_tile);
+      const char* ds_tile = store_ds(dsa, smem, s, me);
 
-      // Stage 4. dS (query rows x KV columns, K-major for dQ's A operand) into shared memory: this
-      // warpgroup writes column block wg, once both warpgroups have passed the barrier, so the
-      // previous task's dQ reads of the tile are done (kDsInLoop passed it before the softmax
-      // loop). After the second barrier both halves are visible to the wgmmas.
-      if constexpr (!kDsInLoop) {
-        K::sync_mma_warpgroups();
-      }
-      char* ds_tile = smem + kOffDs + s * (kDsStages == 2 ? kDsBytes : 0);
-      char* ds_block = ds_tile + wg * kBlockM * 128;
-      if constexpr (!kDsInLoop) {
-        // ds_row_address written out: called, it makes ptxas order this kernel differently from
-        // the one measured (docs/design.md, `ds-stmatrix`).
-        const u32 row = 8 * (lane / 16) + lane % 8;
-        const u32 dst = shared_address(ds_block) +
-                        sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
-#pragma unroll
-        for (int kk = 0; kk < kBlockM / 16; ++kk) stmatrix_x4_trans(dst + 2048 * kk, dsa[kk]);
-      }
-      fence_proxy_async_shared();
-      K::sync_mma_warpgroups();
-
+      float dq[32];
       if constexpr (kDqLast) {
-        // Stages 5 and 6 as dV (issued above), dK, dQ: Q/dO stage s and its task slot are free
-        // once dQ's wgmmas retire, before the hand-off waits for the writer.
-        wgmma_fence();
-        rs_gemm(dk, dsa, q_tile);
-        wgmma_wait_group<0>();  // dV and dK retired: P^T's and dS^T's registers are free
-        float dq[32];
-        dq_mma(dq, smem, ds_tile, wg);
-        wgmma_wait_group<0>();
-        if (kEarlyKv && tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
-        mbarrier_arrive(&bars->q_empty[s]);
-        hand_off_dq(dq, smem, bars, s, use, me);
+        dk_then_dq(dk, dq, dsa, smem, q_tile, ds_tile, bars, s, use, me);
       } else {
-        // Stages 5 and 6 as dV (issued above), dQ, dK: dQ's wgmmas ahead of dK's, so the dQ
-        // hand-off (its shared-memory stores) runs while the tensor cores work on dK, with
-        // P^T's registers free (dV retired) by then.
-        float dq[32];
-        dq_mma(dq, smem, ds_tile, wg);
-        wgmma_wait_group<1>();  // dV retired: P^T's registers are free
-        wgmma_fence();
-        rs_gemm(dk, dsa, q_tile);
-        wgmma_wait_group<1>();  // dQ retired
-        // After a segment's last dQ MMA K/V are free (kEarlyKv: the next segment's load
-        // overlaps the dQ hand-off and the dK/dV stores); Q/dO stage s and its task slot once
-        // dK/dV retire.
-        if (kEarlyKv && tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
-        hand_off_dq(dq, smem, bars, s, use, me);
-        wgmma_wait_group<0>();
-        mbarrier_arrive(&bars->q_empty[s]);
+        dq_then_dk(dk, dq, dsa, smem, q_tile, ds_tile, bars, s, use, me);
       }
-
       if (t.seg_end) {
-        if constexpr (kGqa) {
-          Epilogue::add_dkv_in_rank_order(p, t, dk, dv, me);
-        } else {
-          Epilogue::store_dkv(p, t, dk, dv, group, me);
-        }
-        if (!kEarlyKv && tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
+        end_segment(p, t, dk, dv, group, bars, me);
         ++segment;
       }
     }
+  }
+
+  // Stage 3. P^T and dS^T in registers, packed to 16-bit A fragments for the RS wgmmas, once
+  // the score MMAs have landed. kDsInLoop: each 16 query rows of dS go to shared memory as the
+  // loop finishes them.
+  // P^T = exp2(S^T * scale - lse), 0 for keys past the end and, under the causal mask, keys after
+  // the query row; dS^T = P^T (dP^T * softmax_scale - D * softmax_scale), the D the preprocess
+  // stored already scaled: one FFMA where a subtraction and a product were. Under a causal mask
+  // only a task whose keys (this warpgroup's 64) cross the sequence's end or the diagonal runs
+  // the mask: the others (all but one of a KV tile's tasks with square tiles) skip a compare and
+  // its index arithmetic per element. A full mask compares per key, on edge tasks only, before
+  // the one loop.
+  __device__ static __forceinline__ void recompute(
+      float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2], const float* stats,
+      u32 (&pa)[kBlockM / 16][4], u32 (&dsa)[kBlockM / 16][4], float (&pv)[2], float (&ds)[2],
+      char* smem, const BwdParams& p, const Task& t, int s, int seq_k, int seq_offset,
+      int causal_offset, float scale_log2, const MmaThread& me) {
+    wgmma_wait_group<0>();
+    u32 ds_row = 0;  // kDsInLoop: this lane's stmatrix row address in this warpgroup's block
+    if constexpr (kDsInLoop) {
+      // One dS tile: both warpgroups finished the previous task's dQ MMA (its reads of dS)
+      // before this one. Two: see kDsStages.
+      int ds_off = 0;
+      if constexpr (kDsStages == 1) {
+        K::sync_mma_warpgroups();
+      } else {
+        ds_off = s * kDsBytes;
+        asm volatile("mov.b32 %0, %0;" : "+r"(ds_off));  // formed here, not held from the top
+      }
+      ds_row = ds_row_address(smem + kOffDs + ds_off + me.wg * kBlockM * 128, me.warp, me.lane);
+    }
+    const bool edge = mask_reaches<kCausal>(t.n * kBlockN + 64 * me.wg + 63, t.m * kBlockM,
+                                            kVarlen ? seq_k : p.seqlen_k,
+                                            kVarlen ? seq_offset : causal_offset);
+    if constexpr (!kCausal) {
+      // Full mask: only keys past the sequence's end are masked, and only a task whose keys
+      // reach it has any. Their scores become -inf there, so the one loop below takes
+      // exp2(-inf) = +0 for them, the value the per-element select gave, without a select per
+      // element on every other task (a second copy of the loop made head_dim 64 spill).
+      if (edge) {
+        const int keys_end = kVarlen ? seq_k : p.seqlen_k;
+#pragma unroll
+        for (int ii = 0; ii < kBlockM / 2; ++ii) {
+          const int key = t.n * kBlockN + 64 * me.wg + 16 * me.warp + me.g + 8 * ((ii / 2) % 2);
+          if (key >= keys_end) st[ii] = -DASHGEN_INF;
+        }
+      }
+      unmasked_softmax<true>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
+    } else if (!edge) {
+      unmasked_softmax<false>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
+    } else {
+      masked_softmax(st, dpt, stats, pa, dsa, pv, ds, ds_row, scale_log2, p, t, seq_k,
+                     seq_offset, causal_offset, me);
+    }
+  }
+
+  // Stage 3's loop for a causal edge task (the diagonal, the sequence's end): the mask per
+  // element. Written out in the loop: with the mask and the exponent in functions of their own,
+  // NVVM orders its index arithmetic differently.
+  __device__ static __forceinline__ void masked_softmax(
+      const float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2], const float* stats,
+      u32 (&pa)[kBlockM / 16][4], u32 (&dsa)[kBlockM / 16][4], float (&pv)[2], float (&ds)[2],
+      u32 ds_row, float scale_log2, const BwdParams& p, const Task& t, int seq_k, int seq_offset,
+      int causal_offset, const MmaThread& me) {
+#pragma unroll
+    for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
+      const int row = 16 * me.warp + me.g + 8 * ((i2 / 2) % 2);
+      const int key = t.n * kBlockN + 64 * me.wg + row;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int ii = i2 + e;
+        const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);
+        const int qrow = t.m * kBlockM + col;
+        const bool masked = kVarlen
+                                ? key >= seq_k || (kCausal && key > qrow + seq_offset)
+                                : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
+        // The exponent is formed before the select, as measured; selecting the exponent
+        // instead (exp2(-inf) = +0) spilled 8 bytes in a causal GQA variant.
+        const float exponent = st[ii] * scale_log2 - stats[col];
+        pv[e] = masked ? 0.f : exp2f(exponent);
+        ds[e] = pv[e] * fmaf(dpt[ii], p.softmax_scale, -stats[kBlockM + col]);
+      }
+      pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
+      dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
+      if constexpr (kDsInLoop) {
+        if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
+      }
+    }
+  }
+
+  // Stage 4. dS (query rows x KV columns, K-major for dQ's A operand) into shared memory: this
+  // warpgroup writes column block wg, once both warpgroups have passed the barrier, so the
+  // previous task's dQ reads of the tile are done (kDsInLoop passed it before the softmax loop).
+  // After the second barrier both halves are visible to the wgmmas. Returns the dS tile.
+  __device__ static __forceinline__ const char* store_ds(const u32 (&dsa)[kBlockM / 16][4],
+                                                         char* smem, int s, const MmaThread& me) {
+    if constexpr (!kDsInLoop) {
+      K::sync_mma_warpgroups();
+    }
+    char* ds_tile = smem + kOffDs + s * (kDsStages == 2 ? kDsBytes : 0);
+    char* ds_block = ds_tile + me.wg * kBlockM * 128;
+    if constexpr (!kDsInLoop) {
+      // ds_row_address written out: called, it makes ptxas order this kernel differently from
+      // the one measured (docs/design.md, `ds-stmatrix`).
+      const u32 row = 8 * (me.lane / 16) + me.lane % 8;
+      const u32 dst = shared_address(ds_block) +
+                      sw128_byte_offset(row, (16 * me.warp + 8 * ((me.lane / 8) % 2)) * 2);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) stmatrix_x4_trans(dst + 2048 * kk, dsa[kk]);
+    }
+    fence_proxy_async_shared();
+    K::sync_mma_warpgroups();
+    return ds_tile;
+  }
+
+  // Stages 5 and 6 as dV (issued before stage 4), dQ, dK: dQ's wgmmas ahead of dK's, so the dQ
+  // hand-off (its shared-memory stores) runs while the tensor cores work on dK, with P^T's
+  // registers free (dV retired) by then.
+  __device__ static __forceinline__ void dq_then_dk(
+      float (&dk)[kHeadDim / 2], float (&dq)[32], const u32 (&dsa)[kBlockM / 16][4], char* smem,
+      const char* q_tile, const char* ds_tile, Bars* bars, int s, int use, const MmaThread& me) {
+    dq_mma(dq, smem, ds_tile, me.wg);
+    wgmma_wait_group<1>();  // dV retired: P^T's registers are free
+    wgmma_fence();
+    rs_gemm(dk, dsa, q_tile);
+    wgmma_wait_group<1>();  // dQ retired
+    // After a segment's last dQ MMA K/V are free (kEarlyKv: the next segment's load overlaps
+    // the dQ hand-off and the dK/dV stores); Q/dO stage s and its task slot once dK/dV retire.
+    if (kEarlyKv && me.tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
+    hand_off_dq(dq, smem, bars, s, use, me);
+    wgmma_wait_group<0>();
+    mbarrier_arrive(&bars->q_empty[s]);
+  }
+
+  // kDqLast: stages 5 and 6 as dV (issued before stage 4), dK, dQ. Q/dO stage s and its task
+  // slot are free once dQ's wgmmas retire, before the hand-off waits for the writer.
+  __device__ static __forceinline__ void dk_then_dq(
+      float (&dk)[kHeadDim / 2], float (&dq)[32], const u32 (&dsa)[kBlockM / 16][4], char* smem,
+      const char* q_tile, const char* ds_tile, Bars* bars, int s, int use, const MmaThread& me) {
+    wgmma_fence();
+    rs_gemm(dk, dsa, q_tile);
+    wgmma_wait_group<0>();  // dV and dK retired: P^T's and dS^T's registers are free
+    dq_mma(dq, smem, ds_tile, me.wg);
+    wgmma_wait_group<0>();
+    if (kEarlyKv && me.tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
+    mbarrier_arrive(&bars->q_empty[s]);
+    hand_off_dq(dq, smem, bars, s, use, me);
+  }
+
+  // A segment's end: its dK/dV to the epilogue, then (without kEarlyKv) K/V freed.
+  __device__ static __forceinline__ void end_segment(const BwdParams& p, const Task& t,
+                                                     const float (&dk)[kHeadDim / 2],
+                                                     const float (&dv)[kHeadDim / 2], int group,
+                                                     Bars* bars, const MmaThread& me) {
+    if constexpr (kGqa) {
+      Epilogue::add_dkv_in_rank_order(p, t, dk, dv, me);
+    } else {
+      Epilogue::store_dkv(p, t, dk, dv, group, me);
+    }
+    if (!kEarlyKv && me.tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
   }
 
   // Stage 3's loop for a task no mask reaches (causal: its keys end before the diagonal and
