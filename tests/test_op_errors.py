@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from dashgen.caches import clear_caches  # noqa: E402
-from dashgen.runtime import op  # noqa: E402
+from dashgen.runtime import checks, op  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -95,13 +95,13 @@ def kernels(monkeypatch):
 @pytest.fixture
 def h200(monkeypatch):
     """Device queries answer like an H200 (132 SMs)."""
-    monkeypatch.setattr(op, "_device_facts", lambda index: (9, 0, 132, "NVIDIA H200"))
+    monkeypatch.setattr(checks, "_device_facts", lambda index: (9, 0, 132, "NVIDIA H200"))
 
 
 @pytest.fixture
 def on_cpu(monkeypatch, h200):
     """Let the op take CPU tensors, so its autograd and compile wiring run here."""
-    monkeypatch.setattr(op, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(checks, "_DEVICE_TYPE", "cpu")
 
 
 @pytest.fixture
@@ -261,7 +261,7 @@ def test_cpu_tensors_are_rejected_before_any_kernel(kernels):
 
 
 def test_a_gpu_that_is_not_sm90_is_named_with_its_capability(monkeypatch):
-    monkeypatch.setattr(op, "_device_facts", lambda index: (8, 0, 108, "NVIDIA A100"))
+    monkeypatch.setattr(checks, "_device_facts", lambda index: (8, 0, 108, "NVIDIA A100"))
     with FakeTensorMode():
         with pytest.raises(RuntimeError, match=r"^q is on cuda:0 \(NVIDIA A100, compute "
                                                r"capability 8\.0\)"):
@@ -319,7 +319,7 @@ def test_check_inputs_resolves_the_defaults(fake_cuda, restore_determinism):
 
 
 def test_the_sm_count_comes_from_the_device(monkeypatch):
-    monkeypatch.setattr(op, "_device_facts", lambda index: (9, 0, 114, "NVIDIA H100 PCIe"))
+    monkeypatch.setattr(checks, "_device_facts", lambda index: (9, 0, 114, "NVIDIA H100 PCIe"))
     with FakeTensorMode():
         assert op.check_inputs(*qkv(device="cuda", seqlen_k=2048),
                                schedule="spt").num_workers == 114

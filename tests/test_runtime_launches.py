@@ -18,7 +18,7 @@ from dashgen.codegen.variants import (BACKWARD_CONSTANTS, BwdParams,  # noqa: E4
                                       ConvertParams, FwdParams, PrepParams)
 from dashgen.runtime import backward as runtime  # noqa: E402
 from dashgen.runtime import forward as runtime_forward  # noqa: E402
-from dashgen.runtime import launch, op, varlen, workspace  # noqa: E402
+from dashgen.runtime import checks, launch, op, varlen, workspace  # noqa: E402
 from dashgen.runtime.select import Overrides  # noqa: E402
 
 SEPARATE_CONVERT = Overrides(fused_convert=False)  # the convert kernel writes dQ
@@ -421,8 +421,8 @@ def test_tables_record_their_use_on_another_stream(recorder, monkeypatch, call_s
 @pytest.fixture
 def cpu_op(monkeypatch):
     """dashgen.attention on CPU tensors (H200 facts), over the recorded driver."""
-    monkeypatch.setattr(op, "_DEVICE_TYPE", "cpu")
-    monkeypatch.setattr(op, "_device_facts", lambda index: (9, 0, 132, "NVIDIA H200"))
+    monkeypatch.setattr(checks, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(checks, "_device_facts", lambda index: (9, 0, 132, "NVIDIA H200"))
     built = []
     real = runtime.BackwardCall
     # The spy keeps addresses, never the tensors (a test below checks what stays alive).

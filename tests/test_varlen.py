@@ -6,8 +6,8 @@ layout lse_by_head turns into FlashAttention's, the per-tile buffer layout of a 
 sources and (the slow tests, test_compile_...) their NVRTC builds, and the custom ops' fake
 kernels on fake CUDA tensors.
 
-No kernel runs here: the device is faked as in test_op_errors (op._device_facts, op._DEVICE_TYPE,
-FakeTensorMode)."""
+No kernel runs here: the device is faked as in test_op_errors (checks._device_facts,
+checks._DEVICE_TYPE, FakeTensorMode)."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,13 +27,14 @@ from dashgen.codegen.render import render_variant  # noqa: E402
 from dashgen.codegen.variants import (  # noqa: E402
     BACKWARD_CONSTANTS, SCHEDULE_POLICIES, SM90_MAX_SMEM_BYTES, BackwardVariant, ForwardVariant)
 from dashgen.interfaces.flash_attn import flash_attn_varlen_func  # noqa: E402
-from dashgen.runtime import op_varlen  # noqa: E402
+from dashgen.runtime import checks, op, op_varlen  # noqa: E402
+from dashgen.runtime.op_common import Options  # noqa: E402
 from dashgen.runtime.op_varlen import (  # noqa: E402
-    PACK_SCHEDULES, VarlenOptions, attention_varlen, check_varlen_inputs, lse_by_head)
+    PACK_SCHEDULES, attention_varlen, check_varlen_inputs, lse_by_head)
 from dashgen.runtime.varlen import (  # noqa: E402
     PackWorkspace, pack_tiles, plan_words)
 from dashgen.runtime.select import PACK_AUTO_SCHEDULES, pack_workers, select_pack  # noqa: E402
-from test_op_errors import fake_cuda, h200, on_cpu  # noqa: E402,F401  (fixtures by name)
+from test_op_errors import fake_cuda, h200, on_cpu, qkv  # noqa: E402,F401  (fixtures by name)
 from test_kernels_compile import MMA_SPILL_BYTES  # noqa: E402
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -250,6 +251,78 @@ def test_bad_options_are_named(kwargs, error, pattern):
         attention_varlen(*pack(), **kwargs)
 
 
+# -- the checks dashgen.attention and attention_varlen share ------------------------------------
+
+def refusals(dense_args, packed_args, **kwargs):
+    """The errors op.check_inputs and check_varlen_inputs raise for the same fault."""
+    with pytest.raises(Exception) as dense:
+        op.check_inputs(*dense_args, **kwargs)
+    with pytest.raises(Exception) as packed:
+        check_varlen_inputs(*packed_args, **kwargs)
+    return dense.value, packed.value
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(causal=1), dict(causal="yes"), dict(softmax_scale=0.0), dict(softmax_scale=-0.1),
+    dict(softmax_scale=math.inf), dict(softmax_scale="0.1"), dict(softmax_scale=True),
+    dict(deterministic="yes"), dict(deterministic=1), dict(num_workers=0),
+    dict(num_workers=1.5), dict(num_workers=True)])
+def test_a_bad_option_gets_the_same_error_from_dense_and_packed_calls(kwargs):
+    dense, packed = refusals(qkv(), pack(), **kwargs)
+    assert type(dense) is type(packed) and str(dense) == str(packed)
+    assert type(dense) in (TypeError, ValueError) and str(dense).startswith(next(iter(kwargs)))
+
+
+@pytest.mark.parametrize("fault", ["float32 q", "fp16 k", "head_dim 96", "heads 4 / 3",
+                                   "strided v", "on the cpu"])
+def test_a_tensor_fault_gets_the_same_error_from_dense_and_packed_calls(fault):
+    dense_args = list(qkv(device="cpu" if fault == "on the cpu" else "meta"))
+    packed_args = list(pack())
+    if fault == "float32 q":
+        dense_args[0], packed_args[0] = dense_args[0].float(), packed_args[0].float()
+    elif fault == "fp16 k":
+        dense_args[1], packed_args[1] = dense_args[1].half(), packed_args[1].half()
+    elif fault == "head_dim 96":
+        dense_args[:3] = qkv(head_dim=96)
+        packed_args[:3] = pack(head_dim=96)[:3]
+    elif fault == "heads 4 / 3":
+        dense_args[:3] = qkv(heads_q=4, heads_kv=3)
+        packed_args[:3] = pack(heads_q=4, heads_kv=3)[:3]
+    elif fault == "strided v":
+        dense_args[2] = dense_args[2].transpose(-1, -2).contiguous().transpose(-1, -2)
+        packed_args[2] = packed_args[2].transpose(-1, -2).contiguous().transpose(-1, -2)
+    dense, packed = refusals(dense_args, packed_args)
+    assert type(dense) is type(packed) and type(dense) in (TypeError, ValueError)
+    if fault == "strided v":  # the strides themselves differ with the layouts
+        assert str(dense).split(", got")[0] == str(packed).split(", got")[0]
+    else:
+        assert str(dense) == str(packed)
+
+
+def test_deterministic_false_under_the_flag_gets_the_same_refusal(on_cpu):
+    previous = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        dense, packed = refusals(qkv(device="cpu"), pack(), deterministic=False)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert type(dense) is type(packed) is RuntimeError and str(dense) == str(packed)
+
+
+def test_both_ops_run_the_shared_checks(monkeypatch, on_cpu):
+    """One implementation: replacing a shared check changes what both ops refuse."""
+    class Refused(Exception):
+        pass
+
+    for name in ("options", "device", "dtype", "last_dim_contiguous"):
+        def refuse(*args, _name=name):
+            raise Refused(_name)
+        with monkeypatch.context() as patch:
+            patch.setattr(checks, name, refuse)
+            dense, packed = refusals(qkv(device="cpu"), pack())
+        assert (type(dense), str(dense)) == (type(packed), str(packed)) == (Refused, name)
+
+
 # -- the device check and the resolved options --------------------------------------------------
 
 def test_valid_cpu_tensors_reach_the_device_check():
@@ -265,11 +338,11 @@ def test_a_pack_of_empty_and_one_token_sequences_reaches_the_device_check():
 
 def test_check_varlen_inputs_resolves_the_defaults(on_cpu):
     opts = check_varlen_inputs(*pack(head_dim=64), deterministic=True)
-    assert opts == VarlenOptions(causal=False, softmax_scale=1 / 8, deterministic=True,
+    assert opts == Options(causal=False, softmax_scale=1 / 8, deterministic=True,
                                  schedule="hybrid", num_workers=132)
     opts = check_varlen_inputs(*pack(head_dim=128), causal=True, softmax_scale=2,
                                deterministic=False, schedule="spt", num_workers=7)
-    assert opts == VarlenOptions(True, 2.0, False, "spt", 7)
+    assert opts == Options(True, 2.0, False, "spt", 7)
     assert isinstance(opts.softmax_scale, float)
     assert check_varlen_inputs(*pack(head_dim=128)).softmax_scale == 1 / math.sqrt(128)
 

@@ -10,33 +10,16 @@ kernel launches; errors name the argument.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import NamedTuple
 
 import torch
 
 from ..caches import Memo, memo
-from ..codegen.variants import HEAD_DIMS
-from ..schedule.builders import get_builder
 from ..schedule.ir import Schedule
+from . import checks
+from .op_common import Options, constant_for_compile, ready, traced
 from .select import problem_for, resolve_schedule, resolve_table
 from .tables import is_table, register, table_of
-
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16)
-REQUIRED_CAPABILITY = (9, 0)  # the kernels use wgmma/TMA/setmaxnreg, compiled for sm_90a only
-
-# The device type the op accepts; CPU tests point it at "cpu" and fake the kernels (_kernels).
-_DEVICE_TYPE = "cuda"
-
-
-class Options(NamedTuple):
-    """The resolved arguments the custom ops receive (a NamedTuple so torch.compile folds it)."""
-
-    causal: bool
-    softmax_scale: float
-    deterministic: bool
-    schedule: str
-    num_workers: int
 
 
 class _Kernels(NamedTuple):
@@ -58,38 +41,16 @@ def _kernels() -> _Kernels:
     return _KERNELS
 
 
-def constant_for_compile(fn):
-    """torch.compiler.assume_constant_result (torch.compile runs fn once while tracing and keeps
-    its answer) without importing torch._dynamo, which takes 3-5 s: the whole host time of a
-    process's first call, which otherwise needs none of it. The decorator only sets this marker,
-    which dynamo reads when it traces; tests/test_op_errors.py checks that the two agree."""
-    fn._dynamo_marked_constant = True
-    return fn
-
-
-@constant_for_compile
-def _device_facts(index: int) -> tuple[int, int, int, str]:
-    """(major, minor, SM count, name) of a CUDA device; constant for torch.compile's tracing."""
-    props = torch.cuda.get_device_properties(index)
-    return props.major, props.minor, props.multi_processor_count, props.name
-
-
-# -- validation --------------------------------------------------------------------------------
+# -- validation (the checks both ops share are dashgen/runtime/checks.py's) ---------------------
 
 def _check_tensors(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        checks.tensor(name, t)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), "
-                             f"got shape {tuple(t.shape)}")
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"q has dtype {q.dtype}; dashgen supports torch.bfloat16 and torch.float16")
+        checks.rank(name, t, 4, "batch, seqlen, heads, head_dim")
+    checks.dtype(q)
     for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; "
-                            f"q, k and v must share one dtype")
+        checks.same_dtype(name, t, q)
     dims = ("batch", "seqlen", "heads", "head_dim")
     for name, t in (("q", q), ("k", k), ("v", v)):
         for dim in range(3):  # a zero head_dim is caught by the supported-head_dim check
@@ -99,63 +60,13 @@ def _check_tensors(q, k, v) -> None:
     for name, t in (("k", k), ("v", v)):
         if t.shape[0] != q.shape[0]:
             raise ValueError(f"{name} has batch {t.shape[0]} but q has batch {q.shape[0]}")
-        if t.shape[3] != q.shape[3]:
-            raise ValueError(f"{name} has head_dim {t.shape[3]} but q has head_dim {q.shape[3]}")
+        checks.same_head_dim(name, t, q)
     if v.shape != k.shape:
         raise ValueError(f"v has shape {tuple(v.shape)} but k has shape {tuple(k.shape)}; "
                          f"k and v must have the same shape")
-    if q.shape[2] % k.shape[2]:
-        raise ValueError(f"k has {k.shape[2]} heads, which does not divide q's {q.shape[2]} heads "
-                         f"(heads_q must be a multiple of heads_kv for GQA/MQA)")
-    if q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"q has head_dim {q.shape[3]}; supported head_dims: {HEAD_DIMS}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        # Other strides are fixed with .contiguous(); a strided last dim would mean a silent
-        # full copy of the tensor, so the caller has to decide.
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension (head_dim), "
-                             f"got strides {tuple(t.stride())}")
-
-
-def _check_options(causal, softmax_scale, deterministic, schedule, num_workers) -> None:
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    if softmax_scale is not None:
-        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-            raise TypeError(f"softmax_scale must be a float or None, got {softmax_scale!r}")
-        if not (math.isfinite(softmax_scale) and softmax_scale > 0):
-            raise ValueError(f"softmax_scale must be positive and finite, got {softmax_scale!r}")
-    if deterministic is not None and not isinstance(deterministic, bool):
-        raise TypeError(f"deterministic must be a bool or None, got {deterministic!r}")
-    if not isinstance(schedule, str):
-        raise TypeError(f"schedule must be a str or a dashgen.Schedule, got {schedule!r}")
-    if is_table(schedule):
-        table_of(schedule)  # raises ValueError for a key no loaded schedule has
-    elif schedule != "auto":
-        try:
-            get_builder(schedule)
-        except ValueError as exc:
-            raise ValueError(f"schedule: {exc} (or 'auto')") from None
-    if num_workers is not None:
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int):
-            raise TypeError(f"num_workers must be an int or None, got {num_workers!r}")
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be positive, got {num_workers}")
-
-
-def _check_device(q, k, v) -> int:
-    """The SM count of q's device, after checking all three are on one sm_90 CUDA device."""
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; "
-                             f"q, k and v must be on one device")
-    if q.device.type != _DEVICE_TYPE:
-        raise ValueError(f"q, k and v are on {q.device}; dashgen needs CUDA tensors")
-    major, minor, sm_count, name = _device_facts(q.device.index)
-    if (major, minor) != REQUIRED_CAPABILITY:
-        raise RuntimeError(f"q is on {q.device} ({name}, compute capability {major}.{minor}); "
-                           f"dashgen's kernels need compute capability 9.0 (H100/H200)")
-    return sm_count
+    checks.heads_divide(q.shape[2], k.shape[2])
+    checks.head_dim(q)
+    checks.last_dim_contiguous(q, k, v)
 
 
 @constant_for_compile
@@ -205,20 +116,8 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Non
 
     opts = checked() if key is None else _VALIDATED.get(key, checked)
     if deterministic is False and flag:
-        _refuse_nondeterministic()
+        checks.refuse_nondeterministic()
     return opts
-
-
-def _refuse_nondeterministic() -> None:
-    """deterministic=False under torch.use_deterministic_algorithms(True): an error, or with
-    warn_only=True a warning, as PyTorch's own non-deterministic ops do."""
-    message = ("deterministic=False asks for dashgen's non-deterministic backward (unordered "
-               "atomic dQ adds), but torch.use_deterministic_algorithms(True) is set; pass "
-               "deterministic=None (follow the flag) or True")
-    if torch.is_deterministic_algorithms_warn_only_enabled():
-        warnings.warn(message, stacklevel=3)
-    else:
-        raise RuntimeError(message)
 
 
 # Options of argument signatures that passed every check: a training loop repeats the same
@@ -246,8 +145,8 @@ def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
 
 def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers) -> Options:
     _check_tensors(q, k, v)
-    _check_options(causal, softmax_scale, deterministic, schedule, num_workers)
-    sm_count = _check_device(q, k, v)
+    checks.options(causal, softmax_scale, deterministic, schedule, num_workers)
+    sm_count = checks.device(q, k, v)
     batch, seqlen_q, heads_q, head_dim = q.shape
     # Whether the backward orders its sums: "auto" picks per mode (`listed-deal`).
     ordered = torch.are_deterministic_algorithms_enabled() if deterministic is None \
@@ -263,17 +162,9 @@ def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
 
 # -- the kernel calls both paths share (the custom ops and the eager Function) ------------------
 
-def _ready(t: torch.Tensor) -> torch.Tensor:
-    """t as the kernels read it: contiguous, starting on a 16-byte boundary (TMA descriptors and
-    the 16-byte loads need it; a contiguous view into a buffer at an odd offset does not have
-    it, and is copied like any other layout the kernels cannot read)."""
-    t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 def _run_forward(q, k, v, opts: Options):
     """o and lse from the runtime."""
-    return _kernels().forward(_ready(q), _ready(k), _ready(v), causal=opts.causal,
+    return _kernels().forward(ready(q), ready(k), ready(v), causal=opts.causal,
                               softmax_scale=opts.softmax_scale)
 
 
@@ -286,7 +177,7 @@ def _backward_options(opts: Options) -> dict:
 def _run_backward(do, q, k, v, o, lse, opts: Options):
     """dq, dk, dv from the runtime. The gradient of a reduction such as o.sum() arrives expanded
     (stride 0): contiguous() copies it."""
-    return _kernels().backward(_ready(do), _ready(q), _ready(k), _ready(v), _ready(o), lse,
+    return _kernels().backward(ready(do), ready(q), ready(k), ready(v), ready(o), lse,
                                **_backward_options(opts))
 
 
@@ -354,7 +245,7 @@ class _EagerAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, opts: Options):
         rt = _kernels()
-        q, k, v = _ready(q), _ready(k), _ready(v)
+        q, k, v = ready(q), ready(k), ready(v)
         o, lse = rt.forward(q, k, v, causal=opts.causal, softmax_scale=opts.softmax_scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.opts = opts
@@ -373,21 +264,10 @@ class _EagerAttention(torch.autograd.Function):
         if not call.serves(*saved):
             # Saved-tensor hooks (offloading, activation checkpointing) handed back other
             # tensors than the forward's: prepare for these.
-            call = _kernels().BackwardCall(*(_ready(t) for t in saved),
+            call = _kernels().BackwardCall(*(ready(t) for t in saved),
                                            **_backward_options(ctx.opts))
-        dq, dk, dv = call(_ready(grad_o))
+        dq, dk, dv = call(ready(grad_o))
         return dq, dk, dv, None
-
-
-def _traced(q: torch.Tensor) -> bool:
-    """Whether torch.compile is tracing or q is a fake tensor: then only the custom ops (with
-    their fake kernels) may run."""
-    if torch.compiler.is_compiling():
-        return True
-    if type(q) is torch.Tensor:  # fake tensors are a subclass
-        return False
-    from torch._subclasses.fake_tensor import is_fake
-    return is_fake(q)
 
 
 # -- the public function -----------------------------------------------------------------------
@@ -433,7 +313,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     opts = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if _traced(q):
+    if traced(q):
         o, lse = torch.ops.dashgen.attention_fwd(q, k, v, *opts)
     elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # Nothing to differentiate (inference, no_grad): the kernel without autograd's

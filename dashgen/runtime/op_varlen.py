@@ -10,13 +10,12 @@ capturable. Every argument is checked before any kernel launches; errors name th
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import torch
 
 from ..caches import Memo
-from ..codegen.variants import HEAD_DIMS
-from . import op
+from . import checks
+from .op_common import Options, ready, traced
 from .select import PACK_SCHEDULES, pack_workers, select_pack
 
 
@@ -24,43 +23,22 @@ from .select import PACK_SCHEDULES, pack_workers, select_pack
 MAX_SEQUENCES = 65535
 
 
-class VarlenOptions(NamedTuple):
-    causal: bool
-    softmax_scale: float
-    deterministic: bool
-    schedule: str
-    num_workers: int
-
-
 def _check_tensors(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise ValueError(f"{name} must be 3-D (total_tokens, heads, head_dim), "
-                             f"got shape {tuple(t.shape)}")
-    if q.dtype not in op.SUPPORTED_DTYPES:
-        raise TypeError(f"q has dtype {q.dtype}; dashgen supports torch.bfloat16 and torch.float16")
+        checks.tensor(name, t)
+        checks.rank(name, t, 3, "total_tokens, heads, head_dim")
+    checks.dtype(q)
     for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; "
-                            f"q, k and v must share one dtype")
-        if t.shape[2] != q.shape[2]:
-            raise ValueError(f"{name} has head_dim {t.shape[2]} but q has head_dim {q.shape[2]}")
+        checks.same_dtype(name, t, q)
+        checks.same_head_dim(name, t, q)
     if v.shape != k.shape:
         raise ValueError(f"v has shape {tuple(v.shape)} but k has shape {tuple(k.shape)}")
     for name, t in (("q", q), ("k", k)):
         if t.shape[1] == 0:
             raise ValueError(f"{name} has 0 heads (shape {tuple(t.shape)})")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"k has {k.shape[1]} heads, which does not divide q's {q.shape[1]} heads "
-                         f"(heads_q must be a multiple of heads_kv for GQA/MQA)")
-    if q.shape[2] not in HEAD_DIMS:
-        raise ValueError(f"q has head_dim {q.shape[2]}; supported head_dims: {HEAD_DIMS}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension (head_dim), "
-                             f"got strides {tuple(t.stride())}")
+    checks.heads_divide(q.shape[1], k.shape[1])
+    checks.head_dim(q)
+    checks.last_dim_contiguous(q, k, v)
 
 
 def _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
@@ -109,7 +87,7 @@ def _check_cpu_offsets(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 
 def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                         causal=False, softmax_scale=None, deterministic=None, schedule="auto",
-                        num_workers=None) -> VarlenOptions:
+                        num_workers=None) -> Options:
     """Validate attention_varlen's arguments and resolve its defaults (ValueError/TypeError
     naming the argument). A signature that passed once (shapes, dtypes, devices, the longest
     lengths and the options) skips the checks that read no values; CPU offsets are checked
@@ -128,7 +106,7 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     if deterministic is None:
         opts = opts._replace(deterministic=torch.are_deterministic_algorithms_enabled())
     elif deterministic is False and torch.are_deterministic_algorithms_enabled():
-        op._refuse_nondeterministic()
+        checks.refuse_nondeterministic()
     return opts
 
 
@@ -152,20 +130,20 @@ def _signature(args, options):
     return key
 
 
-def _check_all(args, options) -> VarlenOptions:
+def _check_all(args, options) -> Options:
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = args
     causal, softmax_scale, deterministic, schedule, num_workers = options
     _check_tensors(q, k, v)
     _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _check_cpu_offsets(*args)
-    op._check_options(causal, softmax_scale, deterministic, "auto", num_workers)
+    checks.options(causal, softmax_scale, deterministic, "auto", num_workers)
     if not isinstance(schedule, str):
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
                          f"{schedule!r}")
     # The schedule against the mask, where the kernels are chosen (ValueError naming it).
     sel = select_pack("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2],
                       bool(causal), schedule)
-    sm_count = op._check_device(q, k, v)
+    sm_count = checks.device(q, k, v)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.device != q.device and cu.device.type != "cpu":
             raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
@@ -174,7 +152,7 @@ def _check_all(args, options) -> VarlenOptions:
     workers = pack_workers(sel.schedule, int(max_seqlen_k), sel.backward.block_n,
                            sm_count if num_workers is None else num_workers, bool(causal))
     scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
-    return VarlenOptions(bool(causal), scale, bool(deterministic), sel.schedule, workers)
+    return Options(bool(causal), scale, bool(deterministic), sel.schedule, workers)
 
 
 def _runtime():
@@ -187,14 +165,14 @@ def _on_device(cu: torch.Tensor, device: torch.device) -> torch.Tensor:
     return cu if cu.device == device else cu.to(device, non_blocking=True)
 
 
-def _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts: VarlenOptions):
-    return _runtime().forward(op._ready(q), op._ready(k), op._ready(v), cu_q, cu_k, int(max_q),
+def _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts: Options):
+    return _runtime().forward(ready(q), ready(k), ready(v), cu_q, cu_k, int(max_q),
                               int(max_k), causal=opts.causal, softmax_scale=opts.softmax_scale)
 
 
-def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: VarlenOptions):
-    return _runtime().backward(op._ready(do), op._ready(q), op._ready(k), op._ready(v),
-                               op._ready(o), lse, cu_q, cu_k, int(max_q), int(max_k),
+def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: Options):
+    return _runtime().backward(ready(do), ready(q), ready(k), ready(v),
+                               ready(o), lse, cu_q, cu_k, int(max_q), int(max_k),
                                causal=opts.causal, softmax_scale=opts.softmax_scale,
                                deterministic=opts.deterministic, schedule=opts.schedule,
                                workers=opts.num_workers)
@@ -209,7 +187,7 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """o (like q) and lse (float32, heads_q * total_q: sequence b's (heads_q, seqlen) block
     from heads_q * cu_seqlens_q[b]); lse is not differentiable."""
     return _run_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        VarlenOptions(causal, softmax_scale, deterministic, schedule,
+                        Options(causal, softmax_scale, deterministic, schedule,
                                       num_workers))
 
 
@@ -227,7 +205,7 @@ def attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                          causal: bool, softmax_scale: float, deterministic: bool, schedule: str,
                          num_workers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _run_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                         max_seqlen_k, VarlenOptions(causal, softmax_scale, deterministic,
+                         max_seqlen_k, Options(causal, softmax_scale, deterministic,
                                                      schedule, num_workers))
 
 
@@ -258,8 +236,8 @@ attention_varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 class _EagerVarlen(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, opts: VarlenOptions):
-        q, k, v = op._ready(q), op._ready(k), op._ready(v)
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, opts: Options):
+        q, k, v = ready(q), ready(k), ready(v)
         o, lse = _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
         ctx.lengths, ctx.opts = (max_q, max_k), opts
@@ -323,7 +301,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                num_workers=num_workers)
     cu_q, cu_k = _on_device(cu_seqlens_q, q.device), _on_device(cu_seqlens_k, q.device)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    if op._traced(q):
+    if traced(q):
         o, lse = torch.ops.dashgen.attention_varlen_fwd(q, k, v, cu_q, cu_k, max_seqlen_q,
                                                         max_seqlen_k, *opts)
     elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
