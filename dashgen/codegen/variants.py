@@ -298,10 +298,10 @@ class BwdParams(ParamBlock):
 
 
 # The watchdog's record (params.cuh): STALL_WORDS uint32 per worker and role, word 0
-# STALL_MAGIC once filled.
+# STALL_MAGIC once filled. Role 2 (the GQA dK/dV add) waits unbounded and writes no record.
 STALL_MAGIC = 0x57A11ED
 STALL_WORDS = 16
-STALL_ROLES = {1: "dQ writer", 2: "dK/dV add", 3: "dQ converter"}
+STALL_ROLES = {1: "dQ writer", 3: "dQ converter"}
 
 
 class PrepParams(ParamBlock):

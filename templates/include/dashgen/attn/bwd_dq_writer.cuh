@@ -71,13 +71,10 @@ struct BwdDqWriter {
     bulk_wait_group<0>();
   }
 
-  // The tile's counter moves on once the add is visible to the next rank's writer (and to the
-  // fused converter): async-proxy then gpu-scope fence. Tracing records the task and the count
-  // it saw.
+  // The tile's counter moves on to the next rank (Scheduler::signal_rank). Tracing records the
+  // task and the count it saw.
   __device__ static __forceinline__ void pass_turn(const Task& t, u32* counter, i32* row) {
-    fence_proxy_async_global();
-    __threadfence();
-    const u32 seen = atomic_fetch_add_relaxed_gpu(counter, 1u);
+    const u32 seen = Scheduler::signal_rank(counter);
     if (K::kTrace) {
       row[0] = t.b; row[1] = t.h; row[2] = t.n; row[3] = t.m; row[4] = t.dq_rank;
       row[5] = static_cast<i32>(seen);

@@ -29,8 +29,10 @@ struct BwdEpilogue {
                                                    const float (&dv)[kHeadDim / 2], int group,
                                                    const MmaThread& me) {
     const int hk = t.h / group;
-    T* dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
-    T* dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+    T* dk_out = static_cast<T*>(p.dk) +
+                (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+    T* dv_out = static_cast<T*>(p.dv) +
+                (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
     int seqlen_k = p.seqlen_k;
     if constexpr (kVarlen) {
       // A pack's rows: the sequence's from its first.

@@ -391,11 +391,10 @@ struct BwdMainloop {
     const char* k_block = smem + kOffK + (kDqSplit == DqSplit::kColumns ? wg * kBlockN * 128 : 0);
     const u64 k_desc = wgmma_desc_mn_major_sw128(k_block, kBlockN * 128);
 #pragma unroll
-    for (int j = 0; j < kDqSteps; ++j) {
-      const int k = j;
+    for (int k = 0; k < kDqSteps; ++k) {
       const u64 a_ds = tile_desc_k_major(ds_tile, kBlockM, a_row0, k);
       wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, wgmma_desc_advance(k_desc, k * kSw128MnMajorKStepBytes),
-                              j > 0);
+                              k > 0);
     }
     wgmma_commit_group();
   }

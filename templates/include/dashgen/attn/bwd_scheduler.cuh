@@ -8,6 +8,7 @@
 // (wait_rank, report_stall). K supplies the kernel's constants, its ring and its barriers.
 #pragma once
 #include "dashgen/attn/params.cuh"
+#include "dashgen/ptx/bulk.cuh"
 #include "dashgen/ptx/counter.cuh"
 #include "dashgen/ptx/mbarrier.cuh"
 #include "dashgen/sched/walk.cuh"
@@ -129,11 +130,33 @@ struct BwdScheduler {
     return (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
   }
 
+  // The rank waits' roles in the watchdog's record (params.cuh, kStallWords): its rows are per
+  // worker and role, role 2 the GQA dK/dV add's, which waits unbounded
+  // (BwdEpilogue::add_dkv_in_rank_order) and reports nothing.
+  enum StallRole : u32 { kStallDq = 1, kStallConvert = 3 };
+
+  // Wait until the counter reaches `rank`, for at most p.watchdog_ms, else report_stall.
+  __device__ static __forceinline__ void wait_rank(const BwdParams& p, StallRole role,
+                                                   const u32* counters, const u32* counter,
+                                                   u32 rank) {
+    if (!wait_counter_equals_for(counter, rank, p.watchdog_ms * 1000000u)) {
+      report_stall(p, role, counters, counter, rank);
+    }
+  }
+
+  // The other side of wait_rank: a dQ tile's counter moves on once this rank's add (an
+  // async-proxy bulk add) is visible to the next rank's writer and to the fused converter:
+  // async-proxy then gpu-scope fence. Returns the count it replaced.
+  __device__ static __forceinline__ u32 signal_rank(u32* counter) {
+    fence_proxy_async_global();
+    __threadfence();
+    return atomic_fetch_add_relaxed_gpu(counter, 1u);
+  }
+
   // A rank wait that did not end within p.watchdog_ms: the schedule is not live. Record what
   // waited for what (host memory Python reads: dashgen.runtime.watchdog) and abort the launch,
   // so no gradient of a broken order is ever returned. The tile is the counter's index in its
   // counter array ((batch * heads + head) * tiles + tile), which the host decodes.
-  enum StallRole : u32 { kStallDq = 1, kStallDkv = 2, kStallConvert = 3 };
   __device__ static void report_stall(const BwdParams& p, StallRole role, const u32* counters,
                                       const u32* counter, u32 rank) {
     if (p.stall != nullptr) {
@@ -152,14 +175,6 @@ struct BwdScheduler {
       __threadfence_system();
     }
     __trap();
-  }
-
-  __device__ static __forceinline__ void wait_rank(const BwdParams& p, StallRole role,
-                                                   const u32* counters, const u32* counter,
-                                                   u32 rank) {
-    if (!wait_counter_equals_for(counter, rank, p.watchdog_ms * 1000000u)) {
-      report_stall(p, role, counters, counter, rank);
-    }
   }
 };
 

@@ -1,53 +1,45 @@
-// dashgen/attn/bwd_sm90.cuh: the Hopper-native persistent attention backward.
-// Warp-specialized, one CTA per SM, walking its worker's share of the schedule (Cfg::Walk: a
-// named schedule's policy, computed from the tiles, or a schedule file's table):
-// Roles with a header of their own (each a struct templated on this kernel for its constants):
-// BwdScheduler (attn/bwd_scheduler.cuh), BwdProducer (attn/bwd_producer.cuh), BwdDqWriter
-// (attn/bwd_dq_writer.cuh), BwdDqConverter (attn/bwd_dq_converter.cuh), and the MMA
-// warpgroups' BwdMainloop (attn/bwd_mainloop.cuh) and dK/dV epilogue BwdEpilogue
-// (attn/bwd_epilogue.cuh).
-//   warpgroup 0, warp 3, lane 1: scheduler: walks the schedule, each task into a ring slot that
-//                        the producer and the dQ writer read;
-//   warpgroup 0, warp 0: producer: TMA loads of K/V once per segment, Q/dO per task (2 stages;
-//                        with them the task's lse and D rows);
-//   warpgroup 0, warp 1: dQ writer: waits for the dQ tile's counter to reach the task's dq_rank,
-//                        bulk-reduces the fp32 partial into global memory, waits until it has
-//                        landed, then releases the next rank (2 dQ buffers in flight);
-//   warpgroup 0, warps 2-3 (kFusedConvert, deterministic): dQ converter: warp 3's lane 0
-//                        walks this worker's share of the dQ tiles (dealt round-robin in the
-//                        order of their heads' launch), waits for each tile's counter to reach
-//                        its contribution count and bulk-copies the final sum into shared
-//                        memory; warp 2 writes its 16-bit dQ while the MMA warpgroups go on, so
-//                        no convert kernel runs after this one;
-//   warpgroups 1, 2:     MMA: each owns 64 of the 128 KV rows (dK/dV in registers, wgmma).
+// dashgen/attn/bwd_sm90.cuh: the Hopper-native persistent attention backward, as the composition
+// of its roles. Warp-specialized, one CTA per SM, each walking its worker's share of the schedule
+// (Cfg::Walk: a named schedule's policy, computed from the tiles, or a schedule file's table).
+// This header says which roles run on which warps, which named barriers and mbarriers join
+// them, the pipeline's stages and the shared-memory layout, and holds the kernel entry (run)
+// that starts each role; each role is a struct of its own header, templated on this kernel
+// for its constants:
+//   warpgroup 0, warp 3, lane 1: BwdScheduler (attn/bwd_scheduler.cuh): walks the schedule and
+//                        leaves each task in a ring slot that the producer and the dQ writer read;
+//   warpgroup 0, warp 0: BwdProducer (attn/bwd_producer.cuh): TMA loads of K/V once per segment,
+//                        Q/dO per task (kStages stages; with them the task's lse and D rows);
+//   warpgroup 0, warp 1: BwdDqWriter (attn/bwd_dq_writer.cuh): waits for the dQ tile's counter
+//                        to reach the task's dq_rank, bulk-reduces the fp32 partial into global
+//                        memory, waits until it has landed, then releases the next rank (2 dQ
+//                        buffers in flight);
+//   warpgroup 0, warps 2-3 (kConvertDq): BwdDqConverter (attn/bwd_dq_converter.cuh): warp 3's
+//                        lane 0 waits for each of this worker's dQ tiles to be final and copies
+//                        its sum into shared memory, warp 2 writes its 16-bit dQ while the MMA
+//                        warpgroups go on, so no convert kernel runs after this one;
+//   warpgroups 1, 2:     BwdMainloop (attn/bwd_mainloop.cuh): MMA, each owning 64 of the 128 KV
+//                        rows (dK/dV in registers, wgmma), and at each segment's end BwdEpilogue
+//                        (attn/bwd_epilogue.cuh): dK/dV to global memory.
 // S^T = K Q^T and dP^T = V dO^T come out KV-row-major, so P^T and dS^T feed dV += P^T dO and
 // dK += dS^T Q straight from registers; dQ = dS K reads dS from shared memory, each MMA
 // warpgroup computing half of it (BwdMainloop::kDqSplit). The schedule's state lives in the
 // scheduler lane alone. A task is kBlockM query rows against the 128 KV rows: 64, or 128 at
 // head_dim 64, where a 64-row task leaves the tensor cores idle behind its fixed per-task costs.
 #pragma once
-#include "dashgen/attn/element.cuh"
-#include "dashgen/attn/fragment.cuh"
-#include "dashgen/attn/mask.cuh"
-#include "dashgen/attn/params.cuh"
-#include "dashgen/ptx/barrier.cuh"
-#include "dashgen/ptx/bulk.cuh"
-#include "dashgen/ptx/counter.cuh"
-#include "dashgen/ptx/mbarrier.cuh"
-#include "dashgen/ptx/regs.cuh"
-#include "dashgen/ptx/stmatrix.cuh"
-#include "dashgen/ptx/timer.cuh"
-#include "dashgen/ptx/tma.cuh"
-#include "dashgen/ptx/wgmma.cuh"
-#include "dashgen/attn/tiles_sm90.cuh"
 #include "dashgen/attn/bwd_dq_converter.cuh"
 #include "dashgen/attn/bwd_dq_writer.cuh"
 #include "dashgen/attn/bwd_epilogue.cuh"
 #include "dashgen/attn/bwd_mainloop.cuh"
 #include "dashgen/attn/bwd_producer.cuh"
 #include "dashgen/attn/bwd_scheduler.cuh"
+#include "dashgen/attn/element.cuh"
+#include "dashgen/attn/params.cuh"
+#include "dashgen/attn/tiles_sm90.cuh"
+#include "dashgen/ptx/barrier.cuh"
+#include "dashgen/ptx/mbarrier.cuh"
+#include "dashgen/ptx/regs.cuh"
+#include "dashgen/ptx/tma.cuh"
 #include "dashgen/sched/walk.cuh"
-#include "dashgen/swizzle.cuh"
 
 namespace dashgen {
 
@@ -56,9 +48,6 @@ namespace dashgen {
 template <class Cfg>
 struct AttnBwdSm90 {
   using Config = Cfg;
-  // Named barrier ids (bar.sync; 0 is __syncthreads'): kMma joins both MMA warpgroups; kHandOff
-  // orders their dQ hand-offs with two dS tiles (BwdMainloop::hand_off_dq).
-  enum class Barrier : u32 { kMma = 1, kHandOff = 2 };
   using T = typename Cfg::Element;
   static constexpr int kHeadDim = Cfg::kHeadDim;
   static constexpr int kBlockM = Cfg::kBlockM;  // query rows per task
@@ -84,6 +73,7 @@ struct AttnBwdSm90 {
   static_assert(!kVarlen || (!kTable && !kFusedConvert),
                 "a pack runs a named policy, its dQ converted by the convert kernel");
 
+  // ---- warps ----------------------------------------------------------------------------------
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kThreads = 384;
   static constexpr int kMmaThreads = 256;
@@ -93,6 +83,29 @@ struct AttnBwdSm90 {
   static constexpr int kProducerRegs = 24;
   static constexpr int kMmaRegs = 240;
   static_assert(128 * kProducerRegs + kMmaThreads * kMmaRegs <= 65536, "register file");
+  // Where each role runs (see the header comment): lanes of the producer warpgroup's warps.
+  static constexpr int kProducerWarp = 0, kWriterWarp = 1, kSchedulerWarp = 3;
+  static constexpr int kSchedulerLane = 1;  // lane 0 of kSchedulerWarp is the converter's issuer
+  static constexpr int kConverterWarp0 = 2;  // kConvertDq: warps 2 and 3
+
+  // ---- named barriers -------------------------------------------------------------------------
+  // Named barrier ids (bar.sync; 0 is __syncthreads'): kMma joins both MMA warpgroups; kHandOff
+  // orders their dQ hand-offs with two dS tiles (BwdMainloop::hand_off_dq).
+  enum class Barrier : u32 { kMma = 1, kHandOff = 2 };
+
+  // Both MMA warpgroups meet (the producer warpgroup does not take part).
+  __device__ static __forceinline__ void sync_mma_warpgroups() {
+    named_barrier_sync(static_cast<u32>(Barrier::kMma), kMmaThreads);
+  }
+
+  // An MMA thread's place: its warpgroup (KV rows 64 * wg.. of every task), its index over both
+  // MMA warpgroups, and the warp, lane, quad row g and column t4 within its warpgroup that the
+  // wgmma fragment layouts use.
+  struct MmaThread {
+    int wg, tid, warp, lane, g, t4;
+  };
+
+  // ---- pipeline and shared memory -------------------------------------------------------------
   static constexpr int kStages = 2;
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
@@ -169,8 +182,16 @@ struct AttnBwdSm90 {
 
   using Task = sched::Task;
   static_assert(sizeof(Task) <= 32, "one 32-byte task slot per stage");
-  using Scheduler = BwdScheduler<AttnBwdSm90>;
 
+  // ---- roles ----------------------------------------------------------------------------------
+  using Scheduler = BwdScheduler<AttnBwdSm90>;
+  using Producer = BwdProducer<AttnBwdSm90>;
+  using DqWriter = BwdDqWriter<AttnBwdSm90>;
+  using DqConverter = BwdDqConverter<AttnBwdSm90>;
+  using Mainloop = BwdMainloop<AttnBwdSm90>;
+  using Epilogue = BwdEpilogue<AttnBwdSm90>;
+
+  // ---- the kernel entry -----------------------------------------------------------------------
   __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k, const TensorMap* tm_v,
                              const TensorMap* tm_do, const BwdParams& p, char* smem_raw) {
     char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
@@ -179,27 +200,7 @@ struct AttnBwdSm90 {
     int* count_slot = reinterpret_cast<int*>(smem + kOffCount);
 
     if (threadIdx.x == 0) {
-      mbarrier_init(&bars->kv_full, 1);
-      mbarrier_init(&bars->kv_empty, 2);
-      for (int s = 0; s < kStages; ++s) {
-        mbarrier_init(&bars->q_full[s], 1);
-        // Every MMA thread arrives: each has read the stage's task slot and the arrive releases
-        // its own read before the producer rewrites the slot.
-        mbarrier_init(&bars->q_empty[s], kMmaThreads);
-        mbarrier_init(&bars->dq_full[s], kMmaThreads);
-        mbarrier_init(&bars->dq_empty[s], 1);
-      }
-      for (int k = 0; k < kRing; ++k) {
-        mbarrier_init(&bars->ring_full[k], 1);
-        mbarrier_init(&bars->ring_empty[k], 2);  // the producer's and the writer's reads
-      }
-      if constexpr (kConvertDq) {
-        u64* conv_bars = reinterpret_cast<u64*>(smem + kOffConv);  // full[2], then empty[2]
-        // full: the issuing lane's arrive (plus the copy's bytes); empty: every converting lane
-        // arrives for its own reads of the buffer and slot (docs/design.md, `fused-convert`).
-        for (int i = 0; i < 4; ++i) mbarrier_init(&conv_bars[i], i < 2 ? 1 : 32);
-      }
-      fence_barrier_init();
+      init_barriers(bars, smem);
       const typename Scheduler::Shape shape{p};
       *count_slot = Scheduler::make_walk(p, shape).count();
     }
@@ -209,14 +210,14 @@ struct AttnBwdSm90 {
     if (warpgroup == 0) {
       setmaxnreg_dec<kProducerRegs>();
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-      if (warp == 0 && lane == 0) {
-        BwdProducer<AttnBwdSm90>::run(tm_q, tm_k, tm_v, tm_do, p, smem, bars, count);
+      if (warp == kProducerWarp && lane == 0) {
+        Producer::run(tm_q, tm_k, tm_v, tm_do, p, smem, bars, count);
       }
-      if (warp == 1 && lane == 0) BwdDqWriter<AttnBwdSm90>::run(p, smem, bars, count);
+      if (warp == kWriterWarp && lane == 0) DqWriter::run(p, smem, bars, count);
       if constexpr (kConvertDq) {
-        if (warp >= 2) BwdDqConverter<AttnBwdSm90>::run(p, smem, threadIdx.x - 64);
+        if (warp >= kConverterWarp0) DqConverter::run(p, smem, threadIdx.x - 32 * kConverterWarp0);
       }
-      if (warp == 3 && lane == 1) Scheduler::run(p, smem, bars, count);
+      if (warp == kSchedulerWarp && lane == kSchedulerLane) Scheduler::run(p, smem, bars, count);
     } else {
       setmaxnreg_inc<kMmaRegs>();
       // The MMA loop runs from an opaque first index: with a literal 0 the compiler turned the
@@ -228,19 +229,30 @@ struct AttnBwdSm90 {
     }
   }
 
-  // Both MMA warpgroups meet (the producer warpgroup does not take part).
-  __device__ static __forceinline__ void sync_mma_warpgroups() {
-    named_barrier_sync(static_cast<u32>(Barrier::kMma), kMmaThreads);
+  // The mbarriers (Bars, and the converter's at kOffConv), by thread 0 before the roles start.
+  __device__ static __forceinline__ void init_barriers(Bars* bars, char* smem) {
+    mbarrier_init(&bars->kv_full, 1);
+    mbarrier_init(&bars->kv_empty, 2);
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&bars->q_full[s], 1);
+      // Every MMA thread arrives: each has read the stage's task slot and the arrive releases
+      // its own read before the producer rewrites the slot.
+      mbarrier_init(&bars->q_empty[s], kMmaThreads);
+      mbarrier_init(&bars->dq_full[s], kMmaThreads);
+      mbarrier_init(&bars->dq_empty[s], 1);
+    }
+    for (int k = 0; k < kRing; ++k) {
+      mbarrier_init(&bars->ring_full[k], 1);
+      mbarrier_init(&bars->ring_empty[k], 2);  // the producer's and the writer's reads
+    }
+    if constexpr (kConvertDq) {
+      u64* conv_bars = reinterpret_cast<u64*>(smem + kOffConv);  // full[2], then empty[2]
+      // full: the issuing lane's arrive (plus the copy's bytes); empty: every converting lane
+      // arrives for its own reads of the buffer and slot (docs/design.md, `fused-convert`).
+      for (int i = 0; i < 4; ++i) mbarrier_init(&conv_bars[i], i < 2 ? 1 : 32);
+    }
+    fence_barrier_init();
   }
-
-  // An MMA thread's place: its warpgroup (KV rows 64 * wg.. of every task), its index over both
-  // MMA warpgroups, and the warp, lane, quad row g and column t4 within its warpgroup that the
-  // wgmma fragment layouts use.
-  struct MmaThread {
-    int wg, tid, warp, lane, g, t4;
-  };
-  using Epilogue = BwdEpilogue<AttnBwdSm90>;
-  using Mainloop = BwdMainloop<AttnBwdSm90>;
 };
 
 }  // namespace dashgen

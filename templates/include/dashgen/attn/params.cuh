@@ -28,10 +28,11 @@ struct FwdParams {
   i32 total_q, total_k;
 };
 
-// The watchdog's record of a rank wait that never ended: per worker and role (dQ writer, dK/dV
-// add, dQ converter) kStallWords words in host memory, word 0 kStallMagic once filled; then the
-// schedule's kernel id, the role, the tile's counter index, the rank waited for, the count the
-// counter showed, the worker.
+// The watchdog's record of a rank wait that never ended: per worker and role (1 dQ writer,
+// 3 dQ converter; 2 is the GQA dK/dV add's, which waits unbounded and never writes it)
+// kStallWords words in host memory, word 0 kStallMagic once filled; then the schedule's kernel
+// id, the role, the tile's counter index, the rank waited for, the count the counter showed, the
+// worker.
 // dashgen/runtime/watchdog.py reads it.
 constexpr u32 kStallMagic = 0x57a11ed;
 constexpr int kStallWords = 16;
