@@ -21,9 +21,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 from dashgen import build_schedule  # noqa: E402
-from dashgen.runtime.backward import backward, selection  # noqa: E402
+from dashgen.runtime.backward import backward  # noqa: E402
 from dashgen.runtime.forward import forward, forward_variant  # noqa: E402
-from dashgen.runtime.select import Overrides, problem_for  # noqa: E402
+from dashgen.runtime.select import Overrides, problem_for, selection  # noqa: E402
 
 from time_kernels import add_override_flags, overrides_from, overrides_tag  # noqa: E402
 

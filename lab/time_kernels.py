@@ -22,9 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
-from dashgen.runtime.backward import backward, selection  # noqa: E402
+from dashgen.runtime.backward import backward  # noqa: E402
 from dashgen.runtime.forward import forward, forward_variant  # noqa: E402
-from dashgen.runtime.select import Overrides  # noqa: E402
+from dashgen.runtime.select import Overrides, selection  # noqa: E402
 from dashgen.tools.timing import median_ms  # noqa: E402  (the protocol's timing)
 
 OVERRIDES = tuple(f.name for f in dataclasses.fields(Overrides))  # each policy select has

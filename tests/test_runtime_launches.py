@@ -467,6 +467,53 @@ def test_the_eager_backward_is_prepared_by_its_forward(recorder, cpu_op):
     assert len(cpu_op) == 1  # nothing rebuilt
 
 
+@pytest.fixture
+def choices(monkeypatch):
+    """How often the calls plan a signature (runtime.select.Plan: the schedule resolved),
+    resolve a schedule at all, and choose the kernels (a Plan's selection)."""
+    from functools import cached_property
+
+    from dashgen.runtime import select
+    seen = {"plan": 0, "resolve": 0, "selection": 0}
+    real_init, real_resolve = select.Plan.__init__, select.resolve_schedule
+    real_selection = select.Plan.selection.func
+
+    def count(what):
+        seen[what] += 1
+
+    def selection(self):
+        count("selection")
+        return real_selection(self)
+    prop = cached_property(selection)
+    prop.__set_name__(select.Plan, "selection")
+    monkeypatch.setattr(select.Plan, "__init__",
+                        lambda self, *a, **kw: count("plan") or real_init(self, *a, **kw))
+    monkeypatch.setattr(select, "resolve_schedule",
+                        lambda *a, **kw: count("resolve") or real_resolve(*a, **kw))
+    monkeypatch.setattr(select.Plan, "selection", prop)
+    return seen
+
+
+def test_a_signature_is_selected_once_across_forward_and_backward(recorder, cpu_op, choices):
+    """One plan per new signature: the checks resolve the schedule, the backward's launches
+    take the kernels it selects; a repeated call, or the custom ops handed the resolved options,
+    select nothing again."""
+    q, k, v, do = leaf_inputs()
+    for _ in range(2):
+        out = op.attention(q, k, v, causal=True)
+        torch.autograd.grad(out, (q, k, v), do)
+        assert choices == {"plan": 1, "resolve": 1, "selection": 1}
+    with torch.no_grad():
+        o, lse = op.attention(q, k, v, causal=True, softmax_scale=0.5, return_lse=True)
+    torch.ops.dashgen.attention_bwd(do, q.detach(), k.detach(), v.detach(), o, lse,
+                                    *op.check_inputs(q, k, v, causal=True, softmax_scale=0.5))
+    assert choices == {"plan": 1, "resolve": 1, "selection": 1}
+    # A new shape: one more plan, and under no_grad no kernels chosen for a backward.
+    with torch.no_grad():
+        op.attention(q[:, :100], k, v, causal=True)
+    assert choices == {"plan": 2, "resolve": 2, "selection": 1}
+
+
 def test_tensors_from_saved_tensor_hooks_get_their_own_launches(recorder, cpu_op):
     """Offloading or checkpointing hooks hand the backward other tensors than the forward's:
     the launches must read those, never the forward's addresses (freed by then)."""

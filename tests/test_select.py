@@ -1,17 +1,20 @@
 """dashgen.runtime.select, the one place that chooses: what it picks on the benchmark's 20
-configurations (the table in tests/benchmark_picks.py), how Overrides replace each policy, and
-errors that name the argument."""
+configurations (the table in tests/benchmark_picks.py), how Overrides replace each policy,
+errors that name the argument, and the plan a call signature gets (made once, found again under
+the options it resolves to)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dashgen import Mask, Problem
 from dashgen.codegen.variants import BackwardVariant, ForwardVariant
 from dashgen.runtime.select import (AUTO_SCHEDULES, DEFAULT_SM_COUNT, DQ_LAST_FROM_KV_TILES,
-                                    Overrides,
+                                    Overrides, Plan,
                                     check_kernel_problem, early_kv_pays,
                                     forward_persistent_pays, problem_for, resolve_schedule,
-                                    select, select_forward, balanced_workers, fuses_convert)
+                                    plan, select, select_forward, balanced_workers, fuses_convert)
 from dashgen.schedule.builders import BUILDERS, Tiling, build_schedule
 
 from benchmark_picks import BENCHMARK_PICKS, picked_variants
@@ -302,3 +305,50 @@ def test_a_schedule_file_gets_one_key_and_is_digested_once(monkeypatch):
     assert register(twin) == key and table_of(key) is first
     monkeypatch.setattr(Schedule, "to_json", lambda self: pytest.fail("digested again"))
     assert register(first) == key
+
+
+# -- a call signature's plan -----------------------------------------------------------------------
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=st.integers(1, 4), heads_kv=st.sampled_from([1, 2, 4]), group=st.sampled_from([1, 2]),
+       seqlen_q=st.integers(1, 5000), seqlen_k=st.integers(1, 5000),
+       head_dim=st.sampled_from([64, 128]), causal=st.booleans(), deterministic=st.booleans(),
+       schedule=st.sampled_from(["auto", *BUILDERS]),
+       num_workers=st.one_of(st.none(), st.integers(1, 132)))
+def test_the_options_a_plan_resolves_to_plan_the_same(batch, heads_kv, group, seqlen_q, seqlen_k,
+                                                      head_dim, causal, deterministic, schedule,
+                                                      num_workers):
+    """A plan is filed under the schedule and workers it resolves to as well: planned from
+    those, the same problem gets the same schedule, workers and kernels."""
+    problem = problem_for(batch, heads_kv * group, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
+    options = dict(deterministic=deterministic, sm_count=132)
+    try:
+        first = Plan(problem, "bf16", schedule=schedule, num_workers=num_workers, **options)
+    except ValueError:
+        return  # refused by name; nothing is filed
+    again = Plan(problem, "bf16", schedule=first.schedule, num_workers=first.num_workers,
+                 **options)
+    assert (again.schedule, again.num_workers) == (first.schedule, first.num_workers)
+    assert again.selection == first.selection
+    assert first.selection == select(problem, "bf16", schedule=schedule, num_workers=num_workers,
+                                     **options)
+
+
+def test_a_signature_is_planned_once_and_found_under_its_resolved_options(monkeypatch):
+    made = []
+    real = Plan.__init__
+    monkeypatch.setattr(Plan, "__init__", lambda self, *a, **kw: made.append(1) or real(
+        self, *a, **kw))
+    plan.cache_clear()
+    shapes = ((2, 1024, 16, 128), (2, 1024, 16, 128))
+    signature = ("bf16", True, True, False)
+    first = plan(*shapes, *signature, "auto", None, 132, Overrides())
+    assert (first.schedule, first.num_workers) == ("symmetric_shift", 128)
+    assert plan(*shapes, *signature, "auto", None, 132, Overrides()) is first
+    assert plan(*shapes, *signature, "symmetric_shift", 128, 132, Overrides()) is first
+    assert len(made) == 1
+    # Other options, another plan; the selection is made on first use, once.
+    other = plan(*shapes, *signature, "fa3", None, 132, Overrides())
+    assert other is not first and len(made) == 2
+    assert other.selection is other.selection and other.selection.schedule == "fa3"
+    plan.cache_clear()

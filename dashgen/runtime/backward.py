@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..caches import Memo, memo
+from ..caches import Memo
 from ..schedule.builders import Tiling
 from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, TRACE_COLUMNS,
                                 BwdParams, ConvertParams, PrepParams)
@@ -16,21 +16,8 @@ from .device import (DTYPE_NAMES, addresses, allocation_stream, kernels, sm_coun
                      tensor_map)
 from . import watchdog
 from .plans import device_deal, device_tables, trace_offsets
-from .select import Overrides, Selection, problem_of_shapes, select
-from .tables import is_table, table_of
+from .select import Overrides, Selection, plan
 from .workspace import WorkspaceLayout, allocator
-
-
-@memo(max_entries=256)
-def selection(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, deterministic: bool,
-              trace: bool, schedule: str, num_workers: int | None, sms: int,
-              overrides: Overrides) -> Selection:
-    """dashgen.runtime.select.select for a call's shapes (`schedule` a name, "auto" or a
-    schedule file's key, dashgen.runtime.tables)."""
-    return select(problem_of_shapes(q_shape, k_shape, causal), dtype,
-                  deterministic=deterministic, trace=trace,
-                  schedule=table_of(schedule) if is_table(schedule) else schedule,
-                  num_workers=num_workers, sm_count=sms, overrides=overrides)
 
 
 class BackwardLaunch:
@@ -149,9 +136,9 @@ class BackwardCall:
                  deterministic: bool, schedule: str, num_workers: int | None,
                  trace: bool = False, overrides: Overrides = Overrides()):
         dev = self.device = q.device
-        sel = self.selection = selection(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype],
-                                         bool(causal), bool(deterministic), bool(trace),
-                                         schedule, num_workers, sm_count(dev), overrides)
+        sel = self.selection = plan(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype],
+                                    bool(causal), bool(deterministic), bool(trace), schedule,
+                                    num_workers, sm_count(dev), overrides).selection
         bl = self.bl = _backward_launch(sel, dev)
         self.device_index = dev.index or 0
         self.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())

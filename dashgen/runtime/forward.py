@@ -54,10 +54,11 @@ class ForwardLaunch:
         return [int(m.getPtr()) for m in maps], maps
 
 
-@memo(max_entries=256)
 def forward_variant(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, sms: int,
                     overrides: Overrides = Overrides()) -> ForwardVariant:
-    """dashgen.runtime.select.select_forward for a call's shapes."""
+    """dashgen.runtime.select.select_forward for a call's shapes: the forward alone, as
+    inference runs it, whose choice reads neither the backward's options nor its schedule. Not
+    memoized: it is asked once per ForwardCall, itself made once per signature."""
     return select_forward(problem_of_shapes(q_shape, k_shape, causal), dtype, sms, overrides)
 
 

@@ -14,12 +14,12 @@ from typing import NamedTuple
 
 import torch
 
-from ..caches import Memo, memo
+from ..caches import Memo
 from ..schedule.ir import Schedule
 from . import checks
 from .op_common import Options, constant_for_compile, ready, traced
-from .select import problem_for, resolve_schedule, resolve_table
-from .tables import is_table, register, table_of
+from .select import Overrides, plan
+from .tables import register
 
 
 class _Kernels(NamedTuple):
@@ -75,22 +75,15 @@ def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
           sm_count: int, dtype: str = "bf16", deterministic: bool = True) -> tuple[str, int, str]:
     """(schedule, num_workers, error message or ""): torch.compile runs this once while tracing
     and keeps the answer. It returns its error instead of raising, because an exception thrown
-    here would reach the user as an internal torch.compile error instead of a ValueError."""
-    return _plan_cached(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
-                        schedule, num_workers, sm_count, dtype, deterministic)
-
-
-@memo(max_entries=256)  # eager calls repeat the same shapes; keep them cheap
-def _plan_cached(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal, schedule,
-                 num_workers, sm_count, dtype, deterministic=True) -> tuple[str, int, str]:
-    # The problem in the tiles of the backward that will run: the tiles a schedule covers.
-    problem = problem_for(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
+    here would reach the user as an internal torch.compile error instead of a ValueError. The
+    answer is the call's plan (runtime.select.plan), which the backward's launches find again."""
     try:
-        if is_table(schedule):
-            return schedule, resolve_table(problem, table_of(schedule), num_workers, sm_count), ""
-        return (*resolve_schedule(problem, schedule, num_workers, sm_count, deterministic), "")
+        made = plan((batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, heads_kv, head_dim),
+                    dtype, causal, deterministic, False, schedule, num_workers, sm_count,
+                    Overrides())
     except ValueError as exc:
         return "", 0, str(exc)
+    return made.schedule_key, made.num_workers, ""
 
 
 def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=None,

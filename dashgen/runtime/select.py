@@ -1,13 +1,15 @@
 """The one place that chooses: for a problem, the forward and backward kernel variants, the
 schedule and the worker count.
 
-`select` is what every call, `dashgen emit` and the benchmark go through; `Overrides` replace a
-per-problem policy for a measurement (never a module global). Each policy cites the entry of
-docs/design.md that holds the measurement behind it. Pure Python: no torch, no driver.
+`select` is what every call, `dashgen emit` and the benchmark go through, the calls through
+`plan` (a packed call through `pack_selection`), memoized per call signature; `Overrides`
+replace a per-problem policy for a measurement (never a module global). Each policy cites the
+entry of docs/design.md that holds the measurement behind it. Pure Python: no torch, no driver.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..caches import memo
 from ..codegen.variants import (DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
@@ -18,7 +20,7 @@ from ..schedule.builders import (HYBRID_MAX_TILES, hybrid_need, Tiling, get_buil
 from ..schedule.builders.base import fewest_workers
 from ..schedule.ir import Schedule
 from ..schedule.problem import Mask, Problem
-from .tables import register
+from .tables import is_table, register, table_of
 
 DEFAULT_SM_COUNT = 132  # H100 SXM and H200: the worker count `show`, `plan` and `emit` assume
 
@@ -214,50 +216,105 @@ def resolve_table(problem: Problem, table: Schedule, num_workers: int | None,
     return table.num_workers
 
 
+class Plan:
+    """What runs for a problem, decided in two steps. On construction the checks and the
+    schedule: its name and the workers the launch runs (ValueError naming the argument, before
+    any kernel is launched). `selection`, the kernels and every per-problem policy, is made on
+    first use: a forward under no_grad never needs it, and at long sequences it costs
+    milliseconds (the fused-convert estimate walks every KV tile's rows)."""
+
+    def __init__(self, problem: Problem, dtype: str, *, deterministic: bool = True,
+                 trace: bool = False, schedule: str | Schedule = "auto",
+                 num_workers: int | None = None, sm_count: int = DEFAULT_SM_COUNT,
+                 overrides: Overrides = Overrides()):
+        check_dtype_head_dim(dtype, problem.head_dim)
+        check_kernel_problem(problem)
+        table = schedule if isinstance(schedule, Schedule) else None
+        if table is not None:
+            name, workers = "table", resolve_table(problem, table, num_workers, sm_count)
+        else:
+            name, workers = resolve_schedule(problem, schedule, num_workers, sm_count,
+                                             deterministic)
+        self.problem, self.dtype, self.overrides = problem, dtype, overrides
+        self.deterministic, self.trace, self.sm_count = deterministic, trace, sm_count
+        self.schedule, self.num_workers, self.table = name, workers, table
+        # The schedule as a call carries it: its name, or the schedule file's key.
+        self.schedule_key = name if table is None else register(table)
+
+    @cached_property
+    def selection(self) -> Selection:
+        problem, overrides, workers, table = (self.problem, self.overrides, self.num_workers,
+                                              self.table)
+        causal = problem.mask.kind == "causal"
+        early_kv = overrides.early_kv
+        if early_kv is None:
+            early_kv = early_kv_pays(problem)
+        fused = overrides.fused_convert
+        if fused is None:
+            # The busiest worker carries at least the mean: where even that rules the converter
+            # out (long sequences), the per-worker loads, O(units), are never counted.
+            tiling = Tiling(problem)
+            total = problem.batch * problem.heads_q * sum(map(tiling.rows, range(tiling.num_n)))
+            fused = fuses_convert(problem, -(-total // workers))
+            if fused:
+                loads = ([len(program) for program in table.workers] if table is not None
+                         else schedule_loads(self.schedule, problem, workers))
+                fused = fuses_convert(problem, max(loads, default=0))
+        # deterministic=False asks for the fastest backward, not for unordered adds: where dQ is
+        # converted in the main kernel, which only the ordered kernel can do (it alone knows when
+        # a tile's sum is final), the unordered one would add the accumulator's zeroing and the
+        # convert kernel's pass, so the ordered kernel runs (docs/design.md, `unordered-unfused`).
+        ordered = self.deterministic or fused
+        dq_last = overrides.dq_last
+        if dq_last is None:
+            # The ordered causal kernel only: unordered or under a full mask it measured slower.
+            dq_last = (ordered and causal and problem.head_dim in DQ_LAST_HEAD_DIMS
+                       and problem.num_n_blocks >= DQ_LAST_FROM_KV_TILES[problem.head_dim])
+        backward = BackwardVariant(self.dtype, problem.head_dim, causal, self.schedule,
+                                   deterministic=ordered, gqa=problem.gqa, fused_convert=fused,
+                                   early_kv=early_kv, dq_last=dq_last, trace=self.trace)
+        forward = select_forward(problem, self.dtype, self.sm_count, overrides)
+        return Selection(problem, forward, backward, self.schedule, workers,
+                         None if table is None else self.schedule_key)
+
+
 def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: bool = False,
            schedule: str | Schedule = "auto", num_workers: int | None = None,
            sm_count: int = DEFAULT_SM_COUNT, overrides: Overrides = Overrides()) -> Selection:
     """Everything that runs for `problem` in `dtype`: raises ValueError naming the argument.
     `schedule` is a name, "auto", or a verified Schedule (dashgen.load_schedule), which runs
     from its task table. No schedule is built here: O(units) integer work at most."""
-    check_dtype_head_dim(dtype, problem.head_dim)
-    check_kernel_problem(problem)
-    table = schedule if isinstance(schedule, Schedule) else None
-    if table is not None:
-        name, workers = "table", resolve_table(problem, table, num_workers, sm_count)
-    else:
-        name, workers = resolve_schedule(problem, schedule, num_workers, sm_count,
-                                         deterministic)
-    causal = problem.mask.kind == "causal"
-    early_kv = overrides.early_kv
-    if early_kv is None:
-        early_kv = early_kv_pays(problem)
-    fused = overrides.fused_convert
-    if fused is None:
-        # The busiest worker carries at least the mean: where even that rules the converter
-        # out (long sequences), the per-worker loads, O(units), are never counted.
-        tiling = Tiling(problem)
-        total = problem.batch * problem.heads_q * sum(map(tiling.rows, range(tiling.num_n)))
-        fused = fuses_convert(problem, -(-total // workers))
-        if fused:
-            loads = ([len(program) for program in table.workers] if table is not None
-                     else schedule_loads(name, problem, workers))
-            fused = fuses_convert(problem, max(loads, default=0))
-    # deterministic=False asks for the fastest backward, not for unordered adds: where dQ is
-    # converted in the main kernel, which only the ordered kernel can do (it alone knows when a
-    # tile's sum is final), the unordered one would add the accumulator's zeroing and the
-    # convert kernel's pass, so the ordered kernel runs (docs/design.md, `unordered-unfused`).
-    ordered = deterministic or fused
-    dq_last = overrides.dq_last
-    if dq_last is None:
-        # The ordered causal kernel only: unordered or under a full mask it measured slower.
-        dq_last = (ordered and causal and problem.head_dim in DQ_LAST_HEAD_DIMS
-                   and problem.num_n_blocks >= DQ_LAST_FROM_KV_TILES[problem.head_dim])
-    backward = BackwardVariant(dtype, problem.head_dim, causal, name, deterministic=ordered,
-                               gqa=problem.gqa, fused_convert=fused, early_kv=early_kv,
-                               dq_last=dq_last, trace=trace)
-    return Selection(problem, select_forward(problem, dtype, sm_count, overrides), backward,
-                     name, workers, None if table is None else register(table))
+    return Plan(problem, dtype, deterministic=deterministic, trace=trace, schedule=schedule,
+                num_workers=num_workers, sm_count=sm_count, overrides=overrides).selection
+
+
+@memo(max_entries=512)
+def plan(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, deterministic: bool,
+         trace: bool, schedule: str, num_workers: int | None, sm_count: int,
+         overrides: Overrides) -> Plan:
+    """The Plan of a call's signature, made once: q's (batch, seqlen_q, heads_q, head_dim) and
+    k's shapes, `schedule` a name, "auto" or a schedule file's key (dashgen.runtime.tables). The
+    one door from the calls to `select`: dashgen.attention's checks resolve their options
+    through it and the backward's launches take its selection. A plan is also filed under the
+    arguments it resolves to (its schedule's name or key, its worker count), which select the
+    same: a named schedule on its own worker count resolves to itself (workers_used keeps a
+    count it returned, balanced_workers returns one of its multiples). So a launch handed the
+    resolved options (runtime.backward, the custom ops) finds the plan the checks made."""
+    made = Plan(problem_of_shapes(q_shape, k_shape, causal), dtype, deterministic=deterministic,
+                trace=trace, schedule=table_of(schedule) if is_table(schedule) else schedule,
+                num_workers=num_workers, sm_count=sm_count, overrides=overrides)
+    resolved = (q_shape, k_shape, dtype, causal, deterministic, trace, made.schedule_key,
+                made.num_workers, sm_count, overrides)
+    plan.get(resolved, lambda: made)
+    return made
+
+
+def selection(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, deterministic: bool,
+              trace: bool, schedule: str, num_workers: int | None, sm_count: int,
+              overrides: Overrides) -> Selection:
+    """`select` for a call's signature, through its plan."""
+    return plan(q_shape, k_shape, dtype, causal, deterministic, trace, schedule, num_workers,
+                sm_count, overrides).selection
 
 
 # A pack's "auto" per mask (causal: name): one schedule whatever the lengths, live on any
@@ -290,6 +347,13 @@ def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
                                gqa=gqa, early_kv=True, varlen=True)
     problem = problem_for(1, 2 if gqa else 1, 1, 1, 1, head_dim, causal)
     return Selection(problem, forward, backward, name, 0)
+
+
+@memo(max_entries=256)
+def pack_selection(dtype: str, head_dim: int, causal: bool, schedule: str, deterministic: bool,
+                   gqa: bool) -> Selection:
+    """select_pack for a packed call, made once: the door from the packed calls to it."""
+    return select_pack(dtype, head_dim, causal, schedule, deterministic=deterministic, gqa=gqa)
 
 
 def pack_workers(schedule: str, max_seqlen_k: int, block_n: int, workers: int,

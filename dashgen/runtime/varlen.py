@@ -21,7 +21,7 @@ from ..codegen.variants import (AUX_THREADS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
                                 FwdParams, PrepParams)
 from . import launch, pack_faults, watchdog
 from .device import DTYPE_NAMES, addresses, kernels, stream, tensor_map
-from .select import select_pack
+from .select import pack_selection
 from .workspace import allocator
 
 PLAN_THREADS = 512  # AttnPackPlan::kThreads
@@ -40,13 +40,6 @@ def plan_words(batch: int, max_units: int, q_tiles: int = 0, k_tiles: int = 0) -
     """AttnPackPlan's words: the header, the orders and its scratch, then the tile maps of a
     head's q_tiles packed query tiles and k_tiles key tiles (params.cuh, kPlanHeader)."""
     return 3 + 4 * batch + 6 * max_units + q_tiles + k_tiles
-
-
-@memo(max_entries=256)
-def _selection(dtype: str, head_dim: int, causal: bool, schedule: str, deterministic: bool,
-               gqa: bool):
-    """dashgen.runtime.select.select_pack, memoized (a call's host time)."""
-    return select_pack(dtype, head_dim, causal, schedule, deterministic=deterministic, gqa=gqa)
 
 
 @memo(max_entries=256)
@@ -74,7 +67,7 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
         return o, lse
     if total_k == 0:  # no keys in any sequence: every row sees none
         return o.zero_(), lse.fill_(-math.inf)
-    variant = _selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), "auto", True,
+    variant = pack_selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), "auto", True,
                          False).forward
     loaded = kernels(variant, q.device)
     grid = (_cdiv(max_seqlen_q, FORWARD_BLOCK_M), heads_q, batch)
@@ -134,7 +127,7 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     gqa = heads_q != heads_kv
     if total_q == 0 or total_k == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    variant = _selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), schedule,
+    variant = pack_selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), schedule,
                          bool(deterministic), gqa).backward
     bm, bn = variant.block_m, variant.block_n
     loaded = kernels(variant, dev)

@@ -106,10 +106,9 @@ def load_kernels(q, k, causal: bool) -> float:
     """Compile or load (disk cache) the kernels dashgen.attention runs at q's and k's shapes,
     deterministic, schedule="auto", so that a first call timed after it times the call alone:
     seconds taken."""
-    from ..runtime.backward import selection
     from ..runtime.device import DTYPE_NAMES, kernels, sm_count
     from ..runtime.forward import forward_variant
-    from ..runtime.select import Overrides
+    from ..runtime.select import Overrides, selection
     t0 = time.perf_counter()
     sms = sm_count(q.device)
     dtype = DTYPE_NAMES[q.dtype]

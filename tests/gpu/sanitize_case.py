@@ -16,9 +16,9 @@ import sys
 import torch
 
 import dashgen
-from dashgen.runtime.backward import backward, selection
+from dashgen.runtime.backward import backward
 from dashgen.runtime.forward import forward, forward_variant
-from dashgen.runtime.select import Overrides
+from dashgen.runtime.select import Overrides, selection
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, schedule, workers):
 # odd seqlens so the tails of every tile are exercised; GQA for the ordered dK/dV adds; fp16.

@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 
 from dashgen import Problem, build_schedule, list_schedules  # noqa: E402
 from dashgen.codegen.variants import TRACE_COLUMNS  # noqa: E402
-from dashgen.runtime.backward import backward, selection  # noqa: E402
+from dashgen.runtime.backward import backward  # noqa: E402
 from dashgen.runtime.forward import forward, forward_variant  # noqa: E402
 from dashgen.runtime.op import attention  # noqa: E402
-from dashgen.runtime.select import Overrides, problem_for  # noqa: E402
+from dashgen.runtime.select import Overrides, problem_for, selection  # noqa: E402
 from dashgen.codegen.variants import DQ_LAST_HEAD_DIMS  # noqa: E402
 from dashgen.schedule.builders import BUILDERS, Tiling, unsupported_reason  # noqa: E402
 from dashgen.runtime.select import balanced_workers  # noqa: E402
