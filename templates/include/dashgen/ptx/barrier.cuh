@@ -1,6 +1,6 @@
 // dashgen/ptx/barrier.cuh: named CTA barriers, for syncing a subset of warps (the MMA
 // warpgroups) without stalling the producer and writer warps. IDs come from the kernels' barrier
-// enums (Sm90Barrier); 0 is __syncthreads'.
+// enums (AttnBwdSm90::Barrier, FwdBarrier); 0 is __syncthreads'.
 #pragma once
 #include "dashgen/types.cuh"
 
