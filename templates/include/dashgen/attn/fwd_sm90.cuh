@@ -80,8 +80,8 @@ struct AttnFwdSm90 {
   static constexpr bool kOneTileTurns = kHeadDim == 128;
   // Warpgroup wg's turn barrier (FwdBarrier: kTurnWg0 + wg, consecutive ids). The one sum on
   // a barrier id in either kernel: choosing between the two enumerators instead (wg == 0 ?
-  // kTurnWg0 : kTurnWg1, or a switch) compiles to compares and selects where this is one add,
-  // 8 more instructions in the persistent kernels and another schedule in all four with turns.
+  // kTurnWg0 : kTurnWg1, or a switch) compiles to compares and selects where this is one add:
+  // 8 more instructions in each persistent kernel, another schedule in the one-tile kernel.
   __device__ static u32 turn_barrier(int wg) {
     return static_cast<u32>(FwdBarrier::kTurnWg0) + static_cast<u32>(wg);
   }
