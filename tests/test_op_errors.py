@@ -37,6 +37,7 @@ class FakeKernels:
     def __init__(self):
         self.calls: list[tuple[str, dict]] = []
         self.prepared: list[tuple[int, ...]] = []  # the pointers each BackwardCall was built for
+        self.selections: list = []  # the Selection each BackwardCall was handed (or None)
 
     @staticmethod
     def _check_ready(*tensors):
@@ -59,9 +60,10 @@ class FakeKernels:
                                             num_workers=num_workers)))
         return fake_gradients(do, q, k, v)
 
-    def BackwardCall(self, q, k, v, o, lse, **options):  # noqa: N802 (the runtime's class)
+    def BackwardCall(self, q, k, v, o, lse, *, selection=None, **options):  # noqa: N802
         self._check_ready(q, k, v, o)
         self.prepared.append(tuple(t.data_ptr() for t in (q, k, v, o, lse)))
+        self.selections.append(selection)
         self.calls.append(("prepare", options))
         return FakeCall(self, (q, k, v, o, lse))
 
@@ -404,6 +406,28 @@ def test_options_reach_forward_and_the_prepared_backward(on_cpu, kernels):
     assert kernels.prepared[0][:3] == tuple(t.data_ptr() for t in (q, k, v))
 
 
+def test_the_eager_node_hands_the_backward_the_selection_of_its_options(on_cpu, kernels,
+                                                                       monkeypatch):
+    """One plan per signature: the checks resolve the schedule once, the kernels are chosen
+    once, and the prepared backward gets that choice: what select() gives for the options it
+    was prepared with. A repeated call chooses nothing again."""
+    from dashgen.runtime import select
+    made = []
+    real = select.Plan.__init__
+    monkeypatch.setattr(select.Plan, "__init__",
+                        lambda self, *a, **kw: made.append(1) or real(self, *a, **kw))
+    q, k, v = cpu_leaves()
+    for _ in range(2):
+        op.attention(q, k, v, causal=True).sum().backward()
+    assert len(made) == 1 and len(kernels.selections) == 2
+    assert kernels.selections[0] is kernels.selections[1]
+    options = [options for name, options in kernels.calls if name == "prepare"][0]
+    assert kernels.selections[0] == select.select(
+        select.problem_for(2, 8, 2, 100, 70, 64, True), "bf16", sm_count=132,
+        deterministic=options["deterministic"], schedule=options["schedule"],
+        num_workers=options["num_workers"])
+
+
 def test_the_resolved_defaults_reach_the_kernels(on_cpu, kernels, restore_determinism):
     torch.use_deterministic_algorithms(True)
     q, k, v = cpu_leaves(head_dim=128)
@@ -655,7 +679,7 @@ def test_the_runtime_takes_what_the_op_passes(monkeypatch):
     assert options <= set(inspect.signature(real.backward).parameters)
     prepared = inspect.signature(real.BackwardCall)
     assert list(prepared.parameters)[:5] == ["q", "k", "v", "o", "lse"]
-    assert options <= set(prepared.parameters)
+    assert options | {"selection"} <= set(prepared.parameters)
     assert list(inspect.signature(real.BackwardCall.serves).parameters) == [
         "self", "q", "k", "v", "o", "lse"]
     assert list(inspect.signature(real.BackwardCall.__call__).parameters) == ["self", "do"]

@@ -670,3 +670,38 @@ def test_a_packs_small_kernels_walk_its_tiles_through_the_plans_maps(recorder, h
         assert convert_kv.tile_seq == map_q + 4 * layout.q_tiles
         assert convert_kv.block_m == bn
         assert grid == (layout.k_tiles * bn // 16, heads_kv, 1)
+
+
+def test_a_packs_eager_call_launches_what_its_custom_ops_launch(recorder, cpu_op, monkeypatch):
+    """attention_varlen's autograd node hands the launches the selection its checks made (no
+    lookup per call); the custom ops, given only the options, look it up and launch the same
+    kernels with the same blocks."""
+    from dashgen.runtime import op_varlen
+    looked_up = []
+    real = varlen.pack_selection
+    monkeypatch.setattr(varlen, "pack_selection",
+                        lambda *a: looked_up.append(a) or real(*a))
+    lengths = [300, 0, 5, 129, 1]
+    total, longest = sum(lengths), max(lengths)
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+    torch.manual_seed(0)
+    q = torch.randn(total, 4, 128, dtype=torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(total, 2, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    do = torch.randn(total, 4, 128, dtype=torch.bfloat16)
+    for _ in range(2):
+        recorder.launches.clear()
+        out = op_varlen.attention_varlen(q, k, v, cu, cu, longest, longest, causal=True)
+        eager = torch.autograd.grad(out, (q, k, v), do)
+    assert looked_up == []
+    kinds = [name.rsplit("_", 1)[-1] for name, _, _ in recorder.launches]
+    assert kinds == ["varlen", "plan", "preprocess", "varlen", "convert", "convert", "convert"]
+    launched = _without_addresses(recorder.launches)
+    recorder.launches.clear()
+    opts = op_varlen.check_varlen_inputs(q, k, v, cu, cu, longest, longest, causal=True)
+    o, lse = torch.ops.dashgen.attention_varlen_fwd(q.detach(), k.detach(), v.detach(), cu, cu,
+                                                    longest, longest, *opts)
+    grads = torch.ops.dashgen.attention_varlen_bwd(do, q.detach(), k.detach(), v.detach(), o,
+                                                   lse, cu, cu, longest, longest, *opts)
+    assert len(looked_up) == 2  # the forward's and the backward's
+    assert _without_addresses(recorder.launches) == launched
+    assert [g.shape for g in grads] == [g.shape for g in eager]

@@ -130,15 +130,20 @@ class BackwardCall:
 
     q, k, v, o and lse are contiguous; the call reads them through their addresses, so it holds
     no reference to them: `serves` tells whether a set of tensors is the one it was built for.
-    Its parameter blocks are rewritten by each call: one call at a time."""
+    Its parameter blocks are rewritten by each call: one call at a time. `selection` is what the
+    options select where the caller holds it (the eager node: its call's plan); else it is
+    looked up (runtime.select.plan)."""
 
     def __init__(self, q, k, v, o, lse, *, causal: bool, softmax_scale: float,
                  deterministic: bool, schedule: str, num_workers: int | None,
-                 trace: bool = False, overrides: Overrides = Overrides()):
+                 trace: bool = False, overrides: Overrides = Overrides(),
+                 selection: Selection | None = None):
         dev = self.device = q.device
-        sel = self.selection = plan(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype],
-                                    bool(causal), bool(deterministic), bool(trace), schedule,
-                                    num_workers, sm_count(dev), overrides).selection
+        if selection is None:  # else the caller's plan of these options (the op's eager node)
+            selection = plan(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype], bool(causal),
+                             bool(deterministic), bool(trace), schedule, num_workers,
+                             sm_count(dev), overrides).selection
+        sel = self.selection = selection
         bl = self.bl = _backward_launch(sel, dev)
         self.device_index = dev.index or 0
         self.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())

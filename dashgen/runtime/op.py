@@ -18,7 +18,7 @@ from ..caches import Memo
 from ..schedule.ir import Schedule
 from . import checks
 from .op_common import Options, constant_for_compile, ready, traced
-from .select import Overrides, plan
+from .select import Overrides, Plan, plan
 from .tables import register
 
 
@@ -97,25 +97,31 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Non
     and num_workers against the SM count (fake CUDA tensors from FakeTensorMode, with the device
     query stubbed); finally whether the schedule serves the problem.
     """
+    return _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers)[0]
+
+
+def _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers):
+    """check_inputs' Options and the call's plan (runtime.select.Plan, whose selection the
+    backward's launches take; None while torch.compile traces, where only the custom ops run)."""
     # The flag is read at call time, never a cached answer: with deterministic=None its value
     # is part of the key, so each state has its own resolved Options.
     flag = torch.are_deterministic_algorithms_enabled()
     key = _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
                      flag)
 
-    def checked() -> Options:
-        opts = _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers)
-        return opts._replace(deterministic=flag) if deterministic is None else opts
+    def checked():
+        return _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
+                          flag)
 
-    opts = checked() if key is None else _VALIDATED.get(key, checked)
+    resolved = checked() if key is None else _VALIDATED.get(key, checked)
     if deterministic is False and flag:
         checks.refuse_nondeterministic()
-    return opts
+    return resolved
 
 
-# Options of argument signatures that passed every check: a training loop repeats the same
-# shapes, and the checks' host time would delay every forward kernel.
-_VALIDATED: Memo[Options] = Memo(None, max_entries=1024)
+# The Options and plans of argument signatures that passed every check: a training loop repeats
+# the same shapes, and the checks' host time would delay every forward kernel.
+_VALIDATED: Memo[tuple[Options, Plan | None]] = Memo(None, max_entries=1024)
 
 
 def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers, flag):
@@ -136,21 +142,26 @@ def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
             v.stride(-1), q.device, k.device, v.device, options)
 
 
-def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers) -> Options:
+def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
+               flag) -> tuple[Options, Plan | None]:
     _check_tensors(q, k, v)
     checks.options(causal, softmax_scale, deterministic, schedule, num_workers)
     sm_count = checks.device(q, k, v)
     batch, seqlen_q, heads_q, head_dim = q.shape
     # Whether the backward orders its sums: "auto" picks per mode (`listed-deal`).
-    ordered = torch.are_deterministic_algorithms_enabled() if deterministic is None \
-        else bool(deterministic)
+    ordered = flag if deterministic is None else deterministic
+    dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
     name, workers, error = _plan(batch, heads_q, k.shape[2], seqlen_q, k.shape[1], head_dim,
-                                 causal, schedule, num_workers, sm_count,
-                                 "bf16" if q.dtype == torch.bfloat16 else "fp16", ordered)
+                                 causal, schedule, num_workers, sm_count, dtype, ordered)
     if error:
         raise ValueError(error)
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
-    return Options(causal, scale, deterministic, name, workers)
+    # The plan _plan made, found again under the options it resolved to. While torch.compile
+    # traces, only _plan's folded answer may be read.
+    made = None if torch.compiler.is_compiling() else plan(
+        tuple(q.shape), tuple(k.shape), dtype, causal, ordered, False, name, workers, sm_count,
+        Overrides())
+    return Options(causal, scale, ordered, name, workers), made
 
 
 # -- the kernel calls both paths share (the custom ops and the eager Function) ------------------
@@ -236,13 +247,14 @@ class _EagerAttention(torch.autograd.Function):
     waits on, has less to do."""
 
     @staticmethod
-    def forward(ctx, q, k, v, opts: Options):
+    def forward(ctx, q, k, v, opts: Options, call_plan: Plan):
         rt = _kernels()
         q, k, v = ready(q), ready(k), ready(v)
         o, lse = rt.forward(q, k, v, causal=opts.causal, softmax_scale=opts.softmax_scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.opts = opts
-        ctx.call = rt.BackwardCall(q, k, v, o, lse, **_backward_options(opts))
+        ctx.call = rt.BackwardCall(q, k, v, o, lse, **_backward_options(opts),
+                                   selection=call_plan.selection)
         ctx.mark_non_differentiable(lse)
         # lse takes no gradient: without this, autograd would fill a zero tensor for it in every
         # backward (an allocation and a kernel launch, host time a short backward waits for).
@@ -260,7 +272,7 @@ class _EagerAttention(torch.autograd.Function):
             call = _kernels().BackwardCall(*(ready(t) for t in saved),
                                            **_backward_options(ctx.opts))
         dq, dk, dv = call(ready(grad_o))
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None
 
 
 # -- the public function -----------------------------------------------------------------------
@@ -303,8 +315,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         schedule = register(schedule)  # the op carries a key string
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
-    opts = check_inputs(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                        deterministic=deterministic, schedule=schedule, num_workers=num_workers)
+    opts, call_plan = _resolve(q, k, v, causal, softmax_scale, deterministic, schedule,
+                               num_workers)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if traced(q):
         o, lse = torch.ops.dashgen.attention_fwd(q, k, v, *opts)
@@ -313,5 +325,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         # bookkeeping, whose host time the GPU would wait for.
         o, lse = _run_forward(q, k, v, opts)
     else:
-        o, lse = _EagerAttention.apply(q, k, v, opts)
+        o, lse = _EagerAttention.apply(q, k, v, opts, call_plan)
     return (o, lse) if return_lse else o

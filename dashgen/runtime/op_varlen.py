@@ -16,7 +16,7 @@ import torch
 from ..caches import Memo
 from . import checks
 from .op_common import Options, ready, traced
-from .select import PACK_SCHEDULES, pack_workers, select_pack
+from .select import PACK_SCHEDULES, Selection, pack_selection, pack_workers
 
 
 # The kernels' grids put a pack's sequences on gridDim.z, which CUDA caps at 65535.
@@ -92,37 +92,44 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     naming the argument). A signature that passed once (shapes, dtypes, devices, the longest
     lengths and the options) skips the checks that read no values; CPU offsets are checked
     every call, and the deterministic flag is read at each."""
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    options = (causal, softmax_scale, deterministic, schedule, num_workers)
-    key = _signature(args, options)
+    return _resolve((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                    (causal, softmax_scale, deterministic, schedule, num_workers))[0]
+
+
+def _resolve(args, options):
+    """check_varlen_inputs' Options and the pack's Selection (select.pack_selection), which the
+    eager launches take."""
+    # The flag is read at call time: with deterministic=None its value is part of the key.
+    flag = torch.are_deterministic_algorithms_enabled()
+    key = _signature(args, options, flag)
     checked = []  # whether _check_all ran (it checks CPU offsets before the device)
 
     def check():
         checked.append(True)
-        return _check_all(args, options)
-    opts = check() if key is None else _VALIDATED.get(key, check)
+        return _check_all(args, options, flag)
+    resolved = check() if key is None else _VALIDATED.get(key, check)
     if not checked:
         _check_cpu_offsets(*args)
-    if deterministic is None:
-        opts = opts._replace(deterministic=torch.are_deterministic_algorithms_enabled())
-    elif deterministic is False and torch.are_deterministic_algorithms_enabled():
+    if options[2] is False and flag:  # deterministic=False under the flag
         checks.refuse_nondeterministic()
-    return opts
+    return resolved
 
 
-# Options of signatures that passed every check (a training loop repeats them).
+# Options and selections of signatures that passed every check (a training loop repeats them).
 _VALIDATED = Memo(None, max_entries=1024)
 
 
-def _signature(args, options):
+def _signature(args, options, flag):
     """Everything the value-free checks read, or None where a call must take them (tracing,
-    tensor subclasses, unhashable options); option types are part of it."""
+    tensor subclasses, unhashable options); option types are part of it, and with
+    deterministic=None the flag."""
     q, k, v, cu_q, cu_k, max_q, max_k = args
     if torch.compiler.is_compiling() or not all(type(t) is torch.Tensor
                                                 for t in (q, k, v, cu_q, cu_k)):
         return None
     key = (tuple((t.shape, t.dtype, t.stride(-1), t.device) for t in (q, k, v, cu_q, cu_k)),
-           max_q, max_k, type(max_q), type(max_k), options, tuple(map(type, options)))
+           max_q, max_k, type(max_q), type(max_k), options, tuple(map(type, options)),
+           flag if options[2] is None else None)
     try:
         hash(key)
     except TypeError:
@@ -130,7 +137,7 @@ def _signature(args, options):
     return key
 
 
-def _check_all(args, options) -> Options:
+def _check_all(args, options, flag) -> tuple[Options, Selection]:
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = args
     causal, softmax_scale, deterministic, schedule, num_workers = options
     _check_tensors(q, k, v)
@@ -140,9 +147,11 @@ def _check_all(args, options) -> Options:
     if not isinstance(schedule, str):
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
                          f"{schedule!r}")
-    # The schedule against the mask, where the kernels are chosen (ValueError naming it).
-    sel = select_pack("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2],
-                      bool(causal), schedule)
+    ordered = flag if deterministic is None else deterministic
+    # The schedule against the mask, where the kernels are chosen (ValueError naming it): the
+    # selection the launches take.
+    sel = pack_selection("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2],
+                         bool(causal), schedule, ordered, q.shape[1] != k.shape[1])
     sm_count = checks.device(q, k, v)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.device != q.device and cu.device.type != "cpu":
@@ -152,7 +161,7 @@ def _check_all(args, options) -> Options:
     workers = pack_workers(sel.schedule, int(max_seqlen_k), sel.backward.block_n,
                            sm_count if num_workers is None else num_workers, bool(causal))
     scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
-    return Options(bool(causal), scale, bool(deterministic), sel.schedule, workers)
+    return Options(bool(causal), scale, ordered, sel.schedule, workers), sel
 
 
 def _runtime():
@@ -165,17 +174,19 @@ def _on_device(cu: torch.Tensor, device: torch.device) -> torch.Tensor:
     return cu if cu.device == device else cu.to(device, non_blocking=True)
 
 
-def _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts: Options):
+def _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts: Options, selection=None):
     return _runtime().forward(ready(q), ready(k), ready(v), cu_q, cu_k, int(max_q),
-                              int(max_k), causal=opts.causal, softmax_scale=opts.softmax_scale)
+                              int(max_k), causal=opts.causal, softmax_scale=opts.softmax_scale,
+                              selection=selection)
 
 
-def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: Options):
+def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: Options,
+                  selection=None):
     return _runtime().backward(ready(do), ready(q), ready(k), ready(v),
                                ready(o), lse, cu_q, cu_k, int(max_q), int(max_k),
                                causal=opts.causal, softmax_scale=opts.softmax_scale,
                                deterministic=opts.deterministic, schedule=opts.schedule,
-                               workers=opts.num_workers)
+                               workers=opts.num_workers, selection=selection)
 
 
 @torch.library.custom_op("dashgen::attention_varlen_fwd", mutates_args=())
@@ -236,11 +247,11 @@ attention_varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 class _EagerVarlen(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, opts: Options):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, opts: Options, sel: Selection):
         q, k, v = ready(q), ready(k), ready(v)
-        o, lse = _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts)
+        o, lse = _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts, sel)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.lengths, ctx.opts = (max_q, max_k), opts
+        ctx.lengths, ctx.opts, ctx.selection = (max_q, max_k), opts, sel
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
         return o, lse
@@ -249,8 +260,9 @@ class _EagerVarlen(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o, grad_lse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _run_backward(grad_o, q, k, v, o, lse, cu_q, cu_k, *ctx.lengths, ctx.opts)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = _run_backward(grad_o, q, k, v, o, lse, cu_q, cu_k, *ctx.lengths, ctx.opts,
+                                   ctx.selection)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def lse_by_head(lse: torch.Tensor, cu_seqlens_q: torch.Tensor, heads_q: int) -> torch.Tensor:
@@ -295,19 +307,17 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
-    opts = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                               causal=causal, softmax_scale=softmax_scale,
-                               deterministic=deterministic, schedule=schedule,
-                               num_workers=num_workers)
+    opts, sel = _resolve((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                         (causal, softmax_scale, deterministic, schedule, num_workers))
     cu_q, cu_k = _on_device(cu_seqlens_q, q.device), _on_device(cu_seqlens_k, q.device)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if traced(q):
         o, lse = torch.ops.dashgen.attention_varlen_fwd(q, k, v, cu_q, cu_k, max_seqlen_q,
                                                         max_seqlen_k, *opts)
     elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        o, lse = _run_forward(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, opts)
+        o, lse = _run_forward(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, opts, sel)
     else:
-        o, lse = _EagerVarlen.apply(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, opts)
+        o, lse = _EagerVarlen.apply(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, opts, sel)
     if not return_lse:
         return o
     return o, lse_by_head(lse, cu_q, q.shape[1])

@@ -21,7 +21,7 @@ from ..codegen.variants import (AUX_THREADS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
                                 FwdParams, PrepParams)
 from . import launch, pack_faults, watchdog
 from .device import DTYPE_NAMES, addresses, kernels, stream, tensor_map
-from .select import pack_selection
+from .select import Selection, pack_selection
 from .workspace import allocator
 
 PLAN_THREADS = 512  # AttnPackPlan::kThreads
@@ -53,9 +53,10 @@ def _maps(x: torch.Tensor, rows: int):
 
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-            causal: bool, softmax_scale: float):
+            causal: bool, softmax_scale: float, selection: Selection | None = None):
     """o (total_q, heads_q, head_dim) and lse (heads_q * total_q floats, sequence b's
-    (heads_q, seqlen) block from heads_q * cu_seqlens_q[b]); q, k, v contiguous."""
+    (heads_q, seqlen) block from heads_q * cu_seqlens_q[b]); q, k, v contiguous. `selection`:
+    the call's (select.pack_selection) where the caller holds it; else it is looked up."""
     pack_faults.check()
     total_q, heads_q, head_dim = q.shape
     total_k, heads_kv = k.shape[:2]
@@ -67,8 +68,10 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
         return o, lse
     if total_k == 0:  # no keys in any sequence: every row sees none
         return o.zero_(), lse.fill_(-math.inf)
-    variant = pack_selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), "auto", True,
-                         False).forward
+    if selection is None:  # the forward is the same for every schedule and mode
+        selection = pack_selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), "auto", True,
+                                   False)
+    variant = selection.forward
     loaded = kernels(variant, q.device)
     grid = (_cdiv(max_seqlen_q, FORWARD_BLOCK_M), heads_q, batch)
     maps = (_maps(q, 64), _maps(k, FORWARD_BLOCK_N), _maps(v, FORWARD_BLOCK_N))
@@ -117,8 +120,9 @@ _workspace = Memo(PackWorkspace, max_entries=256)
 
 def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
              max_seqlen_k: int, *, causal: bool, softmax_scale: float, deterministic: bool,
-             schedule: str, workers: int):
-    """dq, dk, dv of a pack; every tensor contiguous, lse as `forward` returns it."""
+             schedule: str, workers: int, selection: Selection | None = None):
+    """dq, dk, dv of a pack; every tensor contiguous, lse as `forward` returns it. `selection`:
+    what the options select (select.pack_selection) where the caller holds it."""
     total_q, heads_q, head_dim = q.shape
     total_k, heads_kv = k.shape[:2]
     batch = cu_seqlens_q.numel() - 1
@@ -127,8 +131,10 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     gqa = heads_q != heads_kv
     if total_q == 0 or total_k == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    variant = pack_selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), schedule,
-                         bool(deterministic), gqa).backward
+    if selection is None:
+        selection = pack_selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), schedule,
+                                   bool(deterministic), gqa)
+    variant = selection.backward
     bm, bn = variant.block_m, variant.block_n
     loaded = kernels(variant, dev)
     layout = _workspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn, gqa)
