@@ -70,10 +70,10 @@ struct BwdMainloop {
   // consume() also declares every local array of a task's stages (st/dpt, pa/dsa, pv/ds, dq),
   // each in the order the stages first use it, and passes it on by reference. Where an array is
   // declared decides its place in the inlined kernel's frame, and that order decides how NVVM
-  // numbers the values it promotes to registers: declared inside the stage functions (which
-  // inline ahead of the caller's locals), the same code made ptxas allocate the dK/dV
-  // accumulators' registers differently and schedule the kernel differently from the one
-  // measured.
+  // numbers the values it promotes to registers. Declared inside the stage functions (which
+  // inline ahead of the caller's locals), the same code compiled to another kernel than the one
+  // measured: pv/ds in masked_softmax moved the dK/dV accumulators to other registers (head_dim
+  // 64, causal), dq in dq_then_dk spilled 8 bytes (head_dim 128).
   __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
                                  int wg, int tid) {
     const int warp = (tid % 128) / 32, lane = tid % 32;
@@ -130,6 +130,38 @@ struct BwdMainloop {
     }
   }
 
+  // Stage 1. S^T = K Q^T and dP^T = V dO^T (this warpgroup's 64 KV rows x kBlockM query rows),
+  // K-major operands, in one commit group that stage 3 waits for.
+  __device__ static __forceinline__ void issue_scores(float (&st)[kBlockM / 2],
+                                                      float (&dpt)[kBlockM / 2], const char* smem,
+                                                      const char* q_tile, const char* do_tile,
+                                                      int wg) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 16; ++k) {
+      wgmma_ss<kIn, kBlockM>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
+                             tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
+    }
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 16; ++k) {
+      wgmma_ss<kIn, kBlockM>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
+                             tile_desc_k_major(do_tile, kBlockM, 0, k), k > 0);
+    }
+    wgmma_commit_group();
+  }
+
+  // Stage 2. The task's per-column (query row) softmax statistics, lse (as log2) then D, in
+  // shared memory (in registers they would cost 32 per thread and spill): the producer's copy
+  // that landed with stage s's Q and dO (docs/design.md, `staged-stats`).
+  // The task and thread arguments are unused; the call keeps them because without them ptxas
+  // schedules the main kernel differently from the one measured (parameters too hold places in
+  // the inlined frame: see consume()).
+  __device__ static __forceinline__ const float* task_stats(const BwdParams&, const Task&,
+                                                            char* smem, int s, const MmaThread&) {
+    float* stats = reinterpret_cast<float*>(smem + kOffStats) + s * 2 * kBlockM;
+    return stats;
+  }
+
   // Stage 3. P^T and dS^T in registers, packed to 16-bit A fragments for the RS wgmmas, once
   // the score MMAs have landed. kDsInLoop: each 16 query rows of dS go to shared memory as the
   // loop finishes them.
@@ -184,6 +216,34 @@ struct BwdMainloop {
     }
   }
 
+  // Stage 3's loop for a task no mask reaches (causal: its keys end before the diagonal and
+  // the sequence's end), or under the full mask for every task once an edge task's keys past the
+  // end hold -inf scores: P^T and dS^T of every element. kFtzAsm: the exponential as the asm
+  // ex2.approx.ftz (the full mask's, `bwd-mask-select`), else exp2f.
+  template <bool kFtzAsm>
+  __device__ static __forceinline__ void unmasked_softmax(
+      const float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2], const float* stats,
+      u32 (&pa)[kBlockM / 16][4], u32 (&dsa)[kBlockM / 16][4], u32 ds_row, float scale_log2,
+      float softmax_scale, const MmaThread& me) {
+#pragma unroll
+    for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
+      float pv[2], ds[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int ii = i2 + e;
+        const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);
+        const float exponent = st[ii] * scale_log2 - stats[col];
+        pv[e] = kFtzAsm ? exp2_ftz(exponent) : exp2f(exponent);
+        ds[e] = pv[e] * fmaf(dpt[ii], softmax_scale, -stats[kBlockM + col]);
+      }
+      pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
+      dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
+      if constexpr (kDsInLoop) {
+        if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
+      }
+    }
+  }
+
   // Stage 3's loop for a causal edge task (the diagonal, the sequence's end): the mask per
   // element. Written out in the loop: with the mask and the exponent in functions of their own,
   // NVVM orders its index arithmetic differently.
@@ -218,6 +278,16 @@ struct BwdMainloop {
     }
   }
 
+  // dsa[kk] holds four 8x8 blocks of dS^T in the fragment layout (KV rows
+  // 16 * warp + 0..7 and + 8..15, by query rows 16 kk + 0..7 and + 8..15), and one transposing
+  // stmatrix writes them as dS rows. Lane l gives the address of query row 8 (l / 16) + l % 8
+  // (16 kk further is 2048 bytes on), KV rows from 16 * warp + 8 ((l / 8) % 2), in the
+  // 128B-swizzled block of this warpgroup's 64 KV columns.
+  __device__ static __forceinline__ u32 ds_row_address(const char* block, int warp, int lane) {
+    const u32 row = 8 * (lane / 16) + lane % 8;
+    return shared_address(block) + sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
+  }
+
   // Stage 4. dS (query rows x KV columns, K-major for dQ's A operand) into shared memory: this
   // warpgroup writes column block wg, once both warpgroups have passed the barrier, so the
   // previous task's dQ reads of the tile are done (kDsInLoop passed it before the softmax loop).
@@ -241,122 +311,6 @@ struct BwdMainloop {
     fence_proxy_async_shared();
     K::sync_mma_warpgroups();
     return ds_tile;
-  }
-
-  // Stages 5 and 6 as dV (issued before stage 4), dQ, dK: dQ's wgmmas ahead of dK's, so the dQ
-  // hand-off (its shared-memory stores) runs while the tensor cores work on dK, with P^T's
-  // registers free (dV retired) by then.
-  __device__ static __forceinline__ void dq_then_dk(
-      float (&dk)[kHeadDim / 2], float (&dq)[32], const u32 (&dsa)[kBlockM / 16][4], char* smem,
-      const char* q_tile, const char* ds_tile, Bars* bars, int s, int use, const MmaThread& me) {
-    dq_mma(dq, smem, ds_tile, me.wg);
-    wgmma_wait_group<1>();  // dV retired: P^T's registers are free
-    wgmma_fence();
-    rs_gemm(dk, dsa, q_tile);
-    wgmma_wait_group<1>();  // dQ retired
-    // After a segment's last dQ MMA K/V are free (kEarlyKv: the next segment's load overlaps
-    // the dQ hand-off and the dK/dV stores); Q/dO stage s and its task slot once dK/dV retire.
-    if (kEarlyKv && me.tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
-    hand_off_dq(dq, smem, bars, s, use, me);
-    wgmma_wait_group<0>();
-    mbarrier_arrive(&bars->q_empty[s]);
-  }
-
-  // kDqLast: stages 5 and 6 as dV (issued before stage 4), dK, dQ. Q/dO stage s and its task
-  // slot are free once dQ's wgmmas retire, before the hand-off waits for the writer.
-  __device__ static __forceinline__ void dk_then_dq(
-      float (&dk)[kHeadDim / 2], float (&dq)[32], const u32 (&dsa)[kBlockM / 16][4], char* smem,
-      const char* q_tile, const char* ds_tile, Bars* bars, int s, int use, const MmaThread& me) {
-    wgmma_fence();
-    rs_gemm(dk, dsa, q_tile);
-    wgmma_wait_group<0>();  // dV and dK retired: P^T's and dS^T's registers are free
-    dq_mma(dq, smem, ds_tile, me.wg);
-    wgmma_wait_group<0>();
-    if (kEarlyKv && me.tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
-    mbarrier_arrive(&bars->q_empty[s]);
-    hand_off_dq(dq, smem, bars, s, use, me);
-  }
-
-  // A segment's end: its dK/dV to the epilogue, then (without kEarlyKv) K/V freed.
-  __device__ static __forceinline__ void end_segment(const BwdParams& p, const Task& t,
-                                                     const float (&dk)[kHeadDim / 2],
-                                                     const float (&dv)[kHeadDim / 2], int group,
-                                                     Bars* bars, const MmaThread& me) {
-    if constexpr (kGqa) {
-      Epilogue::add_dkv_in_rank_order(p, t, dk, dv, me);
-    } else {
-      Epilogue::store_dkv(p, t, dk, dv, group, me);
-    }
-    if (!kEarlyKv && me.tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
-  }
-
-  // Stage 3's loop for a task no mask reaches (causal: its keys end before the diagonal and
-  // the sequence's end), or under the full mask for every task once an edge task's keys past the
-  // end hold -inf scores: P^T and dS^T of every element. kFtzAsm: the exponential as the asm
-  // ex2.approx.ftz (the full mask's, `bwd-mask-select`), else exp2f.
-  template <bool kFtzAsm>
-  __device__ static __forceinline__ void unmasked_softmax(
-      const float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2], const float* stats,
-      u32 (&pa)[kBlockM / 16][4], u32 (&dsa)[kBlockM / 16][4], u32 ds_row, float scale_log2,
-      float softmax_scale, const MmaThread& me) {
-#pragma unroll
-    for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
-      float pv[2], ds[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int ii = i2 + e;
-        const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);
-        const float exponent = st[ii] * scale_log2 - stats[col];
-        pv[e] = kFtzAsm ? exp2_ftz(exponent) : exp2f(exponent);
-        ds[e] = pv[e] * fmaf(dpt[ii], softmax_scale, -stats[kBlockM + col]);
-      }
-      pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
-      dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
-      if constexpr (kDsInLoop) {
-        if (i2 % 8 == 6) stmatrix_x4_trans(ds_row + 2048 * (i2 / 8), dsa[i2 / 8]);
-      }
-    }
-  }
-
-  // Stage 1. S^T = K Q^T and dP^T = V dO^T (this warpgroup's 64 KV rows x kBlockM query rows),
-  // K-major operands, in one commit group that stage 3 waits for.
-  __device__ static __forceinline__ void issue_scores(float (&st)[kBlockM / 2],
-                                                      float (&dpt)[kBlockM / 2], const char* smem,
-                                                      const char* q_tile, const char* do_tile,
-                                                      int wg) {
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kHeadDim / 16; ++k) {
-      wgmma_ss<kIn, kBlockM>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
-                             tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
-    }
-#pragma unroll
-    for (int k = 0; k < kHeadDim / 16; ++k) {
-      wgmma_ss<kIn, kBlockM>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
-                             tile_desc_k_major(do_tile, kBlockM, 0, k), k > 0);
-    }
-    wgmma_commit_group();
-  }
-
-  // Stage 2. The task's per-column (query row) softmax statistics, lse (as log2) then D, in
-  // shared memory (in registers they would cost 32 per thread and spill): the producer's copy
-  // that landed with stage s's Q and dO (docs/design.md, `staged-stats`).
-  // The task and thread arguments are unused; the call keeps them because without them ptxas
-  // schedules the main kernel differently from the one measured.
-  __device__ static __forceinline__ const float* task_stats(const BwdParams&, const Task&,
-                                                            char* smem, int s, const MmaThread&) {
-    float* stats = reinterpret_cast<float*>(smem + kOffStats) + s * 2 * kBlockM;
-    return stats;
-  }
-
-  // dsa[kk] holds four 8x8 blocks of dS^T in the fragment layout (KV rows
-  // 16 * warp + 0..7 and + 8..15, by query rows 16 kk + 0..7 and + 8..15), and one transposing
-  // stmatrix writes them as dS rows. Lane l gives the address of query row 8 (l / 16) + l % 8
-  // (16 kk further is 2048 bytes on), KV rows from 16 * warp + 8 ((l / 8) % 2), in the
-  // 128B-swizzled block of this warpgroup's 64 KV columns.
-  __device__ static __forceinline__ u32 ds_row_address(const char* block, int warp, int lane) {
-    const u32 row = 8 * (lane / 16) + lane % 8;
-    return shared_address(block) + sw128_byte_offset(row, (16 * warp + 8 * ((lane / 8) % 2)) * 2);
   }
 
   // Stage 5. acc += A B over the task's kBlockM query rows, one commit group: dV += P^T dO
@@ -399,6 +353,40 @@ struct BwdMainloop {
     wgmma_commit_group();
   }
 
+  // Stages 5 and 6 as dV (issued before stage 4), dQ, dK: dQ's wgmmas ahead of dK's, so the dQ
+  // hand-off (its shared-memory stores) runs while the tensor cores work on dK, with P^T's
+  // registers free (dV retired) by then.
+  __device__ static __forceinline__ void dq_then_dk(
+      float (&dk)[kHeadDim / 2], float (&dq)[32], const u32 (&dsa)[kBlockM / 16][4], char* smem,
+      const char* q_tile, const char* ds_tile, Bars* bars, int s, int use, const MmaThread& me) {
+    dq_mma(dq, smem, ds_tile, me.wg);
+    wgmma_wait_group<1>();  // dV retired: P^T's registers are free
+    wgmma_fence();
+    rs_gemm(dk, dsa, q_tile);
+    wgmma_wait_group<1>();  // dQ retired
+    // After a segment's last dQ MMA K/V are free (kEarlyKv: the next segment's load overlaps
+    // the dQ hand-off and the dK/dV stores); Q/dO stage s and its task slot once dK/dV retire.
+    if (kEarlyKv && me.tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
+    hand_off_dq(dq, smem, bars, s, use, me);
+    wgmma_wait_group<0>();
+    mbarrier_arrive(&bars->q_empty[s]);
+  }
+
+  // kDqLast: stages 5 and 6 as dV (issued before stage 4), dK, dQ. Q/dO stage s and its task
+  // slot are free once dQ's wgmmas retire, before the hand-off waits for the writer.
+  __device__ static __forceinline__ void dk_then_dq(
+      float (&dk)[kHeadDim / 2], float (&dq)[32], const u32 (&dsa)[kBlockM / 16][4], char* smem,
+      const char* q_tile, const char* ds_tile, Bars* bars, int s, int use, const MmaThread& me) {
+    wgmma_fence();
+    rs_gemm(dk, dsa, q_tile);
+    wgmma_wait_group<0>();  // dV and dK retired: P^T's and dS^T's registers are free
+    dq_mma(dq, smem, ds_tile, me.wg);
+    wgmma_wait_group<0>();
+    if (kEarlyKv && me.tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
+    mbarrier_arrive(&bars->q_empty[s]);
+    hand_off_dq(dq, smem, bars, s, use, me);
+  }
+
   // Stage 7. The dQ partial to the writer warp through buffer s, once it has taken the stage's
   // previous one.
   __device__ static __forceinline__ void hand_off_dq(const float (&dq)[32], char* smem, Bars* bars,
@@ -435,6 +423,19 @@ struct BwdMainloop {
       const int col = accum_col(g, col0 + 8 * (ii / 4) + 2 * t4);
       *reinterpret_cast<float2*>(buf + row * kHeadDim + col) = make_float2(dq[ii], dq[ii + 1]);
     }
+  }
+
+  // A segment's end: its dK/dV to the epilogue, then (without kEarlyKv) K/V freed.
+  __device__ static __forceinline__ void end_segment(const BwdParams& p, const Task& t,
+                                                     const float (&dk)[kHeadDim / 2],
+                                                     const float (&dv)[kHeadDim / 2], int group,
+                                                     Bars* bars, const MmaThread& me) {
+    if constexpr (kGqa) {
+      Epilogue::add_dkv_in_rank_order(p, t, dk, dv, me);
+    } else {
+      Epilogue::store_dkv(p, t, dk, dv, group, me);
+    }
+    if (!kEarlyKv && me.tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
   }
 };
 

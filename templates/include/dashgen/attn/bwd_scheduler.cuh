@@ -4,8 +4,9 @@
 // shape, or a schedule file's table) and leaves each task in a ring of kRing slots; the
 // producer and the dQ writer take every task from there (take_task), so one lane holds the
 // walk's state, inside the producer warpgroup's 24 registers. Also here: where a task's query
-// tile sits among the dQ counters, sums and statistics (q_tile), and the rank waits' watchdog
-// (wait_rank, report_stall). K supplies the kernel's constants, its ring and its barriers.
+// tile sits among the dQ counters, sums and statistics (q_tile), and the dQ ranks' turn: the
+// wait bounded by the watchdog (wait_rank, report_stall) and the signal to the next rank
+// (signal_rank). K supplies the kernel's constants, its ring and its barriers.
 #pragma once
 #include "dashgen/attn/params.cuh"
 #include "dashgen/ptx/bulk.cuh"
@@ -77,8 +78,8 @@ struct BwdScheduler {
   using Shape = typename Either<K::kVarlen, PackShape, LaunchShape>::type;
   using Walk = typename K::Config::template Walk<typename K::Tiling, Shape>;
 
-  // This worker's walk: the scheduler lane walks it, and thread 0 counts its tasks before the
-  // roles start. `shape` outlives the walk.
+  // This worker's walk: the scheduler lane walks it, and thread 0 counts its tasks (every role
+  // runs that many) before the roles start. `shape` outlives the walk.
   __device__ static Walk make_walk(const BwdParams& p, const Shape& shape) {
     if constexpr (K::kTable) {
       return Walk(p.tasks, p.worker_offsets, blockIdx.x);
@@ -87,12 +88,6 @@ struct BwdScheduler {
     } else {
       return Walk(shape, blockIdx.x);
     }
-  }
-
-  // This worker's task count: every role runs that many.
-  __device__ static __forceinline__ int count(const BwdParams& p) {
-    const Shape shape{p};
-    return make_walk(p, shape).count();
   }
 
   // The lane: each task in ring slot i % kRing for the producer and the writer, which only read

@@ -4,8 +4,9 @@
 // operands), online softmax in registers, O += P V with P as the register A operand and V read
 // MN-major. Pipelined within each MMA warpgroup: S of tile n + 1 is issued before P V of tile n,
 // and its softmax is placed while P V of tile n is on the tensor cores (ptxas moves the wait
-// for P V ahead of most of it; the other warpgroup's matmuls fill that time). K and V stages are released separately (K once its S is done, V once its
-// P V is), so K of tile n + 1 can land while V of tile n is still read. Where it pays
+// for P V ahead of most of it; the other warpgroup's matmuls fill that time). K and V stages
+// are released separately (K once its S is done, V once its P V is), so K of tile n + 1 can
+// land while V of tile n is still read. Where it pays
 // (kOneTileTurns, the persistent kernels), the two MMA warpgroups take turns issuing their
 // wgmmas (named barriers), so one warpgroup's softmax runs while the other's matmuls hold the
 // tensor cores. Deterministic by construction: no cross-CTA reduction.
@@ -67,7 +68,8 @@ struct AttnFwdSm90 {
   static constexpr int kOffBar = kOffO + (kStagedO ? kQBytes : 0);
   static constexpr int kNumBars = 1 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
-  static_assert(kSmemBytes <= kSm90MaxSmemBytes, "shared memory exceeds what an sm_90 block may use");
+  static_assert(kSmemBytes <= kSm90MaxSmemBytes,
+                "shared memory exceeds what an sm_90 block may use");
 
   // Turns: MMA warpgroup wg issues its wgmmas after its turn barrier completes (its own
   // 128 threads waiting, the other warpgroup's 128 arriving) and then passes the turn. Both
@@ -78,10 +80,8 @@ struct AttnFwdSm90 {
   // head_dim 64 measured 3-5% slower with them (why is not known: it too runs one CTA an SM).
   // Packs keep the kernel without.
   static constexpr bool kOneTileTurns = kHeadDim == 128;
-  // Warpgroup wg's turn barrier (FwdBarrier: kTurnWg0 + wg, consecutive ids). The one sum on
-  // a barrier id in either kernel: choosing between the two enumerators instead (wg == 0 ?
-  // kTurnWg0 : kTurnWg1, or a switch) compiles to compares and selects where this is one add:
-  // 8 more instructions in each persistent kernel, another schedule in the one-tile kernel.
+  // Warpgroup wg's turn barrier (FwdBarrier: kTurnWg0 + wg, consecutive ids). A select between
+  // the two ids instead compiled to other kernels (each persistent one 8 instructions longer).
   __device__ static u32 turn_barrier(int wg) {
     return static_cast<u32>(FwdBarrier::kTurnWg0) + static_cast<u32>(wg);
   }
@@ -218,7 +218,7 @@ struct AttnFwdSm90 {
     }
   }
 
-
+  // O += P V: one k16 step, P from registers, N = head_dim, V MN-major.
   __device__ static void pv_mma(float (&o)[kHeadDim / 2], const u32 (&a)[4], u64 desc_b) {
     if constexpr (kHeadDim == 128) {
       wgmma_rs<kIn, 128, 1>(o, a, desc_b, true);
