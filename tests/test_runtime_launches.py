@@ -705,3 +705,19 @@ def test_a_packs_eager_call_launches_what_its_custom_ops_launch(recorder, cpu_op
     assert len(looked_up) == 2  # the forward's and the backward's
     assert _without_addresses(recorder.launches) == launched
     assert [g.shape for g in grads] == [g.shape for g in eager]
+
+
+def test_one_packer_makes_every_launchs_argument_array():
+    """launch.addresses: an int is an address already, a ctypes object gives its own;
+    pack_args holds plain values (a device pointer, a scalar) and packs their holders with it."""
+    block = PrepParams(batch=3)
+    scalar = ctypes.c_int32(7)
+    packed = launch.addresses(0x7000_0010, block, scalar)
+    assert list(packed) == [0x7000_0010, ctypes.addressof(block), ctypes.addressof(scalar)]
+    pointers, keep = launch.pack_args([0x1000, scalar, block])
+    assert ctypes.c_uint64.from_address(pointers[0]).value == 0x1000
+    assert list(pointers)[1:] == [ctypes.addressof(scalar), ctypes.addressof(block)]
+    assert keep[1:] == [scalar, block]
+    assert len(launch.pack_args([])[0]) == 1
+    with pytest.raises(TypeError, match=r"^kernel argument 0 has type float"):
+        launch.pack_args([1.5])

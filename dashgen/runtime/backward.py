@@ -12,8 +12,8 @@ from ..schedule.builders import Tiling
 from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, TRACE_COLUMNS,
                                 BwdParams, ConvertParams, PrepParams)
 from . import launch
-from .device import (DTYPE_NAMES, addresses, allocation_stream, kernels, sm_count, stream,
-                     tensor_map)
+from .launch import addresses
+from .device import DTYPE_NAMES, allocation_stream, kernels, sm_count, stream, tensor_map
 from . import watchdog
 from .plans import device_deal, device_tables, trace_offsets
 from .select import Overrides, Selection, plan

@@ -1,9 +1,9 @@
 """The kernels on a device, for torch tensors: compiled (or read from the disk cache) and loaded
 once per process, their shared-memory sizes read from the cubins, TMA descriptors of tensors,
-PyTorch's current stream, and kernel-argument arrays."""
+PyTorch's current stream, and the host records the kernels fill when they abort. The kernels'
+argument arrays are runtime.launch's (`addresses`)."""
 from __future__ import annotations
 
-import ctypes
 import sys
 
 import torch
@@ -100,9 +100,3 @@ def host_record(records: dict[int, torch.Tensor], device: torch.device, words: i
         buf = torch.zeros(words, dtype=torch.int32, pin_memory=torch.cuda.is_available())
         records[index] = buf
     return buf.data_ptr()
-
-
-def addresses(*args) -> ctypes.Array:
-    """kernelParams for a launch: each argument's address (an int is one already)."""
-    return (ctypes.c_void_p * len(args))(*(a if isinstance(a, int) else ctypes.addressof(a)
-                                           for a in args))

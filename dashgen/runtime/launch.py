@@ -122,29 +122,38 @@ def encode_tensor_map(ptr: int, dtype: Any, shape: Sequence[int], strides: Seque
         f"cuTensorMapEncodeTiled(shape={list(shape)}, box={list(box)}, swizzle={swizzle})")
 
 
+def addresses(*args) -> ctypes.Array:
+    """kernelParams for a launch, the one packer of kernel arguments: each argument's address,
+    in order. An int is an address already (a tensor map's getPtr(), a slot to fill later); a
+    ctypes object (a parameter block, a scalar) gives its own, so it must outlive the launch."""
+    return (ctypes.c_void_p * len(args))(*[a if isinstance(a, int) else ctypes.addressof(a)
+                                           for a in args])
+
+
 def pack_args(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
     """The void** array cuLaunchKernel wants, and the objects it points into (keep them alive).
 
     A plain int is a device pointer (64 bits); ctypes scalars pass as their type; a CUtensorMap
     passes its 128 bytes by value. Anything else (a float, a bool) is ambiguous and rejected.
+    The values are held in ctypes objects, whose addresses `addresses` packs.
     """
     keep: list = []
-    pointers = (ctypes.c_void_p * max(len(args), 1))()
+    held: list = []
     for i, arg in enumerate(args):
         if isinstance(arg, cu.CUtensorMap):
             keep.append(arg)
-            pointers[i] = int(arg.getPtr())
+            held.append(int(arg.getPtr()))
         elif isinstance(arg, (ctypes._SimpleCData, ctypes.Structure)):
             keep.append(arg)
-            pointers[i] = ctypes.addressof(arg)
+            held.append(arg)
         elif isinstance(arg, int) and not isinstance(arg, bool):
             holder = ctypes.c_uint64(arg)
             keep.append(holder)
-            pointers[i] = ctypes.addressof(holder)
+            held.append(holder)
         else:
             raise TypeError(f"kernel argument {i} has type {type(arg).__name__}: pass a device "
                             "pointer as int, a ctypes scalar (e.g. ctypes.c_int32), or a CUtensorMap")
-    return pointers, keep
+    return (addresses(*held) if held else (ctypes.c_void_p * 1)()), keep
 
 
 def _dim3(value: int | Sequence[int], what: str) -> tuple[int, int, int]:

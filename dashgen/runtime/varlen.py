@@ -20,7 +20,8 @@ from ..codegen.variants import (AUX_THREADS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
                                 PREP_ROWS_PER_BLOCK, THREADS, BwdParams, ConvertParams,
                                 FwdParams, PrepParams)
 from . import launch, pack_faults, watchdog
-from .device import DTYPE_NAMES, addresses, kernels, stream, tensor_map
+from .device import DTYPE_NAMES, kernels, stream, tensor_map
+from .launch import addresses
 from .select import Selection, pack_selection
 from .workspace import allocator
 
