@@ -675,7 +675,7 @@ def test_a_packs_small_kernels_walk_its_tiles_through_the_plans_maps(recorder, h
 def test_a_packs_eager_call_launches_what_its_custom_ops_launch(recorder, cpu_op, monkeypatch):
     """attention_varlen's autograd node hands the launches the selection its checks made (no
     lookup per call); the custom ops, given only the options, look it up and launch the same
-    kernels with the same blocks."""
+    kernels with the same blocks, called directly or through their autograd."""
     from dashgen.runtime import op_varlen
     looked_up = []
     real = varlen.pack_selection
@@ -705,6 +705,12 @@ def test_a_packs_eager_call_launches_what_its_custom_ops_launch(recorder, cpu_op
     assert len(looked_up) == 2  # the forward's and the backward's
     assert _without_addresses(recorder.launches) == launched
     assert [g.shape for g in grads] == [g.shape for g in eager]
+    # Through the custom op's autograd (what torch.compile runs): the same backward launches.
+    o, lse = torch.ops.dashgen.attention_varlen_fwd(q, k, v, cu, cu, longest, longest, *opts)
+    recorder.launches.clear()
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    assert _without_addresses(recorder.launches) == launched[1:]
+    assert [g.shape for g in grads] == [g.shape for g in eager] and not lse.requires_grad
 
 
 def test_one_packer_makes_every_launchs_argument_array():

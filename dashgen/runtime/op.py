@@ -17,7 +17,8 @@ import torch
 from ..caches import Memo
 from ..schedule.ir import Schedule
 from . import checks
-from .op_common import Options, constant_for_compile, ready, traced
+from .op_common import (Options, constant_for_compile, gradients_like, ready,
+                        register_autograd, traced)
 from .select import Overrides, Plan, plan
 from .tables import register
 
@@ -186,8 +187,7 @@ def _run_backward(do, q, k, v, o, lse, opts: Options):
 
 
 # -- the custom ops ----------------------------------------------------------------------------
-# The backward's options ride along the forward op: register_autograd only sees the forward's
-# inputs, and the backward needs them to reproduce the same bits.
+# The backward's options ride along the forward op (op_common.register_autograd).
 
 @torch.library.custom_op("dashgen::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -220,24 +220,10 @@ def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
 @attention_bwd.register_fake
 def _attention_bwd_fake(do, q, k, v, o, lse, causal, softmax_scale, deterministic, schedule,
                         num_workers):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return gradients_like(q, k, v)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, *options = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.options = tuple(options)
-    ctx.mark_non_differentiable(lse)
-
-
-def _backward(ctx, grad_o, grad_lse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.dashgen.attention_bwd(grad_o, q, k, v, o, lse, *ctx.options)
-    return (dq, dk, dv) + (None,) * len(ctx.options)
-
-
-attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+register_autograd(attention_fwd, torch.ops.dashgen.attention_bwd, tensors=0)
 
 
 class _EagerAttention(torch.autograd.Function):

@@ -1,7 +1,7 @@
 """What the two torch ops share besides their checks (dashgen/runtime/checks.py): dashgen.attention
 (runtime/op.py) and dashgen.attention_varlen (runtime/op_varlen.py) resolve their arguments to
-the same Options, hand the kernels tensors made ready the same way, and send a traced call
-through their custom ops alike."""
+the same Options, hand the kernels tensors made ready the same way, send a traced call through
+their custom ops alike, and wire those ops' autograd and fake gradients the same way."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -45,3 +45,29 @@ def traced(q: torch.Tensor) -> bool:
         return False
     from torch._subclasses.fake_tensor import is_fake
     return is_fake(q)
+
+
+def gradients_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """dq, dk, dv as a backward op's fake kernel makes them: contiguous, shaped like q, k, v."""
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+def register_autograd(forward_op, backward_op, tensors: int) -> None:
+    """Autograd for a custom-op pair called as forward_op(q, k, v, *more) -> (o, lse) and
+    backward_op(grad_o, q, k, v, o, lse, *more) -> (dq, dk, dv): the first `tensors` of `more`
+    (a pack's offsets) are saved with q, k, v, o and lse, the rest (lengths, options) ride on
+    the context. register_autograd sees only the forward's inputs, and the backward needs them
+    to reproduce the same bits. lse takes no gradient."""
+
+    def setup_context(ctx, inputs, output) -> None:
+        o, lse = output
+        ctx.save_for_backward(*inputs[:3], o, lse, *inputs[3:3 + tensors])
+        ctx.constants = tuple(inputs[3 + tensors:])
+        ctx.mark_non_differentiable(lse)
+
+    def backward(ctx, grad_o, grad_lse):
+        q, k, v, o, lse, *more = ctx.saved_tensors
+        dq, dk, dv = backward_op(grad_o, q, k, v, o, lse, *more, *ctx.constants)
+        return (dq, dk, dv) + (None,) * (len(more) + len(ctx.constants))
+
+    forward_op.register_autograd(backward, setup_context=setup_context)

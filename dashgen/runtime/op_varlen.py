@@ -15,7 +15,7 @@ import torch
 
 from ..caches import Memo
 from . import checks
-from .op_common import Options, ready, traced
+from .op_common import Options, gradients_like, ready, register_autograd, traced
 from .select import PACK_SCHEDULES, Selection, pack_selection, pack_workers
 
 
@@ -198,8 +198,7 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """o (like q) and lse (float32, heads_q * total_q: sequence b's (heads_q, seqlen) block
     from heads_q * cu_seqlens_q[b]); lse is not differentiable."""
     return _run_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        Options(causal, softmax_scale, deterministic, schedule,
-                                      num_workers))
+                        Options(causal, softmax_scale, deterministic, schedule, num_workers))
 
 
 @attention_varlen_fwd.register_fake
@@ -216,33 +215,18 @@ def attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                          causal: bool, softmax_scale: float, deterministic: bool, schedule: str,
                          num_workers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _run_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                         max_seqlen_k, Options(causal, softmax_scale, deterministic,
-                                                     schedule, num_workers))
+                         max_seqlen_k, Options(causal, softmax_scale, deterministic, schedule,
+                                               num_workers))
 
 
 @attention_varlen_bwd.register_fake
 def _bwd_fake(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
               causal, softmax_scale, deterministic, schedule, num_workers):
-    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    return gradients_like(q, k, v)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, cu_q, cu_k, max_q, max_k, *options = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-    ctx.lengths = (max_q, max_k)
-    ctx.options = tuple(options)
-    ctx.mark_non_differentiable(lse)
-
-
-def _backward(ctx, grad_o, grad_lse):
-    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = torch.ops.dashgen.attention_varlen_bwd(grad_o, q, k, v, o, lse, cu_q, cu_k,
-                                                         *ctx.lengths, *ctx.options)
-    return (dq, dk, dv, None, None, None, None) + (None,) * len(ctx.options)
-
-
-attention_varlen_fwd.register_autograd(_backward, setup_context=_setup_context)
+# The offsets are saved with the tensors; the longest lengths and the options ride along.
+register_autograd(attention_varlen_fwd, torch.ops.dashgen.attention_varlen_bwd, tensors=2)
 
 
 class _EagerVarlen(torch.autograd.Function):
