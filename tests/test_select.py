@@ -351,4 +351,13 @@ def test_a_signature_is_planned_once_and_found_under_its_resolved_options(monkey
     other = plan(*shapes, *signature, "fa3", None, 132, Overrides())
     assert other is not first and len(made) == 2
     assert other.selection is other.selection and other.selection.schedule == "fa3"
+    # A schedule file's key resolves to itself on the file's workers.
+    from dashgen.runtime.tables import register
+    problem = problem_for(1, 4, 4, 512, 512, 128, True)
+    key = register(build_schedule("fa3", problem, 3))
+    shapes = ((1, 512, 4, 128), (1, 512, 4, 128))
+    table = plan(*shapes, *signature, key, None, 132, Overrides())
+    assert (table.schedule, table.schedule_key, table.num_workers) == ("table", key, 3)
+    assert plan(*shapes, *signature, key, 3, 132, Overrides()) is table
+    assert table.selection.table == key and len(made) == 3
     plan.cache_clear()

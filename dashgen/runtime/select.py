@@ -1,10 +1,11 @@
 """The one place that chooses: for a problem, the forward and backward kernel variants, the
 schedule and the worker count.
 
-`select` is what every call, `dashgen emit` and the benchmark go through, the calls through
-`plan` (a packed call through `pack_selection`), memoized per call signature; `Overrides`
-replace a per-problem policy for a measurement (never a module global). Each policy cites the
-entry of docs/design.md that holds the measurement behind it. Pure Python: no torch, no driver.
+`select` is what every call, `dashgen emit` and the benchmark go through; the calls reach it
+through `plan`, once per call signature (a packed call reaches `select_pack` through
+`pack_selection`). `Overrides` replace a per-problem policy for a measurement (never a module
+global). Each policy cites the entry of docs/design.md that holds the measurement behind it.
+Pure Python: no torch, no driver.
 """
 from __future__ import annotations
 
@@ -217,11 +218,12 @@ def resolve_table(problem: Problem, table: Schedule, num_workers: int | None,
 
 
 class Plan:
-    """What runs for a problem, decided in two steps. On construction the checks and the
-    schedule: its name and the workers the launch runs (ValueError naming the argument, before
-    any kernel is launched). `selection`, the kernels and every per-problem policy, is made on
-    first use: a forward under no_grad never needs it, and at long sequences it costs
-    milliseconds (the fused-convert estimate walks every KV tile's rows)."""
+    """What runs for a problem (`select` is Plan(...).selection), decided in two steps. On
+    construction the checks and the schedule: its name and the workers the launch runs
+    (ValueError naming the argument, before any kernel is launched). `selection`, the kernels
+    and every per-problem policy, is made on first use: a forward under no_grad never needs it,
+    and at long sequences it costs milliseconds (the fused-convert estimate walks every KV
+    tile's rows)."""
 
     def __init__(self, problem: Problem, dtype: str, *, deterministic: bool = True,
                  trace: bool = False, schedule: str | Schedule = "auto",
