@@ -738,6 +738,54 @@ def test_fake_cuda_tensors_run_through_attention_varlen(fake_cuda):
     # cannot slice a fake CUDA tensor ("not linked with support for cuda devices").
 
 
+class FakePackRuntime:
+    """dashgen.runtime.varlen's forward and backward as recorders: o = 2 q, dq = 3 dO."""
+
+    def __init__(self):
+        self.selections = []
+
+    def forward(self, q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale,
+                selection=None):
+        self.selections.append(selection)
+        return q * 2, q.new_zeros(q.shape[0] * q.shape[1], dtype=torch.float32)
+
+    def backward(self, do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale,
+                 deterministic, schedule, workers, selection=None):
+        self.selections.append(selection)
+        return do * 3, torch.zeros_like(k), torch.zeros_like(v)
+
+
+def test_torch_compile_traces_a_pack_through_its_custom_ops(on_cpu, monkeypatch):
+    """One graph for packs of other lengths (dynamic shapes), the eager call's results; the
+    eager node hands the runtime its selection, the compiled graph's custom ops none."""
+    runtime = FakePackRuntime()
+    monkeypatch.setattr(op_varlen, "_runtime", lambda: runtime)
+
+    def call(q, k, v, cu, longest):
+        return attention_varlen(q, k, v, cu, cu, longest, longest, causal=True,
+                                deterministic=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(call, backend="aot_eager", fullgraph=True, dynamic=True)
+    from torch._dynamo.utils import counters
+    counters.clear()
+    for lengths in ([300, 500, 7], [128, 1, 0, 900, 40], [64, 64]):
+        q, k, v, cu, _, longest, _ = pack(lengths, heads_q=4, heads_kv=2, head_dim=128)
+        leaves = [torch.randn_like(t).requires_grad_() for t in (q, k, v)]
+        do = torch.randn_like(q)
+        eager = call(*leaves, cu, longest)
+        want = (eager, *torch.autograd.grad(eager, leaves, do))
+        forward, backward = runtime.selections
+        assert forward is backward and forward.schedule == "hybrid" and forward.backward.gqa
+        runtime.selections.clear()
+        out = compiled(*leaves, cu, longest)
+        got = (out, *torch.autograd.grad(out, leaves, do))
+        assert runtime.selections == [None, None]
+        runtime.selections.clear()
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("device", ["meta", "fake"])
 def test_lse_by_head_without_data_is_heads_by_total(device):
     """What torch.compile traces: the (heads_q, total_q) shape from shapes alone."""

@@ -16,7 +16,7 @@ import torch
 from ..caches import Memo
 from . import checks
 from .op_common import Options, gradients_like, ready, register_autograd, traced
-from .select import PACK_SCHEDULES, Selection, pack_selection, pack_workers
+from .select import PACK_SCHEDULES, Selection, pack_selection, pack_workers, select_pack
 
 
 # The kernels' grids put a pack's sequences on gridDim.z, which CUDA caps at 65535.
@@ -98,7 +98,7 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
 
 def _resolve(args, options):
     """check_varlen_inputs' Options and the pack's Selection (select.pack_selection), which the
-    eager launches take."""
+    eager launches take (None while torch.compile traces, where only the custom ops run)."""
     # The flag is read at call time: with deterministic=None its value is part of the key.
     flag = torch.are_deterministic_algorithms_enabled()
     key = _signature(args, options, flag)
@@ -137,7 +137,7 @@ def _signature(args, options, flag):
     return key
 
 
-def _check_all(args, options, flag) -> tuple[Options, Selection]:
+def _check_all(args, options, flag) -> tuple[Options, Selection | None]:
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = args
     causal, softmax_scale, deterministic, schedule, num_workers = options
     _check_tensors(q, k, v)
@@ -148,10 +148,16 @@ def _check_all(args, options, flag) -> tuple[Options, Selection]:
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
                          f"{schedule!r}")
     ordered = flag if deterministic is None else deterministic
-    # The schedule against the mask, where the kernels are chosen (ValueError naming it): the
-    # selection the launches take.
-    sel = pack_selection("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2],
-                         bool(causal), schedule, ordered, q.shape[1] != k.shape[1])
+    # The schedule against the mask, where the kernels are chosen (ValueError naming it), and
+    # the selection the eager launches take. While torch.compile traces, select_pack answers
+    # directly: the trace needs only the schedule and the tiles, and dynamo cannot trace a
+    # memo's miss (its lock), so a memo keyed by the mode and GQA too would need its own entry
+    # warm; nor can it fold a call whose arguments are symbolic sizes, as op._plan is folded.
+    dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
+    sel = (select_pack(dtype, q.shape[2], bool(causal), schedule)
+           if torch.compiler.is_compiling() else
+           pack_selection(dtype, q.shape[2], bool(causal), schedule, ordered,
+                          q.shape[1] != k.shape[1]))
     sm_count = checks.device(q, k, v)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.device != q.device and cu.device.type != "cpu":
@@ -161,7 +167,8 @@ def _check_all(args, options, flag) -> tuple[Options, Selection]:
     workers = pack_workers(sel.schedule, int(max_seqlen_k), sel.backward.block_n,
                            sm_count if num_workers is None else num_workers, bool(causal))
     scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
-    return Options(bool(causal), scale, ordered, sel.schedule, workers), sel
+    return (Options(bool(causal), scale, ordered, sel.schedule, workers),
+            None if torch.compiler.is_compiling() else sel)
 
 
 def _runtime():
