@@ -142,7 +142,7 @@ def test_emit_refuses_a_schedule_in_other_tiles(tmp_path):
 def test_emit_and_the_runtime_select_the_same(tmp_path):
     """For the same shapes and schedule, `dashgen emit` writes the kernels the runtime loads
     (the runtime reads its plans from the disk cache, emit lowers its schedule: one table)."""
-    runtime = pytest.importorskip("dashgen.runtime.backward")
+    runtime = pytest.importorskip("dashgen.runtime.select")  # the selection BackwardCall takes
     for head_dim, causal, heads_kv in ((64, False, 2), (128, True, 4)):
         q_shape, k_shape = (2, 700, 4, head_dim), (2, 700, heads_kv, head_dim)
         problem = problem_for(2, 4, heads_kv, 700, 700, head_dim, causal)
