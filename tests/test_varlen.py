@@ -27,6 +27,7 @@ from dashgen.codegen.render import render_variant  # noqa: E402
 from dashgen.codegen.variants import (  # noqa: E402
     BACKWARD_CONSTANTS, SCHEDULE_POLICIES, SM90_MAX_SMEM_BYTES, BackwardVariant, ForwardVariant)
 from dashgen.interfaces.flash_attn import flash_attn_varlen_func  # noqa: E402
+from dashgen.caches import clear_caches  # noqa: E402
 from dashgen.runtime import checks, op, op_varlen  # noqa: E402
 from dashgen.runtime.op_common import Options  # noqa: E402
 from dashgen.runtime.op_varlen import (  # noqa: E402
@@ -760,6 +761,7 @@ def test_torch_compile_traces_a_pack_through_its_custom_ops(on_cpu, monkeypatch)
     eager node hands the runtime its selection, the compiled graph's custom ops none."""
     runtime = FakePackRuntime()
     monkeypatch.setattr(op_varlen, "_runtime", lambda: runtime)
+    clear_caches()  # each round's eager call fills what the trace reads
 
     def call(q, k, v, cu, longest):
         return attention_varlen(q, k, v, cu, cu, longest, longest, causal=True,

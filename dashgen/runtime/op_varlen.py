@@ -150,14 +150,13 @@ def _check_all(args, options, flag) -> tuple[Options, Selection | None]:
     ordered = flag if deterministic is None else deterministic
     # The schedule against the mask, where the kernels are chosen (ValueError naming it), and
     # the selection the eager launches take. While torch.compile traces, select_pack answers
-    # directly: the trace needs only the schedule and the tiles, and dynamo cannot trace a
-    # memo's miss (its lock), so a memo keyed by the mode and GQA too would need its own entry
-    # warm; nor can it fold a call whose arguments are symbolic sizes, as op._plan is folded.
-    dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
-    sel = (select_pack(dtype, q.shape[2], bool(causal), schedule)
-           if torch.compiler.is_compiling() else
-           pack_selection(dtype, q.shape[2], bool(causal), schedule, ordered,
-                          q.shape[1] != k.shape[1]))
+    # without pack_selection's memo: the trace needs only the schedule and the tiles, and
+    # dynamo can trace a memo's hit but not its miss (its lock); select_pack reads one memo
+    # (problem_for), which the eager calls of the same head_dim, mask and GQA fill.
+    chosen = ("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2], bool(causal),
+              schedule, ordered, q.shape[1] != k.shape[1])
+    sel = (select_pack(*chosen[:4], deterministic=chosen[4], gqa=chosen[5])
+           if torch.compiler.is_compiling() else pack_selection(*chosen))
     sm_count = checks.device(q, k, v)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.device != q.device and cu.device.type != "cpu":
