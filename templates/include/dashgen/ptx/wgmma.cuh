@@ -109,106 +109,152 @@ __device__ __forceinline__ u64 wgmma_desc_mn_major_sw128(const void* smem_tile,
 enum class WgmmaInput : u32 { kBf16, kF16 };
 
 // The asm operand lists: N / 2 fp32 accumulators (read and written), then the inputs.
+// DASHGEN_REGS<R>: the operand numbers of R accumulators ("%0, ..., %<R-1>"); DASHGEN_F32X<R>(d):
+// their operands, d[0..R-1]. The inputs' operand numbers follow, from %<R>.
+#define DASHGEN_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define DASHGEN_REGS16 DASHGEN_REGS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define DASHGEN_REGS24 DASHGEN_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define DASHGEN_REGS32 DASHGEN_REGS24 ", %24, %25, %26, %27, %28, %29, %30, %31"
+#define DASHGEN_REGS40 DASHGEN_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define DASHGEN_REGS48 DASHGEN_REGS40 ", %40, %41, %42, %43, %44, %45, %46, %47"
+#define DASHGEN_REGS56 DASHGEN_REGS48 ", %48, %49, %50, %51, %52, %53, %54, %55"
+#define DASHGEN_REGS64 DASHGEN_REGS56 ", %56, %57, %58, %59, %60, %61, %62, %63"
+#define DASHGEN_REGS72 DASHGEN_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71"
+#define DASHGEN_REGS80 DASHGEN_REGS72 ", %72, %73, %74, %75, %76, %77, %78, %79"
+#define DASHGEN_REGS88 DASHGEN_REGS80 ", %80, %81, %82, %83, %84, %85, %86, %87"
+#define DASHGEN_REGS96 DASHGEN_REGS88 ", %88, %89, %90, %91, %92, %93, %94, %95"
+#define DASHGEN_REGS104 DASHGEN_REGS96 ", %96, %97, %98, %99, %100, %101, %102, %103"
+#define DASHGEN_REGS112 DASHGEN_REGS104 ", %104, %105, %106, %107, %108, %109, %110, %111"
+#define DASHGEN_REGS120 DASHGEN_REGS112 ", %112, %113, %114, %115, %116, %117, %118, %119"
+#define DASHGEN_REGS128 DASHGEN_REGS120 ", %120, %121, %122, %123, %124, %125, %126, %127"
 #define DASHGEN_F32X8(d, i) \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
   "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define DASHGEN_F32X16(d) DASHGEN_F32X8(d, 0), DASHGEN_F32X8(d, 8)
-#define DASHGEN_F32X32(d) DASHGEN_F32X16(d), DASHGEN_F32X8(d, 16), DASHGEN_F32X8(d, 24)
-#define DASHGEN_F32X64(d) DASHGEN_F32X32(d), DASHGEN_F32X8(d, 32), DASHGEN_F32X8(d, 40), \
-  DASHGEN_F32X8(d, 48), DASHGEN_F32X8(d, 56)
-#define DASHGEN_WGMMA_D16 \
-  "{ %0, %1, %2, %3, %4, %5, %6, %7," \
-  " %8, %9, %10, %11, %12, %13, %14, %15 }"
-#define DASHGEN_WGMMA_D32 \
-  "{ %0, %1, %2, %3, %4, %5, %6, %7," \
-  " %8, %9, %10, %11, %12, %13, %14, %15," \
-  " %16, %17, %18, %19, %20, %21, %22, %23," \
-  " %24, %25, %26, %27, %28, %29, %30, %31 }"
-#define DASHGEN_WGMMA_D64 \
-  "{ %0, %1, %2, %3, %4, %5, %6, %7," \
-  " %8, %9, %10, %11, %12, %13, %14, %15," \
-  " %16, %17, %18, %19, %20, %21, %22, %23," \
-  " %24, %25, %26, %27, %28, %29, %30, %31," \
-  " %32, %33, %34, %35, %36, %37, %38, %39," \
-  " %40, %41, %42, %43, %44, %45, %46, %47," \
-  " %48, %49, %50, %51, %52, %53, %54, %55," \
-  " %56, %57, %58, %59, %60, %61, %62, %63 }"
+#define DASHGEN_F32X24(d) DASHGEN_F32X16(d), DASHGEN_F32X8(d, 16)
+#define DASHGEN_F32X32(d) DASHGEN_F32X24(d), DASHGEN_F32X8(d, 24)
+#define DASHGEN_F32X40(d) DASHGEN_F32X32(d), DASHGEN_F32X8(d, 32)
+#define DASHGEN_F32X48(d) DASHGEN_F32X40(d), DASHGEN_F32X8(d, 40)
+#define DASHGEN_F32X56(d) DASHGEN_F32X48(d), DASHGEN_F32X8(d, 48)
+#define DASHGEN_F32X64(d) DASHGEN_F32X56(d), DASHGEN_F32X8(d, 56)
+#define DASHGEN_F32X72(d) DASHGEN_F32X64(d), DASHGEN_F32X8(d, 64)
+#define DASHGEN_F32X80(d) DASHGEN_F32X72(d), DASHGEN_F32X8(d, 72)
+#define DASHGEN_F32X88(d) DASHGEN_F32X80(d), DASHGEN_F32X8(d, 80)
+#define DASHGEN_F32X96(d) DASHGEN_F32X88(d), DASHGEN_F32X8(d, 88)
+#define DASHGEN_F32X104(d) DASHGEN_F32X96(d), DASHGEN_F32X8(d, 96)
+#define DASHGEN_F32X112(d) DASHGEN_F32X104(d), DASHGEN_F32X8(d, 104)
+#define DASHGEN_F32X120(d) DASHGEN_F32X112(d), DASHGEN_F32X8(d, 112)
+#define DASHGEN_F32X128(d) DASHGEN_F32X120(d), DASHGEN_F32X8(d, 120)
 
-// SHAPE / AB: "m64nNk16" / "bf16" or "f16"; D: the accumulator register list; OUTS: its
-// operands; A, B, P, TA, TB: the operand numbers of desc_a, desc_b, accumulate, kTransA, kTransB.
-#define DASHGEN_WGMMA_SS(SHAPE, AB, D, OUTS, A, B, P, TA, TB) \
+// N: the shape's N (a literal); AB: "bf16" or "f16"; R: its accumulator count, N / 2 (a
+// literal); A, B, P, TA, TB: the operand numbers of desc_a, desc_b, accumulate, kTransA, kTransB.
+#define DASHGEN_WGMMA_SS(N, AB, R, A, B, P, TA, TB) \
   asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " P ", 0;\n\t" \
-               "wgmma.mma_async.sync.aligned." SHAPE ".f32." AB "." AB " " D ", " A ", " B \
-               ", p, 1, 1, " TA ", " TB ";\n\t}" \
-               : OUTS \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." AB "." AB " { " \
+               DASHGEN_REGS##R " }, " A ", " B ", p, 1, 1, " TA ", " TB ";\n\t}" \
+               : DASHGEN_F32X##R(d) \
                : "l"(desc_a), "l"(desc_b), "r"(static_cast<u32>(accumulate)), "n"(kTransA), \
                  "n"(kTransB))
 
 // RS: A4 is the register list of a[0..3]; B, P, TB as above.
-#define DASHGEN_WGMMA_RS(SHAPE, AB, D, OUTS, A4, B, P, TB) \
+#define DASHGEN_WGMMA_RS(N, AB, R, A4, B, P, TB) \
   asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, " P ", 0;\n\t" \
-               "wgmma.mma_async.sync.aligned." SHAPE ".f32." AB "." AB " " D ", " A4 ", " B \
-               ", p, 1, 1, " TB ";\n\t}" \
-               : OUTS \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." AB "." AB " { " \
+               DASHGEN_REGS##R " }, " A4 ", " B ", p, 1, 1, " TB ";\n\t}" \
+               : DASHGEN_F32X##R(d) \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), \
                  "r"(static_cast<u32>(accumulate)), "n"(kTransB))
 
+// One shape for either input type (kF16 in the calling function).
+#define DASHGEN_WGMMA_SS_16BIT(N, R, A, B, P, TA, TB) \
+  if constexpr (kF16) {                                \
+    DASHGEN_WGMMA_SS(N, "f16", R, A, B, P, TA, TB);    \
+  } else {                                             \
+    DASHGEN_WGMMA_SS(N, "bf16", R, A, B, P, TA, TB);   \
+  }
+#define DASHGEN_WGMMA_RS_16BIT(N, R, A4, B, P, TB) \
+  if constexpr (kF16) {                            \
+    DASHGEN_WGMMA_RS(N, "f16", R, A4, B, P, TB);   \
+  } else {                                         \
+    DASHGEN_WGMMA_RS(N, "bf16", R, A4, B, P, TB);  \
+  }
+
+// The shapes the kernels use: SS N 32, 64 and 128, and 80 and 112 (the forward's S = Q K^T
+// over its key tiles at head_dim 256 and 192, B K-major: like 32, they are no whole number of
+// MN-major 64-element blocks); RS N 64, 128, 192 and 256 (the forward's P V at each head_dim,
+// B MN-major).
 template <WgmmaInput kIn, int N, u32 kTransA = 0, u32 kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], u64 desc_a, u64 desc_b,
                                          bool accumulate) {
-  static_assert(N == 32 || N == 64 || N == 128, "N is 32, 64 or 128");
+  static_assert(N == 32 || N == 64 || N == 80 || N == 112 || N == 128,
+                "N is 32, 64, 80, 112 or 128");
   static_assert(kTransA <= 1 && kTransB <= 1, "transpose flags are 0 (K-major) or 1 (MN-major)");
   constexpr bool kF16 = kIn == WgmmaInput::kF16;
-  if constexpr (N == 32 && kF16) {
-    DASHGEN_WGMMA_SS("m64n32k16", "f16", DASHGEN_WGMMA_D16, DASHGEN_F32X16(d),
-                     "%16", "%17", "%18", "%19", "%20");
-  } else if constexpr (N == 32) {
-    DASHGEN_WGMMA_SS("m64n32k16", "bf16", DASHGEN_WGMMA_D16, DASHGEN_F32X16(d),
-                     "%16", "%17", "%18", "%19", "%20");
-  } else if constexpr (N == 64 && kF16) {
-    DASHGEN_WGMMA_SS("m64n64k16", "f16", DASHGEN_WGMMA_D32, DASHGEN_F32X32(d),
-                     "%32", "%33", "%34", "%35", "%36");
+  if constexpr (N == 32) {
+    DASHGEN_WGMMA_SS_16BIT(32, 16, "%16", "%17", "%18", "%19", "%20")
   } else if constexpr (N == 64) {
-    DASHGEN_WGMMA_SS("m64n64k16", "bf16", DASHGEN_WGMMA_D32, DASHGEN_F32X32(d),
-                     "%32", "%33", "%34", "%35", "%36");
-  } else if constexpr (kF16) {
-    DASHGEN_WGMMA_SS("m64n128k16", "f16", DASHGEN_WGMMA_D64, DASHGEN_F32X64(d),
-                     "%64", "%65", "%66", "%67", "%68");
+    DASHGEN_WGMMA_SS_16BIT(64, 32, "%32", "%33", "%34", "%35", "%36")
+  } else if constexpr (N == 80) {
+    DASHGEN_WGMMA_SS_16BIT(80, 40, "%40", "%41", "%42", "%43", "%44")
+  } else if constexpr (N == 112) {
+    DASHGEN_WGMMA_SS_16BIT(112, 56, "%56", "%57", "%58", "%59", "%60")
   } else {
-    DASHGEN_WGMMA_SS("m64n128k16", "bf16", DASHGEN_WGMMA_D64, DASHGEN_F32X64(d),
-                     "%64", "%65", "%66", "%67", "%68");
+    DASHGEN_WGMMA_SS_16BIT(128, 64, "%64", "%65", "%66", "%67", "%68")
   }
 }
 
 template <WgmmaInput kIn, int N, u32 kTransB = 0>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const u32 (&a)[4], u64 desc_b,
                                          bool accumulate) {
-  static_assert(N == 64 || N == 128, "N is 64 or 128");
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "N is 64, 128, 192 or 256");
   static_assert(kTransB <= 1, "the transpose flag is 0 (K-major) or 1 (MN-major)");
   constexpr bool kF16 = kIn == WgmmaInput::kF16;
-  if constexpr (N == 64 && kF16) {
-    DASHGEN_WGMMA_RS("m64n64k16", "f16", DASHGEN_WGMMA_D32, DASHGEN_F32X32(d),
-                     "{ %32, %33, %34, %35 }", "%36", "%37", "%38");
-  } else if constexpr (N == 64) {
-    DASHGEN_WGMMA_RS("m64n64k16", "bf16", DASHGEN_WGMMA_D32, DASHGEN_F32X32(d),
-                     "{ %32, %33, %34, %35 }", "%36", "%37", "%38");
-  } else if constexpr (kF16) {
-    DASHGEN_WGMMA_RS("m64n128k16", "f16", DASHGEN_WGMMA_D64, DASHGEN_F32X64(d),
-                     "{ %64, %65, %66, %67 }", "%68", "%69", "%70");
+  if constexpr (N == 64) {
+    DASHGEN_WGMMA_RS_16BIT(64, 32, "{ %32, %33, %34, %35 }", "%36", "%37", "%38")
+  } else if constexpr (N == 128) {
+    DASHGEN_WGMMA_RS_16BIT(128, 64, "{ %64, %65, %66, %67 }", "%68", "%69", "%70")
+  } else if constexpr (N == 192) {
+    DASHGEN_WGMMA_RS_16BIT(192, 96, "{ %96, %97, %98, %99 }", "%100", "%101", "%102")
   } else {
-    DASHGEN_WGMMA_RS("m64n128k16", "bf16", DASHGEN_WGMMA_D64, DASHGEN_F32X64(d),
-                     "{ %64, %65, %66, %67 }", "%68", "%69", "%70");
+    DASHGEN_WGMMA_RS_16BIT(256, 128, "{ %128, %129, %130, %131 }", "%132", "%133", "%134")
   }
 }
 
+#undef DASHGEN_WGMMA_RS_16BIT
+#undef DASHGEN_WGMMA_SS_16BIT
 #undef DASHGEN_WGMMA_RS
 #undef DASHGEN_WGMMA_SS
-#undef DASHGEN_WGMMA_D64
-#undef DASHGEN_WGMMA_D32
-#undef DASHGEN_WGMMA_D16
+#undef DASHGEN_F32X128
+#undef DASHGEN_F32X120
+#undef DASHGEN_F32X112
+#undef DASHGEN_F32X104
+#undef DASHGEN_F32X96
+#undef DASHGEN_F32X88
+#undef DASHGEN_F32X80
+#undef DASHGEN_F32X72
 #undef DASHGEN_F32X64
+#undef DASHGEN_F32X56
+#undef DASHGEN_F32X48
+#undef DASHGEN_F32X40
 #undef DASHGEN_F32X32
+#undef DASHGEN_F32X24
 #undef DASHGEN_F32X16
 #undef DASHGEN_F32X8
+#undef DASHGEN_REGS128
+#undef DASHGEN_REGS120
+#undef DASHGEN_REGS112
+#undef DASHGEN_REGS104
+#undef DASHGEN_REGS96
+#undef DASHGEN_REGS88
+#undef DASHGEN_REGS80
+#undef DASHGEN_REGS72
+#undef DASHGEN_REGS64
+#undef DASHGEN_REGS56
+#undef DASHGEN_REGS48
+#undef DASHGEN_REGS40
+#undef DASHGEN_REGS32
+#undef DASHGEN_REGS24
+#undef DASHGEN_REGS16
+#undef DASHGEN_REGS8
 
 }  // namespace dashgen
