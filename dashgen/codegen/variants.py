@@ -9,13 +9,21 @@ Which variant runs for a problem is decided in dashgen.runtime.select, nowhere e
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ..schedule.builders import BUILDERS
 
 ELEMENT_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}  # dtype -> CUDA type
+# The head dims dashgen runs: both kernels exist and were run on the GPU. The runtime refuses
+# every other (dashgen.runtime.checks, select), and so does the backward's variant.
 HEAD_DIMS = (64, 128)
+# The head dims the forward's variant compiles for. 192 and 256 (and 192 with V 128 wide) render
+# and compile for sm_90a without spills, in the shared memory a block may use
+# (tests/test_kernels_compile.py), but have not yet run on a GPU: the runtime keeps refusing
+# them (HEAD_DIMS) until they have, and there is no backward for them.
+FORWARD_HEAD_DIMS = (64, 128, 192, 256)
 SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
 THREADS = 384  # both main kernels: a producer warpgroup and two MMA warpgroups
 AUX_THREADS = 128  # the backward's preprocess and convert kernels
@@ -43,15 +51,48 @@ BACKWARD_CONSTANTS = {
 # (docs/design.md, `dq-last-long`).
 DQ_LAST_HEAD_DIMS = (64, 128)
 FORWARD_BLOCK_M = 128  # query rows per CTA (64 per MMA warpgroup)
-FORWARD_BLOCK_N = 128  # keys per pipeline stage
+FORWARD_BLOCK_N = 128  # keys per pipeline stage at the head dims the runtime runs (HEAD_DIMS)
 
 
-def check_dtype_head_dim(dtype: str, head_dim: int) -> None:
-    """Raise ValueError naming dtype or head_dim where no kernel exists for them."""
+@dataclass(frozen=True)
+class ForwardTiles:
+    """The forward's tile at one (head_dim, head_dim_v): block_m query rows a CTA, block_n keys
+    a K/V stage."""
+
+    block_m: int
+    block_n: int
+
+
+# The forward's tiles per (head_dim, head_dim_v). 128 query rows everywhere: two MMA warpgroups
+# of 64 rows, as the kernel is written. 128 keys at 64 and 128, as measured
+# (docs/design.md, `retired-fwd-longer-kv-tiles`). Past 128 the longest key tile, a multiple of
+# 16 (P V's k16 steps), whose Q tile and two K and V stages fit the 232,448 bytes an sm_90 block
+# may use (the kernel adds 72 bytes of barriers and 1 KB of alignment slack; O is stored from
+# the accumulator there, without a staging tile), at 2 bytes an element:
+#   192:      Q 128x192 49,152 + 2 x (K 112x192 43,008 + V 43,008) = 221,184 (216 KB);
+#             128 keys would take 245,760
+#   256:      Q 128x256 65,536 + 2 x (K 80x256 40,960 + V 40,960) = 229,376 (224 KB);
+#             96 keys would take 262,144
+#   192, V 128: Q 49,152 + 2 x (K 128x192 49,152 + V 128x128 32,768) = 212,992 (208 KB);
+#             144 keys would take 233,472
+# (FA3 and FA4 choose the same tiles at these head dims: docs/head-dims-facts.md.)
+FORWARD_TILES = {
+    (64, 64): ForwardTiles(block_m=FORWARD_BLOCK_M, block_n=FORWARD_BLOCK_N),
+    (128, 128): ForwardTiles(block_m=FORWARD_BLOCK_M, block_n=FORWARD_BLOCK_N),
+    (192, 192): ForwardTiles(block_m=128, block_n=112),
+    (192, 128): ForwardTiles(block_m=128, block_n=128),
+    (256, 256): ForwardTiles(block_m=128, block_n=80),
+}
+
+
+def check_dtype_head_dim(dtype: str, head_dim: int,
+                         head_dims: tuple[int, ...] = HEAD_DIMS) -> None:
+    """Raise ValueError naming dtype or head_dim where no kernel runs for them (or, given
+    head_dims, where none compiles)."""
     if dtype not in ELEMENT_TYPES:
         raise ValueError(f"dtype must be one of {sorted(ELEMENT_TYPES)}, got {dtype!r}")
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim!r}")
+    if head_dim not in head_dims:
+        raise ValueError(f"head_dim must be one of {head_dims}, got {head_dim!r}")
 
 
 def backward_tiles(head_dim: int) -> tuple[int, int]:
@@ -86,12 +127,13 @@ class _Variant:
     parameter blocks the entry templates assert against."""
 
     template: ClassVar[str]
+    head_dims: ClassVar[tuple[int, ...]] = HEAD_DIMS  # the head dims the variant compiles for
     dtype: str
     head_dim: int
     causal: bool
 
     def __post_init__(self) -> None:
-        check_dtype_head_dim(self.dtype, self.head_dim)
+        check_dtype_head_dim(self.dtype, self.head_dim, self.head_dims)
         for name in ("causal", "deterministic", "gqa", "fused_convert", "early_kv", "dq_last",
                      "trace", "persistent", "varlen"):
             value = getattr(self, name, False)
@@ -121,26 +163,53 @@ class _Variant:
 class ForwardVariant(_Variant):
     """The Hopper forward (TMA + wgmma, 128 query rows a CTA); `persistent`: fewer CTAs, each
     walking query tiles and loading the next one's Q and K/V while it finishes the last.
-    `varlen`: a pack of sequences of their own lengths (cu_seqlens), one CTA a query tile."""
+    `varlen`: a pack of sequences of their own lengths (cu_seqlens), one CTA a query tile.
+    `head_dim_v`: the columns of V and O (None: head_dim's); 128 under head_dim 192 is the one
+    other width (FORWARD_TILES)."""
 
     template: ClassVar[str] = "attn_fwd_sm90.cu.j2"
+    head_dims: ClassVar[tuple[int, ...]] = FORWARD_HEAD_DIMS
     dtype: str
     head_dim: int
     causal: bool
     persistent: bool = False
     varlen: bool = False
+    head_dim_v: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.head_dim_v is None:
+            object.__setattr__(self, "head_dim_v", self.head_dim)  # one variant, one name
+        if (self.head_dim, self.head_dim_v) not in FORWARD_TILES:
+            widths = sorted(v for d, v in FORWARD_TILES if d == self.head_dim)
+            raise ValueError(f"head_dim_v must be one of {widths} at head_dim {self.head_dim}, "
+                             f"got {self.head_dim_v!r}")
         if self.varlen and self.persistent:
             raise ValueError("a varlen forward runs one CTA a query tile: persistent=False")
 
-    block_m: ClassVar[int] = FORWARD_BLOCK_M
-    block_n: ClassVar[int] = FORWARD_BLOCK_N
+    def __repr__(self) -> str:
+        # head_dim_v only where it differs from head_dim, so that the variants of one width
+        # render the sources they rendered before V had its own (the golden files, the cache).
+        fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                  if f.name != "head_dim_v" or self.head_dim_v != self.head_dim]
+        return f"{type(self).__name__}({', '.join(fields)})"
+
+    @property
+    def tiles(self) -> ForwardTiles:
+        return FORWARD_TILES[self.head_dim, self.head_dim_v]
+
+    @property
+    def block_m(self) -> int:
+        return self.tiles.block_m
+
+    @property
+    def block_n(self) -> int:
+        return self.tiles.block_n
 
     @property
     def kernel_name(self) -> str:
-        name = f"dashgen_fwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}"
+        width = "" if self.head_dim_v == self.head_dim else f"v{self.head_dim_v}"
+        name = f"dashgen_fwd_{self.dtype}_d{self.head_dim}{width}_{_mask_name(self.causal)}"
         return name + ("_persistent" if self.persistent else "") + (
             "_varlen" if self.varlen else "")
 

@@ -33,16 +33,40 @@ enum class FwdBarrier : u32 { kTurnWg0 = 1, kTurnWg1 = 2 };
 static_assert(static_cast<u32>(FwdBarrier::kTurnWg1) == static_cast<u32>(FwdBarrier::kTurnWg0) + 1,
               "turn_barrier adds the warpgroup to kTurnWg0");
 
+// The columns of V and O: Cfg::kHeadDimV where the entry template renders one (V narrower than Q
+// and K), else Cfg::kHeadDim. Call with 0.
+template <class Cfg>
+__host__ __device__ constexpr auto fwd_head_dim_v(int) -> decltype(Cfg::kHeadDimV + 0) {
+  return Cfg::kHeadDimV;
+}
+template <class Cfg>
+__host__ __device__ constexpr int fwd_head_dim_v(long) {
+  return Cfg::kHeadDim;
+}
+
 // Cfg: the configuration the entry template renders (attn_fwd_sm90.cu.j2); its members are
 // named here as the kernel uses them.
 template <class Cfg>
 struct AttnFwdSm90 {
   using T = typename Cfg::Element;
-  static constexpr int kHeadDim = Cfg::kHeadDim;
+  static constexpr int kHeadDim = Cfg::kHeadDim;  // columns of Q and K
   static constexpr bool kCausal = Cfg::kCausal;
   static constexpr int kBlockM = Cfg::kBlockM;  // query rows per CTA: 64 per MMA warpgroup
   static constexpr int kBlockN = Cfg::kBlockN;  // keys per K/V tile
-  static_assert(kBlockM == 128 && kBlockN == 128, "128 query rows x 128-key tiles");
+  static_assert(kBlockM == 128, "128 query rows: 64 per MMA warpgroup");
+  // S = Q K^T is one wgmma of N = kBlockN a k16 step (the shapes wgmma_ss has: 80, 112, 128),
+  // and P V takes kBlockN keys in k16 steps, P's registers 16 keys a step.
+  static_assert(kBlockN == 80 || kBlockN == 112 || kBlockN == 128, "key tiles of 80, 112 or 128");
+  // V's and O's sizes are enumerators, not static members: NVRTC emits each static constexpr
+  // member as a global of the module, and each one more moves the globals emitted after them
+  // (the packs' fault flag, pack_check.cuh) to another constant-bank slot in the kernels'
+  // code.
+  enum : int {
+    kHeadDimV = fwd_head_dim_v<Cfg>(0),  // columns of V and O
+    kColBlocksV = kHeadDimV / 64,
+    kVBytes = kBlockN * kHeadDimV * 2,   // a V stage
+    kOBytes = kBlockM * kHeadDimV * 2,   // O's staging tile (kStagedO)
+  };
 
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
   static constexpr int kThreads = 384;
@@ -53,8 +77,14 @@ struct AttnFwdSm90 {
   static constexpr int kMmaRegs = 240;
   static_assert(128 * kProducerRegs + 256 * kMmaRegs <= 65536, "register file");
   static constexpr int kStages = 2;
+  // Tiles are loaded and read as 64-column blocks, one 128-byte swizzle row each (TMA boxes of
+  // 64 columns, wgmma's 128B-swizzled operands): head_dims of whole blocks. 96 would be one and
+  // a half, which the 128-byte swizzle cannot lay out.
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "head_dim 64, 128, 192 or 256");
+  static_assert(kHeadDimV == kHeadDim || (kHeadDim == 192 && kHeadDimV == 128),
+                "V as wide as Q and K, or 128 columns under head_dim 192");
   static constexpr int kColBlocks = kHeadDim / 64;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;
@@ -63,9 +93,11 @@ struct AttnFwdSm90 {
   static constexpr int kOffV = kOffK + kStages * kKBytes;
   // O leaves through a staging tile at head_dim 128 (store_o_lse); at 64 it gained nothing
   // (docs/design.md, `fwd-o-staging`), so the head_dim-64 kernels keep their layout and stores.
+  // Past 128 the tile does not fit beside Q and the K/V stages (227 KB), so those kernels store
+  // O from the accumulator too.
   static constexpr bool kStagedO = kHeadDim == 128;
-  static constexpr int kOffO = kOffV + kStages * kKBytes;
-  static constexpr int kOffBar = kOffO + (kStagedO ? kQBytes : 0);
+  static constexpr int kOffO = kOffV + kStages * kVBytes;
+  static constexpr int kOffBar = kOffO + (kStagedO ? kOBytes : 0);
   static constexpr int kNumBars = 1 + 4 * kStages;
   static constexpr int kSmemBytes = kOffBar + kNumBars * 8 + 1024;  // + alignment slack
   static_assert(kSmemBytes <= kSm90MaxSmemBytes,
@@ -78,7 +110,8 @@ struct AttnFwdSm90 {
   // CTA (start_turns). 0 is __syncthreads'. Where they pay (H200, docs/design.md `fwd-turns`):
   // the persistent kernels and the one-tile kernel at head_dim 128. The one-tile kernel at
   // head_dim 64 measured 3-5% slower with them (why is not known: it too runs one CTA an SM).
-  // Packs keep the kernel without.
+  // Packs keep the kernel without. Past 128 the one-tile kernel runs without them until a GPU
+  // measures both (FA3 orders its warpgroups only up to head_dim 128).
   static constexpr bool kOneTileTurns = kHeadDim == 128;
   // Warpgroup wg's turn barrier (FwdBarrier: kTurnWg0 + wg, consecutive ids). A select between
   // the two ids instead compiled to other kernels (each persistent one 8 instructions longer).
@@ -210,21 +243,17 @@ struct AttnFwdSm90 {
                     cb * 64, hk, k_row0 + n * kBlockN, b);
       }
       mbarrier_wait_parity(&bars->v_empty[s], (use & 1) ^ 1);
-      mbarrier_arrive_expect_tx(&bars->v_full[s], kKBytes);
-      for (int cb = 0; cb < kColBlocks; ++cb) {
-        tma_load_4d(smem + kOffV + s * kKBytes + cb * kBlockN * 128, tm_v, &bars->v_full[s],
+      mbarrier_arrive_expect_tx(&bars->v_full[s], kVBytes);
+      for (int cb = 0; cb < kColBlocksV; ++cb) {
+        tma_load_4d(smem + kOffV + s * kVBytes + cb * kBlockN * 128, tm_v, &bars->v_full[s],
                     cb * 64, hk, k_row0 + n * kBlockN, b);
       }
     }
   }
 
-  // O += P V: one k16 step, P from registers, N = head_dim, V MN-major.
-  __device__ static void pv_mma(float (&o)[kHeadDim / 2], const u32 (&a)[4], u64 desc_b) {
-    if constexpr (kHeadDim == 128) {
-      wgmma_rs<kIn, 128, 1>(o, a, desc_b, true);
-    } else {
-      wgmma_rs<kIn, 64, 1>(o, a, desc_b, true);
-    }
+  // O += P V: one k16 step, P from registers, N = V's head_dim, V MN-major.
+  __device__ static void pv_mma(float (&o)[kHeadDimV / 2], const u32 (&a)[4], u64 desc_b) {
+    wgmma_rs<kIn, kHeadDimV, 1>(o, a, desc_b, true);
   }
 
   // The K tile the CTA loaded g-th has landed.
@@ -235,22 +264,23 @@ struct AttnFwdSm90 {
 
   // S = Q K^T into sc of the K tile the CTA loaded g-th (issued and committed, not waited for);
   // the caller waited for the tile (wait_k, before its turn where there are turns).
-  __device__ static void issue_s(float (&sc)[64], const char* q_tile, char* smem, int g) {
+  __device__ static void issue_s(float (&sc)[kBlockN / 2], const char* q_tile, char* smem,
+                                 int g) {
     const char* k_tile = smem + kOffK + (g % kStages) * kKBytes;
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kHeadDim / 16; ++k) {
-      wgmma_ss<kIn, 128>(sc, tile_desc_k_major(q_tile, 64, 0, k),
-                         tile_desc_k_major(k_tile, kBlockN, 0, k), k > 0);
+      wgmma_ss<kIn, kBlockN>(sc, tile_desc_k_major(q_tile, 64, 0, k),
+                             tile_desc_k_major(k_tile, kBlockN, 0, k), k > 0);
     }
     wgmma_commit_group();
   }
 
   // The scores of tile n (complete in sc) become unnormalized probabilities in place (fp32);
   // the running max/sum move on, and `correction` is what O must be scaled by before P V.
-  __device__ static void softmax_tile(float (&sc)[64], float (&row_max)[2], float (&row_sum)[2],
-                                      float (&correction)[2], const FwdParams& p, int n, int row0,
-                                      int t4) {
+  __device__ static void softmax_tile(float (&sc)[kBlockN / 2], float (&row_max)[2],
+                                      float (&row_sum)[2], float (&correction)[2],
+                                      const FwdParams& p, int n, int row0, int t4) {
     const float scale_log2 = p.softmax_scale * kLog2e;
     const int causal_offset = p.seqlen_k - p.seqlen_q;
     float tile_max[2] = {-DASHGEN_INF, -DASHGEN_INF};
@@ -260,7 +290,7 @@ struct AttnFwdSm90 {
     // skips the per-element test. The warp's 16 rows start at row0 rounded down to 8.
     if (mask_reaches<kCausal>(n * kBlockN + kBlockN - 1, row0 & ~7, p.seqlen_k, causal_offset)) {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) {
+      for (int i = 0; i < kBlockN / 2; ++i) {
         const int half = (i / 2) % 2;
         const int key = n * kBlockN + 8 * (i / 4) + 2 * t4 + (i % 2);
         if (masked<kCausal>(key, row0 + 8 * half, p.seqlen_k, causal_offset)) sc[i] = -DASHGEN_INF;
@@ -268,38 +298,42 @@ struct AttnFwdSm90 {
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < 64; ++i) tile_max[(i / 2) % 2] = fmaxf(tile_max[(i / 2) % 2], sc[i]);
+      for (int i = 0; i < kBlockN / 2; ++i) {
+        tile_max[(i / 2) % 2] = fmaxf(tile_max[(i / 2) % 2], sc[i]);
+      }
     }
 #pragma unroll
     for (int half = 0; half < 2; ++half) tile_max[half] *= scale_log2;
     online_softmax_rescale(tile_max, row_max, row_sum, correction);
     // exp2(score * scale - max) as one FFMA and the exponential.
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < kBlockN / 2; ++i) {
       const int half = (i / 2) % 2;
       sc[i] = exp2f(fmaf(sc[i], scale_log2, -softmax_base(row_max[half])));
       row_sum[half] += sc[i];
     }
   }
 
-  __device__ static void pack_probs(const float (&sc)[64], u32 (&pa)[kBlockN / 16][4]) {
+  __device__ static void pack_probs(const float (&sc)[kBlockN / 2], u32 (&pa)[kBlockN / 16][4]) {
 #pragma unroll
-    for (int i = 0; i < 64; i += 2) pa[i / 8][(i % 8) / 2] = Element<T>::pack(sc[i], sc[i + 1]);
+    for (int i = 0; i < kBlockN / 2; i += 2) {
+      pa[i / 8][(i % 8) / 2] = Element<T>::pack(sc[i], sc[i + 1]);
+    }
   }
 
   // Tile n (the CTA's g-th K/V load): P V with the probabilities in pa; with kNext, S of tile
   // n + 1 goes first and its softmax runs while P V is on the tensor cores, leaving its
   // probabilities in pa. kReleaseQ: Q is released once S of the last of n_tiles is done.
   template <bool kNext, bool kReleaseQ, bool kTurns, class B>
-  __device__ static void step(float (&sc)[64], u32 (&pa)[kBlockN / 16][4],
-                              float (&o)[kHeadDim / 2], float (&row_max)[2], float (&row_sum)[2],
+  __device__ static void step(float (&sc)[kBlockN / 2], u32 (&pa)[kBlockN / 16][4],
+                              float (&o)[kHeadDimV / 2], float (&row_max)[2], float (&row_sum)[2],
                               float (&correction)[2], const FwdParams& p, char* smem, B* bars,
                               const char* q_tile, int n, int g, int n_tiles, int row0, int t4,
                               int wg, int tid) {
     // O is rescaled before any wgmma is in flight: ptxas serializes the pipeline if O is
     // touched between two wgmmas that are not separated by a wait.
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= correction[(j / 2) % 2];
+    for (int j = 0; j < kHeadDimV / 2; ++j) o[j] *= correction[(j / 2) % 2];
     // S of tile n + 1 (sc's probabilities are in pa), then P V of tile n. With turns, both
     // tiles are waited for first: a warpgroup never holds the turn while a load is due.
     const int s = g % kStages;
@@ -310,7 +344,7 @@ struct AttnFwdSm90 {
     }
     if constexpr (kNext) issue_s(sc, q_tile, smem, g + 1);
     if constexpr (!kTurns) mbarrier_wait_parity(&bars->v_full[s], (g / kStages) & 1);
-    const char* v_tile = smem + kOffV + s * kKBytes;
+    const char* v_tile = smem + kOffV + s * kVBytes;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -345,13 +379,13 @@ struct AttnFwdSm90 {
     // This thread's two query rows (accumulator rows g and g + 8 of its warp).
     const int row0 = m * kBlockM + 64 * wg + 16 * warp + g;
     const char* q_tile = smem + kOffQ + wg * (kQBytes / 2);
-    float o[kHeadDim / 2];
+    float o[kHeadDimV / 2];
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 2; ++j) o[j] = 0.f;
+    for (int j = 0; j < kHeadDimV / 2; ++j) o[j] = 0.f;
     float row_max[2] = {-DASHGEN_INF, -DASHGEN_INF}, row_sum[2] = {0.f, 0.f};
 
     mbarrier_wait_parity(&bars->q_full, i & 1);
-    float sc[64];                 // S of the next tile, then its probabilities
+    float sc[kBlockN / 2];        // S of the next tile, then its probabilities
     u32 pa[kBlockN / 16][4];      // P of the current tile, the A operand of P V
     float correction[2];
     if (n_tiles > 0) {
@@ -384,7 +418,7 @@ struct AttnFwdSm90 {
                                      wg, tid);
     }
 
-    store_o_lse(p, o, row_max, row_sum, h, b, row0, smem + kOffO + wg * (kQBytes / 2), warp,
+    store_o_lse(p, o, row_max, row_sum, h, b, row0, smem + kOffO + wg * (kOBytes / 2), warp,
                 lane);
   }
 
@@ -395,14 +429,14 @@ struct AttnFwdSm90 {
   // sector. The 16-byte chunks are XOR-swizzled by row, so neither stmatrix's 8 rows nor
   // the read-back's 8 chunks fall into the same banks. Only the warp reads what it wrote, so
   // __syncwarp orders it; the slice is the warp's own from one query tile to the next.
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks in a row of O
+  static constexpr int kChunks = kHeadDimV / 8;  // 16-byte chunks in a row of O
   __device__ static int o_stage_offset(int row, int chunk) {
-    return row * kHeadDim * 2 + (chunk ^ (row % 8)) * 16;
+    return row * kHeadDimV * 2 + (chunk ^ (row % 8)) * 16;
   }
 
   // O (normalized by the row sums) and the logsumexp of this thread's two query rows; o_stage:
   // the warpgroup's 64-row staging tile (kStagedO).
-  __device__ static void store_o_lse(const FwdParams& p, const float (&o)[kHeadDim / 2],
+  __device__ static void store_o_lse(const FwdParams& p, const float (&o)[kHeadDimV / 2],
                                      const float (&row_max)[2], float (&row_sum)[2], int h,
                                      int b, int row0, char* o_stage, int warp, int lane) {
     if constexpr (kStagedO) {
@@ -412,7 +446,7 @@ struct AttnFwdSm90 {
     }
   }
 
-  __device__ static void store_o_lse_staged(const FwdParams& p, const float (&o)[kHeadDim / 2],
+  __device__ static void store_o_lse_staged(const FwdParams& p, const float (&o)[kHeadDimV / 2],
                                             const float (&row_max)[2], float (&row_sum)[2], int h,
                                             int b, int row0, char* o_stage, int warp, int lane) {
     const int t4 = lane & 3;
@@ -445,7 +479,8 @@ struct AttnFwdSm90 {
       stmatrix_x4(stage + o_stage_offset(srow, c + sel / 2), frag);
     }
     __syncwarp();
-    T* out = static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDim;
+    T* out =
+        static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDimV;
     const int first_row = row0 - lane / 4;  // the query row of the warp's first
 #pragma unroll
     for (int it = 0; it < 16 * kChunks / 32; ++it) {
@@ -459,13 +494,15 @@ struct AttnFwdSm90 {
     }
   }
 
-  // store_o_lse at head_dim 64: O from the accumulator, 16 bytes a store (quad_transpose). The
-  // loop is the backward's store_rows with its own scaling and row test, written out: one
-  // shared helper made ptxas schedule the kernels differently from the ones measured.
-  __device__ static void store_o_lse_direct(const FwdParams& p, const float (&o)[kHeadDim / 2],
+  // store_o_lse at head_dim 64 and past 128: O from the accumulator, 16 bytes a store
+  // (quad_transpose). The loop is the backward's store_rows with its own scaling and row test,
+  // written out: one shared helper made ptxas schedule the kernels differently from the ones
+  // measured.
+  __device__ static void store_o_lse_direct(const FwdParams& p, const float (&o)[kHeadDimV / 2],
                                             const float (&row_max)[2], float (&row_sum)[2], int h,
                                             int b, int row0, int t4) {
-    T* out = static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDim;
+    T* out =
+        static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDimV;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
@@ -473,7 +510,7 @@ struct AttnFwdSm90 {
       const int row = row0 + 8 * half;
       const float inv = row_sum[half] > 0.f ? 1.f / row_sum[half] : 0.f;
 #pragma unroll
-      for (int j0 = 0; j0 < kHeadDim / 8; j0 += 4) {
+      for (int j0 = 0; j0 < kHeadDimV / 8; j0 += 4) {
         // Fragment elements 4j + 2 * half and + 1: columns 8j + 2 * t4 and + 1 of `row`.
         u32 w[4];
 #pragma unroll
