@@ -1,6 +1,7 @@
 """Every kernel variant that runs compiles for sm_90a on the CPU: the ones dashgen.runtime.select
 picks on the benchmark's sweep (dashgen.tools.emit.golden_variants) plus the traced, fp16 and
-GQA builds, each without spills, without ptxas's slow-path fallbacks, at the register cap
+GQA builds, and the forwards at the head dims that compile but do not run yet, each without
+spills, without ptxas's slow-path fallbacks, at the register cap
 setmaxnreg needs, and within the shared memory an sm_90 block may use, as the cubin's own
 constant says. Rendering is strict and the variants refuse what no kernel implements.
 
@@ -19,7 +20,8 @@ from dashgen.codegen.compile import (SETMAXNREG_IGNORED, WGMMA_ARRIVE_INJECTED, 
 from dashgen.codegen.cubins import get_or_compile
 from dashgen.tools.emit import golden_variants
 from dashgen.codegen.render import render, render_variant
-from dashgen.codegen.variants import (BACKWARD_CONSTANTS, SM90_MAX_SMEM_BYTES, BackwardVariant,
+from dashgen.codegen.variants import (BACKWARD_CONSTANTS, FORWARD_HEAD_DIMS, FORWARD_TILES,
+                                      HEAD_DIMS, SM90_MAX_SMEM_BYTES, BackwardVariant,
                                       ForwardVariant, backward_tiles)
 
 from benchmark_picks import all_picked_variants, other_schedule_variants
@@ -71,8 +73,17 @@ EXTRA_VARIANTS = [
     F("fp16", 64, False),
     F("fp16", 128, True, persistent=True),
 ]
+# The forwards at the head dims that compile but have not run on a GPU (FORWARD_HEAD_DIMS less
+# HEAD_DIMS, and 192 with V 128 wide): every dtype, mask and kind, since select offers none of
+# them yet (the runtime refuses their head dims). Not golden for the same reason.
+WIDE_FORWARD_VARIANTS = [
+    F(dtype, head_dim, causal, persistent=kind == "persistent", varlen=kind == "varlen",
+      head_dim_v=head_dim_v)
+    for head_dim, head_dim_v in FORWARD_TILES if head_dim not in HEAD_DIMS
+    for dtype in ("bf16", "fp16") for causal in (False, True)
+    for kind in ("one_tile", "persistent", "varlen")]
 GOLDEN_VARIANTS = golden_variants()
-VARIANTS = list(dict.fromkeys([*GOLDEN_VARIANTS, *EXTRA_VARIANTS]))
+VARIANTS = list(dict.fromkeys([*GOLDEN_VARIANTS, *EXTRA_VARIANTS, *WIDE_FORWARD_VARIANTS]))
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +103,7 @@ def test_golden_variants_are_what_the_benchmark_runs():
     (tests/benchmark_picks.py), and none of the extras compiled here."""
     assert set(GOLDEN_VARIANTS) == all_picked_variants() | other_schedule_variants()
     assert not set(GOLDEN_VARIANTS) & set(EXTRA_VARIANTS)
+    assert not set(GOLDEN_VARIANTS) & set(WIDE_FORWARD_VARIANTS)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.kernel_name)
@@ -149,6 +161,26 @@ def test_the_cubin_says_how_much_shared_memory_its_main_kernel_takes(variant, co
     assert variant.block_m * variant.head_dim * 2 < smem <= SM90_MAX_SMEM_BYTES
 
 
+def forward_smem_bytes(head_dim: int, head_dim_v: int, block_n: int, persistent: bool) -> int:
+    """attn/fwd_sm90.cuh's layout without O's staging tile (past head_dim 128): the Q tile, two K
+    and two V stages, the barriers (Q's empty one in the persistent kernel) and 1 KB of
+    alignment slack, 2 bytes an element."""
+    tiles = (128 * head_dim + 2 * block_n * (head_dim + head_dim_v)) * 2
+    return tiles + (10 if persistent else 9) * 8 + 1024
+
+
+@pytest.mark.parametrize("variant", WIDE_FORWARD_VARIANTS, ids=lambda v: v.kernel_name)
+def test_the_wide_forwards_take_the_longest_key_tile_that_fits(variant, compiled):
+    """Past head_dim 128 the key tile is the longest multiple of 16 whose stages fit an sm_90
+    block (variants.FORWARD_TILES): the cubin's shared memory is that arithmetic's, and 16
+    keys more would not fit."""
+    smem = compiled(variant).constant(variant.smem_symbol)
+    d, dv, bn = variant.head_dim, variant.head_dim_v, variant.block_n
+    assert variant.block_m == 128 and bn % 16 == 0
+    assert smem == forward_smem_bytes(d, dv, bn, variant.persistent) <= SM90_MAX_SMEM_BYTES
+    assert forward_smem_bytes(d, dv, bn + 16, variant.persistent) > SM90_MAX_SMEM_BYTES
+
+
 @pytest.mark.parametrize("variant", [F("bf16", 128, True), B("fp16", 64, False, "fa3", gqa=True),
                                      B("bf16", 128, True, "symmetric_shift", fused_convert=True,
                                        early_kv=True)],
@@ -174,9 +206,25 @@ def test_rendered_header_says_do_not_edit_and_names_template(variant):
      "dashgen_bwd_fp16_d64_full_table_nondet_gqa_ekv_trace"),
     (F("bf16", 64, False), "dashgen_fwd_bf16_d64_full"),
     (F("fp16", 128, True, persistent=True), "dashgen_fwd_fp16_d128_causal_persistent"),
+    (F("bf16", 256, True, varlen=True), "dashgen_fwd_bf16_d256_causal_varlen"),
+    (F("fp16", 192, False, head_dim_v=192), "dashgen_fwd_fp16_d192_full"),
+    (F("bf16", 192, False, persistent=True, head_dim_v=128),
+     "dashgen_fwd_bf16_d192v128_full_persistent"),
 ])
 def test_a_variants_name_is_built_from_its_fields(variant, name):
     assert variant.kernel_name == name
+
+
+def test_a_forward_of_one_width_is_the_variant_without_head_dim_v():
+    """head_dim_v defaults to head_dim, and a forward whose V is as wide as Q renders (name,
+    repr, source) as before V had a width of its own."""
+    assert F("bf16", 128, True, head_dim_v=128) == F("bf16", 128, True)
+    assert F("bf16", 192, True).head_dim_v == 192
+    assert repr(F("bf16", 64, False, persistent=True)) == (
+        "ForwardVariant(dtype='bf16', head_dim=64, causal=False, persistent=True, varlen=False)")
+    assert repr(F("bf16", 192, False, head_dim_v=128)).endswith(", head_dim_v=128)")
+    assert "kHeadDimV" not in render_variant(F("bf16", 256, False)).text
+    assert "kHeadDimV = 128;" in render_variant(F("bf16", 192, False, head_dim_v=128)).text
 
 
 def test_the_backward_constants_are_the_tiles_schedules_are_built_in():
@@ -208,11 +256,32 @@ def test_render_raises_on_a_missing_config_field(template):
 @pytest.mark.parametrize("kwargs, error, pattern", [
     (dict(dtype="fp32", head_dim=128), ValueError, r"^dtype must be one of "),
     (dict(dtype="bf16", head_dim=96), ValueError, r"^head_dim must be one of "),
-    (dict(dtype="fp16", head_dim=256), ValueError, r"^head_dim must be one of "),
+    (dict(dtype="fp16", head_dim=320), ValueError, r"^head_dim must be one of "),
 ])
 def test_variants_refuse_what_no_kernel_implements(variant, kwargs, error, pattern):
     with pytest.raises(error, match=pattern):
         variant(causal=False, **kwargs, **({"schedule": "fa3"} if variant is B else {}))
+
+
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_only_the_forward_compiles_past_head_dim_128(head_dim):
+    """The forward's variant takes the head dims its kernel compiles for; the backward's only
+    those the runtime runs."""
+    assert FORWARD_HEAD_DIMS == (64, 128, 192, 256) and HEAD_DIMS == (64, 128)
+    assert F("bf16", head_dim, False).head_dim == head_dim
+    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 128\), got "
+                                         rf"{head_dim}$"):
+        B("bf16", head_dim, False, "fa3")
+    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 128, 192, 256\), got 96"):
+        F("bf16", 96, False)
+
+
+@pytest.mark.parametrize("head_dim, head_dim_v, widths", [
+    (256, 128, r"\[256\]"), (128, 64, r"\[128\]"), (192, 64, r"\[128, 192\]")])
+def test_a_forward_refuses_a_v_width_without_a_kernel(head_dim, head_dim_v, widths):
+    with pytest.raises(ValueError, match=rf"^head_dim_v must be one of {widths} at head_dim "
+                                         rf"{head_dim}, got {head_dim_v}$"):
+        F("bf16", head_dim, False, head_dim_v=head_dim_v)
 
 
 def test_a_backward_names_a_schedule_policy_and_its_header_holds_it():

@@ -1,0 +1,67 @@
+"""The head dims whose forward compiles but has not run on a GPU (dashgen.codegen.variants:
+FORWARD_HEAD_DIMS less HEAD_DIMS) stay refused wherever users reach dashgen: dashgen.attention,
+attention_varlen, the interfaces and the runtime's selection, each with the error any head_dim
+without a kernel gets, before any kernel runs. The driver boundary is faked as in
+test_op_errors (op._kernels), so a call that got through would be recorded."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import dashgen  # noqa: E402
+from dashgen.codegen.variants import FORWARD_HEAD_DIMS, HEAD_DIMS, ForwardVariant  # noqa: E402
+from dashgen.interfaces import sdpa as sdpa_mod  # noqa: E402
+from dashgen.runtime.op_varlen import check_varlen_inputs  # noqa: E402
+from dashgen.runtime.select import (Plan, problem_for, select_forward,  # noqa: E402
+                                    select_pack)
+from dashgen.schedule.problem import Problem  # noqa: E402
+from test_op_errors import cpu_leaves, h200, kernels, on_cpu  # noqa: E402,F401  (fixtures)
+from test_varlen import pack  # noqa: E402
+
+COMPILED_ONLY = [d for d in FORWARD_HEAD_DIMS if d not in HEAD_DIMS]
+REFUSED = r"^q has head_dim {}; supported head_dims: \(64, 128\)$"
+NO_KERNEL = r"^head_dim must be one of \(64, 128\), got {}$"
+
+
+def test_the_compiled_only_head_dims_are_192_and_256():
+    assert COMPILED_ONLY == [192, 256]
+    assert all(ForwardVariant("bf16", d, False).head_dim == d for d in COMPILED_ONLY)
+
+
+@pytest.mark.parametrize("head_dim", COMPILED_ONLY)
+def test_attention_and_flash_attn_func_refuse_them(on_cpu, kernels, head_dim):
+    q, k, v = cpu_leaves(head_dim=head_dim)
+    with pytest.raises(ValueError, match=REFUSED.format(head_dim)):
+        dashgen.attention(q, k, v, causal=True)
+    with pytest.raises(ValueError, match=REFUSED.format(head_dim)):
+        dashgen.flash_attn_func(q, k, v)
+    with pytest.raises(ValueError, match=REFUSED.format(head_dim)):
+        dashgen.sdpa(*(t.transpose(1, 2) for t in (q, k, v)), enable_gqa=True)
+    with pytest.raises(RuntimeError, match=rf"\(forward\): q has head_dim {head_dim}"):
+        sdpa_mod._flash_forward(*(t.detach().transpose(1, 2) for t in (q, q, q)))
+    assert kernels.calls == []
+
+
+@pytest.mark.parametrize("head_dim", COMPILED_ONLY)
+def test_attention_varlen_refuses_them(on_cpu, kernels, head_dim):
+    args = pack(head_dim=head_dim)
+    with pytest.raises(ValueError, match=REFUSED.format(head_dim)):
+        check_varlen_inputs(*args)
+    with pytest.raises(ValueError, match=REFUSED.format(head_dim)):
+        dashgen.attention_varlen(*args, causal=True)
+    assert kernels.calls == []
+
+
+@pytest.mark.parametrize("head_dim", COMPILED_ONLY)
+def test_the_runtimes_selection_refuses_them(head_dim):
+    """select asks check_dtype_head_dim with the runtime's HEAD_DIMS, not the forward's."""
+    problem = Problem(batch=1, heads_q=2, seqlen_q=256, head_dim=head_dim)
+    with pytest.raises(ValueError, match=NO_KERNEL.format(head_dim)):
+        select_forward(problem, "bf16")
+    with pytest.raises(ValueError, match=NO_KERNEL.format(head_dim)):
+        Plan(problem, "bf16")
+    with pytest.raises(ValueError, match=NO_KERNEL.format(head_dim)):
+        select_pack("bf16", head_dim, False, "auto")
+    with pytest.raises(ValueError, match=NO_KERNEL.format(head_dim)):
+        problem_for(1, 2, 2, 256, 256, head_dim, False)
