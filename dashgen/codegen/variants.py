@@ -75,7 +75,8 @@ class ForwardTiles:
 #             96 keys would take 262,144
 #   192, V 128: Q 49,152 + 2 x (K 128x192 49,152 + V 128x128 32,768) = 212,992 (208 KB);
 #             144 keys would take 233,472
-# (FA3 and FA4 choose the same tiles at these head dims: docs/head-dims-facts.md.)
+# FA3 and FA4 choose the same tiles at these head dims (docs/head-dims-facts.md); docs/design.md,
+# `fwd-head-dims`.
 FORWARD_TILES = {
     (64, 64): ForwardTiles(block_m=FORWARD_BLOCK_M, block_n=FORWARD_BLOCK_N),
     (128, 128): ForwardTiles(block_m=FORWARD_BLOCK_M, block_n=FORWARD_BLOCK_N),
