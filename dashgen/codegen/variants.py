@@ -21,8 +21,9 @@ ELEMENT_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}  # dtype -> CUDA typ
 HEAD_DIMS = (64, 128)
 # The head dims the forward's variant compiles for. 192 and 256 (and 192 with V 128 wide) render
 # and compile for sm_90a without spills, in the shared memory a block may use
-# (tests/test_kernels_compile.py), but have not yet run on a GPU: the runtime keeps refusing
-# them (HEAD_DIMS) until they have, and there is no backward for them.
+# (tests/test_kernels_compile.py); the 192 and 256 kernels matched float64 on an H100 through
+# runtime.forward (docs/design.md, `fwd-head-dims`). The runtime keeps refusing them (HEAD_DIMS)
+# while there is no backward for them: a training call would fail at its backward.
 FORWARD_HEAD_DIMS = (64, 128, 192, 256)
 SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
 THREADS = 384  # both main kernels: a producer warpgroup and two MMA warpgroups
