@@ -24,6 +24,9 @@
 #include "dashgen/ptx/tma.cuh"
 #include "dashgen/ptx/wgmma.cuh"
 #include "dashgen/attn/tiles_sm90.cuh"
+// The roles last: the headers above come first in the order they always did, since the globals
+// they define are emitted in that order (the packs' fault flag among them, pack_check.cuh).
+#include "dashgen/attn/fwd_producer.cuh"
 
 namespace dashgen {
 
@@ -124,6 +127,8 @@ struct AttnFwdSm90 {
   __device__ static void wait_turn(int wg) { named_barrier_sync(turn_barrier(wg), 256); }
   __device__ static void pass_turn(int wg) { named_barrier_arrive(turn_barrier(wg ^ 1), 256); }
 
+  using Producer = FwdProducer<AttnFwdSm90>;
+
   struct Bars {
     u64 q_full;
     u64 k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
@@ -155,7 +160,8 @@ struct AttnFwdSm90 {
     if (threadIdx.x / 128 == 0) {
       setmaxnreg_dec<kProducerRegs>();
       if (threadIdx.x == 0) {
-        produce<false>(tm_q, tm_k, tm_v, p, smem, bars, m, h, b, n_tiles, 0, 0);
+        Producer::template produce<false>(tm_q, tm_k, tm_v, p, smem, bars, m, h, b, n_tiles,
+                                          0, 0);
       }
       return;
     }
@@ -192,7 +198,8 @@ struct AttnFwdSm90 {
     if (threadIdx.x / 128 == 0) {
       setmaxnreg_dec<kProducerRegs>();
       if (threadIdx.x == 0) {
-        produce<false>(tm_q, tm_k, tm_v, seq, smem, bars, m, h, 0, n_tiles, 0, 0, q0, k0);
+        Producer::template produce<false>(tm_q, tm_k, tm_v, seq, smem, bars, m, h, 0, n_tiles,
+                                          0, 0, q0, k0);
       }
       return;
     }
@@ -213,42 +220,6 @@ struct AttnFwdSm90 {
       mbarrier_init(&bars->v_empty[s], 2);
     }
     fence_barrier_init();
-  }
-
-  // The producer's loads for query tile (m, h, b), the CTA's i-th, whose K/V tiles are its
-  // kv-th on (a pack: b = 0, and the sequence's rows start at q_row0 and k_row0 of the packed
-  // tensors). kWaitQ (persistent CTAs, fwd_sm90_persistent.cuh): Q's buffer is reused, free
-  // once both MMA warpgroups issued the previous tile's last S. B: the kernel's barriers.
-  template <bool kWaitQ, class B>
-  __device__ static void produce(const TensorMap* tm_q, const TensorMap* tm_k,
-                                 const TensorMap* tm_v, const FwdParams& p, char* smem, B* bars,
-                                 int m, int h, int b, int n_tiles, int i, int kv, int q_row0 = 0,
-                                 int k_row0 = 0) {
-    const int hk = h / (p.heads_q / p.heads_kv);
-    if constexpr (kWaitQ) mbarrier_wait_parity(&bars->q_empty, (i & 1) ^ 1);
-    // Tensor-map coordinates run innermost first: (column, head, row, batch).
-    mbarrier_arrive_expect_tx(&bars->q_full, kQBytes);
-    for (int half = 0; half < 2; ++half) {
-      for (int cb = 0; cb < kColBlocks; ++cb) {
-        tma_load_4d(smem + kOffQ + half * (kQBytes / 2) + cb * 64 * 128, tm_q, &bars->q_full,
-                    cb * 64, h, q_row0 + m * kBlockM + 64 * half, b);
-      }
-    }
-    for (int n = 0; n < n_tiles; ++n) {
-      const int s = (kv + n) % kStages, use = (kv + n) / kStages;
-      mbarrier_wait_parity(&bars->k_empty[s], (use & 1) ^ 1);
-      mbarrier_arrive_expect_tx(&bars->k_full[s], kKBytes);
-      for (int cb = 0; cb < kColBlocks; ++cb) {
-        tma_load_4d(smem + kOffK + s * kKBytes + cb * kBlockN * 128, tm_k, &bars->k_full[s],
-                    cb * 64, hk, k_row0 + n * kBlockN, b);
-      }
-      mbarrier_wait_parity(&bars->v_empty[s], (use & 1) ^ 1);
-      mbarrier_arrive_expect_tx(&bars->v_full[s], kVBytes);
-      for (int cb = 0; cb < kColBlocksV; ++cb) {
-        tma_load_4d(smem + kOffV + s * kVBytes + cb * kBlockN * 128, tm_v, &bars->v_full[s],
-                    cb * 64, hk, k_row0 + n * kBlockN, b);
-      }
-    }
   }
 
   // O += P V: one k16 step, P from registers, N = V's head_dim, V MN-major.

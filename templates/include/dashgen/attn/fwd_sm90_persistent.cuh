@@ -67,8 +67,8 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<Cfg> {
         for (int i = 0;; ++i) {
           const Tile t = tile_at(p, i);
           if (t.m < 0) break;
-          Base::template produce<true>(tm_q, tm_k, tm_v, p, smem, bars, t.m, t.h, t.b,
-                                       num_kv_tiles(p, t.m), i, kv);
+          Base::Producer::template produce<true>(tm_q, tm_k, tm_v, p, smem, bars, t.m, t.h, t.b,
+                                                 num_kv_tiles(p, t.m), i, kv);
           kv += num_kv_tiles(p, t.m);
         }
       }
