@@ -82,7 +82,8 @@ struct AttnFwdSm90Persistent : AttnFwdSm90<Cfg> {
       const Tile t = tile_at(p, i);
       if (t.m < 0) break;
       const int n_tiles = num_kv_tiles(p, t.m);
-      Base::template consume<true, true>(p, smem, bars, t.m, t.h, t.b, n_tiles, kv, i, wg, tid);
+      Base::Mainloop::template consume<true, true>(p, smem, bars, t.m, t.h, t.b, n_tiles, kv, i,
+                                                   wg, tid);
       kv += n_tiles;
     }
   }
