@@ -34,6 +34,24 @@ struct FwdEpilogue {
     }
   }
 
+  // A row's sum over the quad of threads that hold its columns.
+  __device__ static float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    return x;
+  }
+
+  // What O's row is scaled by: 0 for a row that sees no key (its O is 0).
+  __device__ static float inverse(float row_sum) { return row_sum > 0.f ? 1.f / row_sum : 0.f; }
+
+  // The row's logsumexp, in natural-log units of the scaled scores; -inf for a row that sees no
+  // key. row_max is in log2 units (the softmax's exp2).
+  __device__ static void store_lse(const FwdParams& p, int h, int b, int row, float row_max,
+                                   float row_sum) {
+    p.lse[(static_cast<i64>(b) * p.heads_q + h) * p.seqlen_q + row] =
+        row_sum > 0.f ? (row_max + log2f(row_sum)) / kLog2e : -DASHGEN_INF;
+  }
+
   // O leaves through shared memory (kStagedO). Each warp writes its 16 rows, normalized, with
   // stmatrix into its slice of the warpgroup's staging tile, reads them back as 16-byte row
   // segments and stores whole 128-byte lines, 2 rows a warp instruction, where storing the
@@ -52,15 +70,10 @@ struct FwdEpilogue {
     float inv[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
-      row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
+      row_sum[half] = quad_sum(row_sum[half]);
       const int row = row0 + 8 * half;
-      inv[half] = row_sum[half] > 0.f ? 1.f / row_sum[half] : 0.f;
-      if (row < p.seqlen_q && t4 == 0) {
-        // Natural-log units of the scaled scores; -inf for a row that sees no key.
-        p.lse[(static_cast<i64>(b) * p.heads_q + h) * p.seqlen_q + row] =
-            row_sum[half] > 0.f ? (row_max[half] + log2f(row_sum[half])) / kLog2e : -DASHGEN_INF;
-      }
+      inv[half] = inverse(row_sum[half]);
+      if (row < p.seqlen_q && t4 == 0) store_lse(p, h, b, row, row_max[half], row_sum[half]);
     }
     // Lanes 8j..8j+7 address the rows of matrix j: rows 8 (j % 2) + 0..7 of the warp's 16, the
     // chunk c + j / 2; matrix j holds the pairs o[4 (c + j / 2) + 2 (j % 2)], + 1.
@@ -104,10 +117,9 @@ struct FwdEpilogue {
         static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDimV;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
-      row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
+      row_sum[half] = quad_sum(row_sum[half]);
       const int row = row0 + 8 * half;
-      const float inv = row_sum[half] > 0.f ? 1.f / row_sum[half] : 0.f;
+      const float inv = inverse(row_sum[half]);
 #pragma unroll
       for (int j0 = 0; j0 < kHeadDimV / 8; j0 += 4) {
         // Fragment elements 4j + 2 * half and + 1: columns 8j + 2 * t4 and + 1 of `row`.
@@ -124,11 +136,7 @@ struct FwdEpilogue {
         }
       }
       if (row < p.seqlen_q) {
-        if (t4 == 0) {
-          // Natural-log units of the scaled scores; -inf for a row that sees no key.
-          p.lse[(static_cast<i64>(b) * p.heads_q + h) * p.seqlen_q + row] =
-              row_sum[half] > 0.f ? (row_max[half] + log2f(row_sum[half])) / kLog2e : -DASHGEN_INF;
-        }
+        if (t4 == 0) store_lse(p, h, b, row, row_max[half], row_sum[half]);
       }
     }
   }
