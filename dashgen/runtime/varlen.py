@@ -16,9 +16,8 @@ import math
 import torch
 
 from ..caches import Memo, memo
-from ..codegen.variants import (AUX_THREADS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
-                                PREP_ROWS_PER_BLOCK, THREADS, BwdParams, ConvertParams,
-                                FwdParams, PrepParams)
+from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, BwdParams,
+                                ConvertParams, FwdParams, PrepParams)
 from . import launch, pack_faults, watchdog
 from .device import DTYPE_NAMES, kernels, stream, tensor_map
 from .launch import addresses
@@ -74,8 +73,10 @@ def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k
                                    False)
     variant = selection.forward
     loaded = kernels(variant, q.device)
-    grid = (_cdiv(max_seqlen_q, FORWARD_BLOCK_M), heads_q, batch)
-    maps = (_maps(q, 64), _maps(k, FORWARD_BLOCK_N), _maps(v, FORWARD_BLOCK_N))
+    # The variant's tiles, as the dense forward takes them (FORWARD_TILES: the key tile is
+    # narrower past head_dim 128).
+    grid = (_cdiv(max_seqlen_q, variant.block_m), heads_q, batch)
+    maps = (_maps(q, 64), _maps(k, variant.block_n), _maps(v, variant.block_n))
     params = FwdParams(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
                        lse=lse.data_ptr(), batch=batch, heads_q=heads_q, heads_kv=heads_kv,
                        seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k, q_row_stride=q.stride(0),
