@@ -19,6 +19,7 @@ _TORCH_ENTRY_POINTS = {
     "flash_attn_func": ("interfaces.flash_attn", "flash_attn_func"),
     "attention_varlen": ("runtime.op_varlen", "attention_varlen"),
     "flash_attn_varlen_func": ("interfaces.flash_attn", "flash_attn_varlen_func"),
+    "ulysses_attention": ("interfaces.ulysses", "ulysses_attention"),
 }
 
 

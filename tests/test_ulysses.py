@@ -1,0 +1,101 @@
+"""Context parallelism over heads (dashgen.interfaces.ulysses) on the CPU: gloo processes run the
+communication pattern with a float64 attention in place of the kernels, and every rank's o and
+the gradients of q, k, v, gathered, must be the unsharded call's bits. The kernels' own part of
+the contract (a head's bits do not depend on the other heads) is tests/gpu's."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dashgen.interfaces.ulysses import ulysses_attention
+
+
+def reference(q, k, v, *, causal, softmax_scale=None, deterministic=None, schedule="auto"):
+    """float64 attention, one head at a time (so a head's bits cannot depend on the others),
+    bottom-right causal, GQA by contiguous groups as dashgen maps query heads to KV heads."""
+    batch, seqlen_q, heads_q, d = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale = 1 / math.sqrt(d) if softmax_scale is None else softmax_scale
+    i = torch.arange(seqlen_q)[:, None]
+    j = torch.arange(seqlen_k)[None]
+    outs = []
+    for h in range(heads_q):
+        kh, vh = k[:, :, h // (heads_q // heads_kv)], v[:, :, h // (heads_q // heads_kv)]
+        s = torch.einsum("bqd,bkd->bqk", q[:, :, h], kh) * scale
+        if causal:
+            s = s.masked_fill(~(j <= i + seqlen_k - seqlen_q), float("-inf"))
+        outs.append(torch.einsum("bqk,bkd->bqd", torch.softmax(s, -1), vh))
+    return torch.stack(outs, 2)
+
+
+def inputs(batch, seqlen, heads_q, heads_kv, d):
+    g = torch.Generator().manual_seed(7)
+    make = lambda heads: torch.randn(batch, seqlen, heads, d, generator=g,  # noqa: E731
+                                     dtype=torch.float64)
+    return make(heads_q), make(heads_kv), make(heads_kv), make(heads_q)
+
+
+def _rank(rank, ranks, init, shape, causal, out):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ranks)
+    try:
+        q, k, v, do = inputs(*shape)
+        shard = shape[1] // ranks
+        mine = slice(rank * shard, (rank + 1) * shard)
+        qs, ks, vs = (t[:, mine].clone().requires_grad_() for t in (q, k, v))
+        o = ulysses_attention(qs, ks, vs, causal=causal, attention=reference)
+        o.backward(do[:, mine])
+        gathered = []
+        for t in (o.detach(), qs.grad, ks.grad, vs.grad):
+            parts = [torch.empty_like(t) for _ in range(ranks)]
+            dist.all_gather(parts, t.contiguous())
+            gathered.append(torch.cat(parts, 1))
+        if rank == 0:
+            torch.save(gathered, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_every_rank_count_gives_the_unsharded_bits(tmp_path, ranks, causal):
+    shape = (2, 16, 8, 4, 8)  # batch, seqlen, heads_q, heads_kv (GQA 2), head_dim
+    out = tmp_path / "gathered.pt"
+    mp.spawn(_rank, args=(ranks, f"file://{tmp_path / 'init'}", shape, causal, str(out)),
+             nprocs=ranks, join=True)
+    o, dq, dk, dv = torch.load(out)
+    q, k, v, do = inputs(*shape)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    ref = reference(qg, kg, vg, causal=causal)
+    ref.backward(do)
+    for got, want in ((o, ref.detach()), (dq, qg.grad), (dk, kg.grad), (dv, vg.grad)):
+        assert torch.equal(got, want)
+
+
+def test_heads_must_divide_over_the_ranks(tmp_path):
+    # One rank's group is enough to reach the checks.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0,
+                            world_size=1)
+    try:
+        q = torch.zeros(1, 4, 6, 8)
+        with pytest.raises(TypeError, match="^k must be a torch.Tensor"):
+            ulysses_attention(q, None, q, attention=reference)
+        with pytest.raises(ValueError, match=r"^q must be 4-d"):
+            ulysses_attention(q[0], q, q, attention=reference)
+        o = ulysses_attention(q, q, q, attention=reference)  # one rank: the plain call
+        assert torch.equal(o, reference(q, q, q, causal=False))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_each_rank_takes_whole_heads():
+    from dashgen.interfaces.ulysses import _check
+    q, kv = torch.zeros(1, 4, 8, 8), torch.zeros(1, 4, 6, 8)
+    with pytest.raises(ValueError, match=r"^heads_kv=6 must be a multiple of the group's 4 ranks"):
+        _check(q, kv, kv, 4)
+    with pytest.raises(ValueError, match=r"^heads_q=8 must be a multiple of the group's 3 ranks"):
+        _check(q, kv, kv, 3)
+    _check(q, kv, kv, 2)
