@@ -99,3 +99,20 @@ def test_each_rank_takes_whole_heads():
     with pytest.raises(ValueError, match=r"^heads_q=8 must be a multiple of the group's 3 ranks"):
         _check(q, kv, kv, 3)
     _check(q, kv, kv, 2)
+
+
+def test_auto_is_resolved_on_the_whole_problem(monkeypatch):
+    from types import SimpleNamespace
+
+    from dashgen.interfaces.ulysses import whole_call_schedule
+    from dashgen.runtime.select import problem_for, resolve_schedule
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(multi_processor_count=132))
+    for seqlen, causal in ((8192, False), (32768, True), (65536, True)):
+        whole = problem_for(1, 16, 8, seqlen, seqlen, 128, causal)
+        want = resolve_schedule(whole, "auto", None, 132, True)[0]
+        for ranks in (2, 4, 8):
+            shard = torch.empty(1, seqlen // ranks, 16, 128, device="meta")
+            kv = torch.empty(1, seqlen // ranks, 8, 128, device="meta")
+            assert whole_call_schedule(shard, kv, ranks, causal, True, "auto") == want
+    assert whole_call_schedule(shard, kv, 8, True, True, "fa3") == "fa3"
