@@ -20,6 +20,7 @@ _TORCH_ENTRY_POINTS = {
     "attention_varlen": ("runtime.op_varlen", "attention_varlen"),
     "flash_attn_varlen_func": ("interfaces.flash_attn", "flash_attn_varlen_func"),
     "ulysses_attention": ("interfaces.ulysses", "ulysses_attention"),
+    "ulysses_attention_varlen": ("interfaces.ulysses", "ulysses_attention_varlen"),
 }
 
 

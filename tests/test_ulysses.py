@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dashgen.interfaces.ulysses import ulysses_attention
+from dashgen.interfaces.ulysses import ulysses_attention, ulysses_attention_varlen
 
 
 def reference(q, k, v, *, causal, softmax_scale=None, deterministic=None, schedule="auto"):
@@ -30,6 +30,17 @@ def reference(q, k, v, *, causal, softmax_scale=None, deterministic=None, schedu
             s = s.masked_fill(~(j <= i + seqlen_k - seqlen_q), float("-inf"))
         outs.append(torch.einsum("bqk,bkd->bqd", torch.softmax(s, -1), vh))
     return torch.stack(outs, 2)
+
+
+def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale=None,
+                     deterministic=None, schedule="auto"):
+    """reference over each sequence of a pack alone (empty sequences give no rows)."""
+    parts = []
+    for b in range(len(cu_q) - 1):
+        qs, ks = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if qs.stop > qs.start:
+            parts.append(reference(q[None, qs], k[None, ks], v[None, ks], causal=causal)[0])
+    return torch.cat(parts)
 
 
 def inputs(batch, seqlen, heads_q, heads_kv, d):
@@ -116,3 +127,44 @@ def test_auto_is_resolved_on_the_whole_problem(monkeypatch):
             kv = torch.empty(1, seqlen // ranks, 8, 128, device="meta")
             assert whole_call_schedule(shard, kv, ranks, causal, True, "auto") == want
     assert whole_call_schedule(shard, kv, 8, True, True, "fa3") == "fa3"
+
+
+PACK = [5, 0, 9, 2]  # 16 tokens: a sequence straddles the ranks' shares at 2 and 4 ranks
+
+
+def _rank_varlen(rank, ranks, init, causal, out):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ranks)
+    try:
+        q, k, v, do = (t[0] for t in inputs(1, sum(PACK), 8, 4, 8))
+        cu = torch.tensor([0, *torch.tensor(PACK).cumsum(0).tolist()], dtype=torch.int32)
+        share = sum(PACK) // ranks
+        mine = slice(rank * share, (rank + 1) * share)
+        qs, ks, vs = (t[mine].clone().requires_grad_() for t in (q, k, v))
+        o = ulysses_attention_varlen(qs, ks, vs, cu, cu, max(PACK), max(PACK), causal=causal,
+                                     attention=reference_varlen)
+        o.backward(do[mine])
+        gathered = []
+        for t in (o.detach(), qs.grad, ks.grad, vs.grad):
+            parts = [torch.empty_like(t) for _ in range(ranks)]
+            dist.all_gather(parts, t.contiguous())
+            gathered.append(torch.cat(parts, 0))
+        if rank == 0:
+            torch.save(gathered, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_pack_over_the_ranks_gives_the_unsharded_bits(tmp_path, ranks, causal):
+    out = tmp_path / "gathered.pt"
+    mp.spawn(_rank_varlen, args=(ranks, f"file://{tmp_path / 'init'}", causal, str(out)),
+             nprocs=ranks, join=True)
+    o, dq, dk, dv = torch.load(out)
+    q, k, v, do = (t[0] for t in inputs(1, sum(PACK), 8, 4, 8))
+    cu = torch.tensor([0, *torch.tensor(PACK).cumsum(0).tolist()], dtype=torch.int32)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    ref = reference_varlen(qg, kg, vg, cu, cu, max(PACK), max(PACK), causal=causal)
+    ref.backward(do)
+    for got, want in ((o, ref.detach()), (dq, qg.grad), (dk, kg.grad), (dv, vg.grad)):
+        assert torch.equal(got, want)

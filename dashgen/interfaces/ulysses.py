@@ -26,8 +26,8 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ranks: int) -> Non
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-d (batch, seqlen / P, heads, head_dim), got "
-                             f"{t.dim()}-d")
+            raise ValueError(f"{name} must be 4-d (batch, seqlen / P, heads, head_dim), or 3-d "
+                             f"(tokens / P, heads, head_dim) for a pack, got {t.dim()}-d")
     heads_q, heads_kv = q.shape[2], k.shape[2]
     for name, heads in (("heads_q", heads_q), ("heads_kv", heads_kv)):
         if heads % ranks:
@@ -101,3 +101,31 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, grou
                   _heads_to_ranks(v, ranks, group), causal=causal, softmax_scale=softmax_scale,
                   deterministic=deterministic, schedule=schedule)
     return _ranks_to_heads(o, ranks, group)
+
+
+def ulysses_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                             max_seqlen_q: int, max_seqlen_k: int, *, group=None,
+                             causal: bool = False, softmax_scale: float | None = None,
+                             deterministic: bool | None = None, schedule: str = "auto",
+                             attention: Callable | None = None) -> torch.Tensor:
+    """ulysses_attention for a packed batch (dashgen.attention_varlen's layout).
+
+    q: (total_q / P, heads_q, head_dim), k and v: (total_k / P, heads_kv, head_dim): rank r's
+    contiguous share of the packed tokens (a sequence may straddle ranks), every rank's share as
+    long. cu_seqlens_q/k, max_seqlen_q/k describe the whole pack, the same on every rank. Each
+    rank runs attention_varlen on the whole pack for its heads; a sequence's bits are those it
+    has alone, as in any pack. Returns rank r's share of o. `attention` replaces
+    dashgen.attention_varlen (the same signature).
+    """
+    ranks = _size(group)
+    _check(q[None] if isinstance(q, torch.Tensor) and q.dim() == 3 else q,
+           k[None] if isinstance(k, torch.Tensor) and k.dim() == 3 else k,
+           v[None] if isinstance(v, torch.Tensor) and v.dim() == 3 else v, ranks)
+    if attention is None:
+        from ..runtime.op_varlen import attention_varlen as attention
+    gather = lambda x: _heads_to_ranks(x[None], ranks, group)[0]  # noqa: E731
+    o = attention(*(gather(t) if ranks > 1 else t for t in (q, k, v)), cu_seqlens_q,
+                  cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+                  softmax_scale=softmax_scale, deterministic=deterministic, schedule=schedule)
+    return _ranks_to_heads(o[None], ranks, group)[0] if ranks > 1 else o
