@@ -50,6 +50,18 @@ def inputs(batch, seqlen, heads_q, heads_kv, d):
     return make(heads_q), make(heads_kv), make(heads_kv), make(heads_q)
 
 
+def save_gathered(rank, ranks, tensors, dim, out):
+    """Every rank's shares of `tensors`, concatenated along the token dimension `dim`, saved by
+    rank 0 for the test process to compare."""
+    gathered = []
+    for t in tensors:
+        parts = [torch.empty_like(t) for _ in range(ranks)]
+        dist.all_gather(parts, t.contiguous())
+        gathered.append(torch.cat(parts, dim))
+    if rank == 0:
+        torch.save(gathered, out)
+
+
 def _rank(rank, ranks, init, shape, causal, out):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=ranks)
     try:
@@ -59,13 +71,7 @@ def _rank(rank, ranks, init, shape, causal, out):
         qs, ks, vs = (t[:, mine].clone().requires_grad_() for t in (q, k, v))
         o = ulysses_attention(qs, ks, vs, causal=causal, attention=reference)
         o.backward(do[:, mine])
-        gathered = []
-        for t in (o.detach(), qs.grad, ks.grad, vs.grad):
-            parts = [torch.empty_like(t) for _ in range(ranks)]
-            dist.all_gather(parts, t.contiguous())
-            gathered.append(torch.cat(parts, 1))
-        if rank == 0:
-            torch.save(gathered, out)
+        save_gathered(rank, ranks, (o.detach(), qs.grad, ks.grad, vs.grad), 1, out)
     finally:
         dist.destroy_process_group()
 
@@ -143,13 +149,7 @@ def _rank_varlen(rank, ranks, init, causal, out):
         o = ulysses_attention_varlen(qs, ks, vs, cu, cu, max(PACK), max(PACK), causal=causal,
                                      attention=reference_varlen)
         o.backward(do[mine])
-        gathered = []
-        for t in (o.detach(), qs.grad, ks.grad, vs.grad):
-            parts = [torch.empty_like(t) for _ in range(ranks)]
-            dist.all_gather(parts, t.contiguous())
-            gathered.append(torch.cat(parts, 0))
-        if rank == 0:
-            torch.save(gathered, out)
+        save_gathered(rank, ranks, (o.detach(), qs.grad, ks.grad, vs.grad), 0, out)
     finally:
         dist.destroy_process_group()
 
