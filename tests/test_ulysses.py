@@ -123,16 +123,24 @@ def test_auto_is_resolved_on_the_whole_problem(monkeypatch):
 
     from dashgen.interfaces.ulysses import whole_call_schedule
     from dashgen.runtime.select import problem_for, resolve_schedule
+    import dashgen
     monkeypatch.setattr(torch.cuda, "get_device_properties",
                         lambda device: SimpleNamespace(multi_processor_count=132))
-    for seqlen, causal in ((8192, False), (32768, True), (65536, True)):
-        whole = problem_for(1, 16, 8, seqlen, seqlen, 128, causal)
-        want = resolve_schedule(whole, "auto", None, 132, True)[0]
-        for ranks in (2, 4, 8):
-            shard = torch.empty(1, seqlen // ranks, 16, 128, device="meta")
-            kv = torch.empty(1, seqlen // ranks, 8, 128, device="meta")
-            assert whole_call_schedule(shard, kv, ranks, causal, True, "auto") == want
-    assert whole_call_schedule(shard, kv, 8, True, True, "fa3") == "fa3"
+    try:
+        for seqlen, causal in ((8192, False), (32768, True), (65536, True)):
+            whole = problem_for(1, 16, 8, seqlen, seqlen, 128, causal)
+            want = resolve_schedule(whole, "auto", None, 132, True)[0]
+            for ranks in (2, 4, 8):
+                shard = torch.empty(1, seqlen // ranks, 16, 128, device="meta",
+                                    dtype=torch.bfloat16)
+                kv = torch.empty(1, seqlen // ranks, 8, 128, device="meta",
+                                 dtype=torch.bfloat16)
+                assert whole_call_schedule(shard, kv, ranks, causal, True, "auto") == want
+        assert whole_call_schedule(shard, kv, 8, True, True, "fa3") == "fa3"
+        # A dtype the kernels lack is left for dashgen.attention to refuse by name.
+        assert whole_call_schedule(shard.float(), kv, 8, True, True, "auto") == "auto"
+    finally:
+        dashgen.clear_caches()  # the memos hold the faked SM count's answers
 
 
 PACK = [5, 0, 9, 2]  # 16 tokens: a sequence straddles the ranks' shares at 2 and 4 ranks

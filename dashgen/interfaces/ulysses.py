@@ -62,17 +62,23 @@ def whole_call_schedule(q_shard: torch.Tensor, k_shard: torch.Tensor, ranks: int
                         deterministic: bool | None, schedule: str) -> str:
     """The schedule the unsharded call would run: "auto" resolved on the whole problem (all
     heads, all tokens), so that every rank's call, whose problem has fewer heads, runs the same
-    one (lab/notes/context-parallel-plan.md)."""
+    one (lab/notes/context-parallel-plan.md). Through runtime.select.plan, the calls' memoized
+    door to the selection: a training step's repeated shapes cost one lookup."""
     if schedule != "auto":
         return schedule
-    from ..runtime.select import problem_for, resolve_schedule
+    from ..runtime.device import DTYPE_NAMES, sm_count
+    from ..runtime.select import Overrides, plan
+    dtype = DTYPE_NAMES.get(q_shard.dtype)
+    if dtype is None:
+        return schedule  # dashgen.attention refuses the dtype by name
     batch, shard_q, heads_q, head_dim = q_shard.shape
-    problem = problem_for(batch, heads_q, k_shard.shape[2], shard_q * ranks,
-                          k_shard.shape[1] * ranks, head_dim, bool(causal))
-    sms = torch.cuda.get_device_properties(q_shard.device).multi_processor_count
     ordered = (torch.are_deterministic_algorithms_enabled() if deterministic is None
                else bool(deterministic))
-    return resolve_schedule(problem, "auto", None, sms, ordered)[0]
+    whole = plan((batch, shard_q * ranks, heads_q, head_dim),
+                 (batch, k_shard.shape[1] * ranks, *k_shard.shape[2:]),
+                 dtype, bool(causal), ordered, False, "auto", None, sm_count(q_shard.device),
+                 Overrides())
+    return whole.schedule
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group=None,
@@ -119,9 +125,9 @@ def ulysses_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dashgen.attention_varlen (the same signature).
     """
     ranks = _size(group)
-    _check(q[None] if isinstance(q, torch.Tensor) and q.dim() == 3 else q,
-           k[None] if isinstance(k, torch.Tensor) and k.dim() == 3 else k,
-           v[None] if isinstance(v, torch.Tensor) and v.dim() == 3 else v, ranks)
+    # A pack's (tokens, heads, head_dim) checked as one sequence of a batch of 1.
+    _check(*(t[None] if isinstance(t, torch.Tensor) and t.dim() == 3 else t
+             for t in (q, k, v)), ranks)
     if attention is None:
         from ..runtime.op_varlen import attention_varlen as attention
     gather = lambda x: _heads_to_ranks(x[None], ranks, group)[0]  # noqa: E731
