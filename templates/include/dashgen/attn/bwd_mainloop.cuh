@@ -62,8 +62,8 @@ struct BwdMainloop {
   }
 
   // A task's stages, in order: 1 issue_scores, 2 task_stats, 3 recompute (P^T and dS^T), 4
-  // store_ds (dS to shared memory), 5 and 6 dV, dQ, dK (rs_gemm, dq_mma) in one of two orders
-  // (dq_then_dk, dk_then_dq), 7 hand_off_dq; at a segment's end end_segment hands dK/dV to the
+  // store_ds (dS to shared memory), 5 and 6 dV, dQ, dK (rs_gemm, dq_mma) and 7 hand_off_dq in
+  // one of two orders (dq_then_dk, release_then_hand_off); at a segment's end end_segment hands dK/dV to the
   // epilogue. consume() holds what outlives a task (the segment's dK/dV accumulators) and the
   // stage and segment bookkeeping.
   //
@@ -119,7 +119,7 @@ struct BwdMainloop {
 
       float dq[32];
       if constexpr (kDqLast) {
-        dk_then_dq(dk, dq, dsa, smem, q_tile, ds_tile, bars, s, use, me);
+        release_then_hand_off(dk, dq, dsa, smem, q_tile, ds_tile, bars, s, use, me);
       } else {
         dq_then_dk(dk, dq, dsa, smem, q_tile, ds_tile, bars, s, use, me);
       }
@@ -372,16 +372,27 @@ struct BwdMainloop {
     mbarrier_arrive(&bars->q_empty[s]);
   }
 
-  // kDqLast: stages 5 and 6 as dV (issued before stage 4), dK, dQ. Q/dO stage s and its task
-  // slot are free once dQ's wgmmas retire, before the hand-off waits for the writer.
-  __device__ static __forceinline__ void dk_then_dq(
+  // kDqLast: Q/dO stage s and its task slot are released once dK's and dQ's wgmmas retire,
+  // before the hand-off waits for the writer, so a long sequence's next loads never wait on a
+  // dQ rank (docs/design.md, `dq-last-long`). The wgmmas after dV's (issued before stage 4): at
+  // head_dim 128 dK's, then dQ's; at 64 dQ's, then dK's, as dq_then_dk, which measured 1.5-4.3%
+  // faster there at 131k-262k tokens and 2% slower at 128 (the dQ-first order at 128 at 262k).
+  __device__ static __forceinline__ void release_then_hand_off(
       float (&dk)[kHeadDim / 2], float (&dq)[32], const u32 (&dsa)[kBlockM / 16][4], char* smem,
       const char* q_tile, const char* ds_tile, Bars* bars, int s, int use, const MmaThread& me) {
-    wgmma_fence();
-    rs_gemm(dk, dsa, q_tile);
-    wgmma_wait_group<0>();  // dV and dK retired: P^T's and dS^T's registers are free
-    dq_mma(dq, smem, ds_tile, me.wg);
-    wgmma_wait_group<0>();
+    if constexpr (kHeadDim == 64) {
+      dq_mma(dq, smem, ds_tile, me.wg);
+      wgmma_wait_group<1>();  // dV retired: P^T's registers are free
+      wgmma_fence();
+      rs_gemm(dk, dsa, q_tile);
+      wgmma_wait_group<0>();  // dQ and dK retired
+    } else {
+      wgmma_fence();
+      rs_gemm(dk, dsa, q_tile);
+      wgmma_wait_group<0>();  // dV and dK retired: P^T's and dS^T's registers are free
+      dq_mma(dq, smem, ds_tile, me.wg);
+      wgmma_wait_group<0>();
+    }
     if (kEarlyKv && me.tid % 128 == 0 && seg_end_of(smem, s)) mbarrier_arrive(&bars->kv_empty);
     mbarrier_arrive(&bars->q_empty[s]);
     hand_off_dq(dq, smem, bars, s, use, me);
