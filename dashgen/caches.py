@@ -14,13 +14,18 @@ import json
 import os
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Generic, TypeVar
 
 CACHE_ENV = "DASHGEN_CACHE_DIR"
 
 V = TypeVar("V")
-_MEMOS: list["Memo"] = []
+# Every live memo, for clear_caches. Held weakly: a prepared launch owns the memo of its tensor
+# maps, and the memo must leave with it (a process that meets new signatures all the time, as
+# packs of varying lengths do, would otherwise keep every one it ever made).
+_MEMOS: "weakref.WeakSet[Memo]" = weakref.WeakSet()
+_MEMOS_LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -101,7 +106,8 @@ class Memo(Generic[V]):
         self._lock = threading.Lock()
         if fn is not None:
             self.__doc__, self.__wrapped__ = fn.__doc__, fn
-        _MEMOS.append(self)
+        with _MEMOS_LOCK:
+            _MEMOS.add(self)
 
     def __call__(self, *args) -> V:
         found = self._entries.get(args)
@@ -151,5 +157,7 @@ def memo(max_entries: int, max_bytes: int | None = None,
 def clear_caches() -> None:
     """Empty every in-process memo (compiled kernels, plans, descriptors, selections). The disk
     caches stay: their keys name everything that decides their contents."""
-    for m in _MEMOS:
+    with _MEMOS_LOCK:
+        memos = list(_MEMOS)
+    for m in memos:
         m.cache_clear()

@@ -80,6 +80,28 @@ def test_the_decorator_keeps_the_docstring_and_clear_caches_empties_it():
     assert square(3) == 9 and calls == [3, 3]
 
 
+def test_a_memo_leaves_clear_caches_list_with_its_owner():
+    """A prepared launch owns the memo of its tensor maps: once the launch is dropped, nothing
+    keeps the memo (and the descriptors in it) alive, however many launches a process makes."""
+    import gc
+    import weakref
+
+    from dashgen import caches
+
+    class Owner:
+        def __init__(self):
+            self.maps = Memo(None, max_entries=4)
+
+    owner = Owner()
+    owner.maps.get("address", lambda: "descriptor")
+    gone = weakref.ref(owner.maps)
+    assert owner.maps in list(caches._MEMOS)
+    del owner
+    gc.collect()
+    assert gone() is None
+    clear_caches()  # still empties the memos that live
+
+
 def test_threads_share_a_memo_and_its_accounting_stays_exact():
     cache, _ = sized_memo(max_entries=8, max_bytes=1000)
 
