@@ -121,6 +121,11 @@ class Memo(Generic[V]):
             return found[0]
         return self._add(key, make())
 
+    def refile(self, key, value: V) -> None:
+        """File `value` under `key` again, sized anew: for a value that came to hold device
+        memory after it was filed, so that the byte bound counts it."""
+        self._add(key, value)
+
     def _add(self, key, value: V) -> V:
         nbytes = int(self.size(value)) if self.size is not None else 0
         with self._lock:

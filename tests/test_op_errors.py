@@ -1,8 +1,8 @@
 """dashgen.attention on a CPU: every input error names its argument before any kernel runs, the
 resolved Options, deterministic=None following torch, and the autograd / custom-op /
 torch.compile wiring. Only the driver boundary is faked: op._kernels() hands out recording
-stand-ins for runtime.forward, runtime.backward and runtime.BackwardCall that return tensors
-shaped as the runtime's."""
+stand-ins for runtime.forward, runtime.backward, runtime.BackwardCall and the runtime's prepared
+calls (forward_call, backward_launch) that return tensors shaped as the runtime's."""
 from __future__ import annotations
 
 import inspect
@@ -30,14 +30,17 @@ def fake_gradients(do, q, k, v):
 
 
 class FakeKernels:
-    """op._kernels()'s (forward, backward, BackwardCall), recording what the op hands them.
-    Outputs are fresh contiguous tensors of the runtime's shapes and a fixed function of the
-    inputs, so that two paths through the op can be compared bitwise."""
+    """op._kernels()'s (forward, backward, BackwardCall, forward_call, backward_launch),
+    recording what the op hands them. Outputs are fresh contiguous tensors of the runtime's
+    shapes and a fixed function of the inputs, so that two paths through the op can be compared
+    bitwise."""
 
     def __init__(self):
         self.calls: list[tuple[str, dict]] = []
         self.prepared: list[tuple[int, ...]] = []  # the pointers each BackwardCall was built for
-        self.selections: list = []  # the Selection each BackwardCall was handed (or None)
+        self.launches: list = []  # the launch each BackwardCall was handed (or None)
+        self.forward_calls: list[tuple] = []  # the signatures of the forward calls made
+        self.backward_launches: list[FakeLaunch] = []  # the backward launches made
 
     @staticmethod
     def _check_ready(*tensors):
@@ -60,12 +63,31 @@ class FakeKernels:
                                             num_workers=num_workers)))
         return fake_gradients(do, q, k, v)
 
-    def BackwardCall(self, q, k, v, o, lse, *, selection=None, **options):  # noqa: N802
+    def BackwardCall(self, q, k, v, o, lse, *, launch=None, **options):  # noqa: N802
         self._check_ready(q, k, v, o)
         self.prepared.append(tuple(t.data_ptr() for t in (q, k, v, o, lse)))
-        self.selections.append(selection)
+        self.launches.append(launch)
         self.calls.append(("prepare", options))
         return FakeCall(self, (q, k, v, o, lse))
+
+    def forward_call(self, q_shape, k_shape, dtype, causal, softmax_scale, device, overrides):
+        self.forward_calls.append((q_shape, k_shape, dtype, causal, softmax_scale, device,
+                                   overrides))
+        return lambda q, k, v: self.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+
+    def backward_launch(self, selection, device):
+        self.backward_launches.append(FakeLaunch(selection, device))
+        return self.backward_launches[-1]
+
+
+class FakeLaunch:
+    """runtime.BackwardLaunch as the op holds it: made for a selection, sized by its tables."""
+
+    def __init__(self, selection, device):
+        self.selection, self.device = selection, device
+
+    def device_bytes(self):
+        return 0
 
 
 class FakeCall:
@@ -409,8 +431,8 @@ def test_options_reach_forward_and_the_prepared_backward(on_cpu, kernels):
 def test_the_eager_node_hands_the_backward_the_selection_of_its_options(on_cpu, kernels,
                                                                        monkeypatch):
     """One plan per signature: the checks resolve the schedule once, the kernels are chosen
-    once, and the prepared backward gets that choice: what select() gives for the options it
-    was prepared with. A repeated call chooses nothing again."""
+    once, and the prepared backward gets the launch of that choice: what select() gives for the
+    options it was prepared with. A repeated call chooses and prepares nothing again."""
     from dashgen.runtime import select
     made = []
     real = select.Plan.__init__
@@ -419,10 +441,11 @@ def test_the_eager_node_hands_the_backward_the_selection_of_its_options(on_cpu, 
     q, k, v = cpu_leaves()
     for _ in range(2):
         op.attention(q, k, v, causal=True).sum().backward()
-    assert len(made) == 1 and len(kernels.selections) == 2
-    assert kernels.selections[0] is kernels.selections[1]
+    assert len(made) == 1 and len(kernels.launches) == 2
+    assert kernels.launches == kernels.backward_launches * 2  # made once, handed twice
+    assert kernels.launches[0].device == q.device
     options = [options for name, options in kernels.calls if name == "prepare"][0]
-    assert kernels.selections[0] == select.select(
+    assert kernels.launches[0].selection == select.select(
         select.problem_for(2, 8, 2, 100, 70, 64, True), "bf16", sm_count=132,
         deterministic=options["deterministic"], schedule=options["schedule"],
         num_workers=options["num_workers"])
@@ -674,12 +697,17 @@ def test_the_runtime_takes_what_the_op_passes(monkeypatch):
     assert real.forward is runtime_forward.forward
     assert real.backward is runtime_backward.backward
     assert real.BackwardCall is runtime_backward.BackwardCall
+    assert real.forward_call is runtime_forward.forward_call
+    assert real.backward_launch is runtime_backward.backward_launch
     assert {"causal", "softmax_scale"} <= set(inspect.signature(real.forward).parameters)
+    assert list(inspect.signature(real.forward_call.fn).parameters) == [
+        "q_shape", "k_shape", "dtype", "causal", "softmax_scale", "device", "overrides"]
+    assert list(inspect.signature(real.backward_launch.fn).parameters) == ["sel", "device"]
     options = set(op._backward_options(op.Options(True, 0.1, True, "fa3", 3)))
     assert options <= set(inspect.signature(real.backward).parameters)
     prepared = inspect.signature(real.BackwardCall)
     assert list(prepared.parameters)[:5] == ["q", "k", "v", "o", "lse"]
-    assert options | {"selection"} <= set(prepared.parameters)
+    assert options | {"launch"} <= set(prepared.parameters)
     assert list(inspect.signature(real.BackwardCall.serves).parameters) == [
         "self", "q", "k", "v", "o", "lse"]
     assert list(inspect.signature(real.BackwardCall.__call__).parameters) == ["self", "do"]

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dashgen.caches import clear_caches  # noqa: E402
+from dashgen.caches import Memo, clear_caches  # noqa: E402
 from dashgen.codegen.variants import (BACKWARD_CONSTANTS, BwdParams,  # noqa: E402
                                       ConvertParams, FwdParams, PrepParams)
 from dashgen.runtime import backward as runtime  # noqa: E402
@@ -371,7 +371,7 @@ def test_a_named_schedule_holds_no_table_and_a_schedule_file_its_own(recorder):
     key = schedule_file()
     runtime.backward(*inputs(4, 4, seqlen=200), schedule=key, **kw)
     name, _, args = recorder.launches[1]
-    (bl,) = [value for value, _ in runtime._backward_launch._entries.values()
+    (bl,) = [value for value, _ in runtime.backward_launch._entries.values()
              if value.tables]
     assert "_table_" in name and args[4].tasks == bl.tasks.data_ptr()
     assert args[4].worker_offsets == bl.offsets.data_ptr()
@@ -383,7 +383,7 @@ def test_a_named_schedule_holds_no_table_and_a_schedule_file_its_own(recorder):
 def test_prepared_launches_are_bounded_by_their_tables_bytes(recorder, monkeypatch):
     """A schedule file's launch holds its task table on the device; past the byte budget the
     oldest signature is dropped (and rebuilt if it comes back)."""
-    cache = runtime._backward_launch
+    cache = runtime.backward_launch
     kw = dict(causal=True, softmax_scale=0.1, deterministic=True, num_workers=3)
     runtime.backward(*inputs(4, 4, seqlen=200), schedule=schedule_file(200), **kw)
     one = cache.cache_bytes()
@@ -405,7 +405,7 @@ def test_tables_record_their_use_on_another_stream(recorder, monkeypatch, call_s
     kw = dict(causal=True, softmax_scale=0.1, deterministic=True, num_workers=3,
               schedule=schedule_file(), overrides=FUSED_CONVERT)
     runtime.backward(*inputs(4, 4), **kw)  # built on the CPU's stream 0
-    (bl,) = [value for value, _ in runtime._backward_launch._entries.values()]
+    (bl,) = [value for value, _ in runtime.backward_launch._entries.values()]
     assert bl.converts_dq
     tables = [bl.tasks, bl.offsets]
     seen = []
@@ -512,6 +512,68 @@ def test_a_signature_is_selected_once_across_forward_and_backward(recorder, cpu_
     with torch.no_grad():
         op.attention(q[:, :100], k, v, causal=True)
     assert choices == {"plan": 2, "resolve": 2, "selection": 1}
+
+
+def memo_lookups(monkeypatch) -> list:
+    """The memo each lookup from now on reads (Memo.__call__ and Memo.get), in order."""
+    seen = []
+    call, get = Memo.__call__, Memo.get
+    monkeypatch.setattr(Memo, "__call__", lambda self, *a: seen.append(self) or call(self, *a))
+    monkeypatch.setattr(Memo, "get",
+                        lambda self, key, make: seen.append(self) or get(self, key, make))
+    return seen
+
+
+def spy_construction(monkeypatch, *classes) -> list:
+    made = []
+    for cls in classes:
+        real = cls.__init__
+        monkeypatch.setattr(cls, "__init__", lambda self, *a, _real=real, **kw: (
+            made.append(type(self).__name__), _real(self, *a, **kw))[1])
+    return made
+
+
+def test_a_repeated_eager_call_looks_up_its_signature_once(recorder, cpu_op, monkeypatch):
+    """One memo per call signature: a repeated call finds its Options, its plan, its prepared
+    forward and the backward's prepared launches in one lookup (op._VALIDATED); the only other
+    lookups are the descriptors of the addresses it is handed. It prepares nothing again but
+    the backward's parameter blocks for its own tensors (a BackwardCall, as every call)."""
+    q, k, v, do = leaf_inputs()
+    torch.autograd.grad(op.attention(q, k, v, causal=True), (q, k, v), do)
+    (entry,) = [value for value, _ in op._VALIDATED._entries.values()]
+    forward_maps, bl = entry.forward_call.launch._maps, entry.backward_launch
+    made = spy_construction(monkeypatch, runtime_forward.ForwardCall,
+                            runtime_forward.ForwardLaunch, runtime.BackwardLaunch)
+    seen = memo_lookups(monkeypatch)
+    recorder.launches.clear()
+    torch.autograd.grad(op.attention(q, k, v, causal=True), (q, k, v), do)
+    assert seen == [op._VALIDATED, forward_maps, bl._maps, bl._do_maps]
+    assert made == [] and len(cpu_op) == 2
+    assert len(recorder.launches) == 4  # the forward, the preprocess, the main kernel, convert
+    seen.clear()
+    with torch.no_grad():
+        op.attention(q, k, v, causal=True)
+    assert seen == [op._VALIDATED, forward_maps] and made == []
+
+
+def test_a_signatures_entry_counts_the_tables_its_backward_holds(recorder, cpu_op, monkeypatch):
+    """The validated entries hold their backward's launches, so they are bounded by the bytes
+    of those launches' tables on the GPU (a schedule file's) as the launches' own memo is: a
+    call under no_grad prepares no backward and holds none."""
+    memo = op._VALIDATED
+    q, k, v, do = leaf_inputs(seqlen=200)
+    with torch.no_grad():
+        op.attention(q, k, v, causal=True, schedule=schedule_file(200))
+    assert len(memo) == 1 and memo.cache_bytes() == 0
+    out = op.attention(q, k, v, causal=True, schedule=schedule_file(200))
+    (entry,) = [value for value, _ in memo._entries.values()]
+    one = entry.backward_launch.device_bytes()
+    assert one >= 16 * 4 and memo.cache_bytes() == one  # at least the task table
+    torch.autograd.grad(out, (q, k, v), do)
+    monkeypatch.setattr(memo, "max_bytes", one)
+    q, k, v, do = leaf_inputs(seqlen=300)
+    op.attention(q, k, v, causal=True, schedule=schedule_file(300))
+    assert len(memo) == 1 and memo.cache_bytes() > one  # the 200-token signature went
 
 
 def test_tensors_from_saved_tensor_hooks_get_their_own_launches(recorder, cpu_op):

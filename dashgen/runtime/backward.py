@@ -115,8 +115,8 @@ class BackwardLaunch:
 
 # Prepared backward launches by selection (schedule files' tables on the GPU among them): at
 # most 256, and at most 1 GiB of tables.
-_backward_launch = Memo(BackwardLaunch, max_entries=256, max_bytes=1 << 30,
-                        size=BackwardLaunch.device_bytes)
+backward_launch = Memo(BackwardLaunch, max_entries=256, max_bytes=1 << 30,
+                       size=BackwardLaunch.device_bytes)
 
 
 class BackwardCall:
@@ -130,21 +130,21 @@ class BackwardCall:
 
     q, k, v, o and lse are contiguous; the call reads them through their addresses, so it holds
     no reference to them: `serves` tells whether a set of tensors is the one it was built for.
-    Its parameter blocks are rewritten by each call: one call at a time. `selection` is what the
-    options select where the caller holds it (the eager node: its call's plan); else it is
-    looked up (runtime.select.plan)."""
+    Its parameter blocks are rewritten by each call: one call at a time. `launch` is the
+    prepared launch of these options on q's device where the caller holds it (the eager node:
+    its signature's); else it is looked up (runtime.select.plan, then `backward_launch`)."""
 
     def __init__(self, q, k, v, o, lse, *, causal: bool, softmax_scale: float,
                  deterministic: bool, schedule: str, num_workers: int | None,
                  trace: bool = False, overrides: Overrides = Overrides(),
-                 selection: Selection | None = None):
+                 launch: BackwardLaunch | None = None):
         dev = self.device = q.device
-        if selection is None:  # else the caller's plan of these options (the op's eager node)
-            selection = plan(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype], bool(causal),
-                             bool(deterministic), bool(trace), schedule, num_workers,
-                             sm_count(dev), overrides).selection
-        sel = self.selection = selection
-        bl = self.bl = _backward_launch(sel, dev)
+        if launch is None:
+            launch = backward_launch(
+                plan(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype], bool(causal),
+                     bool(deterministic), bool(trace), schedule, num_workers, sm_count(dev),
+                     overrides).selection, dev)
+        bl = self.bl = launch
         self.device_index = dev.index or 0
         self.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
         self.q_shape, self.k_shape, self.dtype = q.shape, k.shape, q.dtype

@@ -27,6 +27,8 @@ class _Kernels(NamedTuple):
     forward: object
     backward: object
     BackwardCall: type
+    forward_call: object  # the runtime's memos of prepared calls, asked once per signature
+    backward_launch: object
 
 
 _KERNELS: _Kernels | None = None
@@ -36,9 +38,9 @@ def _kernels() -> _Kernels:
     # Imported on first use so that `import dashgen.runtime.op` loads no driver binding.
     global _KERNELS
     if _KERNELS is None:
-        from .backward import BackwardCall, backward
-        from .forward import forward
-        _KERNELS = _Kernels(forward, backward, BackwardCall)
+        from .backward import BackwardCall, backward, backward_launch
+        from .forward import forward, forward_call
+        _KERNELS = _Kernels(forward, backward, BackwardCall, forward_call, backward_launch)
     return _KERNELS
 
 
@@ -87,6 +89,36 @@ def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
     return made.schedule_key, made.num_workers, ""
 
 
+class _Validated:
+    """What a call signature that passed every check holds: the call's Options and plan, and,
+    made on its first call and kept, the runtime's prepared forward (runtime.ForwardCall) and
+    the backward's prepared launches (runtime.BackwardLaunch). So a repeated call finds
+    everything it runs in one lookup; the runtime's own memos, which made these, serve its
+    other callers (the custom ops, direct runtime calls)."""
+
+    __slots__ = ("options", "plan", "key", "forward_call", "backward_launch")
+
+    def __init__(self, options: Options, made: Plan | None, key):
+        self.options, self.plan, self.key = options, made, key
+        self.forward_call = self.backward_launch = None
+
+    def prepare_forward(self, q, k):
+        opts = self.options
+        call = self.forward_call = _kernels().forward_call(
+            q.shape, k.shape, q.dtype, opts.causal, opts.softmax_scale, q.device, Overrides())
+        return call
+
+    def prepare_backward(self, device):
+        launch = self.backward_launch = _kernels().backward_launch(self.plan.selection, device)
+        if self.key is not None:
+            # Its tables on the GPU (a schedule file's) count against the memo's bytes from now.
+            _VALIDATED.refile(self.key, self)
+        return launch
+
+    def device_bytes(self) -> int:
+        return 0 if self.backward_launch is None else self.backward_launch.device_bytes()
+
+
 def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=None,
                  schedule="auto", num_workers=None) -> Options:
     """Validate the arguments of :func:`attention` and resolve its defaults.
@@ -98,12 +130,14 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Non
     and num_workers against the SM count (fake CUDA tensors from FakeTensorMode, with the device
     query stubbed); finally whether the schedule serves the problem.
     """
-    return _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers)[0]
+    return _resolve(q, k, v, causal, softmax_scale, deterministic, schedule,
+                    num_workers).options
 
 
-def _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers):
-    """check_inputs' Options and the call's plan (runtime.select.Plan, whose selection the
-    backward's launches take; None while torch.compile traces, where only the custom ops run)."""
+def _resolve(q, k, v, causal, softmax_scale, deterministic, schedule,
+             num_workers) -> _Validated:
+    """The signature's validated entry: check_inputs' Options, the call's plan (None while
+    torch.compile traces, where only the custom ops run) and the prepared calls."""
     # The flag is read at call time, never a cached answer: with deterministic=None its value
     # is part of the key, so each state has its own resolved Options.
     flag = torch.are_deterministic_algorithms_enabled()
@@ -111,8 +145,8 @@ def _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_worker
                      flag)
 
     def checked():
-        return _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
-                          flag)
+        return _Validated(*_check_all(q, k, v, causal, softmax_scale, deterministic, schedule,
+                                      num_workers, flag), key)
 
     resolved = checked() if key is None else _VALIDATED.get(key, checked)
     if deterministic is False and flag:
@@ -120,9 +154,11 @@ def _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_worker
     return resolved
 
 
-# The Options and plans of argument signatures that passed every check: a training loop repeats
-# the same shapes, and the checks' host time would delay every forward kernel.
-_VALIDATED: Memo[tuple[Options, Plan | None]] = Memo(None, max_entries=1024)
+# The entries of argument signatures that passed every check: a training loop repeats the same
+# shapes, and the checks' host time, and any further lookup, would delay every forward kernel.
+# Bounded like the backward's launches by the tables they hold on the GPU.
+_VALIDATED: Memo[_Validated] = Memo(None, max_entries=1024, max_bytes=1 << 30,
+                                    size=_Validated.device_bytes)
 
 
 def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers, flag):
@@ -165,12 +201,17 @@ def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
     return Options(causal, scale, ordered, name, workers), made
 
 
-# -- the kernel calls both paths share (the custom ops and the eager Function) ------------------
+# -- the kernel calls of the custom ops (the eager calls take their signature's prepared ones) ---
 
 def _run_forward(q, k, v, opts: Options):
     """o and lse from the runtime."""
     return _kernels().forward(ready(q), ready(k), ready(v), causal=opts.causal,
                               softmax_scale=opts.softmax_scale)
+
+
+def _eager_forward(q, k, v, entry: _Validated):
+    """o and lse from the signature's prepared forward (q, k and v ready)."""
+    return (entry.forward_call or entry.prepare_forward(q, k))(q, k, v)
 
 
 def _backward_options(opts: Options) -> dict:
@@ -233,14 +274,14 @@ class _EagerAttention(torch.autograd.Function):
     waits on, has less to do."""
 
     @staticmethod
-    def forward(ctx, q, k, v, opts: Options, call_plan: Plan):
-        rt = _kernels()
+    def forward(ctx, q, k, v, entry: _Validated):
         q, k, v = ready(q), ready(k), ready(v)
-        o, lse = rt.forward(q, k, v, causal=opts.causal, softmax_scale=opts.softmax_scale)
+        o, lse = _eager_forward(q, k, v, entry)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.opts = opts
-        ctx.call = rt.BackwardCall(q, k, v, o, lse, **_backward_options(opts),
-                                   selection=call_plan.selection)
+        ctx.opts = opts = entry.options
+        ctx.call = _kernels().BackwardCall(
+            q, k, v, o, lse, **_backward_options(opts),
+            launch=entry.backward_launch or entry.prepare_backward(q.device))
         ctx.mark_non_differentiable(lse)
         # lse takes no gradient: without this, autograd would fill a zero tensor for it in every
         # backward (an allocation and a kernel launch, host time a short backward waits for).
@@ -301,15 +342,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         schedule = register(schedule)  # the op carries a key string
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
-    opts, call_plan = _resolve(q, k, v, causal, softmax_scale, deterministic, schedule,
-                               num_workers)
+    entry = _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if traced(q):
-        o, lse = torch.ops.dashgen.attention_fwd(q, k, v, *opts)
+        o, lse = torch.ops.dashgen.attention_fwd(q, k, v, *entry.options)
     elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         # Nothing to differentiate (inference, no_grad): the kernel without autograd's
         # bookkeeping, whose host time the GPU would wait for.
-        o, lse = _run_forward(q, k, v, opts)
+        o, lse = _eager_forward(ready(q), ready(k), ready(v), entry)
     else:
-        o, lse = _EagerAttention.apply(q, k, v, opts, call_plan)
+        o, lse = _EagerAttention.apply(q, k, v, entry)
     return (o, lse) if return_lse else o
