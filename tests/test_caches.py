@@ -80,6 +80,22 @@ def test_the_decorator_keeps_the_docstring_and_clear_caches_empties_it():
     assert square(3) == 9 and calls == [3, 3]
 
 
+def test_refile_counts_a_value_that_grew_and_keeps_the_bound():
+    """A value that takes on device memory after it was filed (a validated signature whose
+    backward is prepared later) is sized again, and the byte bound then holds with its size."""
+    sizes = {"a": 0, "b": 0}
+    cache = Memo(None, max_entries=10, max_bytes=100, size=lambda name: sizes[name])
+    cache.get("a", lambda: "a")
+    cache.get("b", lambda: "b")
+    assert cache.cache_bytes() == 0
+    sizes["a"] = 60
+    cache.refile("a", "a")
+    assert cache.cache_bytes() == 60 and len(cache) == 2
+    sizes["b"] = 50
+    cache.refile("b", "b")  # 110 > 100: the oldest, a, goes
+    assert cache.cache_bytes() == 50 and list(cache._entries) == ["b"]
+
+
 def test_a_memo_leaves_clear_caches_list_with_its_owner():
     """A prepared launch owns the memo of its tensor maps: once the launch is dropped, nothing
     keeps the memo (and the descriptors in it) alive, however many launches a process makes."""
