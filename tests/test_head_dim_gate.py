@@ -20,8 +20,8 @@ from test_op_errors import cpu_leaves, h200, kernels, on_cpu  # noqa: E402,F401 
 from test_varlen import pack  # noqa: E402
 
 COMPILED_ONLY = [d for d in FORWARD_HEAD_DIMS if d not in HEAD_DIMS]
-REFUSED = r"^q has head_dim {}; supported head_dims: \(64, 128\)$"
-NO_KERNEL = r"^head_dim must be one of \(64, 128\), got {}$"
+REFUSED = r"^q has head_dim {}; supported head_dims: \(64, 96, 128\)$"
+NO_KERNEL = r"^head_dim must be one of \(64, 96, 128\), got {}$"
 
 
 def test_the_compiled_only_head_dims_are_192_and_256():

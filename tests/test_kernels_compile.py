@@ -72,6 +72,17 @@ EXTRA_VARIANTS = [
     B("fp16", 64, True, "descending", gqa=True, fused_convert=True),
     F("fp16", 64, False),
     F("fp16", 128, True, persistent=True),
+    # head_dim 96, computed in the 128 kernels (KERNEL_HEAD_DIMS): every part that stores to the
+    # tensors (dK/dV, the fused and the separate dQ converters, O) and each kind of kernel
+    B("bf16", 96, True, "spt_listed", fused_convert=True),
+    B("bf16", 96, True, "spt_listed", dq_last=True),
+    B("bf16", 96, False, "shift", gqa=True),
+    B("bf16", 96, False, "fa3", deterministic=False),
+    B("fp16", 96, True, "symmetric_shift"),
+    B("bf16", 96, True, "spt", varlen=True, gqa=True),
+    F("bf16", 96, False),
+    F("bf16", 96, True, persistent=True),
+    F("fp16", 96, True, varlen=True),
 ]
 # The forwards at the head dims that compile but have not run on a GPU (FORWARD_HEAD_DIMS less
 # HEAD_DIMS, and 192 with V 128 wide): every dtype, mask and kind, since select offers none of
@@ -122,7 +133,8 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
         main_backward = function == name and isinstance(variant, BackwardVariant)
         mma = 0
         if main_backward:
-            mma = (DQ_LAST_SPILL_BYTES if variant.dq_last else MMA_SPILL_BYTES)[variant.head_dim]
+            mma = (DQ_LAST_SPILL_BYTES if variant.dq_last
+                   else MMA_SPILL_BYTES)[variant.kernel_head_dim]
         allowed = mma
         if main_backward and not variant.table:
             # A named policy's walk runs in the scheduler lane, inside the producer
@@ -227,14 +239,30 @@ def test_a_forward_of_one_width_is_the_variant_without_head_dim_v():
     assert "kHeadDimV = 128;" in render_variant(F("bf16", 192, False, head_dim_v=128)).text
 
 
+def test_head_dim_96_renders_the_128_kernel_with_the_tensors_width():
+    """96 has no 128-byte swizzle blocks of its own: the kernel is the 128 one, told the
+    tensors' width (attn/head_dim.cuh); the widths it computes with are 128's."""
+    for variant in (B("bf16", 96, True, "spt_listed"), F("bf16", 96, False)):
+        text = render_variant(variant).text
+        assert "kHeadDim = 128;" in text and "kTensorHeadDim = 96;" in text
+        assert variant.kernel_head_dim == 128 and "_d96_" in variant.kernel_name
+    assert B("bf16", 96, False, "fa3").constants == BACKWARD_CONSTANTS[128, False]
+    assert F("bf16", 96, True).tiles == FORWARD_TILES[128, 128]
+    for variant in (B("bf16", 128, True, "spt_listed"), F("bf16", 128, False)):
+        assert "kTensorHeadDim" not in render_variant(variant).text
+    with pytest.raises(ValueError, match=r"^head_dim_v must be 96 at head_dim 96, got 64$"):
+        F("bf16", 96, False, head_dim_v=64)
+
+
 def test_the_backward_constants_are_the_tiles_schedules_are_built_in():
     for (head_dim, causal), constants in BACKWARD_CONSTANTS.items():
         variant = B("bf16", head_dim, causal, "fa3")
         assert (variant.block_m, variant.block_n) == backward_tiles(head_dim)
         assert (variant.block_m, variant.block_n) == (constants.block_m, constants.block_n)
     assert backward_tiles(64) == (128, 128) and backward_tiles(128) == (64, 128)
-    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 128\), got 96"):
-        backward_tiles(96)
+    assert backward_tiles(96) == backward_tiles(128)  # computed in the 128 kernel
+    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128\), got 80"):
+        backward_tiles(80)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +283,7 @@ def test_render_raises_on_a_missing_config_field(template):
 @pytest.mark.parametrize("variant", [F, B])
 @pytest.mark.parametrize("kwargs, error, pattern", [
     (dict(dtype="fp32", head_dim=128), ValueError, r"^dtype must be one of "),
-    (dict(dtype="bf16", head_dim=96), ValueError, r"^head_dim must be one of "),
+    (dict(dtype="bf16", head_dim=80), ValueError, r"^head_dim must be one of "),
     (dict(dtype="fp16", head_dim=320), ValueError, r"^head_dim must be one of "),
 ])
 def test_variants_refuse_what_no_kernel_implements(variant, kwargs, error, pattern):
@@ -267,13 +295,14 @@ def test_variants_refuse_what_no_kernel_implements(variant, kwargs, error, patte
 def test_only_the_forward_compiles_past_head_dim_128(head_dim):
     """The forward's variant takes the head dims its kernel compiles for; the backward's only
     those the runtime runs."""
-    assert FORWARD_HEAD_DIMS == (64, 128, 192, 256) and HEAD_DIMS == (64, 128)
+    assert FORWARD_HEAD_DIMS == (64, 96, 128, 192, 256) and HEAD_DIMS == (64, 96, 128)
     assert F("bf16", head_dim, False).head_dim == head_dim
-    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 128\), got "
+    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128\), got "
                                          rf"{head_dim}$"):
         B("bf16", head_dim, False, "fa3")
-    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 128, 192, 256\), got 96"):
-        F("bf16", 96, False)
+    with pytest.raises(ValueError,
+                       match=r"^head_dim must be one of \(64, 96, 128, 192, 256\), got 80"):
+        F("bf16", 80, False)
 
 
 @pytest.mark.parametrize("head_dim, head_dim_v, widths", [

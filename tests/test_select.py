@@ -259,10 +259,10 @@ def test_an_unsupported_dtype_is_named(dtype):
         select(FULL, dtype)
 
 
-@pytest.mark.parametrize("head_dim", [32, 96, 256])
+@pytest.mark.parametrize("head_dim", [32, 80, 256])
 def test_an_unsupported_head_dim_is_named(head_dim):
     problem = Problem(seqlen_q=256, head_dim=head_dim, block_m=64, block_n=128)
-    with pytest.raises(ValueError, match=rf"^head_dim must be one of \(64, 128\), got "
+    with pytest.raises(ValueError, match=rf"^head_dim must be one of \(64, 96, 128\), got "
                                          rf"{head_dim}"):
         select(problem, "bf16")
 
@@ -361,3 +361,13 @@ def test_a_signature_is_planned_once_and_found_under_its_resolved_options(monkey
     assert plan(*shapes, *signature, key, 3, 132, Overrides()) is table
     assert table.selection.table == key and len(made) == 3
     plan.cache_clear()
+
+
+def test_head_dim_96_selects_the_128_kernels_policies():
+    """96 runs in the 128 kernels (KERNEL_HEAD_DIMS): the same tiles, and the per-head_dim
+    policies read at 128 (dq_last from 512 KV tiles under a causal mask)."""
+    long = Problem(seqlen_q=65536, head_dim=96, mask=Mask.causal(), block_m=64, block_n=128)
+    picked = select(long, "bf16")
+    assert picked.backward.dq_last and picked.backward.kernel_head_dim == 128
+    assert picked.backward.kernel_name.startswith("dashgen_bwd_bf16_d96_causal_")
+    assert picked.forward.head_dim == 96 and picked.forward.kernel_head_dim == 128

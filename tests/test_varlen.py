@@ -108,7 +108,7 @@ def test_an_unsupported_dtype_names_q(dtype):
         check_varlen_inputs(*pack(dtype=dtype))
 
 
-@pytest.mark.parametrize("head_dim", [32, 96, 256])
+@pytest.mark.parametrize("head_dim", [32, 80, 256])
 def test_an_unsupported_head_dim_names_q(head_dim):
     with pytest.raises(ValueError, match=rf"^q has head_dim {head_dim}; supported head_dims"):
         check_varlen_inputs(*pack(head_dim=head_dim))
@@ -274,7 +274,7 @@ def test_a_bad_option_gets_the_same_error_from_dense_and_packed_calls(kwargs):
     assert type(dense) in (TypeError, ValueError) and str(dense).startswith(next(iter(kwargs)))
 
 
-@pytest.mark.parametrize("fault", ["float32 q", "fp16 k", "head_dim 96", "heads 4 / 3",
+@pytest.mark.parametrize("fault", ["float32 q", "fp16 k", "head_dim 80", "heads 4 / 3",
                                    "strided v", "on the cpu"])
 def test_a_tensor_fault_gets_the_same_error_from_dense_and_packed_calls(fault):
     dense_args = list(qkv(device="cpu" if fault == "on the cpu" else "meta"))
@@ -283,9 +283,9 @@ def test_a_tensor_fault_gets_the_same_error_from_dense_and_packed_calls(fault):
         dense_args[0], packed_args[0] = dense_args[0].float(), packed_args[0].float()
     elif fault == "fp16 k":
         dense_args[1], packed_args[1] = dense_args[1].half(), packed_args[1].half()
-    elif fault == "head_dim 96":
-        dense_args[:3] = qkv(head_dim=96)
-        packed_args[:3] = pack(head_dim=96)[:3]
+    elif fault == "head_dim 80":
+        dense_args[:3] = qkv(head_dim=80)
+        packed_args[:3] = pack(head_dim=80)[:3]
     elif fault == "heads 4 / 3":
         dense_args[:3] = qkv(heads_q=4, heads_kv=3)
         packed_args[:3] = pack(heads_q=4, heads_kv=3)[:3]
@@ -848,7 +848,7 @@ def test_emit_varlen_writes_and_compiles_the_packed_pair(tmp_path, capsys):
     (["--schedule", "symmetric_shift", "--mask", "full"], r"serves the causal mask"),
     (["--schedule", "shift", "--mask", "causal"], r"serves the full mask"),
     (["--seqlens", "100,200"], r"--varlen emits the packed kernels"),
-    (["--hdim", "96"], r"--hdim must be one of"),
+    (["--hdim", "80"], r"--hdim must be one of"),
 ])
 def test_emit_varlen_refusals_name_the_option(tmp_path, capsys, argv, pattern):
     from dashgen.cli import main

@@ -18,13 +18,26 @@ from ..schedule.builders import BUILDERS
 ELEMENT_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}  # dtype -> CUDA type
 # The head dims dashgen runs: both kernels exist and were run on the GPU. The runtime refuses
 # every other (dashgen.runtime.checks, select), and so does the backward's variant.
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128)
+# Head dims computed by a wider kernel (docs/design.md, `padded-head-dims`): the kernel's tiles,
+# shared memory, registers and schedules are the wider one's. Its TMA loads read zeros past the
+# tensors' columns (the descriptors carry the tensors' own width), and its stores to the tensors
+# skip those columns, so the zeros add exactly 0 to every sum and nothing lands past a row.
+# 96 has no 128-byte swizzle blocks of its own (1.5 blocks of 64 columns).
+KERNEL_HEAD_DIMS = {96: 128}
+
+
+def kernel_head_dim(head_dim: int) -> int:
+    """The head_dim of the kernel that computes `head_dim` (itself, or KERNEL_HEAD_DIMS')."""
+    return KERNEL_HEAD_DIMS.get(head_dim, head_dim)
+
+
 # The head dims the forward's variant compiles for. 192 and 256 (and 192 with V 128 wide) render
 # and compile for sm_90a without spills, in the shared memory a block may use
 # (tests/test_kernels_compile.py); the 192 and 256 kernels matched float64 on an H100 through
 # runtime.forward (docs/design.md, `fwd-head-dims`). The runtime keeps refusing them (HEAD_DIMS)
 # while there is no backward for them: a training call would fail at its backward.
-FORWARD_HEAD_DIMS = (64, 128, 192, 256)
+FORWARD_HEAD_DIMS = (64, 96, 128, 192, 256)
 SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
 THREADS = 384  # both main kernels: a producer warpgroup and two MMA warpgroups
 AUX_THREADS = 128  # the backward's preprocess and convert kernels
@@ -101,7 +114,7 @@ def backward_tiles(head_dim: int) -> tuple[int, int]:
     """(block_m, block_n) of the backward at a head_dim: the tiles its schedules are built in."""
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim!r}")
-    c = BACKWARD_CONSTANTS[head_dim, False]
+    c = BACKWARD_CONSTANTS[kernel_head_dim(head_dim), False]
     return c.block_m, c.block_n
 
 
@@ -147,6 +160,11 @@ class _Variant:
         return ELEMENT_TYPES[self.dtype]
 
     @property
+    def kernel_head_dim(self) -> int:
+        """The head_dim the kernel computes with (KERNEL_HEAD_DIMS); head_dim is the tensors'."""
+        return kernel_head_dim(self.head_dim)
+
+    @property
     def prep_params_bytes(self) -> int:
         return ctypes.sizeof(PrepParams)
 
@@ -182,7 +200,10 @@ class ForwardVariant(_Variant):
         super().__post_init__()
         if self.head_dim_v is None:
             object.__setattr__(self, "head_dim_v", self.head_dim)  # one variant, one name
-        if (self.head_dim, self.head_dim_v) not in FORWARD_TILES:
+        if self.head_dim in KERNEL_HEAD_DIMS and self.head_dim_v != self.head_dim:
+            raise ValueError(f"head_dim_v must be {self.head_dim} at head_dim {self.head_dim}, "
+                             f"got {self.head_dim_v!r}")
+        if (self.kernel_head_dim, self.kernel_head_dim_v) not in FORWARD_TILES:
             widths = sorted(v for d, v in FORWARD_TILES if d == self.head_dim)
             raise ValueError(f"head_dim_v must be one of {widths} at head_dim {self.head_dim}, "
                              f"got {self.head_dim_v!r}")
@@ -197,8 +218,12 @@ class ForwardVariant(_Variant):
         return f"{type(self).__name__}({', '.join(fields)})"
 
     @property
+    def kernel_head_dim_v(self) -> int:
+        return kernel_head_dim(self.head_dim_v)
+
+    @property
     def tiles(self) -> ForwardTiles:
-        return FORWARD_TILES[self.head_dim, self.head_dim_v]
+        return FORWARD_TILES[self.kernel_head_dim, self.kernel_head_dim_v]
 
     @property
     def block_m(self) -> int:
@@ -260,7 +285,7 @@ class BackwardVariant(_Variant):
         if self.varlen and self.listed:
             raise ValueError(f"schedule={self.schedule!r} deals one fixed shape's units; a "
                              f"pack has its own deal (use 'spt')")
-        if self.dq_last and self.head_dim not in DQ_LAST_HEAD_DIMS:
+        if self.dq_last and self.kernel_head_dim not in DQ_LAST_HEAD_DIMS:
             raise ValueError(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}, got head_dim "
                              f"{self.head_dim}")
         if self.fused_convert and not self.deterministic:
@@ -274,7 +299,7 @@ class BackwardVariant(_Variant):
 
     @property
     def constants(self) -> BackwardConstants:
-        return BACKWARD_CONSTANTS[self.head_dim, self.causal]
+        return BACKWARD_CONSTANTS[self.kernel_head_dim, self.causal]
 
     @property
     def block_m(self) -> int:

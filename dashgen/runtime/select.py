@@ -15,7 +15,7 @@ from functools import cached_property
 from ..caches import memo
 from ..codegen.variants import (DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
                                 BackwardVariant, ForwardVariant, backward_tiles,
-                                check_dtype_head_dim)
+                                check_dtype_head_dim, kernel_head_dim)
 from ..schedule.builders import (HYBRID_MAX_TILES, hybrid_need, Tiling, get_builder, schedule_loads,
                                  unsupported_reason)
 from ..schedule.builders.base import fewest_workers
@@ -167,7 +167,7 @@ def balanced_workers(problem: Problem, per_seq: int, workers: int) -> int:
 def forward_persistent_pays(seqlen_k: int, head_dim: int, causal: bool) -> bool:
     """Whether persistent CTAs pay for a forward with seqlen_k keys."""
     kv_tiles = -(-seqlen_k // FORWARD_BLOCK_N)
-    return kv_tiles <= FWD_PERSISTENT_MAX_KV_TILES.get((head_dim, causal), 0)
+    return kv_tiles <= FWD_PERSISTENT_MAX_KV_TILES.get((kernel_head_dim(head_dim), causal), 0)
 
 
 def select_forward(problem: Problem, dtype: str, sm_count: int = DEFAULT_SM_COUNT,
@@ -192,8 +192,8 @@ def fuses_convert(problem: Problem, longest: int) -> bool:
     causal 1k-2k; head_dim 128 1k-2k and causal 4k)."""
     convert_us = (problem.batch * problem.heads_q * problem.seqlen_q * problem.head_dim * 6
                   / CONVERT_BYTES_PER_US)
-    return convert_us > (FUSED_CONVERT_COST[problem.head_dim] * longest
-                          * TASK_US[problem.head_dim])
+    kernel = kernel_head_dim(problem.head_dim)  # the per-task costs are the kernel's
+    return convert_us > FUSED_CONVERT_COST[kernel] * longest * TASK_US[kernel]
 
 
 def early_kv_pays(problem: Problem) -> bool:
@@ -270,8 +270,9 @@ class Plan:
         dq_last = overrides.dq_last
         if dq_last is None:
             # The ordered causal kernel only: unordered or under a full mask it measured slower.
-            dq_last = (ordered and causal and problem.head_dim in DQ_LAST_HEAD_DIMS
-                       and problem.num_n_blocks >= DQ_LAST_FROM_KV_TILES[problem.head_dim])
+            kernel = kernel_head_dim(problem.head_dim)
+            dq_last = (ordered and causal and kernel in DQ_LAST_HEAD_DIMS
+                       and problem.num_n_blocks >= DQ_LAST_FROM_KV_TILES[kernel])
         backward = BackwardVariant(self.dtype, problem.head_dim, causal, self.schedule,
                                    deterministic=ordered, gqa=problem.gqa, fused_convert=fused,
                                    early_kv=early_kv, dq_last=dq_last, trace=self.trace)

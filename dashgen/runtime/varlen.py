@@ -17,7 +17,7 @@ import torch
 
 from ..caches import Memo, memo
 from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, BwdParams,
-                                ConvertParams, FwdParams, PrepParams)
+                                ConvertParams, FwdParams, PrepParams, kernel_head_dim)
 from . import launch, pack_faults, watchdog
 from .device import DTYPE_NAMES, kernels, stream, tensor_map
 from .launch import addresses
@@ -100,6 +100,7 @@ class PackWorkspace:
 
     def __init__(self, batch, total_q, total_k, heads_q, heads_kv, head_dim, block_m, block_n,
                  gqa):
+        head_dim = kernel_head_dim(head_dim)  # the fp32 sums have the kernel's columns
         tq, tk = pack_tiles(total_q, batch, block_m), pack_tiles(total_k, batch, block_n)
         self.max_units = pack_tiles(total_k, batch, block_n)
         self.q_tiles, self.k_tiles = tq, tk

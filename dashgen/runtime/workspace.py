@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from ..codegen.variants import kernel_head_dim
 from ..schedule.problem import Problem
 
 
@@ -21,7 +22,9 @@ class WorkspaceLayout:
     PARTS = ("dq_accum", "dpsum", "stats", "dk_accum", "dv_accum", "dq_counters", "dkv_counters")
 
     def __init__(self, problem: Problem):
-        b, hq, hkv, d = problem.batch, problem.heads_q, problem.heads_kv, problem.head_dim
+        # The fp32 sums have the kernel's columns (a head_dim computed in a wider kernel).
+        b, hq, hkv = problem.batch, problem.heads_q, problem.heads_kv
+        d = kernel_head_dim(problem.head_dim)
         gqa = problem.gqa
         kv = (b, hkv, problem.num_n_blocks * problem.block_n, d) if gqa else (0,)
         stats = (b, hq, problem.num_m_blocks, 2, problem.block_m)

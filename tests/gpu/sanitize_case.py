@@ -28,6 +28,10 @@ CASES = [
     (1, 200, 200, 4, 2, 64, True, torch.bfloat16, "fa3", 3),
     (1, 130, 130, 2, 1, 64, False, torch.float16, "spt", 3),
     (1, 333, 333, 2, 2, 128, True, torch.bfloat16, "descending", 5),
+    # head_dim 96 in the 128 kernel: a store past a row's 96 columns is past the tensor's end
+    # in its last row.
+    (1, 257, 200, 6, 2, 96, False, torch.bfloat16, "shift", 4),
+    (1, 200, 200, 3, 3, 96, True, torch.float16, "spt", 3),
 ]
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Packs (lengths, heads_q, heads_kv, head_dim, causal, dtype, schedule): empty and one-token
@@ -41,6 +45,7 @@ VARLEN_CASES = [
     # hybrid (a pack's auto) with both of its orders: 8,300 keys is past its 64 KV tiles.
     ((8300, 300, 1, 0), 2, 1, 64, False, torch.bfloat16, "hybrid"),
     ((333, 17, 128), 2, 2, 128, True, torch.bfloat16, "hybrid"),
+    ((300, 1, 0, 129), 3, 1, 96, True, torch.bfloat16, "spt"),
 ]
 
 

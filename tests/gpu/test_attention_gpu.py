@@ -17,7 +17,7 @@ from dashgen.runtime.backward import backward  # noqa: E402
 from dashgen.runtime.forward import forward, forward_variant  # noqa: E402
 from dashgen.runtime.op import attention  # noqa: E402
 from dashgen.runtime.select import Overrides, problem_for, selection  # noqa: E402
-from dashgen.codegen.variants import DQ_LAST_HEAD_DIMS  # noqa: E402
+from dashgen.codegen.variants import DQ_LAST_HEAD_DIMS, HEAD_DIMS, kernel_head_dim  # noqa: E402
 from dashgen.schedule.builders import BUILDERS, Tiling, unsupported_reason  # noqa: E402
 from dashgen.runtime.select import balanced_workers  # noqa: E402
 
@@ -143,7 +143,7 @@ def serving_plans(problem: Problem, sm_count: int) -> list[dict]:
 @pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLENS, ids=lambda s: str(s))
 @pytest.mark.parametrize("heads_q, heads_kv", GQA, ids=lambda h: str(h))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seqlen_q, seqlen_k,
                                         sm_count, seed):
     case = Case(2, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
@@ -154,7 +154,7 @@ def test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seq
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_fp16_matches_float64(head_dim, causal, sm_count, seed):
     case = Case(2, 8, 2, 1000, 257, head_dim, causal, dtype=torch.float16)
     bad = [msg for plan in serving_plans(case.problem, sm_count) for msg in case.failures(**plan)]
@@ -250,8 +250,9 @@ def test_offloaded_or_recomputed_saved_tensors_give_the_same_bits(wrap, seed):
     assert all(torch.equal(a, b) for a, b in zip(plain, hooked))
 
 
-@pytest.mark.parametrize("shape", [(2, 300, 100, 4, 4, 64), (1, 257, 257, 8, 2, 128)],
-                         ids=["rows-without-keys", "gqa"])
+@pytest.mark.parametrize("shape", [(2, 300, 100, 4, 4, 64), (1, 257, 257, 8, 2, 128),
+                                   (1, 300, 200, 6, 3, 96)],
+                         ids=["rows-without-keys", "gqa", "gqa-d96"])
 def test_under_deterministic_algorithms_every_output_is_written(shape, seed):
     """torch.use_deterministic_algorithms(True) makes torch.empty fill with NaN; the runtime
     allocates its buffers without that fill. Memory the caching allocator hands back full of
@@ -279,9 +280,9 @@ def test_under_deterministic_algorithms_every_output_is_written(shape, seed):
 
 # What an Override switches must be as accurate and as reproducible as what select picks.
 # Cases: rows that see no key (seqlen_q > seqlen_k, causal: their dQ tiles get no contribution),
-# GQA, odd sizes, both head_dims.
+# GQA, odd sizes, every head_dim.
 OVERRIDE_CASES = [(1, 4, 4, 300, 100, 128, True), (2, 8, 2, 257, 257, 128, False),
-                  (1, 4, 4, 333, 333, 128, True),
+                  (1, 4, 4, 333, 333, 128, True), (2, 6, 2, 300, 257, 96, True),
                   (1, 4, 4, 300, 100, 64, True), (2, 4, 1, 200, 333, 64, False)]
 OVERRIDES = ["fused_convert", "early_kv", "persistent_forward", "dq_last"]
 
@@ -301,7 +302,7 @@ def picked(case: Case, sm_count: int, schedule: str, num_workers: int) -> dict:
 @pytest.mark.parametrize("shape", OVERRIDE_CASES, ids=lambda s: "-".join(map(str, s)))
 def test_overridden_policies_match_float64_and_repeat_bitwise(name, shape, sm_count, seed):
     """Each policy switched from what select picks for the case."""
-    if name == "dq_last" and shape[5] not in DQ_LAST_HEAD_DIMS:
+    if name == "dq_last" and kernel_head_dim(shape[5]) not in DQ_LAST_HEAD_DIMS:
         pytest.skip(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}")
     case = Case(*shape)
     for schedule, workers in (("fa3", min(132, sm_count)), ("auto", min(132, sm_count))):
@@ -322,7 +323,7 @@ def test_the_policies_change_no_bits(names, shape, sm_count, seed):
     another order and hands dQ off later; the persistent forward runs the
     one-tile kernel's per-tile code on fewer CTAs. Every value comes from the same operations,
     so the bits must not move."""
-    if "dq_last" in names and shape[5] not in DQ_LAST_HEAD_DIMS:
+    if "dq_last" in names and kernel_head_dim(shape[5]) not in DQ_LAST_HEAD_DIMS:
         pytest.skip(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}")
     case = Case(*shape)
     workers = min(132, sm_count)
@@ -354,13 +355,15 @@ def test_auto_defaults_are_its_schedule_on_balanced_workers(causal, sm_count, se
 REPEATS = 1000
 
 
-@pytest.mark.parametrize("causal, schedule, worker_dependent", [
-    (False, "fa3", False), (False, "shift", True),
-    (True, "spt", False), (True, "symmetric_shift", True), (True, "spt_listed", False),
-], ids=["full-fa3", "full-shift", "causal-spt", "causal-symmetric_shift", "causal-spt_listed"])
+@pytest.mark.parametrize("causal, schedule, worker_dependent, head_dim", [
+    (False, "fa3", False, 128), (False, "shift", True, 128),
+    (True, "spt", False, 128), (True, "symmetric_shift", True, 128), (True, "spt_listed", False, 128),
+    (True, "spt_listed", False, 96), (False, "shift", True, 96),
+], ids=["full-fa3", "full-shift", "causal-spt", "causal-symmetric_shift", "causal-spt_listed",
+        "causal-spt_listed-d96", "full-shift-d96"])
 def test_backward_is_bitwise_reproducible_while_another_stream_keeps_the_gpu_busy(
-        causal, schedule, worker_dependent, sm_count, seed):
-    q, k, v = (torch.randn(2, 1000, h, 128, device="cuda", dtype=torch.bfloat16,
+        causal, schedule, worker_dependent, head_dim, sm_count, seed):
+    q, k, v = (torch.randn(2, 1000, h, head_dim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for h in (16, 4, 4))
     do = torch.randn_like(q)
     o = attention(q, k, v, causal=causal, schedule=schedule, deterministic=True,

@@ -49,7 +49,7 @@ def check_accuracy(ours, q, k, v, do, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim, heads_q, heads_kv", [(64, 8, 2), (128, 4, 4)])
+@pytest.mark.parametrize("head_dim, heads_q, heads_kv", [(64, 8, 2), (96, 6, 2), (128, 4, 4)])
 def test_sdpa_matches_attention_bitwise_and_float64(causal, head_dim, heads_q, heads_kv, seed):
     q, k, v = bhsd(2, heads_q, 1000, head_dim), *(bhsd(2, heads_kv, 1000, head_dim)
                                                   for _ in range(2))

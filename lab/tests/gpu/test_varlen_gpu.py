@@ -21,7 +21,7 @@ import varlen_invariance as vi  # noqa: E402  (lab/ is on the path: the root con
 
 pytestmark = pytest.mark.gpu
 
-CASES = [(64, 8, 2), (128, 4, 4)]
+CASES = [(64, 8, 2), (96, 6, 3), (128, 4, 4)]
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -13,6 +13,7 @@
 // instructions per byte take few issue slots from its sub-partition's MMA warps.
 #pragma once
 #include "dashgen/attn/element.cuh"
+#include "dashgen/attn/head_dim.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/ptx/bulk.cuh"
 #include "dashgen/ptx/counter.cuh"
@@ -31,6 +32,8 @@ struct BwdDqConverter {
   using Deal = sched::ConvertDeal<Tiling>;
   static constexpr int kBlockM = K::kBlockM;
   static constexpr int kHeadDim = K::kHeadDim;
+  // dQ's columns in the tensor (attn/head_dim.cuh); the fp32 sums keep kHeadDim.
+  enum : int { kTensorHeadDim = tensor_head_dim<typename K::Config, K::kHeadDim>(0) };
   static constexpr int kOffConv = K::kOffConv;
   static constexpr int kConvChunks = K::kConvChunks;
   static constexpr int kConvChunkBytes = K::kConvChunkBytes;
@@ -92,7 +95,7 @@ struct BwdDqConverter {
       }
       // Published by the arrive below (release), read after the wait on it (acquire).
       c.slots[j % 2].out = (static_cast<i64>(bh / p.heads_q) * p.seqlen_q + row0) *
-                           p.q_row_stride + static_cast<i64>(bh % p.heads_q) * kHeadDim;
+                           p.q_row_stride + static_cast<i64>(bh % p.heads_q) * kTensorHeadDim;
       c.slots[j % 2].rows = p.seqlen_q - row0;
       mbarrier_arrive_expect_tx(&c.full[j % 2], kConvChunkBytes);
       bulk_load(c.buf + (j % 2) * kChunkFloats,
@@ -119,6 +122,7 @@ struct BwdDqConverter {
       // (Two bounds, not their min: ptxas then spills at head_dim 64, causal.)
 #pragma unroll 1
       for (int r = tid / kQuads; r < kConvChunkRows && r < rows; r += kPassRows) {
+        if (kTensorHeadDim != kHeadDim && (tid % kQuads) * 4 >= kTensorHeadDim) break;
         const float4 v = *reinterpret_cast<const float4*>(
             src + r * kHeadDim + accum_col(r, (tid % kQuads) * 4));  // a quad stays whole
         *reinterpret_cast<uint2*>(out + static_cast<i64>(r) * p.q_row_stride) =

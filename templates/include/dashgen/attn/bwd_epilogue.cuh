@@ -7,6 +7,7 @@
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/fragment.cuh"
+#include "dashgen/attn/head_dim.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/ptx/counter.cuh"
 
@@ -19,6 +20,8 @@ struct BwdEpilogue {
   using MmaThread = typename K::MmaThread;
   static constexpr int kHeadDim = K::kHeadDim, kBlockN = K::kBlockN;
   static constexpr bool kVarlen = K::kVarlen, kDeterministic = K::kDeterministic;
+  // dK's and dV's columns in the tensors (attn/head_dim.cuh); the GQA sums keep kHeadDim.
+  enum : int { kTensorHeadDim = tensor_head_dim<typename K::Config, K::kHeadDim>(0) };
 
   // Segment end. dK (scaled through dS) and dV of this warpgroup's 64 KV rows, straight to
   // global memory in the inputs' 16-bit type, 16 bytes a store (quad_transpose): stored as they
@@ -30,16 +33,16 @@ struct BwdEpilogue {
                                                    const MmaThread& me) {
     const int hk = t.h / group;
     T* dk_out = static_cast<T*>(p.dk) +
-                (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+                (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kTensorHeadDim;
     T* dv_out = static_cast<T*>(p.dv) +
-                (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kHeadDim;
+                (static_cast<i64>(t.b) * p.seqlen_k * p.heads_kv + hk) * kTensorHeadDim;
     int seqlen_k = p.seqlen_k;
     if constexpr (kVarlen) {
       // A pack's rows: the sequence's from its first.
       const int k0 = p.cu_seqlens_k[t.b];
       seqlen_k = p.cu_seqlens_k[t.b + 1] - k0;
-      dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(k0) * p.heads_kv + hk) * kHeadDim;
-      dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(k0) * p.heads_kv + hk) * kHeadDim;
+      dk_out = static_cast<T*>(p.dk) + (static_cast<i64>(k0) * p.heads_kv + hk) * kTensorHeadDim;
+      dv_out = static_cast<T*>(p.dv) + (static_cast<i64>(k0) * p.heads_kv + hk) * kTensorHeadDim;
     }
     store_rows(dk_out, dk, t, seqlen_k, p.k_row_stride, me);
     store_rows(dv_out, dv, t, seqlen_k, p.k_row_stride, me);
@@ -63,7 +66,7 @@ struct BwdEpilogue {
           w[k] = Element<T>::pack(acc[ii], acc[ii + 1]);
         }
         quad_transpose(w, me.t4);
-        if (key < seqlen_k) {
+        if (key < seqlen_k && (kTensorHeadDim == kHeadDim || 8 * (j0 + me.t4) < kTensorHeadDim)) {
           *reinterpret_cast<uint4*>(out + static_cast<i64>(key) * row_stride + 8 * (j0 + me.t4)) =
               make_uint4(w[0], w[1], w[2], w[3]);
         }

@@ -6,6 +6,7 @@
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/fragment.cuh"
+#include "dashgen/attn/head_dim.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/attn/softmax.cuh"
 #include "dashgen/ptx/stmatrix.cuh"
@@ -20,6 +21,8 @@ struct FwdEpilogue {
   enum : int {
     kHeadDimV = K::kHeadDimV,
     kChunks = K::kChunks,
+    // O's columns in the tensor (attn/head_dim.cuh): no store from them on.
+    kTensorHeadDimV = tensor_head_dim<typename K::Config, K::kHeadDimV>(0),
   };
 
   // O (normalized by the row sums) and the logsumexp of this thread's two query rows; o_stage:
@@ -91,15 +94,16 @@ struct FwdEpilogue {
       stmatrix_x4(stage + o_stage_offset(srow, c + sel / 2), frag);
     }
     __syncwarp();
-    T* out =
-        static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDimV;
+    T* out = static_cast<T*>(p.o) +
+             (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kTensorHeadDimV;
     const int first_row = row0 - lane / 4;  // the query row of the warp's first
 #pragma unroll
     for (int it = 0; it < 16 * kChunks / 32; ++it) {
       const int r = (32 * it + lane) / kChunks, chunk = (32 * it + lane) % kChunks;
       const uint4 v =
           *reinterpret_cast<const uint4*>(o_stage + o_stage_offset(16 * warp + r, chunk));
-      if (first_row + r < p.seqlen_q) {
+      if (first_row + r < p.seqlen_q &&
+          (kTensorHeadDimV == kHeadDimV || 8 * chunk < kTensorHeadDimV)) {
         *reinterpret_cast<uint4*>(out + static_cast<i64>(first_row + r) * p.o_row_stride +
                                   8 * chunk) = v;
       }
@@ -113,8 +117,8 @@ struct FwdEpilogue {
   __device__ static void store_o_lse_direct(const FwdParams& p, const float (&o)[kHeadDimV / 2],
                                             const float (&row_max)[2], float (&row_sum)[2], int h,
                                             int b, int row0, int t4) {
-    T* out =
-        static_cast<T*>(p.o) + (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kHeadDimV;
+    T* out = static_cast<T*>(p.o) +
+             (static_cast<i64>(b) * p.seqlen_q * p.heads_q + h) * kTensorHeadDimV;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       row_sum[half] = quad_sum(row_sum[half]);
@@ -130,7 +134,7 @@ struct FwdEpilogue {
           w[k] = Element<T>::pack(o[i] * inv, o[i + 1] * inv);
         }
         quad_transpose(w, t4);
-        if (row < p.seqlen_q) {
+        if (row < p.seqlen_q && (kTensorHeadDimV == kHeadDimV || 8 * (j0 + t4) < kTensorHeadDimV)) {
           *reinterpret_cast<uint4*>(out + static_cast<i64>(row) * p.o_row_stride +
                                     8 * (j0 + t4)) = make_uint4(w[0], w[1], w[2], w[3]);
         }

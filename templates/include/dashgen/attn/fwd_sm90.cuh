@@ -63,6 +63,7 @@ __host__ __device__ constexpr int fwd_head_dim_v(long) {
 // named here as the kernel uses them.
 template <class Cfg>
 struct AttnFwdSm90 {
+  using Config = Cfg;
   using T = typename Cfg::Element;
   static constexpr int kHeadDim = Cfg::kHeadDim;  // columns of Q and K
   static constexpr bool kCausal = Cfg::kCausal;

@@ -5,6 +5,7 @@
 // (dQ always, dK/dV under GQA).
 #pragma once
 #include "dashgen/attn/element.cuh"
+#include "dashgen/attn/head_dim.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/swizzle.cuh"
 
@@ -31,6 +32,8 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
   using L = RowLanes<Cfg::kHeadDim>;
   using T = typename Cfg::Element;
   static constexpr int kHeadDim = Cfg::kHeadDim;
+  // O's and dO's columns (attn/head_dim.cuh): lanes past them add nothing to D.
+  enum : int { kTensorHeadDim = tensor_head_dim<Cfg, Cfg::kHeadDim>(0) };
   static constexpr int kStatsBlockM = Cfg::kBlockM;
   static constexpr int kBlockM = Cfg::kBlockM;  // the backward's query tiles
 
@@ -78,8 +81,8 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
         acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
       float sum = 0.f;
-      if (row < p.seqlen) {
-        const i64 base = (static_cast<i64>(b) * p.seqlen + row) * p.row_stride + static_cast<i64>(h) * kHeadDim + lane * 8;
+      if (row < p.seqlen && (kTensorHeadDim == kHeadDim || lane * 8 < kTensorHeadDim)) {
+        const i64 base = (static_cast<i64>(b) * p.seqlen + row) * p.row_stride + static_cast<i64>(h) * kTensorHeadDim + lane * 8;
         const uint4 ov = *reinterpret_cast<const uint4*>(o + base);
         const uint4 dv = *reinterpret_cast<const uint4*>(dout + base);
         const T* oe = reinterpret_cast<const T*>(&ov);
@@ -108,6 +111,8 @@ struct AttnConvert : RowLanes<Cfg::kHeadDim> {
   using L = RowLanes<Cfg::kHeadDim>;
   using T = typename Cfg::Element;
   static constexpr int kHeadDim = Cfg::kHeadDim;
+  // The 16-bit tensors' columns (attn/head_dim.cuh); the fp32 sums keep kHeadDim.
+  enum : int { kTensorHeadDim = tensor_head_dim<Cfg, Cfg::kHeadDim>(0) };
 
   __device__ static void run(const ConvertParams& p) {
     if constexpr (Cfg::kVarlen) {
@@ -138,6 +143,7 @@ struct AttnConvert : RowLanes<Cfg::kHeadDim> {
       const int row = row_block * L::kRowsPerBlock + pass * L::kRowsPerPass + sub;
       if (row >= p.seqlen) continue;
       const int c = lane * 8;
+      if (kTensorHeadDim != kHeadDim && c >= kTensorHeadDim) continue;
       // accum_col moves whole 8-float chunks, so the thread's 8 columns stay adjacent.
       const int sc = p.swizzled ? accum_col(row, c) : c;
       const bool empty = p.counters && p.counters[(static_cast<i64>(b) * p.heads + h) * tiles + row / p.block_m] == 0u;
@@ -150,7 +156,7 @@ struct AttnConvert : RowLanes<Cfg::kHeadDim> {
                          Element<T>::pack(hi.x, hi.y), Element<T>::pack(hi.z, hi.w));
       }
       *reinterpret_cast<uint4*>(dst + (static_cast<i64>(b) * p.seqlen + row) * p.row_stride +
-                                static_cast<i64>(h) * kHeadDim + c) = out;
+                                static_cast<i64>(h) * kTensorHeadDim + c) = out;
     }
   }
 };

@@ -1,0 +1,22 @@
+// dashgen/attn/head_dim.cuh: the head_dim of the tensors against the kernel's. A head_dim without
+// 128-byte swizzle blocks of its own (96: one and a half) runs in the next wider kernel (128),
+// and the entry template then renders Cfg::kTensorHeadDim. The TMA descriptors carry the
+// tensors' width, so the loads read zeros past it and each product with those columns adds 0
+// to its sum; the fp32 scratch (dQ, GQA's dK/dV sums) keeps the kernel's width. What addresses the
+// tensors directly uses the tensors' width for a head's offset and stores no column from it on.
+#pragma once
+
+namespace dashgen {
+
+// Cfg::kTensorHeadDim where the entry template renders one, else kKernel (the kernel's width,
+// or the forward's V width). Call with 0.
+template <class Cfg, int kKernel>
+__host__ __device__ constexpr auto tensor_head_dim(int) -> decltype(Cfg::kTensorHeadDim + 0) {
+  return Cfg::kTensorHeadDim;
+}
+template <class Cfg, int kKernel>
+__host__ __device__ constexpr int tensor_head_dim(long) {
+  return kKernel;
+}
+
+}  // namespace dashgen
