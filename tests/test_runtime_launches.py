@@ -541,7 +541,7 @@ def test_a_repeated_eager_call_looks_up_its_signature_once(recorder, cpu_op, mon
     q, k, v, do = leaf_inputs()
     torch.autograd.grad(op.attention(q, k, v, causal=True), (q, k, v), do)
     (entry,) = [value for value, _ in op._VALIDATED._entries.values()]
-    forward_maps, bl = entry.forward_call.launch._maps, entry.backward_launch
+    forward_maps, bl = entry.forward.launch._maps, entry.backward
     made = spy_construction(monkeypatch, runtime_forward.ForwardCall,
                             runtime_forward.ForwardLaunch, runtime.BackwardLaunch)
     seen = memo_lookups(monkeypatch)
@@ -567,7 +567,7 @@ def test_a_signatures_entry_counts_the_tables_its_backward_holds(recorder, cpu_o
     assert len(memo) == 1 and memo.cache_bytes() == 0
     out = op.attention(q, k, v, causal=True, schedule=schedule_file(200))
     (entry,) = [value for value, _ in memo._entries.values()]
-    one = entry.backward_launch.device_bytes()
+    one = entry.backward.device_bytes()
     assert one >= 16 * 4 and memo.cache_bytes() == one  # at least the task table
     torch.autograd.grad(out, (q, k, v), do)
     monkeypatch.setattr(memo, "max_bytes", one)
@@ -734,10 +734,41 @@ def test_a_packs_small_kernels_walk_its_tiles_through_the_plans_maps(recorder, h
         assert grid == (layout.k_tiles * bn // 16, heads_kv, 1)
 
 
+def test_packs_of_other_longest_lengths_share_their_launches(recorder):
+    """A pack's launches and descriptors are fixed by its sizes but the longest lengths
+    (PackBackwardLaunch, and the forward's per grid): packs that differ only there share them,
+    and each call's blocks and forward grid carry its own lengths."""
+    lengths = [300, 0, 5, 129, 1]
+    total = sum(lengths)
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+    q, do, o = (torch.randn(total, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    k, v = (torch.randn(total, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.zeros(4 * total)
+    calls = []
+    for longest in (300, 400):
+        recorder.launches.clear()
+        varlen.forward(q, k, v, cu, cu, longest, longest, causal=True, softmax_scale=0.1)
+        varlen.backward(do, q, k, v, o, lse, cu, cu, longest, longest, causal=True,
+                        softmax_scale=0.1, deterministic=True, schedule="auto", workers=8)
+        calls.append(list(recorder.launches))
+    assert len(varlen.pack_backward_launch) == 1 and len(varlen.pack_backward_call) == 2
+    for longest, launches in zip((300, 400), calls):
+        (_, grid, fwd_args), (_, _, (plan,)), (_, _, (prep,)), (_, _, main_args), *converts = (
+            launches)
+        assert grid == (-(-longest // 128), 4, 5) and fwd_args[3].seqlen_q == longest
+        params = main_args[4]
+        assert (params.seqlen_q, params.seqlen_k, plan.seqlen_q) == (longest,) * 3
+        assert params.num_m_blocks == -(-longest // 64)
+        assert params.num_n_blocks == -(-longest // 128)
+        assert prep.seqlen == longest and all(c[0].seqlen == longest for _, _, c in converts)
+        assert main_args[:4] == calls[0][3][2][:4]  # the same descriptors
+
+
 def test_a_packs_eager_call_launches_what_its_custom_ops_launch(recorder, cpu_op, monkeypatch):
-    """attention_varlen's autograd node hands the launches the selection its checks made (no
-    lookup per call); the custom ops, given only the options, look it up and launch the same
-    kernels with the same blocks, called directly or through their autograd."""
+    """attention_varlen's autograd node runs the calls prepared for its signature from the
+    selection its checks made (no selection looked up per call); the custom ops, given only the
+    options, look it up and launch the same kernels with the same blocks, called directly or
+    through their autograd."""
     from dashgen.runtime import op_varlen
     looked_up = []
     real = varlen.pack_selection
@@ -773,6 +804,41 @@ def test_a_packs_eager_call_launches_what_its_custom_ops_launch(recorder, cpu_op
     grads = torch.autograd.grad(o, (q, k, v), do)
     assert _without_addresses(recorder.launches) == launched[1:]
     assert [g.shape for g in grads] == [g.shape for g in eager] and not lse.requires_grad
+
+
+def test_a_repeated_packed_call_looks_up_its_signature_once(recorder, cpu_op, monkeypatch):
+    """One memo per call signature for packs too: a repeated call finds its Options, its
+    selection and its prepared forward and backward (runtime.varlen.PackForwardCall,
+    PackBackwardCall with its PackBackwardLaunch) in one lookup (op_varlen._VALIDATED); the only
+    other lookups are the descriptors of the addresses it is handed, and nothing is prepared
+    again."""
+    from dashgen.runtime import op_varlen
+    lengths = [300, 0, 5, 129, 1]
+    total, longest = sum(lengths), max(lengths)
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+    q = torch.randn(total, 4, 128, dtype=torch.bfloat16).requires_grad_()
+    k, v = (torch.randn(total, 2, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    do = torch.randn(total, 4, 128, dtype=torch.bfloat16)
+
+    def call():
+        out = op_varlen.attention_varlen(q, k, v, cu, cu, longest, longest, causal=True)
+        return torch.autograd.grad(out, (q, k, v), do)
+    call()
+    (entry,) = [value for value, _ in op_varlen._VALIDATED._entries.values()]
+    forward, backward = entry.forward, entry.backward
+    made = spy_construction(monkeypatch, varlen.PackForwardCall, varlen.PackBackwardCall,
+                            runtime_forward.ForwardLaunch, varlen.PackBackwardLaunch,
+                            varlen.PackWorkspace)
+    seen = memo_lookups(monkeypatch)
+    recorder.launches.clear()
+    call()
+    assert seen == [op_varlen._VALIDATED, forward.launch._maps, backward.bl._maps,
+                    backward.bl._do_maps]
+    assert made == [] and len(recorder.launches) == 7  # forward; plan, prep, main, 3 converts
+    seen.clear()
+    with torch.no_grad():
+        op_varlen.attention_varlen(q, k, v, cu, cu, longest, longest, causal=True)
+    assert seen == [op_varlen._VALIDATED, forward.launch._maps] and made == []
 
 
 def test_one_packer_makes_every_launchs_argument_array():

@@ -740,25 +740,45 @@ def test_fake_cuda_tensors_run_through_attention_varlen(fake_cuda):
 
 
 class FakePackRuntime:
-    """dashgen.runtime.varlen's forward and backward as recorders: o = 2 q, dq = 3 dO."""
+    """dashgen.runtime.varlen as recorders: o = 2 q, dq = 3 dO, through its forward and
+    backward (the custom ops) or through the prepared calls it makes for a variant (the eager
+    node's). `calls` says which ran: (forward or backward, the variant or None)."""
 
     def __init__(self):
-        self.selections = []
+        self.calls = []
 
-    def forward(self, q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale,
-                selection=None):
-        self.selections.append(selection)
-        return q * 2, q.new_zeros(q.shape[0] * q.shape[1], dtype=torch.float32)
+    def forward(self, q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale):
+        self.calls.append(("forward", None))
+        return self._forward(q)
 
     def backward(self, do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale,
-                 deterministic, schedule, workers, selection=None):
-        self.selections.append(selection)
+                 deterministic, schedule, workers):
+        self.calls.append(("backward", None))
+        return self._backward(do, k, v)
+
+    def pack_forward_call(self, variant, q_shape, k_shape, batch, max_q, max_k, softmax_scale,
+                          device):
+        return lambda q, k, v, cu_q, cu_k: (self.calls.append(("forward", variant)),
+                                             self._forward(q))[1]
+
+    def pack_backward_call(self, variant, q_shape, k_shape, batch, max_q, max_k, softmax_scale,
+                           deterministic, workers, device):
+        return lambda do, q, k, v, o, lse, cu_q, cu_k: (self.calls.append(("backward", variant)),
+                                                         self._backward(do, k, v))[1]
+
+    @staticmethod
+    def _forward(q):
+        return q * 2, q.new_zeros(q.shape[0] * q.shape[1], dtype=torch.float32)
+
+    @staticmethod
+    def _backward(do, k, v):
         return do * 3, torch.zeros_like(k), torch.zeros_like(v)
 
 
 def test_torch_compile_traces_a_pack_through_its_custom_ops(on_cpu, monkeypatch):
     """One graph for packs of other lengths (dynamic shapes), the eager call's results; the
-    eager node hands the runtime its selection, the compiled graph's custom ops none."""
+    eager node runs the calls prepared for its selection's variants, the compiled graph's
+    custom ops the runtime's forward and backward."""
     runtime = FakePackRuntime()
     monkeypatch.setattr(op_varlen, "_runtime", lambda: runtime)
     clear_caches()  # each round's eager call fills what the trace reads
@@ -776,13 +796,14 @@ def test_torch_compile_traces_a_pack_through_its_custom_ops(on_cpu, monkeypatch)
         do = torch.randn_like(q)
         eager = call(*leaves, cu, longest)
         want = (eager, *torch.autograd.grad(eager, leaves, do))
-        forward, backward = runtime.selections
-        assert forward is backward and forward.schedule == "hybrid" and forward.backward.gqa
-        runtime.selections.clear()
+        (_, forward), (_, backward) = runtime.calls
+        assert forward.varlen and backward.varlen and backward.schedule == "hybrid"
+        assert backward.gqa and backward.deterministic
+        runtime.calls.clear()
         out = compiled(*leaves, cu, longest)
         got = (out, *torch.autograd.grad(out, leaves, do))
-        assert runtime.selections == [None, None]
-        runtime.selections.clear()
+        assert runtime.calls == [("forward", None), ("backward", None)]
+        runtime.calls.clear()
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
     torch._dynamo.reset()

@@ -24,18 +24,24 @@ def forward_ctas(m_tiles: int, heads: int, sms: int, causal: bool) -> int:
     return fewest_workers(units, min(units, sms))
 
 
-class ForwardLaunch:
-    """A forward variant's prepared launch for a q shape, with the TMA descriptors of the
-    q, k, v it has seen."""
+def forward_grid(variant: ForwardVariant, q_shape: tuple, device: torch.device) -> tuple:
+    """The grid of a forward of q's (batch, seqlen_q, heads_q, head_dim) shape: a CTA a query
+    tile, or the persistent CTAs."""
+    batch, seqlen_q, heads_q, _ = q_shape
+    grid = (-(-seqlen_q // variant.block_m), heads_q, batch)
+    if variant.persistent:
+        grid = (forward_ctas(grid[0], heads_q * batch, sm_count(device), variant.causal), 1, 1)
+    return grid
 
-    def __init__(self, variant: ForwardVariant, q_shape: tuple, device: torch.device):
-        batch, seqlen_q, heads_q, _ = q_shape
+
+class ForwardLaunch:
+    """A forward variant's prepared launch on its grid, with the TMA descriptors of the q, k, v
+    it has seen: the fixed-length forward's and a pack's (runtime.varlen), whose kernels read
+    the same three descriptors and one parameter block."""
+
+    def __init__(self, variant: ForwardVariant, grid: tuple, device: torch.device):
         self.variant = variant
         loaded = kernels(variant, device)
-        grid = (-(-seqlen_q // variant.block_m), heads_q, batch)
-        if variant.persistent:
-            grid = (forward_ctas(grid[0], heads_q * batch, sm_count(device), variant.causal),
-                    1, 1)
         self.launcher = launch.Launcher(loaded.main, grid, THREADS, loaded.smem_bytes)
         self._maps = Memo(None, max_entries=512)
 
@@ -47,6 +53,8 @@ class ForwardLaunch:
         return self._maps.get(key, lambda: self._encode(q, k, v))[0]
 
     def _encode(self, q, k, v) -> tuple[list[int], tuple]:
+        if q.dim() == 3:  # a pack's (total, heads, head_dim) tensors, each a batch of one
+            q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
         # Each MMA warpgroup loads its 64 query rows; K/V come in tiles of block_n keys.
         block_n = self.variant.block_n
         maps = (tensor_map(q, 64), tensor_map(k, block_n), tensor_map(v, block_n))
@@ -63,8 +71,11 @@ def forward_variant(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, sm
 
 
 @memo(max_entries=256)
-def forward_launch(variant: ForwardVariant, q_shape: tuple, device: torch.device) -> ForwardLaunch:
-    return ForwardLaunch(variant, q_shape, device)
+def forward_launch(variant: ForwardVariant, q_shape: tuple, grid: tuple,
+                   device: torch.device) -> ForwardLaunch:
+    """The launch for q's shape on `grid`: its descriptors are looked up by the addresses and
+    k's shape, so one launch serves one shape of q."""
+    return ForwardLaunch(variant, grid, device)
 
 
 class ForwardCall:
@@ -78,7 +89,8 @@ class ForwardCall:
                  overrides: Overrides):
         variant = forward_variant(tuple(q_shape), tuple(k_shape), DTYPE_NAMES[dtype],
                                   bool(causal), sm_count(device), overrides)
-        self.launch = forward_launch(variant, tuple(q_shape), device)
+        self.launch = forward_launch(variant, tuple(q_shape),
+                                     forward_grid(variant, q_shape, device), device)
         batch, seqlen_q, heads_q, head_dim = q_shape
         self.lse_shape = (batch, heads_q, seqlen_q)
         self.device_index = device.index or 0

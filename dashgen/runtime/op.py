@@ -17,7 +17,7 @@ import torch
 from ..caches import Memo
 from ..schedule.ir import Schedule
 from . import checks
-from .op_common import (Options, constant_for_compile, gradients_like, ready,
+from .op_common import (Options, Validated, constant_for_compile, gradients_like, ready,
                         register_autograd, traced)
 from .select import Overrides, Plan, plan
 from .tables import register
@@ -89,34 +89,27 @@ def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
     return made.schedule_key, made.num_workers, ""
 
 
-class _Validated:
-    """What a call signature that passed every check holds: the call's Options and plan, and,
-    made on its first call and kept, the runtime's prepared forward (runtime.ForwardCall) and
-    the backward's prepared launches (runtime.BackwardLaunch). So a repeated call finds
-    everything it runs in one lookup; the runtime's own memos, which made these, serve its
-    other callers (the custom ops, direct runtime calls)."""
+class _Validated(Validated):
+    """A dashgen.attention signature's entry: its forward is the runtime's ForwardCall, its
+    backward the prepared launches (runtime.BackwardLaunch) each call's BackwardCall takes."""
 
-    __slots__ = ("options", "plan", "key", "forward_call", "backward_launch")
-
-    def __init__(self, options: Options, made: Plan | None, key):
-        self.options, self.plan, self.key = options, made, key
-        self.forward_call = self.backward_launch = None
+    __slots__ = ()
 
     def prepare_forward(self, q, k):
         opts = self.options
-        call = self.forward_call = _kernels().forward_call(
+        call = self.forward = _kernels().forward_call(
             q.shape, k.shape, q.dtype, opts.causal, opts.softmax_scale, q.device, Overrides())
         return call
 
     def prepare_backward(self, device):
-        launch = self.backward_launch = _kernels().backward_launch(self.plan.selection, device)
+        launch = self.backward = _kernels().backward_launch(self.plan.selection, device)
         if self.key is not None:
             # Its tables on the GPU (a schedule file's) count against the memo's bytes from now.
             _VALIDATED.refile(self.key, self)
         return launch
 
     def device_bytes(self) -> int:
-        return 0 if self.backward_launch is None else self.backward_launch.device_bytes()
+        return 0 if self.backward is None else self.backward.device_bytes()
 
 
 def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=None,
@@ -211,7 +204,7 @@ def _run_forward(q, k, v, opts: Options):
 
 def _eager_forward(q, k, v, entry: _Validated):
     """o and lse from the signature's prepared forward (q, k and v ready)."""
-    return (entry.forward_call or entry.prepare_forward(q, k))(q, k, v)
+    return (entry.forward or entry.prepare_forward(q, k))(q, k, v)
 
 
 def _backward_options(opts: Options) -> dict:
@@ -281,7 +274,7 @@ class _EagerAttention(torch.autograd.Function):
         ctx.opts = opts = entry.options
         ctx.call = _kernels().BackwardCall(
             q, k, v, o, lse, **_backward_options(opts),
-            launch=entry.backward_launch or entry.prepare_backward(q.device))
+            launch=entry.backward or entry.prepare_backward(q.device))
         ctx.mark_non_differentiable(lse)
         # lse takes no gradient: without this, autograd would fill a zero tensor for it in every
         # backward (an allocation and a kernel launch, host time a short backward waits for).

@@ -1,7 +1,8 @@
 """What the two torch ops share besides their checks (dashgen/runtime/checks.py): dashgen.attention
 (runtime/op.py) and dashgen.attention_varlen (runtime/op_varlen.py) resolve their arguments to
-the same Options, hand the kernels tensors made ready the same way, send a traced call through
-their custom ops alike, and wire those ops' autograd and fake gradients the same way."""
+the same Options, keep what a signature runs in one validated entry, hand the kernels tensors
+made ready the same way, send a traced call through their custom ops alike, and wire those ops'
+autograd and fake gradients the same way."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -17,6 +18,22 @@ class Options(NamedTuple):
     deterministic: bool
     schedule: str
     num_workers: int
+
+
+class Validated:
+    """What a call signature that passed every check holds: its Options, what runs for it
+    (`plan`: dashgen.attention's runtime.select.Plan, a pack's Selection; None while
+    torch.compile traces, where only the custom ops run) and, made on the signature's first
+    eager call through the runtime's memos and kept, the runtime's prepared forward and
+    backward. So a repeated eager call finds everything it runs in one lookup, in its op's memo
+    of these; the runtime's memos serve its other callers (the custom ops, direct calls). Each
+    op says how its calls are prepared (`prepare_forward`, `prepare_backward`)."""
+
+    __slots__ = ("options", "plan", "key", "forward", "backward")
+
+    def __init__(self, options: Options, plan, key):
+        self.options, self.plan, self.key = options, plan, key  # key: None where not memoized
+        self.forward = self.backward = None
 
 
 def constant_for_compile(fn):

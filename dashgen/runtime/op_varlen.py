@@ -15,7 +15,7 @@ import torch
 
 from ..caches import Memo
 from . import checks
-from .op_common import Options, gradients_like, ready, register_autograd, traced
+from .op_common import Options, Validated, gradients_like, ready, register_autograd, traced
 from .select import PACK_SCHEDULES, Selection, pack_selection, pack_workers, select_pack
 
 
@@ -93,12 +93,34 @@ def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     lengths and the options) skips the checks that read no values; CPU offsets are checked
     every call, and the deterministic flag is read at each."""
     return _resolve((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                    (causal, softmax_scale, deterministic, schedule, num_workers))[0]
+                    (causal, softmax_scale, deterministic, schedule, num_workers)).options
 
 
-def _resolve(args, options):
-    """check_varlen_inputs' Options and the pack's Selection (select.pack_selection), which the
-    eager launches take (None while torch.compile traces, where only the custom ops run)."""
+class _Validated(Validated):
+    """An attention_varlen signature's entry: its plan is the pack's Selection
+    (select.pack_selection), its forward and backward the runtime's prepared packed calls
+    (runtime.varlen.PackForwardCall, PackBackwardCall), made for the signature's sizes."""
+
+    __slots__ = ()
+
+    def prepare_forward(self, q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
+        call = self.forward = _runtime().pack_forward_call(
+            self.plan.forward, q.shape, k.shape, cu_seqlens_q.shape[0] - 1, int(max_seqlen_q),
+            int(max_seqlen_k), self.options.softmax_scale, q.device)
+        return call
+
+    def prepare_backward(self, q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
+        opts = self.options
+        call = self.backward = _runtime().pack_backward_call(
+            self.plan.backward, q.shape, k.shape, cu_seqlens_q.shape[0] - 1, int(max_seqlen_q),
+            int(max_seqlen_k), opts.softmax_scale, opts.deterministic, opts.num_workers,
+            q.device)
+        return call
+
+
+def _resolve(args, options) -> _Validated:
+    """The signature's validated entry: check_varlen_inputs' Options, the pack's Selection
+    (None while torch.compile traces, where only the custom ops run) and the prepared calls."""
     # The flag is read at call time: with deterministic=None its value is part of the key.
     flag = torch.are_deterministic_algorithms_enabled()
     key = _signature(args, options, flag)
@@ -106,7 +128,7 @@ def _resolve(args, options):
 
     def check():
         checked.append(True)
-        return _check_all(args, options, flag)
+        return _Validated(*_check_all(args, options, flag), key)
     resolved = check() if key is None else _VALIDATED.get(key, check)
     if not checked:
         _check_cpu_offsets(*args)
@@ -115,8 +137,8 @@ def _resolve(args, options):
     return resolved
 
 
-# Options and selections of signatures that passed every check (a training loop repeats them).
-_VALIDATED = Memo(None, max_entries=1024)
+# The entries of signatures that passed every check (a training loop repeats them).
+_VALIDATED: Memo[_Validated] = Memo(None, max_entries=1024)
 
 
 def _signature(args, options, flag):
@@ -180,19 +202,25 @@ def _on_device(cu: torch.Tensor, device: torch.device) -> torch.Tensor:
     return cu if cu.device == device else cu.to(device, non_blocking=True)
 
 
-def _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts: Options, selection=None):
+# The custom ops' kernel calls (the eager calls take their signature's prepared ones).
+
+def _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts: Options):
     return _runtime().forward(ready(q), ready(k), ready(v), cu_q, cu_k, int(max_q),
-                              int(max_k), causal=opts.causal, softmax_scale=opts.softmax_scale,
-                              selection=selection)
+                              int(max_k), causal=opts.causal, softmax_scale=opts.softmax_scale)
 
 
-def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: Options,
-                  selection=None):
+def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: Options):
     return _runtime().backward(ready(do), ready(q), ready(k), ready(v),
                                ready(o), lse, cu_q, cu_k, int(max_q), int(max_k),
                                causal=opts.causal, softmax_scale=opts.softmax_scale,
                                deterministic=opts.deterministic, schedule=opts.schedule,
-                               workers=opts.num_workers, selection=selection)
+                               workers=opts.num_workers)
+
+
+def _eager_forward(q, k, v, cu_q, cu_k, max_q, max_k, entry: _Validated):
+    """o and lse from the signature's prepared forward (q, k and v ready)."""
+    call = entry.forward or entry.prepare_forward(q, k, cu_q, max_q, max_k)
+    return call(q, k, v, cu_q, cu_k)
 
 
 @torch.library.custom_op("dashgen::attention_varlen_fwd", mutates_args=())
@@ -236,12 +264,16 @@ register_autograd(attention_varlen_fwd, torch.ops.dashgen.attention_varlen_bwd, 
 
 
 class _EagerVarlen(torch.autograd.Function):
+    """Eager autograd over the signature's prepared packed calls. The forward also finds (or,
+    once, prepares) the backward's on the caller's thread, so autograd's device thread only
+    allocates and launches."""
+
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, opts: Options, sel: Selection):
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, entry: _Validated):
         q, k, v = ready(q), ready(k), ready(v)
-        o, lse = _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts, sel)
+        o, lse = _eager_forward(q, k, v, cu_q, cu_k, max_q, max_k, entry)
         ctx.save_for_backward(q, k, v, o, lse, cu_q, cu_k)
-        ctx.lengths, ctx.opts, ctx.selection = (max_q, max_k), opts, sel
+        ctx.call = entry.backward or entry.prepare_backward(q, k, cu_q, max_q, max_k)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
         return o, lse
@@ -250,9 +282,9 @@ class _EagerVarlen(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o, grad_lse):
         q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = _run_backward(grad_o, q, k, v, o, lse, cu_q, cu_k, *ctx.lengths, ctx.opts,
-                                   ctx.selection)
-        return dq, dk, dv, None, None, None, None, None, None
+        dq, dk, dv = ctx.call(ready(grad_o), ready(q), ready(k), ready(v), ready(o), lse, cu_q,
+                              cu_k)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def lse_by_head(lse: torch.Tensor, cu_seqlens_q: torch.Tensor, heads_q: int) -> torch.Tensor:
@@ -297,17 +329,18 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
-    opts, sel = _resolve((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                         (causal, softmax_scale, deterministic, schedule, num_workers))
+    entry = _resolve((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                     (causal, softmax_scale, deterministic, schedule, num_workers))
     cu_q, cu_k = _on_device(cu_seqlens_q, q.device), _on_device(cu_seqlens_k, q.device)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if traced(q):
         o, lse = torch.ops.dashgen.attention_varlen_fwd(q, k, v, cu_q, cu_k, max_seqlen_q,
-                                                        max_seqlen_k, *opts)
+                                                        max_seqlen_k, *entry.options)
     elif not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        o, lse = _run_forward(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, opts, sel)
+        o, lse = _eager_forward(ready(q), ready(k), ready(v), cu_q, cu_k, max_seqlen_q,
+                                max_seqlen_k, entry)
     else:
-        o, lse = _EagerVarlen.apply(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, opts, sel)
+        o, lse = _EagerVarlen.apply(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, entry)
     if not return_lse:
         return o
     return o, lse_by_head(lse, cu_q, q.shape[1])

@@ -16,12 +16,14 @@ import math
 import torch
 
 from ..caches import Memo, memo
-from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, BwdParams,
-                                ConvertParams, FwdParams, PrepParams, kernel_head_dim)
+from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, BackwardVariant,
+                                BwdParams, ConvertParams, ForwardVariant, FwdParams, PrepParams,
+                                kernel_head_dim)
 from . import launch, pack_faults, watchdog
 from .device import DTYPE_NAMES, kernels, stream, tensor_map
+from .forward import forward_launch
 from .launch import addresses
-from .select import Selection, pack_selection
+from .select import pack_selection
 from .workspace import allocator
 
 PLAN_THREADS = 512  # AttnPackPlan::kThreads
@@ -42,52 +44,79 @@ def plan_words(batch: int, max_units: int, q_tiles: int = 0, k_tiles: int = 0) -
     return 3 + 4 * batch + 6 * max_units + q_tiles + k_tiles
 
 
-@memo(max_entries=256)
-def _launcher(kernel, grid: tuple, threads: int, smem: int) -> launch.Launcher:
-    return launch.Launcher(kernel, grid, threads, smem)
-
-
 def _maps(x: torch.Tensor, rows: int):
     """A (total, heads, head_dim) tensor's descriptor as a batch of one."""
     return tensor_map(x.unsqueeze(0), rows)
 
 
-def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-            causal: bool, softmax_scale: float, selection: Selection | None = None):
-    """o (total_q, heads_q, head_dim) and lse (heads_q * total_q floats, sequence b's
-    (heads_q, seqlen) block from heads_q * cu_seqlens_q[b]); q, k, v contiguous. `selection`:
-    the call's (select.pack_selection) where the caller holds it; else it is looked up."""
-    pack_faults.check()
-    total_q, heads_q, head_dim = q.shape
-    total_k, heads_kv = k.shape[:2]
-    batch = cu_seqlens_q.numel() - 1
-    empty = allocator()
-    o = empty(q.shape, q.dtype, q.device)
-    lse = empty((heads_q * total_q,), torch.float32, q.device)
-    if total_q == 0 or max_seqlen_q == 0:
+class PackForwardCall:
+    """Everything a packed forward at one signature fixes (the packed tokens, heads and head_dim
+    of q and k, the number of sequences, the longest lengths, dtype, mask, scale, device): its
+    prepared launch (runtime.forward.forward_launch, the fixed-length forward's, on the pack's
+    grid) and its parameter block with the sizes and scale filled in, so a call writes the
+    addresses and launches, as the fixed-length ForwardCall does."""
+
+    def __init__(self, variant: ForwardVariant, q_shape: tuple, k_shape: tuple, batch: int,
+                 max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                 device: torch.device):
+        total_q, heads_q, _ = q_shape
+        total_k, heads_kv = k_shape[:2]
+        self.lse_shape = (heads_q * total_q,)
+        self.device_index = device.index or 0
+        self.launch = None
+        no_rows = total_q == 0 or max_seqlen_q == 0
+        # No keys in any sequence: every row sees none (o = 0, lse = -inf), no kernel either.
+        self.no_keys = not no_rows and total_k == 0
+        if no_rows or self.no_keys:
+            return
+        # The variant's tiles, as the dense forward takes them (FORWARD_TILES: the key tile is
+        # narrower past head_dim 128).
+        grid = (_cdiv(max_seqlen_q, variant.block_m), heads_q, batch)
+        self.launch = forward_launch(variant, tuple(q_shape), grid, device)
+        self.template = FwdParams(batch=batch, heads_q=heads_q, heads_kv=heads_kv,
+                                  seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
+                                  softmax_scale=float(softmax_scale),
+                                  pack_fault=pack_faults.record(device), total_q=total_q,
+                                  total_k=total_k)
+
+    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
+        pack_faults.check()
+        empty = allocator()
+        o = empty(q.shape, q.dtype, q.device)
+        lse = empty(self.lse_shape, torch.float32, q.device)
+        if self.launch is None:
+            return (o.zero_(), lse.fill_(-math.inf)) if self.no_keys else (o, lse)
+        params = FwdParams.from_buffer_copy(self.template)
+        params.q, params.k, params.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        params.o, params.lse = o.data_ptr(), lse.data_ptr()
+        params.q_row_stride, params.k_row_stride = q.stride(0), k.stride(0)
+        params.o_row_stride = o.stride(0)
+        params.cu_seqlens_q, params.cu_seqlens_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+        addresses = self.launch.map_addresses(q, k, v) + [ctypes.addressof(params)]
+        launch.make_current(self.device_index)
+        self.launch.launcher(stream(q.device), addresses)
         return o, lse
-    if total_k == 0:  # no keys in any sequence: every row sees none
-        return o.zero_(), lse.fill_(-math.inf)
-    if selection is None:  # the forward is the same for every schedule and mode
-        selection = pack_selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), "auto", True,
-                                   False)
-    variant = selection.forward
-    loaded = kernels(variant, q.device)
-    # The variant's tiles, as the dense forward takes them (FORWARD_TILES: the key tile is
-    # narrower past head_dim 128).
-    grid = (_cdiv(max_seqlen_q, variant.block_m), heads_q, batch)
-    maps = (_maps(q, 64), _maps(k, variant.block_n), _maps(v, variant.block_n))
-    params = FwdParams(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
-                       lse=lse.data_ptr(), batch=batch, heads_q=heads_q, heads_kv=heads_kv,
-                       seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k, q_row_stride=q.stride(0),
-                       k_row_stride=k.stride(0), o_row_stride=o.stride(0),
-                       softmax_scale=float(softmax_scale), cu_seqlens_q=cu_seqlens_q.data_ptr(),
-                       cu_seqlens_k=cu_seqlens_k.data_ptr(),
-                       pack_fault=pack_faults.record(q.device), total_q=total_q, total_k=total_k)
-    launch.make_current(q.device.index or 0)
-    _launcher(loaded.main, grid, THREADS, loaded.smem_bytes)(
-        stream(q.device), [int(m.getPtr()) for m in maps] + [ctypes.addressof(params)])
-    return o, lse
+
+
+@memo(max_entries=256)
+def pack_forward_call(variant: ForwardVariant, q_shape: torch.Size, k_shape: torch.Size,
+                      batch: int, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                      device: torch.device) -> PackForwardCall:
+    return PackForwardCall(variant, q_shape, k_shape, batch, max_seqlen_q, max_seqlen_k,
+                           softmax_scale, device)
+
+
+def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+            causal: bool, softmax_scale: float):
+    """o (total_q, heads_q, head_dim) and lse (heads_q * total_q floats, sequence b's
+    (heads_q, seqlen) block from heads_q * cu_seqlens_q[b]); q, k, v contiguous. Through the
+    memo of prepared calls (dashgen.attention_varlen's eager calls keep theirs)."""
+    # The forward is the same for every schedule and mode.
+    selection = pack_selection(DTYPE_NAMES[q.dtype], q.shape[2], bool(causal), "auto", True,
+                               False)
+    return pack_forward_call(selection.forward, q.shape, k.shape, cu_seqlens_q.numel() - 1,
+                             max_seqlen_q, max_seqlen_k, float(softmax_scale), q.device)(
+        q, k, v, cu_seqlens_q, cu_seqlens_k)
 
 
 class PackWorkspace:
@@ -117,87 +146,178 @@ class PackWorkspace:
         self.zeroed = self.offsets[self.PARTS.index("dk_accum")]
 
 
-# Layouts by (lengths' totals, shapes, tiles): a training loop repeats them.
-_workspace = Memo(PackWorkspace, max_entries=256)
+class PackBackwardLaunch:
+    """What a packed backward's sizes fix but for the longest lengths and the scale (the packed
+    tokens, heads and head_dim of q and k, the number of sequences, the variant and mode, the
+    workers, the device): the workspace layout, the prepared launches of the plan, preprocess,
+    main and convert kernels on the pack's grids, their parameter blocks with those sizes and
+    the watchdog's and offsets' records, and the descriptors of the tensors it has seen. The
+    packs of a training loop, whose longest lengths vary, share one."""
+
+    def __init__(self, variant: BackwardVariant, q_shape: tuple, k_shape: tuple, batch: int,
+                 deterministic: bool, workers: int, device: torch.device):
+        total_q, heads_q, head_dim = q_shape
+        total_k, heads_kv = k_shape[:2]
+        self.device, self.device_index = device, device.index or 0
+        self.gqa = gqa = heads_q != heads_kv
+        self.deterministic = deterministic
+        self.empty = total_q == 0 or total_k == 0
+        if self.empty:
+            return
+        bm, bn = self.block_m, self.block_n = variant.block_m, variant.block_n
+        loaded = kernels(variant, device)
+        layout = self.layout = PackWorkspace(batch, total_q, total_k, heads_q, heads_kv,
+                                             head_dim, bm, bn, gqa)
+        # The workspace's parts as byte offsets from its start; the tile maps the plan kernel
+        # writes after its orders as byte offsets from the plan's.
+        self.part_bytes = tuple(4 * offset for offset in layout.offsets)
+        self.zeroed_bytes = 4 * layout.zeroed
+        self.map_q_bytes = 4 * layout.map_words
+        self.map_k_bytes = self.map_q_bytes + 4 * layout.q_tiles
+        # The preprocess and converts walk the pack's tiles (PackedTile), through the tile maps:
+        # their grids follow the packed tokens.
+        q_blocks = layout.q_tiles * bm // PREP_ROWS_PER_BLOCK
+        self.plan = launch.Launcher(loaded.plan, (1, 1, 1), PLAN_THREADS, 0)
+        self.preprocess = launch.Launcher(loaded.preprocess, (q_blocks, heads_q, 1),
+                                          AUX_THREADS, 0)
+        self.main = launch.Launcher(loaded.main, (workers, 1, 1), THREADS, loaded.smem_bytes)
+        self.convert_q = launch.Launcher(loaded.convert, (q_blocks, heads_q, 1), AUX_THREADS, 0)
+        self.convert_kv = launch.Launcher(
+            loaded.convert, (layout.k_tiles * bn // PREP_ROWS_PER_BLOCK, heads_kv, 1),
+            AUX_THREADS, 0)
+        q_stride, k_stride = heads_q * head_dim, heads_kv * head_dim
+        self.params_template = BwdParams(
+            stall=watchdog.record(device, workers), batch=batch, heads_q=heads_q,
+            heads_kv=heads_kv, q_row_stride=q_stride, k_row_stride=k_stride,
+            watchdog_ms=watchdog.timeout_ms(), max_units=layout.max_units,
+            pack_fault=pack_faults.record(device), total_q=total_q, total_k=total_k)
+        self.prep_template = PrepParams(
+            zero_vec4s=(layout.words - layout.zeroed) // 4, batch=batch, heads=heads_q,
+            row_stride=q_stride, zero_dq=not deterministic)
+        self.convert_q_template = ConvertParams(batch=batch, heads=heads_q, row_stride=q_stride,
+                                                swizzled=True, block_m=bm)
+        self.convert_kv_template = ConvertParams(batch=batch, heads=heads_kv,
+                                                 row_stride=k_stride, swizzled=False,
+                                                 block_m=bn)
+        self._maps = Memo(None, max_entries=512)
+        self._do_maps = Memo(None, max_entries=512)
+
+    def qkv_maps(self, q, k, v) -> tuple:
+        """The descriptors of q, k and v, each a batch of one. Shapes and dtype are the
+        launch's and the tensors contiguous, so their addresses decide the descriptors."""
+        return self._maps.get((q.data_ptr(), k.data_ptr(), v.data_ptr()), lambda: (
+            _maps(q, self.block_m), _maps(k, self.block_n), _maps(v, self.block_n)))
+
+    def do_map(self, do):
+        """dO's descriptor: its address alone decides it."""
+        return self._do_maps.get(do.data_ptr(), lambda: _maps(do, self.block_m))
+
+
+@memo(max_entries=256)
+def pack_backward_launch(variant: BackwardVariant, q_shape: torch.Size, k_shape: torch.Size,
+                         batch: int, deterministic: bool, workers: int,
+                         device: torch.device) -> PackBackwardLaunch:
+    return PackBackwardLaunch(variant, q_shape, k_shape, batch, deterministic, workers, device)
+
+
+class PackBackwardCall:
+    """A packed backward at one signature: its launch (PackBackwardLaunch) and its parameter
+    blocks with the longest lengths and the scale filled in too, so a call copies them, writes
+    the addresses and launches, as the fixed-length BackwardCall does. Every call of the
+    signature shares it, each writing its own copies of the blocks."""
+
+    def __init__(self, bl: PackBackwardLaunch, max_seqlen_q: int, max_seqlen_k: int,
+                 softmax_scale: float):
+        self.bl = bl
+        self.empty = bl.empty or max_seqlen_q == 0 or max_seqlen_k == 0
+        if self.empty:
+            return
+        params = self.params_template = BwdParams.from_buffer_copy(bl.params_template)
+        params.seqlen_q, params.seqlen_k = max_seqlen_q, max_seqlen_k
+        params.num_m_blocks = _cdiv(max_seqlen_q, bl.block_m)
+        params.num_n_blocks = _cdiv(max_seqlen_k, bl.block_n)
+        params.softmax_scale = float(softmax_scale)
+        prep = self.prep_template = PrepParams.from_buffer_copy(bl.prep_template)
+        prep.seqlen, prep.d_scale = max_seqlen_q, float(softmax_scale)
+        self.convert_q_template = ConvertParams.from_buffer_copy(bl.convert_q_template)
+        self.convert_q_template.seqlen = max_seqlen_q
+        self.convert_kv_template = ConvertParams.from_buffer_copy(bl.convert_kv_template)
+        self.convert_kv_template.seqlen = max_seqlen_k
+
+    def __call__(self, do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k):
+        """dq, dk, dv; every tensor contiguous, lse as `forward` returns it."""
+        if self.empty:
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        bl = self.bl
+        dev, layout, gqa = bl.device, bl.layout, bl.gqa
+        empty = allocator()
+        watchdog.check()
+        pack_faults.check()
+        launch.make_current(bl.device_index)
+        strm = stream(dev)
+        workspace = empty((layout.words,), torch.float32, dev)
+        base = workspace.data_ptr()
+        dq_accum, dpsum, stats, plan, dk_accum, dv_accum, dq_counters, dkv_counters = (
+            base + offset for offset in bl.part_bytes)
+        cu_q, cu_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
+        do_ptr, lse_ptr = do.data_ptr(), lse.data_ptr()
+        # Without GQA the main kernel writes dK/dV; the plan kernel zeroes the rows of sequences
+        # without queries, which have no tasks (AttnPackPlan::zero_unseen_keys).
+        dk = dv = None
+        params = BwdParams.from_buffer_copy(self.params_template)
+        if gqa:
+            params.dk_accum, params.dv_accum, params.dkv_counters = (dk_accum, dv_accum,
+                                                                     dkv_counters)
+        else:
+            dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
+            params.dk, params.dv = dk.data_ptr(), dv.data_ptr()
+        params.q, params.k, params.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        params.dout, params.lse, params.dpsum, params.dq_accum = do_ptr, lse_ptr, dpsum, dq_accum
+        params.dq_counters, params.stats, params.pack_plan = dq_counters, stats, plan
+        params.cu_seqlens_q, params.cu_seqlens_k = cu_q, cu_k
+        bl.plan(strm, addresses(params))
+        map_q = plan + bl.map_q_bytes
+        prep = PrepParams.from_buffer_copy(self.prep_template)
+        prep.o, prep.dout, prep.dpsum, prep.dq_accum = o.data_ptr(), do_ptr, dpsum, dq_accum
+        prep.zero, prep.lse, prep.stats = base + bl.zeroed_bytes, lse_ptr, stats
+        prep.cu_seqlens, prep.tile_seq = cu_q, map_q
+        bl.preprocess(strm, addresses(prep))
+        maps, do_map = bl.qkv_maps(q, k, v), bl.do_map(do)
+        bl.main(strm, addresses(*(int(m.getPtr()) for m in maps), int(do_map.getPtr()), params))
+        dq = empty(q.shape, q.dtype, dev)
+        convert = ConvertParams.from_buffer_copy(self.convert_q_template)
+        convert.src, convert.dst = dq_accum, dq.data_ptr()
+        convert.counters = dq_counters if bl.deterministic else 0
+        convert.cu_seqlens, convert.tile_seq = cu_q, map_q
+        bl.convert_q(strm, addresses(convert))
+        if gqa:
+            dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
+            for src, dst in ((dk_accum, dk), (dv_accum, dv)):
+                convert = ConvertParams.from_buffer_copy(self.convert_kv_template)
+                convert.src, convert.dst = src, dst.data_ptr()
+                convert.cu_seqlens, convert.tile_seq = cu_k, plan + bl.map_k_bytes
+                bl.convert_kv(strm, addresses(convert))
+        return dq, dk, dv
+
+
+@memo(max_entries=256)
+def pack_backward_call(variant: BackwardVariant, q_shape: torch.Size, k_shape: torch.Size,
+                       batch: int, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
+                       deterministic: bool, workers: int,
+                       device: torch.device) -> PackBackwardCall:
+    return PackBackwardCall(pack_backward_launch(variant, q_shape, k_shape, batch,
+                                                 deterministic, workers, device),
+                            max_seqlen_q, max_seqlen_k, softmax_scale)
 
 
 def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
              max_seqlen_k: int, *, causal: bool, softmax_scale: float, deterministic: bool,
-             schedule: str, workers: int, selection: Selection | None = None):
-    """dq, dk, dv of a pack; every tensor contiguous, lse as `forward` returns it. `selection`:
-    what the options select (select.pack_selection) where the caller holds it."""
-    total_q, heads_q, head_dim = q.shape
-    total_k, heads_kv = k.shape[:2]
-    batch = cu_seqlens_q.numel() - 1
-    dev = q.device
-    empty = allocator()
-    gqa = heads_q != heads_kv
-    if total_q == 0 or total_k == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    if selection is None:
-        selection = pack_selection(DTYPE_NAMES[q.dtype], head_dim, bool(causal), schedule,
-                                   bool(deterministic), gqa)
-    variant = selection.backward
-    bm, bn = variant.block_m, variant.block_n
-    loaded = kernels(variant, dev)
-    layout = _workspace(batch, total_q, total_k, heads_q, heads_kv, head_dim, bm, bn, gqa)
-    watchdog.check()
-    pack_faults.check()
-    launch.make_current(dev.index or 0)
-    strm = stream(dev)
-    workspace = empty((layout.words,), torch.float32, dev)
-    base = workspace.data_ptr()
-    dq_accum, dpsum, stats, plan, dk_accum, dv_accum, dq_counters, dkv_counters = (
-        base + 4 * offset for offset in layout.offsets)
-    cu_q, cu_k = cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr()
-    q_stride, k_stride = heads_q * head_dim, heads_kv * head_dim
-    # Without GQA the main kernel writes dK/dV; the plan kernel zeroes the rows of sequences
-    # without queries, which have no tasks (AttnPackPlan::zero_unseen_keys).
-    dk = dv = None
-    if not gqa:
-        dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
-    params = BwdParams(
-        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), dout=do.data_ptr(), lse=lse.data_ptr(),
-        dpsum=dpsum, dq_accum=dq_accum, dk=dk.data_ptr() if dk is not None else 0,
-        dv=dv.data_ptr() if dv is not None else 0, dk_accum=dk_accum if gqa else 0,
-        dv_accum=dv_accum if gqa else 0, dq_counters=dq_counters,
-        dkv_counters=dkv_counters if gqa else 0, stall=watchdog.record(dev, workers),
-        batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=max_seqlen_q,
-        seqlen_k=max_seqlen_k, q_row_stride=q_stride, k_row_stride=k_stride,
-        num_m_blocks=_cdiv(max_seqlen_q, bm), num_n_blocks=_cdiv(max_seqlen_k, bn),
-        softmax_scale=float(softmax_scale), watchdog_ms=watchdog.timeout_ms(), stats=stats,
-        cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, pack_plan=plan, max_units=layout.max_units,
-        pack_fault=pack_faults.record(dev), total_q=total_q, total_k=total_k)
-    block_args = addresses(params)
-    _launcher(loaded.plan, (1, 1, 1), PLAN_THREADS, 0)(strm, block_args)
-    # The preprocess and converts walk the pack's tiles (PackedTile), through the tile maps the
-    # plan kernel writes after its orders: their grids follow the packed tokens.
-    map_q = plan + 4 * layout.map_words
-    map_k = map_q + 4 * layout.q_tiles
-    q_blocks = layout.q_tiles * bm // PREP_ROWS_PER_BLOCK
-    prep = PrepParams(o=o.data_ptr(), dout=do.data_ptr(), dpsum=dpsum, dq_accum=dq_accum,
-                      zero=base + 4 * layout.zeroed,
-                      zero_vec4s=(layout.words - layout.zeroed) // 4, batch=batch,
-                      heads=heads_q, seqlen=max_seqlen_q, row_stride=q_stride,
-                      zero_dq=not deterministic, lse=lse.data_ptr(), stats=stats,
-                      cu_seqlens=cu_q, tile_seq=map_q, d_scale=float(softmax_scale))
-    _launcher(loaded.preprocess, (q_blocks, heads_q, 1), AUX_THREADS, 0)(strm, addresses(prep))
-    maps = (_maps(q, bm), _maps(k, bn), _maps(v, bn), _maps(do, bm))
-    _launcher(loaded.main, (workers, 1, 1), THREADS, loaded.smem_bytes)(
-        strm, [int(m.getPtr()) for m in maps] + [ctypes.addressof(params)])
-    dq = empty(q.shape, q.dtype, dev)
-    convert = ConvertParams(src=dq_accum, dst=dq.data_ptr(),
-                            counters=dq_counters if deterministic else 0, batch=batch,
-                            heads=heads_q, seqlen=max_seqlen_q, row_stride=q_stride,
-                            swizzled=True, block_m=bm, cu_seqlens=cu_q, tile_seq=map_q)
-    _launcher(loaded.convert, (q_blocks, heads_q, 1), AUX_THREADS, 0)(strm, addresses(convert))
-    if gqa:
-        dk, dv = empty(k.shape, k.dtype, dev), empty(v.shape, v.dtype, dev)
-        for src, dst in ((dk_accum, dk), (dv_accum, dv)):
-            convert = ConvertParams(src=src, dst=dst.data_ptr(), batch=batch, heads=heads_kv,
-                                    seqlen=max_seqlen_k, row_stride=k_stride, swizzled=False,
-                                    block_m=bn, cu_seqlens=cu_k, tile_seq=map_k)
-            _launcher(loaded.convert, (layout.k_tiles * bn // PREP_ROWS_PER_BLOCK, heads_kv, 1),
-                      AUX_THREADS, 0)(strm, addresses(convert))
-    del maps, params, prep  # the driver copied the arguments at each launch
-    return dq, dk, dv
+             schedule: str, workers: int):
+    """dq, dk, dv of a pack; every tensor contiguous, lse as `forward` returns it. Through the
+    memo of prepared calls, as `forward`."""
+    selection = pack_selection(DTYPE_NAMES[q.dtype], q.shape[2], bool(causal), schedule,
+                               bool(deterministic), q.shape[1] != k.shape[1])
+    return pack_backward_call(selection.backward, q.shape, k.shape, cu_seqlens_q.numel() - 1,
+                              max_seqlen_q, max_seqlen_k, float(softmax_scale),
+                              bool(deterministic), workers, q.device)(
+        do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)
