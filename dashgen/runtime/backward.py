@@ -13,14 +13,35 @@ from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, TRACE
                                 BwdParams, ConvertParams, PrepParams)
 from . import launch
 from .launch import addresses
-from .device import DTYPE_NAMES, allocation_stream, kernels, sm_count, stream, tensor_map
+from .device import DTYPE_NAMES, allocation_stream, kernels, sm_count, stream
+from .forward import descriptor
 from . import watchdog
 from .plans import device_deal, device_tables, trace_offsets
 from .select import Overrides, Selection, plan
 from .workspace import WorkspaceLayout, allocator
 
 
-class BackwardLaunch:
+class BackwardMaps:
+    """The descriptors a backward's main kernel reads, kept by address (q, k and v in one
+    lookup, dO in another): a prepared launch's shapes and dtype are fixed and the tensors it
+    is handed contiguous, so their addresses decide the descriptors. The fixed-length launches
+    and a pack's (runtime.varlen.PackBackwardLaunch) keep theirs so."""
+
+    def __init__(self, block_m: int, block_n: int):
+        self.block_m, self.block_n = block_m, block_n
+        self._maps = Memo(None, max_entries=512)
+        self._do_maps = Memo(None, max_entries=512)
+
+    def qkv_maps(self, q, k, v) -> tuple:
+        return self._maps.get((q.data_ptr(), k.data_ptr(), v.data_ptr()), lambda: (
+            descriptor(q, self.block_m), descriptor(k, self.block_n),
+            descriptor(v, self.block_n)))
+
+    def do_map(self, do):
+        return self._do_maps.get(do.data_ptr(), lambda: descriptor(do, self.block_m))
+
+
+class BackwardLaunch(BackwardMaps):
     """Everything a backward call needs that its selection fixes: the workspace layout, the
     prepared launches and, for a schedule file only, its task table on the GPU (a named
     schedule's policy is compiled into the kernel: nothing of it is built per shape). Built once
@@ -95,19 +116,7 @@ class BackwardLaunch:
         self.convert_kv_template = ConvertParams(
             batch=p.batch, heads=p.heads_kv, seqlen=p.seqlen_k, row_stride=k_stride,
             padded_rows=padded_n, swizzled=False, block_m=p.block_n)
-        self._maps = Memo(None, max_entries=512)
-        self._do_maps = Memo(None, max_entries=512)
-
-    def qkv_maps(self, q, k, v) -> tuple:
-        """The descriptors of q, k and v. Shapes and dtype are the signature's and the tensors
-        contiguous, so their addresses decide the descriptors: one lookup instead of three."""
-        p = self.problem
-        return self._maps.get((q.data_ptr(), k.data_ptr(), v.data_ptr()), lambda: (
-            tensor_map(q, p.block_m), tensor_map(k, p.block_n), tensor_map(v, p.block_n)))
-
-    def do_map(self, do):
-        """dO's descriptor: its address alone decides it (one dictionary lookup per call)."""
-        return self._do_maps.get(do.data_ptr(), lambda: tensor_map(do, self.problem.block_m))
+        BackwardMaps.__init__(self, p.block_m, p.block_n)
 
     def device_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for _, tables in self.tables for t in tables)

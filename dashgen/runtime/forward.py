@@ -24,6 +24,13 @@ def forward_ctas(m_tiles: int, heads: int, sms: int, causal: bool) -> int:
     return fewest_workers(units, min(units, sms))
 
 
+def descriptor(t: torch.Tensor, rows: int):
+    """The TMA descriptor (device.tensor_map) of a (batch, seqlen, heads, head_dim) tensor in
+    boxes of `rows` rows, or of a pack's (total, heads, head_dim) tensor as a batch of one: the
+    fixed-length and the packed kernels read their tensors alike."""
+    return tensor_map(t if t.dim() == 4 else t.unsqueeze(0), rows)
+
+
 def forward_grid(variant: ForwardVariant, q_shape: tuple, device: torch.device) -> tuple:
     """The grid of a forward of q's (batch, seqlen_q, heads_q, head_dim) shape: a CTA a query
     tile, or the persistent CTAs."""
@@ -53,11 +60,9 @@ class ForwardLaunch:
         return self._maps.get(key, lambda: self._encode(q, k, v))[0]
 
     def _encode(self, q, k, v) -> tuple[list[int], tuple]:
-        if q.dim() == 3:  # a pack's (total, heads, head_dim) tensors, each a batch of one
-            q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
         # Each MMA warpgroup loads its 64 query rows; K/V come in tiles of block_n keys.
         block_n = self.variant.block_n
-        maps = (tensor_map(q, 64), tensor_map(k, block_n), tensor_map(v, block_n))
+        maps = (descriptor(q, 64), descriptor(k, block_n), descriptor(v, block_n))
         # The addresses point into the descriptor objects: keep them with the addresses.
         return [int(m.getPtr()) for m in maps], maps
 

@@ -15,12 +15,13 @@ import math
 
 import torch
 
-from ..caches import Memo, memo
+from ..caches import memo
 from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, BackwardVariant,
                                 BwdParams, ConvertParams, ForwardVariant, FwdParams, PrepParams,
                                 kernel_head_dim)
 from . import launch, pack_faults, watchdog
-from .device import DTYPE_NAMES, kernels, stream, tensor_map
+from .backward import BackwardMaps
+from .device import DTYPE_NAMES, kernels, stream
 from .forward import forward_launch
 from .launch import addresses
 from .select import pack_selection
@@ -42,11 +43,6 @@ def plan_words(batch: int, max_units: int, q_tiles: int = 0, k_tiles: int = 0) -
     """AttnPackPlan's words: the header, the orders and its scratch, then the tile maps of a
     head's q_tiles packed query tiles and k_tiles key tiles (params.cuh, kPlanHeader)."""
     return 3 + 4 * batch + 6 * max_units + q_tiles + k_tiles
-
-
-def _maps(x: torch.Tensor, rows: int):
-    """A (total, heads, head_dim) tensor's descriptor as a batch of one."""
-    return tensor_map(x.unsqueeze(0), rows)
 
 
 class PackForwardCall:
@@ -146,7 +142,7 @@ class PackWorkspace:
         self.zeroed = self.offsets[self.PARTS.index("dk_accum")]
 
 
-class PackBackwardLaunch:
+class PackBackwardLaunch(BackwardMaps):
     """What a packed backward's sizes fix but for the longest lengths and the scale (the packed
     tokens, heads and head_dim of q and k, the number of sequences, the variant and mode, the
     workers, the device): the workspace layout, the prepared launches of the plan, preprocess,
@@ -164,7 +160,7 @@ class PackBackwardLaunch:
         self.empty = total_q == 0 or total_k == 0
         if self.empty:
             return
-        bm, bn = self.block_m, self.block_n = variant.block_m, variant.block_n
+        bm, bn = variant.block_m, variant.block_n
         loaded = kernels(variant, device)
         layout = self.layout = PackWorkspace(batch, total_q, total_k, heads_q, heads_kv,
                                              head_dim, bm, bn, gqa)
@@ -199,18 +195,7 @@ class PackBackwardLaunch:
         self.convert_kv_template = ConvertParams(batch=batch, heads=heads_kv,
                                                  row_stride=k_stride, swizzled=False,
                                                  block_m=bn)
-        self._maps = Memo(None, max_entries=512)
-        self._do_maps = Memo(None, max_entries=512)
-
-    def qkv_maps(self, q, k, v) -> tuple:
-        """The descriptors of q, k and v, each a batch of one. Shapes and dtype are the
-        launch's and the tensors contiguous, so their addresses decide the descriptors."""
-        return self._maps.get((q.data_ptr(), k.data_ptr(), v.data_ptr()), lambda: (
-            _maps(q, self.block_m), _maps(k, self.block_n), _maps(v, self.block_n)))
-
-    def do_map(self, do):
-        """dO's descriptor: its address alone decides it."""
-        return self._do_maps.get(do.data_ptr(), lambda: _maps(do, self.block_m))
+        BackwardMaps.__init__(self, bm, bn)
 
 
 @memo(max_entries=256)
