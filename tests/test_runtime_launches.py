@@ -855,3 +855,12 @@ def test_one_packer_makes_every_launchs_argument_array():
     assert len(launch.pack_args([])[0]) == 1
     with pytest.raises(TypeError, match=r"^kernel argument 0 has type float"):
         launch.pack_args([1.5])
+
+
+def test_a_launchers_grid_and_block_are_one_to_three_positive_ints():
+    assert launch._dim3(5, "grid") == (5, 1, 1)
+    assert launch._dim3([3, 4], "block") == (3, 4, 1)
+    assert launch._dim3((3.0, 2, 7), "grid") == (3, 2, 7)
+    for bad in ((), (1, 2, 3, 4), (0,), (3, -1), 0):
+        with pytest.raises(ValueError, match=r"^grid must be 1 to 3 positive ints, got "):
+            launch._dim3(bad, "grid")

@@ -157,10 +157,13 @@ def pack_args(args: Sequence[Any]) -> tuple[ctypes.Array, list]:
 
 
 def _dim3(value: int | Sequence[int], what: str) -> tuple[int, int, int]:
+    # Without generators: a pack of new lengths prepares its launches on the call's path.
     dims = (value,) if isinstance(value, int) else tuple(value)
-    if not 1 <= len(dims) <= 3 or any(int(d) < 1 for d in dims):
-        raise ValueError(f"{what} must be 1 to 3 positive ints, got {value!r}")
-    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))  # type: ignore[return-value]
+    if 1 <= len(dims) <= 3:
+        dims = tuple(map(int, dims))
+        if min(dims) >= 1:
+            return dims + (1,) * (3 - len(dims))  # type: ignore[return-value]
+    raise ValueError(f"{what} must be 1 to 3 positive ints, got {value!r}")
 
 
 _LIBCUDA = None
