@@ -14,7 +14,7 @@ struct Cfg {
   static constexpr bool kVarlen = true;
 };
 using Fwd = AttnFwdSm90<Cfg>;
-static_assert(sizeof(FwdParams) == 112, "dashgen.codegen.variants.FwdParams disagrees");
+static_assert(sizeof(FwdParams) == 120, "dashgen.codegen.variants.FwdParams disagrees");
 
 // The kernel's dynamic shared memory, which only its layout (AttnFwdSm90, or the persistent
 // kernel's barriers) computes: the host reads the 4-byte symbol <kernel_name>_smem_bytes from

@@ -156,7 +156,6 @@ def test_flash_attn_func_passes_softmax_scale_and_deterministic(on_cpu, kernels,
 @pytest.mark.parametrize("kwargs, pattern", [
     (dict(dropout_p=0.1), r"^dropout_p: dashgen has no dropout"),
     (dict(window_size=(128, 0)), r"^window_size: dashgen has no sliding window"),
-    (dict(softcap=30.0), r"^softcap: dashgen has no logit soft-capping"),
     (dict(alibi_slopes=torch.ones(8)), r"^alibi_slopes: dashgen has no ALiBi"),
 ])
 def test_flash_attn_func_refuses_what_it_cannot_do(on_cpu, kernels, kwargs, pattern):
@@ -164,3 +163,19 @@ def test_flash_attn_func_refuses_what_it_cannot_do(on_cpu, kernels, kwargs, patt
     with pytest.raises(ValueError, match=pattern):
         dashgen.flash_attn_func(q, k, v, **kwargs)
     assert kernels.calls == []
+
+
+def test_flash_attn_func_passes_softcap_to_the_kernels(on_cpu, kernels, monkeypatch):
+    """flash_attn's softcap (Gemma 2's logit cap) reaches both kernels; 0 is no cap."""
+    from dashgen.runtime import checks
+    monkeypatch.setattr(checks, "SOFTCAP_SERVED", True)
+    q, k, v = cpu_leaves()
+    dashgen.flash_attn_func(q, k, v, causal=True, softcap=30.0).sum().backward()
+    assert kernels.calls[0] == ("forward", dict(causal=True, softmax_scale=q.shape[-1] ** -0.5,
+                                                softcap=30.0))
+    prepared = [options for name, options in kernels.calls if name == "prepare"]
+    assert [options.get("softcap") for options in prepared] == [30.0]  # the backward's
+    kernels.calls.clear()
+    dashgen.flash_attn_func(q, k, v, softcap=0.0)
+    assert "softcap" not in kernels.calls[0][1]
+

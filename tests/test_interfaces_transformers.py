@@ -186,7 +186,6 @@ def test_backward_follows_the_deterministic_flag(on_cpu, kernels, restore_determ
      r"seq_idx: "),
     (attention_module(), None, dict(sliding_window=64), r"sliding_window: .* got 64"),
     (attention_module(sliding_window=32), None, {}, r"sliding_window: .* got 32"),
-    (attention_module(), None, dict(softcap=50.0), r"softcap: .* got 50.0"),
     (attention_module(), None, dict(s_aux=torch.zeros(8)), r"s_aux: dashgen has no attention"),
     (attention_module(training=True), None, dict(dropout=0.1),
      r"dropout: dashgen has no dropout, got 0.1 \(module.training is True\)"),

@@ -46,6 +46,10 @@ MMA_SPILL_BYTES = {64: 0, 128: 16}
 # bytes, accepted because it measured 1.14-1.26x faster at 128k-256k (docs/design.md,
 # `dq-last-long`). At 128 it spills no more than the others.
 DQ_LAST_SPILL_BYTES = {64: 56, 128: 16}
+# Soft-capping (attn/softcap.cuh) keeps t = tanh(...) beside dS's operands: up to 24 bytes more
+# in the packed GQA kernels without the dQ order (measured, not yet tuned); none elsewhere past
+# the bounds above.
+SOFTCAP_SPILL_BYTES = 24
 # Fallbacks that cost the main loop its overlap: never accepted.
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
 
@@ -83,6 +87,16 @@ EXTRA_VARIANTS = [
     F("bf16", 96, False),
     F("bf16", 96, True, persistent=True),
     F("fp16", 96, True, varlen=True),
+    # softcap (attn/softcap.cuh): the tanh in the score's place, 1 - t^2 in dS; each kind
+    B("bf16", 128, True, "spt_listed", softcap=True),
+    B("bf16", 128, False, "shift", softcap=True, gqa=True),
+    B("bf16", 64, True, "symmetric_shift", softcap=True, fused_convert=True),
+    B("bf16", 64, True, "spt_listed", softcap=True, dq_last=True),
+    B("bf16", 128, False, "fa3", softcap=True, deterministic=False),
+    B("fp16", 96, True, "spt", softcap=True, varlen=True, gqa=True),
+    F("bf16", 128, True, softcap=True),
+    F("bf16", 64, False, softcap=True, persistent=True),
+    F("bf16", 96, True, softcap=True, varlen=True),
 ]
 # The forwards at the head dims that compile but have not run on a GPU (FORWARD_HEAD_DIMS less
 # HEAD_DIMS, and 192 with V 128 wide): every dtype, mask and kind, since select offers none of
@@ -135,6 +149,7 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
         if main_backward:
             mma = (DQ_LAST_SPILL_BYTES if variant.dq_last
                    else MMA_SPILL_BYTES)[variant.kernel_head_dim]
+            mma += SOFTCAP_SPILL_BYTES if variant.softcap else 0
         allowed = mma
         if main_backward and not variant.table:
             # A named policy's walk runs in the scheduler lane, inside the producer
@@ -252,6 +267,16 @@ def test_head_dim_96_renders_the_128_kernel_with_the_tensors_width():
         assert "kTensorHeadDim" not in render_variant(variant).text
     with pytest.raises(ValueError, match=r"^head_dim_v must be 96 at head_dim 96, got 64$"):
         F("bf16", 96, False, head_dim_v=64)
+
+
+def test_softcap_renders_its_switch_only_where_set():
+    """A soft-capped variant renders Cfg::kSoftcap and names itself _softcap; the others render
+    what they did before the switch existed (the golden sources)."""
+    for variant in (B("bf16", 128, True, "spt_listed", softcap=True), F("bf16", 64, False, softcap=True)):
+        assert "kSoftcap = 1;" in render_variant(variant).text
+        assert variant.kernel_name.endswith("_softcap") and "softcap=True" in repr(variant)
+    for variant in (B("bf16", 128, True, "spt_listed"), F("bf16", 64, False)):
+        assert "kSoftcap" not in render_variant(variant).text and "softcap" not in repr(variant)
 
 
 def test_the_backward_constants_are_the_tiles_schedules_are_built_in():

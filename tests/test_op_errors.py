@@ -47,33 +47,42 @@ class FakeKernels:
         for t in tensors:
             assert t.is_contiguous() and t.data_ptr() % 16 == 0, "the op hands over ready tensors"
 
-    def forward(self, q, k, v, *, causal, softmax_scale):
+    @staticmethod
+    def _options(softcap, **options):
+        """The options recorded: softcap only where a cap was asked for."""
+        return {**options, "softcap": softcap} if softcap else options
+
+    def forward(self, q, k, v, *, causal, softmax_scale, softcap=0.0):
         self._check_ready(q, k, v)
-        self.calls.append(("forward", dict(causal=causal, softmax_scale=softmax_scale)))
-        o = (q.float() * softmax_scale + float(causal) + v.float().mean()).to(q.dtype)
+        self.calls.append(("forward", self._options(softcap, causal=causal,
+                                                    softmax_scale=softmax_scale)))
+        o = (q.float() * softmax_scale + float(causal) + v.float().mean() + softcap).to(q.dtype)
         lse = q.float().sum(-1).transpose(1, 2).contiguous()  # (batch, heads_q, seqlen_q)
         return o, lse
 
     def backward(self, do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, schedule,
-                 num_workers):
+                 num_workers, softcap=0.0):
         self._check_ready(do, q, k, v, o)
         assert lse.is_contiguous()
-        self.calls.append(("backward", dict(causal=causal, softmax_scale=softmax_scale,
-                                            deterministic=deterministic, schedule=schedule,
-                                            num_workers=num_workers)))
+        self.calls.append(("backward", self._options(
+            softcap, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
+            schedule=schedule, num_workers=num_workers)))
         return fake_gradients(do, q, k, v)
 
-    def BackwardCall(self, q, k, v, o, lse, *, launch=None, **options):  # noqa: N802
+    def BackwardCall(self, q, k, v, o, lse, *, launch=None, softcap=0.0,  # noqa: N802
+                     **options):
         self._check_ready(q, k, v, o)
         self.prepared.append(tuple(t.data_ptr() for t in (q, k, v, o, lse)))
         self.launches.append(launch)
-        self.calls.append(("prepare", options))
+        self.calls.append(("prepare", self._options(softcap, **options)))
         return FakeCall(self, (q, k, v, o, lse))
 
-    def forward_call(self, q_shape, k_shape, dtype, causal, softmax_scale, device, overrides):
+    def forward_call(self, q_shape, k_shape, dtype, causal, softmax_scale, device, overrides,
+                     softcap=0.0):
         self.forward_calls.append((q_shape, k_shape, dtype, causal, softmax_scale, device,
                                    overrides))
-        return lambda q, k, v: self.forward(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        return lambda q, k, v: self.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                                            softcap=softcap)
 
     def backward_launch(self, selection, device):
         self.backward_launches.append(FakeLaunch(selection, device))
@@ -701,7 +710,8 @@ def test_the_runtime_takes_what_the_op_passes(monkeypatch):
     assert real.backward_launch is runtime_backward.backward_launch
     assert {"causal", "softmax_scale"} <= set(inspect.signature(real.forward).parameters)
     assert list(inspect.signature(real.forward_call.fn).parameters) == [
-        "q_shape", "k_shape", "dtype", "causal", "softmax_scale", "device", "overrides"]
+        "q_shape", "k_shape", "dtype", "causal", "softmax_scale", "device", "overrides",
+        "softcap"]
     assert list(inspect.signature(real.backward_launch.fn).parameters) == ["sel", "device"]
     options = set(op._backward_options(op.Options(True, 0.1, True, "fa3", 3)))
     assert options <= set(inspect.signature(real.backward).parameters)
@@ -711,3 +721,44 @@ def test_the_runtime_takes_what_the_op_passes(monkeypatch):
     assert list(inspect.signature(real.BackwardCall.serves).parameters) == [
         "self", "q", "k", "v", "o", "lse"]
     assert list(inspect.signature(real.BackwardCall.__call__).parameters) == ["self", "do"]
+
+
+@pytest.mark.parametrize("softcap, error, pattern", [
+    (-2.0, ValueError, r"^softcap must be 0 \(no capping\) or a positive, finite cap, got -2.0$"),
+    (float("nan"), ValueError, r"^softcap must be 0 \(no capping\) or a positive, finite cap"),
+    (None, TypeError, r"^softcap must be a float, got None$"),
+    (False, TypeError, r"^softcap must be a float, got False$"),
+])
+def test_a_bad_softcap_is_named(softcap, error, pattern):
+    with pytest.raises(error, match=pattern):
+        op.check_inputs(*qkv(), softcap=softcap)
+
+
+def test_softcap_rides_with_the_options(on_cpu, kernels, monkeypatch):
+    """A cap is part of the resolved options (the custom ops' last argument) and of the
+    signature: the same tensors with and without it are two entries."""
+    monkeypatch.setattr(checks, "SOFTCAP_SERVED", True)
+    q, k, v = cpu_leaves()
+    assert op.check_inputs(q, k, v, softcap=50).softcap == 50.0
+    assert op.check_inputs(q, k, v).softcap == 0.0
+    op.attention(q, k, v, softcap=5.0).sum().backward()
+    op.attention(q, k, v).sum().backward()
+    forwards = [options for name, options in kernels.calls if name == "forward"]
+    assert [options.get("softcap") for options in forwards] == [5.0, None]
+
+
+def test_a_cap_is_refused_until_the_soft_capped_kernels_are_served(on_cpu, kernels):
+    """checks.SOFTCAP_SERVED off: every entry point refuses a positive cap before any kernel,
+    naming softcap; 0 runs."""
+    from dashgen.interfaces.flash_attn import flash_attn_func
+    assert checks.SOFTCAP_SERVED is False
+    q, k, v = cpu_leaves()
+    refused = r"^softcap: soft-capping is not served yet .*; pass softcap=0, got 30.0$"
+    with pytest.raises(ValueError, match=refused):
+        op.attention(q, k, v, softcap=30.0)
+    with pytest.raises(ValueError, match=refused):
+        flash_attn_func(q, k, v, softcap=30.0)
+    assert kernels.calls == []
+    op.attention(q, k, v, softcap=0.0)
+    assert kernels.calls[0][0] == "forward" and "softcap" not in kernels.calls[0][1]
+

@@ -415,7 +415,6 @@ def test_pack_workers_of_a_pack_without_keys():
     (dict(dropout_p=0.1), r"^dropout_p: dashgen has no dropout, got 0.1"),
     (dict(window_size=(4, 4)), r"^window_size: dashgen has no sliding window yet, got \(4, 4\)"),
     (dict(window_size=(-1, 0)), r"^window_size: "),
-    (dict(softcap=1.0), r"^softcap: dashgen has no logit soft-capping, got 1.0"),
     (dict(alibi_slopes=torch.ones(4)), r"^alibi_slopes: dashgen has no ALiBi bias"),
     (dict(block_table=torch.zeros(3, 1, dtype=torch.int32)),
      r"^block_table: dashgen has no paged KV cache"),
@@ -428,8 +427,19 @@ def test_flash_attn_varlen_func_refuses_what_dashgen_cannot_do(kwargs, pattern):
 def test_flash_attn_varlen_func_refuses_before_checking_the_tensors():
     # The tensors are wrong too (q 2-D): the refused argument is what the error names.
     q, *rest = pack()
-    with pytest.raises(ValueError, match=r"^softcap: "):
-        flash_attn_varlen_func(q[0], *rest, softcap=2.0)
+    with pytest.raises(ValueError, match=r"^alibi_slopes: "):
+        flash_attn_varlen_func(q[0], *rest, alibi_slopes=torch.ones(4))
+
+
+@pytest.mark.parametrize("softcap, error, pattern", [
+    (-1.0, ValueError, r"^softcap must be 0 \(no capping\) or a positive, finite cap, got -1.0$"),
+    (float("inf"), ValueError, r"^softcap must be 0 "),
+    ("50", TypeError, r"^softcap must be a float, got '50'$"),
+    (True, TypeError, r"^softcap must be a float, got True$"),
+])
+def test_a_packs_softcap_is_checked(softcap, error, pattern):
+    with pytest.raises(error, match=pattern):
+        check_varlen_inputs(*pack(), softcap=softcap)
 
 
 def test_flash_attn_varlen_func_takes_a_bool_return_attn_probs():
@@ -747,22 +757,22 @@ class FakePackRuntime:
     def __init__(self):
         self.calls = []
 
-    def forward(self, q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale):
+    def forward(self, q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale, softcap):
         self.calls.append(("forward", None))
         return self._forward(q)
 
     def backward(self, do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale,
-                 deterministic, schedule, workers):
+                 deterministic, schedule, workers, softcap):
         self.calls.append(("backward", None))
         return self._backward(do, k, v)
 
     def pack_forward_call(self, variant, q_shape, k_shape, batch, max_q, max_k, softmax_scale,
-                          device):
+                          device, softcap):
         return lambda q, k, v, cu_q, cu_k: (self.calls.append(("forward", variant)),
                                              self._forward(q))[1]
 
     def pack_backward_call(self, variant, q_shape, k_shape, batch, max_q, max_k, softmax_scale,
-                           deterministic, workers, device):
+                           deterministic, workers, device, softcap):
         return lambda do, q, k, v, o, lse, cu_q, cu_k: (self.calls.append(("backward", variant)),
                                                          self._backward(do, k, v))[1]
 

@@ -150,10 +150,19 @@ class _Variant:
     def __post_init__(self) -> None:
         check_dtype_head_dim(self.dtype, self.head_dim, self.head_dims)
         for name in ("causal", "deterministic", "gqa", "fused_convert", "early_kv", "dq_last",
-                     "trace", "persistent", "varlen"):
+                     "trace", "persistent", "varlen", "softcap"):
             value = getattr(self, name, False)
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
+
+    def __repr__(self) -> str:
+        # head_dim_v only where it differs from head_dim, and softcap only where set, so that
+        # a variant without them names itself as it did before they existed (the comment the
+        # sources open with).
+        fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                  if (f.name != "head_dim_v" or self.head_dim_v != self.head_dim)
+                  and (f.name != "softcap" or self.softcap)]
+        return f"{type(self).__name__}({', '.join(fields)})"
 
     @property
     def cuda_type(self) -> str:
@@ -179,7 +188,7 @@ class _Variant:
         return f"{self.kernel_name}_smem_bytes"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # _Variant.__repr__
 class ForwardVariant(_Variant):
     """The Hopper forward (TMA + wgmma, 128 query rows a CTA); `persistent`: fewer CTAs, each
     walking query tiles and loading the next one's Q and K/V while it finishes the last.
@@ -195,6 +204,7 @@ class ForwardVariant(_Variant):
     persistent: bool = False
     varlen: bool = False
     head_dim_v: int | None = None
+    softcap: bool = False  # scores soft-capped (attn/softcap.cuh; the cap is a parameter)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -209,13 +219,6 @@ class ForwardVariant(_Variant):
                              f"got {self.head_dim_v!r}")
         if self.varlen and self.persistent:
             raise ValueError("a varlen forward runs one CTA a query tile: persistent=False")
-
-    def __repr__(self) -> str:
-        # head_dim_v only where it differs from head_dim, so that the variants of one width
-        # render the sources they rendered before V had its own (the golden files, the cache).
-        fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                  if f.name != "head_dim_v" or self.head_dim_v != self.head_dim]
-        return f"{type(self).__name__}({', '.join(fields)})"
 
     @property
     def kernel_head_dim_v(self) -> int:
@@ -238,14 +241,14 @@ class ForwardVariant(_Variant):
         width = "" if self.head_dim_v == self.head_dim else f"v{self.head_dim_v}"
         name = f"dashgen_fwd_{self.dtype}_d{self.head_dim}{width}_{_mask_name(self.causal)}"
         return name + ("_persistent" if self.persistent else "") + (
-            "_varlen" if self.varlen else "")
+            "_varlen" if self.varlen else "") + ("_softcap" if self.softcap else "")
 
     @property
     def params_bytes(self) -> int:
         return ctypes.sizeof(FwdParams)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)  # _Variant.__repr__
 class BackwardVariant(_Variant):
     """The Hopper backward (persistent, warp-specialized: a producer warp, a dQ writer warp, two
     wgmma warpgroups), with its preprocess and convert kernels in the same module.
@@ -273,6 +276,7 @@ class BackwardVariant(_Variant):
     trace: bool = False
     varlen: bool = False
     dq_last: bool = False
+    softcap: bool = False  # scores soft-capped (attn/softcap.cuh; the cap is a parameter)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -334,7 +338,7 @@ class BackwardVariant(_Variant):
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
                           (self.early_kv, "ekv"), (self.dq_last, "dqlast"),
                           (self.trace, "trace"),
-                          (self.varlen, "varlen")):
+                          (self.varlen, "varlen"), (self.softcap, "softcap")):
             if flag:
                 name += "_" + tag
         return name
@@ -370,7 +374,14 @@ class FwdParams(ParamBlock):
                 ("seqlen_k", _I), ("q_row_stride", _I), ("k_row_stride", _I),
                 ("o_row_stride", _I), ("softmax_scale", _F),
                 ("cu_seqlens_q", _P), ("cu_seqlens_k", _P), ("pack_fault", _P),
-                ("total_q", _I), ("total_k", _I)]
+                ("total_q", _I), ("total_k", _I), ("softcap", _F),
+                ("tanh_scale", _F)]
+
+
+def softcap_fields(softmax_scale: float, softcap: float) -> dict:
+    """FwdParams' and BwdParams' soft-capping fields (attn/softcap.cuh): the cap, and the
+    scores' factor before the tanh, formed once here so both kernels read the same float."""
+    return dict(softcap=softcap, tanh_scale=softmax_scale / softcap if softcap else 0.0)
 
 
 # Columns of a traced backward's rows (templates/include/dashgen/ptx/timer.cuh): b, h, n, m,
@@ -390,7 +401,8 @@ class BwdParams(ParamBlock):
                                 "q_row_stride", "k_row_stride", "num_m_blocks", "num_n_blocks")] + [
         ("softmax_scale", _F), ("watchdog_ms", ctypes.c_uint32), ("stats", _P), ("dq", _P),
         ("cu_seqlens_q", _P), ("cu_seqlens_k", _P), ("pack_plan", _P), ("max_units", _I),
-        ("pack_fault", _P), ("total_q", _I), ("total_k", _I), ("unit_deal", _P)]
+        ("pack_fault", _P), ("total_q", _I), ("total_k", _I), ("unit_deal", _P),
+        ("softcap", _F), ("tanh_scale", _F)]
 
 
 # The watchdog's record (params.cuh): STALL_WORDS uint32 per worker and role, word 0

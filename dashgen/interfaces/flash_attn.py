@@ -10,15 +10,13 @@ import torch
 from ..runtime import op
 
 
-def _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs,
+def _refuse_unsupported(dropout_p, window_size, alibi_slopes, return_attn_probs,
                         block_table=None) -> None:
     """ValueError naming each flash_attn argument dashgen cannot honour."""
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p: dashgen has no dropout, got {dropout_p}")
     if tuple(window_size) != (-1, -1):
         raise ValueError(f"window_size: dashgen has no sliding window yet, got {window_size}")
-    if softcap != 0.0:
-        raise ValueError(f"softcap: dashgen has no logit soft-capping, got {softcap}")
     if alibi_slopes is not None:
         raise ValueError("alibi_slopes: dashgen has no ALiBi bias")
     if not isinstance(return_attn_probs, bool):
@@ -40,12 +38,12 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     deterministic: None (dashgen's default; flash_attn's is False) follows
     torch.use_deterministic_algorithms; True orders the dQ sums so the backward is bitwise
     reproducible; False under the deterministic flag raises RuntimeError (see
-    dashgen.attention). dropout_p, window_size, softcap and alibi_slopes other than their
-    defaults raise ValueError.
+    dashgen.attention). softcap: flash_attn's soft-capping (0: none; see dashgen.attention).
+    dropout_p, window_size and alibi_slopes other than their defaults raise ValueError.
     """
-    _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs)
+    _refuse_unsupported(dropout_p, window_size, alibi_slopes, return_attn_probs)
     out, lse = op.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                            deterministic=deterministic, return_lse=True)
+                            deterministic=deterministic, return_lse=True, softcap=softcap)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -62,10 +60,9 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     or with return_attn_probs=True (out, softmax_lse, None), softmax_lse (heads_q, total_q)
     float32 as flash_attn lays it out. deterministic and the refused arguments as in
     flash_attn_func; block_table (a paged KV cache) raises ValueError too."""
-    _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes, return_attn_probs,
-                        block_table)
+    _refuse_unsupported(dropout_p, window_size, alibi_slopes, return_attn_probs, block_table)
     from ..runtime.op_varlen import attention_varlen
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                                deterministic=deterministic, return_lse=True)
+                                deterministic=deterministic, return_lse=True, softcap=softcap)
     return (out, lse, None) if return_attn_probs else out

@@ -144,8 +144,6 @@ def _support_error(module, attention_mask, dropout, kwargs) -> str | None:
         window = getattr(module, "sliding_window", None)
     if window is not None:
         return f"sliding_window: dashgen has no sliding window yet, got {window}"
-    if kwargs.get("softcap") not in (None, 0, 0.0):
-        return f"softcap: dashgen has no logit soft-capping, got {kwargs['softcap']}"
     for name in ("s_aux", "sinks"):
         if kwargs.get(name) is not None:
             return f"{name}: dashgen has no attention sinks"
@@ -198,15 +196,17 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # One query row sees every key either way (bottom-right alignment), and the full mask is
     # the simpler problem: decoding steps run unmasked, as in sdpa_attention_forward.
     causal = bool(is_causal) and query.shape[2] > 1
+    # Gemma 2's attention-logit cap arrives as softcap (None or 0: none), flash_attn's meaning.
+    softcap = kwargs.get("softcap") or 0.0
     pack = _pack_of(query, key, kwargs)
     if pack is not None:
         from ..runtime.op_varlen import attention_varlen
         out = attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1),
                                value[0].transpose(0, 1), *pack, causal=bool(is_causal),
-                               softmax_scale=scaling)
+                               softmax_scale=scaling, softcap=softcap)
         return out[None], None
     out = op.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                       causal=causal, softmax_scale=scaling)
+                       causal=causal, softmax_scale=scaling, softcap=softcap)
     return out, None
 
 

@@ -10,7 +10,7 @@ import torch
 from ..caches import Memo
 from ..schedule.builders import Tiling
 from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, TRACE_COLUMNS,
-                                BwdParams, ConvertParams, PrepParams)
+                                BwdParams, ConvertParams, PrepParams, softcap_fields)
 from . import launch
 from .launch import addresses
 from .device import DTYPE_NAMES, allocation_stream, kernels, sm_count, stream
@@ -146,13 +146,13 @@ class BackwardCall:
     def __init__(self, q, k, v, o, lse, *, causal: bool, softmax_scale: float,
                  deterministic: bool, schedule: str, num_workers: int | None,
                  trace: bool = False, overrides: Overrides = Overrides(),
-                 launch: BackwardLaunch | None = None):
+                 launch: BackwardLaunch | None = None, softcap: float = 0.0):
         dev = self.device = q.device
         if launch is None:
             launch = backward_launch(
                 plan(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype], bool(causal),
                      bool(deterministic), bool(trace), schedule, num_workers, sm_count(dev),
-                     overrides).selection, dev)
+                     overrides).selection.soft_capped(bool(softcap)), dev)
         bl = self.bl = launch
         self.device_index = dev.index or 0
         self.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
@@ -165,6 +165,7 @@ class BackwardCall:
         params = self.params = BwdParams.from_buffer_copy(bl.params_template)
         params.q, params.k, params.v, _, params.lse = self.pointers
         params.softmax_scale = softmax_scale
+        params.softcap, params.tanh_scale = softcap_fields(softmax_scale, softcap).values()
         self.convert_q = ConvertParams.from_buffer_copy(bl.convert_q_template)
         self.convert_kv = ([ConvertParams.from_buffer_copy(bl.convert_kv_template)
                             for _ in range(2)] if bl.problem.gqa else [])
@@ -253,9 +254,10 @@ class BackwardCall:
 
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
              schedule: str, num_workers: int | None, trace: bool = False,
-             overrides: Overrides = Overrides()):
+             overrides: Overrides = Overrides(), softcap: float = 0.0):
     """dq, dk, dv (and the trace buffer if `trace`: a row of TRACE_COLUMNS int32 per task, in
-    the IR's order). q, k, v, do and o are contiguous; do and o are shaped like q."""
+    the IR's order). q, k, v, do and o are contiguous; do and o are shaped like q. softcap: the
+    forward's (0: uncapped)."""
     return BackwardCall(q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers,
-                        trace=trace, overrides=overrides)(do)
+                        trace=trace, overrides=overrides, softcap=softcap)(do)

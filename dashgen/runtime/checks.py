@@ -108,6 +108,26 @@ def options(causal, softmax_scale, deterministic, schedule, num_workers) -> None
             raise ValueError(f"num_workers must be positive, got {num_workers}")
 
 
+# Whether a positive softcap runs. The soft-capped kernels compile (tests/test_kernels_compile.py)
+# and every entry point carries the cap to them, but they have not yet been checked against
+# float64 on a GPU (tests/gpu/test_softcap_gpu.py, which opens this switch for itself): until
+# they have, a cap is refused rather than risk a wrong gradient.
+SOFTCAP_SERVED = False
+
+
+def softcap(value) -> float:
+    """FlashAttention's softcap as a float: 0 (no capping) or a positive, finite cap."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"softcap must be a float, got {value!r}")
+    if not 0 <= value < math.inf:  # NaN compares False (math.isfinite breaks torch.compile's)
+        raise ValueError(f"softcap must be 0 (no capping) or a positive, finite cap, got "
+                         f"{value!r}")
+    if value and not SOFTCAP_SERVED:
+        raise ValueError(f"softcap: soft-capping is not served yet (its kernels are built but "
+                         f"not yet validated on a GPU); pass softcap=0, got {value!r}")
+    return float(value)
+
+
 def device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     """The SM count of q's device, after checking all three are on one sm_90 CUDA device."""
     for name, t in (("k", k), ("v", v)):

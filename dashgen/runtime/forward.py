@@ -6,7 +6,9 @@ import ctypes
 import torch
 
 from ..caches import Memo, memo
-from ..codegen.variants import THREADS, FwdParams, ForwardVariant
+import dataclasses
+
+from ..codegen.variants import THREADS, FwdParams, ForwardVariant, softcap_fields
 from ..schedule.builders.base import fewest_workers
 from . import launch
 from .device import DTYPE_NAMES, kernels, sm_count, stream, tensor_map
@@ -91,9 +93,11 @@ class ForwardCall:
 
     def __init__(self, q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype,
                  causal: bool, softmax_scale: float, device: torch.device,
-                 overrides: Overrides):
+                 overrides: Overrides, softcap: float = 0.0):
         variant = forward_variant(tuple(q_shape), tuple(k_shape), DTYPE_NAMES[dtype],
                                   bool(causal), sm_count(device), overrides)
+        if softcap:
+            variant = dataclasses.replace(variant, softcap=True)  # the same tiles and grid
         self.launch = forward_launch(variant, tuple(q_shape),
                                      forward_grid(variant, q_shape, device), device)
         batch, seqlen_q, heads_q, head_dim = q_shape
@@ -101,7 +105,8 @@ class ForwardCall:
         self.device_index = device.index or 0
         self.template = FwdParams(batch=batch, heads_q=heads_q, heads_kv=k_shape[2],
                                   seqlen_q=seqlen_q, seqlen_k=k_shape[1],
-                                  softmax_scale=float(softmax_scale))
+                                  softmax_scale=float(softmax_scale),
+                                  **softcap_fields(float(softmax_scale), float(softcap)))
 
     def __call__(self, q, k, v):
         empty = allocator()
@@ -121,12 +126,13 @@ class ForwardCall:
 @memo(max_entries=256)
 def forward_call(q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, causal: bool,
                  softmax_scale: float, device: torch.device,
-                 overrides: Overrides = Overrides()) -> ForwardCall:
-    return ForwardCall(q_shape, k_shape, dtype, causal, softmax_scale, device, overrides)
+                 overrides: Overrides = Overrides(), softcap: float = 0.0) -> ForwardCall:
+    return ForwardCall(q_shape, k_shape, dtype, causal, softmax_scale, device, overrides,
+                       softcap)
 
 
 def forward(q, k, v, *, causal: bool, softmax_scale: float,
-            overrides: Overrides = Overrides()):
-    """o and lse; q, k and v are contiguous."""
+            overrides: Overrides = Overrides(), softcap: float = 0.0):
+    """o and lse; q, k and v are contiguous. softcap: FlashAttention's (0: uncapped)."""
     return forward_call(q.shape, k.shape, q.dtype, causal, softmax_scale, q.device,
-                        overrides)(q, k, v)
+                        overrides, softcap)(q, k, v)

@@ -98,11 +98,13 @@ class _Validated(Validated):
     def prepare_forward(self, q, k):
         opts = self.options
         call = self.forward = _kernels().forward_call(
-            q.shape, k.shape, q.dtype, opts.causal, opts.softmax_scale, q.device, Overrides())
+            q.shape, k.shape, q.dtype, opts.causal, opts.softmax_scale, q.device, Overrides(),
+            opts.softcap)
         return call
 
     def prepare_backward(self, device):
-        launch = self.backward = _kernels().backward_launch(self.plan.selection, device)
+        launch = self.backward = _kernels().backward_launch(
+            self.plan.selection.soft_capped(bool(self.options.softcap)), device)
         if self.key is not None:
             # Its tables on the GPU (a schedule file's) count against the memo's bytes from now.
             _VALIDATED.refile(self.key, self)
@@ -113,7 +115,7 @@ class _Validated(Validated):
 
 
 def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=None,
-                 schedule="auto", num_workers=None) -> Options:
+                 schedule="auto", num_workers=None, softcap=0.0) -> Options:
     """Validate the arguments of :func:`attention` and resolve its defaults.
 
     Checks run in this order, so a CPU machine reaches every error path: argument types, ranks
@@ -124,22 +126,22 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Non
     query stubbed); finally whether the schedule serves the problem.
     """
     return _resolve(q, k, v, causal, softmax_scale, deterministic, schedule,
-                    num_workers).options
+                    num_workers, softcap).options
 
 
-def _resolve(q, k, v, causal, softmax_scale, deterministic, schedule,
-             num_workers) -> _Validated:
+def _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
+             softcap=0.0) -> _Validated:
     """The signature's validated entry: check_inputs' Options, the call's plan (None while
     torch.compile traces, where only the custom ops run) and the prepared calls."""
     # The flag is read at call time, never a cached answer: with deterministic=None its value
     # is part of the key, so each state has its own resolved Options.
     flag = torch.are_deterministic_algorithms_enabled()
     key = _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
-                     flag)
+                     flag, softcap)
 
     def checked():
         return _Validated(*_check_all(q, k, v, causal, softmax_scale, deterministic, schedule,
-                                      num_workers, flag), key)
+                                      num_workers, flag, softcap), key)
 
     resolved = checked() if key is None else _VALIDATED.get(key, checked)
     if deterministic is False and flag:
@@ -154,16 +156,17 @@ _VALIDATED: Memo[_Validated] = Memo(None, max_entries=1024, max_bytes=1 << 30,
                                     size=_Validated.device_bytes)
 
 
-def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers, flag):
+def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers, flag,
+               softcap=0.0):
     """Everything the checks read, or None where a call must take the checks (torch.compile
     tracing, tensor subclasses such as fake tensors, unhashable options). Option types are part
     of it, so causal=1 never passes as causal=True. Only the options can be unhashable (the
     tensors' parts are sizes, dtypes, ints and devices), so only they are hashed to find out."""
     if torch.compiler.is_compiling() or not (type(q) is type(k) is type(v) is torch.Tensor):
         return None
-    options = (causal, softmax_scale, deterministic, schedule, num_workers,
+    options = (causal, softmax_scale, deterministic, schedule, num_workers, softcap,
                type(causal), type(softmax_scale), type(deterministic), type(schedule),
-               type(num_workers), flag if deterministic is None else None)
+               type(num_workers), type(softcap), flag if deterministic is None else None)
     try:
         hash(options)
     except TypeError:
@@ -173,9 +176,10 @@ def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
 
 
 def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
-               flag) -> tuple[Options, Plan | None]:
+               flag, softcap=0.0) -> tuple[Options, Plan | None]:
     _check_tensors(q, k, v)
     checks.options(causal, softmax_scale, deterministic, schedule, num_workers)
+    cap = checks.softcap(softcap)
     sm_count = checks.device(q, k, v)
     batch, seqlen_q, heads_q, head_dim = q.shape
     # Whether the backward orders its sums: "auto" picks per mode (`listed-deal`).
@@ -191,7 +195,7 @@ def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
     made = None if torch.compiler.is_compiling() else plan(
         tuple(q.shape), tuple(k.shape), dtype, causal, ordered, False, name, workers, sm_count,
         Overrides())
-    return Options(causal, scale, ordered, name, workers), made
+    return Options(causal, scale, ordered, name, workers, cap), made
 
 
 # -- the kernel calls of the custom ops (the eager calls take their signature's prepared ones) ---
@@ -199,7 +203,7 @@ def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
 def _run_forward(q, k, v, opts: Options):
     """o and lse from the runtime."""
     return _kernels().forward(ready(q), ready(k), ready(v), causal=opts.causal,
-                              softmax_scale=opts.softmax_scale)
+                              softmax_scale=opts.softmax_scale, softcap=opts.softcap)
 
 
 def _eager_forward(q, k, v, entry: _Validated):
@@ -210,7 +214,7 @@ def _eager_forward(q, k, v, entry: _Validated):
 def _backward_options(opts: Options) -> dict:
     return dict(causal=opts.causal, softmax_scale=opts.softmax_scale,
                 deterministic=opts.deterministic, schedule=opts.schedule,
-                num_workers=opts.num_workers)
+                num_workers=opts.num_workers, softcap=opts.softcap)
 
 
 def _run_backward(do, q, k, v, o, lse, opts: Options):
@@ -226,14 +230,16 @@ def _run_backward(do, q, k, v, o, lse, opts: Options):
 @torch.library.custom_op("dashgen::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   softmax_scale: float, deterministic: bool, schedule: str,
-                  num_workers: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  num_workers: int,
+                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """o (like q) and lse (float32, batch x heads_q x seqlen_q); lse is not differentiable."""
     return _run_forward(q, k, v, Options(causal, softmax_scale, deterministic, schedule,
-                                         num_workers))
+                                         num_workers, softcap))
 
 
 @attention_fwd.register_fake
-def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers):
+def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
+                        softcap=0.0):
     batch, seqlen_q, heads_q, _ = q.shape
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     return o, q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
@@ -242,18 +248,18 @@ def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic, schedule,
 @torch.library.custom_op("dashgen::attention_bwd", mutates_args=())
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   o: torch.Tensor, lse: torch.Tensor, causal: bool, softmax_scale: float,
-                  deterministic: bool, schedule: str,
-                  num_workers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  deterministic: bool, schedule: str, num_workers: int,
+                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv: bitwise reproducible for fixed (problem, schedule, num_workers) when
     deterministic."""
     dq, dk, dv = _run_backward(do, q, k, v, o, lse, Options(causal, softmax_scale, deterministic,
-                                                            schedule, num_workers))
+                                                            schedule, num_workers, softcap))
     return dq, dk, dv
 
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(do, q, k, v, o, lse, causal, softmax_scale, deterministic, schedule,
-                        num_workers):
+                        num_workers, softcap=0.0):
     return gradients_like(q, k, v)
 
 
@@ -300,7 +306,8 @@ class _EagerAttention(torch.autograd.Function):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               softmax_scale: float | None = None, deterministic: bool | None = None,
               schedule: str | Schedule = "auto", num_workers: int | None = None,
-              return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+              return_lse: bool = False,
+              softcap: float = 0.0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention whose backward is bitwise reproducible on Hopper.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), bf16
@@ -330,12 +337,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     of one sequence's units of them. It decides only who runs what when. More than the SM count
     raises ValueError (they could not all be resident, and waiting on the dQ order would
     deadlock).
+
+    softcap: FlashAttention's soft-capping (Gemma 2's attention-logit cap): 0 (the default)
+    leaves the scores as they are; a positive cap c makes each scaled score s c * tanh(s / c)
+    before the softmax, in the forward, in lse and through its derivative in the backward, with
+    the same bit contract.
     """
     if isinstance(schedule, Schedule):
         schedule = register(schedule)  # the op carries a key string
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
-    entry = _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers)
+    entry = _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
+                     softcap)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if traced(q):
         o, lse = torch.ops.dashgen.attention_fwd(q, k, v, *entry.options)

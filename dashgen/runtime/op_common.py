@@ -18,6 +18,7 @@ class Options(NamedTuple):
     deterministic: bool
     schedule: str
     num_workers: int
+    softcap: float = 0.0  # FlashAttention's softcap; 0: the scores uncapped
 
 
 class Validated:

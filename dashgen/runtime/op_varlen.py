@@ -87,13 +87,14 @@ def _check_cpu_offsets(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 
 def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                         causal=False, softmax_scale=None, deterministic=None, schedule="auto",
-                        num_workers=None) -> Options:
+                        num_workers=None, softcap=0.0) -> Options:
     """Validate attention_varlen's arguments and resolve its defaults (ValueError/TypeError
     naming the argument). A signature that passed once (shapes, dtypes, devices, the longest
     lengths and the options) skips the checks that read no values; CPU offsets are checked
     every call, and the deterministic flag is read at each."""
     return _resolve((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                    (causal, softmax_scale, deterministic, schedule, num_workers)).options
+                    (causal, softmax_scale, deterministic, schedule, num_workers,
+                     softcap)).options
 
 
 class _Validated(Validated):
@@ -106,7 +107,7 @@ class _Validated(Validated):
     def prepare_forward(self, q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
         call = self.forward = _runtime().pack_forward_call(
             self.plan.forward, q.shape, k.shape, cu_seqlens_q.shape[0] - 1, int(max_seqlen_q),
-            int(max_seqlen_k), self.options.softmax_scale, q.device)
+            int(max_seqlen_k), self.options.softmax_scale, q.device, self.options.softcap)
         return call
 
     def prepare_backward(self, q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
@@ -114,7 +115,7 @@ class _Validated(Validated):
         call = self.backward = _runtime().pack_backward_call(
             self.plan.backward, q.shape, k.shape, cu_seqlens_q.shape[0] - 1, int(max_seqlen_q),
             int(max_seqlen_k), opts.softmax_scale, opts.deterministic, opts.num_workers,
-            q.device)
+            q.device, opts.softcap)
         return call
 
 
@@ -161,11 +162,12 @@ def _signature(args, options, flag):
 
 def _check_all(args, options, flag) -> tuple[Options, Selection | None]:
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = args
-    causal, softmax_scale, deterministic, schedule, num_workers = options
+    causal, softmax_scale, deterministic, schedule, num_workers, softcap = options
     _check_tensors(q, k, v)
     _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _check_cpu_offsets(*args)
     checks.options(causal, softmax_scale, deterministic, "auto", num_workers)
+    cap = checks.softcap(softcap)
     if not isinstance(schedule, str):
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
                          f"{schedule!r}")
@@ -178,7 +180,7 @@ def _check_all(args, options, flag) -> tuple[Options, Selection | None]:
     chosen = ("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2], bool(causal),
               schedule, ordered, q.shape[1] != k.shape[1])
     sel = (select_pack(*chosen[:4], deterministic=chosen[4], gqa=chosen[5])
-           if torch.compiler.is_compiling() else pack_selection(*chosen))
+           if torch.compiler.is_compiling() else pack_selection(*chosen)).soft_capped(cap > 0)
     sm_count = checks.device(q, k, v)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.device != q.device and cu.device.type != "cpu":
@@ -188,7 +190,7 @@ def _check_all(args, options, flag) -> tuple[Options, Selection | None]:
     workers = pack_workers(sel.schedule, int(max_seqlen_k), sel.backward.block_n,
                            sm_count if num_workers is None else num_workers, bool(causal))
     scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
-    return (Options(bool(causal), scale, ordered, sel.schedule, workers),
+    return (Options(bool(causal), scale, ordered, sel.schedule, workers, cap),
             None if torch.compiler.is_compiling() else sel)
 
 
@@ -206,7 +208,8 @@ def _on_device(cu: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts: Options):
     return _runtime().forward(ready(q), ready(k), ready(v), cu_q, cu_k, int(max_q),
-                              int(max_k), causal=opts.causal, softmax_scale=opts.softmax_scale)
+                              int(max_k), causal=opts.causal, softmax_scale=opts.softmax_scale,
+                              softcap=opts.softcap)
 
 
 def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: Options):
@@ -214,7 +217,7 @@ def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: Options):
                                ready(o), lse, cu_q, cu_k, int(max_q), int(max_k),
                                causal=opts.causal, softmax_scale=opts.softmax_scale,
                                deterministic=opts.deterministic, schedule=opts.schedule,
-                               workers=opts.num_workers)
+                               workers=opts.num_workers, softcap=opts.softcap)
 
 
 def _eager_forward(q, k, v, cu_q, cu_k, max_q, max_k, entry: _Validated):
@@ -228,16 +231,18 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                          max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                          softmax_scale: float, deterministic: bool, schedule: str,
-                         num_workers: int) -> tuple[torch.Tensor, torch.Tensor]:
+                         num_workers: int,
+                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """o (like q) and lse (float32, heads_q * total_q: sequence b's (heads_q, seqlen) block
     from heads_q * cu_seqlens_q[b]); lse is not differentiable."""
     return _run_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        Options(causal, softmax_scale, deterministic, schedule, num_workers))
+                        Options(causal, softmax_scale, deterministic, schedule, num_workers,
+                                softcap))
 
 
 @attention_varlen_fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-              softmax_scale, deterministic, schedule, num_workers):
+              softmax_scale, deterministic, schedule, num_workers, softcap=0.0):
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     return o, q.new_empty((q.shape[0] * q.shape[1],), dtype=torch.float32)
 
@@ -247,15 +252,16 @@ def attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                          o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                          causal: bool, softmax_scale: float, deterministic: bool, schedule: str,
-                         num_workers: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         num_workers: int,
+                         softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _run_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          max_seqlen_k, Options(causal, softmax_scale, deterministic, schedule,
-                                               num_workers))
+                                               num_workers, softcap))
 
 
 @attention_varlen_bwd.register_fake
 def _bwd_fake(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-              causal, softmax_scale, deterministic, schedule, num_workers):
+              causal, softmax_scale, deterministic, schedule, num_workers, softcap=0.0):
     return gradients_like(q, k, v)
 
 
@@ -305,13 +311,13 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      max_seqlen_k: int, causal: bool = False,
                      softmax_scale: float | None = None, deterministic: bool | None = None,
                      schedule: str = "auto", return_lse: bool = False,
-                     num_workers: int | None = None):
+                     num_workers: int | None = None, softcap: float = 0.0):
     """Attention over a packed batch of sequences of their own lengths, bitwise reproducible
     and batch-invariant: each sequence's o, dq, dk, dv are the bits dashgen.attention gives it
     alone (batch 1), wherever it sits in the pack and whatever else is packed with it.
 
     q: (total_q, heads_q, head_dim); k, v: (total_k, heads_kv, head_dim), bf16/fp16 CUDA
-    tensors, heads_q a multiple of heads_kv; head_dim 64 or 128. cu_seqlens_q/k: int32 (batch +
+    tensors, heads_q a multiple of heads_kv; head_dim 64, 96 or 128. cu_seqlens_q/k: int32 (batch +
     1) offsets rising from 0 to total_q / total_k, sequence b's tokens
     [cu_seqlens[b], cu_seqlens[b + 1]); sequences of 0 and 1 tokens are allowed, and seqlen_q
     may differ from seqlen_k per sequence. On the GPU they are read only by the kernels (no
@@ -325,12 +331,13 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (hybrid: shift / symmetric_shift for each sequence of at most 64 KV tiles, i.e. 8,192
     keys, fa3 / descending for longer ones) or a named schedule, dealt over the pack on the GPU; shift and
     symmetric_shift need the longest sequence's units on the SMs at once.
+    softcap: as in dashgen.attention (0: uncapped).
     Returns o, or (o, lse) with lse float32 (heads_q, total_q), not differentiable.
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     entry = _resolve((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                     (causal, softmax_scale, deterministic, schedule, num_workers))
+                     (causal, softmax_scale, deterministic, schedule, num_workers, softcap))
     cu_q, cu_k = _on_device(cu_seqlens_q, q.device), _on_device(cu_seqlens_k, q.device)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if traced(q):

@@ -9,7 +9,7 @@ Pure Python: no torch, no driver.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..caches import memo
@@ -85,6 +85,15 @@ class Selection:
     schedule: str
     num_workers: int
     table: str | None = None
+
+    def soft_capped(self, softcap: bool) -> Selection:
+        """This selection with soft-capped kernels where `softcap` (attn/softcap.cuh): the cap
+        changes the scores, never the tiles, the schedule or the workers, so a plan stays the
+        same with or without it and only the kernels differ."""
+        if not softcap:
+            return self
+        return replace(self, forward=replace(self.forward, softcap=True),
+                       backward=replace(self.backward, softcap=True))
 
 
 @memo(max_entries=256)

@@ -18,7 +18,7 @@ import torch
 from ..caches import memo
 from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, BackwardVariant,
                                 BwdParams, ConvertParams, ForwardVariant, FwdParams, PrepParams,
-                                kernel_head_dim)
+                                kernel_head_dim, softcap_fields)
 from . import launch, pack_faults, watchdog
 from .backward import BackwardMaps
 from .device import DTYPE_NAMES, kernels, stream
@@ -54,7 +54,7 @@ class PackForwardCall:
 
     def __init__(self, variant: ForwardVariant, q_shape: tuple, k_shape: tuple, batch: int,
                  max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                 device: torch.device):
+                 device: torch.device, softcap: float = 0.0):
         total_q, heads_q, _ = q_shape
         total_k, heads_kv = k_shape[:2]
         self.lse_shape = (heads_q * total_q,)
@@ -73,7 +73,8 @@ class PackForwardCall:
                                   seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
                                   softmax_scale=float(softmax_scale),
                                   pack_fault=pack_faults.record(device), total_q=total_q,
-                                  total_k=total_k)
+                                  total_k=total_k,
+                                  **softcap_fields(float(softmax_scale), float(softcap)))
 
     def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
         pack_faults.check()
@@ -97,21 +98,22 @@ class PackForwardCall:
 @memo(max_entries=256)
 def pack_forward_call(variant: ForwardVariant, q_shape: torch.Size, k_shape: torch.Size,
                       batch: int, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                      device: torch.device) -> PackForwardCall:
+                      device: torch.device, softcap: float = 0.0) -> PackForwardCall:
     return PackForwardCall(variant, q_shape, k_shape, batch, max_seqlen_q, max_seqlen_k,
-                           softmax_scale, device)
+                           softmax_scale, device, softcap)
 
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-            causal: bool, softmax_scale: float):
+            causal: bool, softmax_scale: float, softcap: float = 0.0):
     """o (total_q, heads_q, head_dim) and lse (heads_q * total_q floats, sequence b's
     (heads_q, seqlen) block from heads_q * cu_seqlens_q[b]); q, k, v contiguous. Through the
     memo of prepared calls (dashgen.attention_varlen's eager calls keep theirs)."""
     # The forward is the same for every schedule and mode.
     selection = pack_selection(DTYPE_NAMES[q.dtype], q.shape[2], bool(causal), "auto", True,
-                               False)
+                               False).soft_capped(bool(softcap))
     return pack_forward_call(selection.forward, q.shape, k.shape, cu_seqlens_q.numel() - 1,
-                             max_seqlen_q, max_seqlen_k, float(softmax_scale), q.device)(
+                             max_seqlen_q, max_seqlen_k, float(softmax_scale), q.device,
+                             float(softcap))(
         q, k, v, cu_seqlens_q, cu_seqlens_k)
 
 
@@ -212,7 +214,7 @@ class PackBackwardCall:
     signature shares it, each writing its own copies of the blocks."""
 
     def __init__(self, bl: PackBackwardLaunch, max_seqlen_q: int, max_seqlen_k: int,
-                 softmax_scale: float):
+                 softmax_scale: float, softcap: float = 0.0):
         self.bl = bl
         self.empty = bl.empty or max_seqlen_q == 0 or max_seqlen_k == 0
         if self.empty:
@@ -222,6 +224,8 @@ class PackBackwardCall:
         params.num_m_blocks = _cdiv(max_seqlen_q, bl.block_m)
         params.num_n_blocks = _cdiv(max_seqlen_k, bl.block_n)
         params.softmax_scale = float(softmax_scale)
+        params.softcap, params.tanh_scale = softcap_fields(float(softmax_scale),
+                                                           float(softcap)).values()
         prep = self.prep_template = PrepParams.from_buffer_copy(bl.prep_template)
         prep.seqlen, prep.d_scale = max_seqlen_q, float(softmax_scale)
         self.convert_q_template = ConvertParams.from_buffer_copy(bl.convert_q_template)
@@ -289,20 +293,21 @@ class PackBackwardCall:
 def pack_backward_call(variant: BackwardVariant, q_shape: torch.Size, k_shape: torch.Size,
                        batch: int, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
                        deterministic: bool, workers: int,
-                       device: torch.device) -> PackBackwardCall:
+                       device: torch.device, softcap: float = 0.0) -> PackBackwardCall:
     return PackBackwardCall(pack_backward_launch(variant, q_shape, k_shape, batch,
                                                  deterministic, workers, device),
-                            max_seqlen_q, max_seqlen_k, softmax_scale)
+                            max_seqlen_q, max_seqlen_k, softmax_scale, softcap)
 
 
 def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
              max_seqlen_k: int, *, causal: bool, softmax_scale: float, deterministic: bool,
-             schedule: str, workers: int):
+             schedule: str, workers: int, softcap: float = 0.0):
     """dq, dk, dv of a pack; every tensor contiguous, lse as `forward` returns it. Through the
     memo of prepared calls, as `forward`."""
     selection = pack_selection(DTYPE_NAMES[q.dtype], q.shape[2], bool(causal), schedule,
-                               bool(deterministic), q.shape[1] != k.shape[1])
+                               bool(deterministic), q.shape[1] != k.shape[1]
+                               ).soft_capped(bool(softcap))
     return pack_backward_call(selection.backward, q.shape, k.shape, cu_seqlens_q.numel() - 1,
                               max_seqlen_q, max_seqlen_k, float(softmax_scale),
-                              bool(deterministic), workers, q.device)(
+                              bool(deterministic), workers, q.device, float(softcap))(
         do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)

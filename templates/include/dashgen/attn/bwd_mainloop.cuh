@@ -10,6 +10,7 @@
 #include "dashgen/attn/fragment.cuh"
 #include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/params.cuh"
+#include "dashgen/attn/softcap.cuh"
 #include "dashgen/attn/tiles_sm90.cuh"
 #include "dashgen/ptx/barrier.cuh"
 #include "dashgen/ptx/mbarrier.cuh"
@@ -33,6 +34,8 @@ struct BwdMainloop {
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv, kDqLast = K::kDqLast;
   static constexpr bool kDsInLoop = K::kDsInLoop;
+  // Soft-capped (attn/softcap.cuh): S^T holds t = tanh(score * scale / softcap) from stage 3 on.
+  enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
   static constexpr int kStages = K::kStages, kDsStages = K::kDsStages;
   static constexpr int kMmaThreads = K::kMmaThreads;
   static constexpr int kQBytes = K::kQBytes, kDsBytes = K::kDsBytes, kDqBytes = K::kDqBytes;
@@ -80,7 +83,7 @@ struct BwdMainloop {
     const int g = lane >> 2, t4 = lane & 3;
     const MmaThread me{wg, tid, warp, lane, g, t4};
     const int group = p.heads_q / p.heads_kv;
-    const float scale_log2 = p.softmax_scale * kLog2e;
+    const float scale_log2 = kSoftcap != 0 ? p.softcap * kLog2e : p.softmax_scale * kLog2e;
     const int causal_offset = p.seqlen_k - p.seqlen_q;
     int seq_k = 0, seq_offset = 0;  // a pack: the task's sequence's keys and causal offset
     float dk[kHeadDim / 2], dv[kHeadDim / 2];  // m64n128 accumulators: this warpgroup's 64 KV rows
@@ -194,7 +197,9 @@ struct BwdMainloop {
     const bool edge = mask_reaches<kCausal>(t.n * kBlockN + 64 * me.wg + 63, t.m * kBlockM,
                                             kVarlen ? seq_k : p.seqlen_k,
                                             kVarlen ? seq_offset : causal_offset);
-    if constexpr (!kCausal) {
+    // Soft-capped, an edge task takes the per-element mask under a full mask too: a -inf score
+    // would make dS's factor 1 - t^2 infinite, and 0 * inf is NaN.
+    if constexpr (!kCausal && kSoftcap == 0) {
       // Full mask: only keys past the sequence's end are masked, and only a task whose keys
       // reach it has any. Their scores become -inf there, so the one loop below takes
       // exp2(-inf) = +0 for them, the value the per-element select gave, without a select per
@@ -209,7 +214,8 @@ struct BwdMainloop {
       }
       unmasked_softmax<true>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
     } else if (!edge) {
-      unmasked_softmax<false>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me);
+      unmasked_softmax<false>(st, dpt, stats, pa, dsa, ds_row, scale_log2, p.softmax_scale, me,
+                              p.tanh_scale);
     } else {
       masked_softmax(st, dpt, stats, pa, dsa, pv, ds, ds_row, scale_log2, p, t, seq_k,
                      seq_offset, causal_offset, me);
@@ -224,7 +230,7 @@ struct BwdMainloop {
   __device__ static __forceinline__ void unmasked_softmax(
       const float (&st)[kBlockM / 2], const float (&dpt)[kBlockM / 2], const float* stats,
       u32 (&pa)[kBlockM / 16][4], u32 (&dsa)[kBlockM / 16][4], u32 ds_row, float scale_log2,
-      float softmax_scale, const MmaThread& me) {
+      float softmax_scale, const MmaThread& me, float to_tanh = 0.f) {
 #pragma unroll
     for (int i2 = 0; i2 < kBlockM / 2; i2 += 2) {
       float pv[2], ds[2];
@@ -232,9 +238,12 @@ struct BwdMainloop {
       for (int e = 0; e < 2; ++e) {
         const int ii = i2 + e;
         const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);
-        const float exponent = st[ii] * scale_log2 - stats[col];
+        // Soft-capped: t = tanh(score * scale / softcap) in the score's place (attn/softcap.cuh).
+        const float score = kSoftcap != 0 ? tanh_approx(st[ii] * to_tanh) : st[ii];
+        const float exponent = score * scale_log2 - stats[col];
         pv[e] = kFtzAsm ? exp2_ftz(exponent) : exp2f(exponent);
         ds[e] = pv[e] * fmaf(dpt[ii], softmax_scale, -stats[kBlockM + col]);
+        if constexpr (kSoftcap != 0) ds[e] *= fmaf(-score, score, 1.f);  // d softcap*t / d score
       }
       pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
       dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);
@@ -266,9 +275,11 @@ struct BwdMainloop {
                                 : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
         // The exponent is formed before the select, as measured; selecting the exponent
         // instead (exp2(-inf) = +0) spilled 8 bytes in a causal GQA variant.
-        const float exponent = st[ii] * scale_log2 - stats[col];
+        const float score = kSoftcap != 0 ? tanh_approx(st[ii] * p.tanh_scale) : st[ii];
+        const float exponent = score * scale_log2 - stats[col];
         pv[e] = masked ? 0.f : exp2f(exponent);
         ds[e] = pv[e] * fmaf(dpt[ii], p.softmax_scale, -stats[kBlockM + col]);
+        if constexpr (kSoftcap != 0) ds[e] *= fmaf(-score, score, 1.f);  // d softcap*t / d score
       }
       pa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(pv[0], pv[1]);
       dsa[i2 / 8][(i2 % 8) / 2] = Element<T>::pack(ds[0], ds[1]);

@@ -9,6 +9,7 @@
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/params.cuh"
+#include "dashgen/attn/softcap.cuh"
 #include "dashgen/attn/softmax.cuh"
 #include "dashgen/attn/tiles_sm90.cuh"
 #include "dashgen/ptx/mbarrier.cuh"
@@ -25,6 +26,7 @@ struct FwdMainloop {
   enum : int {
     kHeadDim = K::kHeadDim,
     kHeadDimV = K::kHeadDimV,
+    kSoftcap = has_softcap<typename K::Config>(0),  // attn/softcap.cuh
     kBlockM = K::kBlockM,
     kBlockN = K::kBlockN,
     kStages = K::kStages,
@@ -68,7 +70,14 @@ struct FwdMainloop {
   __device__ static void softmax_tile(float (&sc)[kBlockN / 2], float (&row_max)[2],
                                       float (&row_sum)[2], float (&correction)[2],
                                       const FwdParams& p, int n, int row0, int t4) {
-    const float scale_log2 = p.softmax_scale * kLog2e;
+    // Soft-capped: the scores become t = tanh(score * scale / softcap), the softmax's scale
+    // softcap (positive, so the max argument below holds for t too).
+    const float scale_log2 = kSoftcap != 0 ? p.softcap * kLog2e : p.softmax_scale * kLog2e;
+    if constexpr (kSoftcap != 0) {
+      const float to_tanh = p.tanh_scale;
+#pragma unroll
+      for (int i = 0; i < kBlockN / 2; ++i) sc[i] = tanh_approx(sc[i] * to_tanh);
+    }
     const int causal_offset = p.seqlen_k - p.seqlen_q;
     float tile_max[2] = {-DASHGEN_INF, -DASHGEN_INF};
     // The maxima of the raw scores (the scale is positive, so the max of the scaled scores is

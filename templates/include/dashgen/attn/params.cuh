@@ -26,6 +26,8 @@ struct FwdParams {
   // tokens of q and of k/v, which the offsets must end at.
   u32* pack_fault;
   i32 total_q, total_k;
+  // A soft-capped variant's cap and softmax_scale / softcap (attn/softcap.cuh), else unread.
+  float softcap, tanh_scale;
 };
 
 // The watchdog's record of a rank wait that never ended: per worker and role (1 dQ writer,
@@ -80,6 +82,8 @@ struct BwdParams {
   i32 total_q, total_k;
   // A listed deal (sched::DealtWalk; else null): the workers + 1 offsets, then the units.
   const i32* unit_deal;
+  // A soft-capped variant's cap and softmax_scale / softcap (attn/softcap.cuh), else unread.
+  float softcap, tanh_scale;
 };
 
 // Where a pack keeps sequence b: in every buffer a batch of one, so the fixed-length code runs
