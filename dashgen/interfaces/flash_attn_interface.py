@@ -1,0 +1,109 @@
+"""FlashAttention-3's Python interface over dashgen: its hopper package's `flash_attn_interface`
+module names and signatures, so `from flash_attn_interface import flash_attn_func` becomes
+`from dashgen.interfaces.flash_attn_interface import flash_attn_func`. Return values are FA3's
+(out, or (out, softmax_lse) with return_attn_probs=True). What dashgen cannot do raises
+ValueError naming the argument; the knobs that only decide FA3's own launch are taken as such.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..runtime import op
+from ..runtime.device import sm_count
+
+
+def _window_is_causal(window_size, causal: bool) -> bool:
+    """The mask of FA3's window_size and causal where dashgen has it: (-1, -1) is the full mask,
+    (-1, 0) the causal one (FA3 reads a negative bound as none, and causal=True as a right
+    bound of 0). A window with a bound left of the diagonal or right of it is refused."""
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size must be a pair of ints, got {window_size!r}") from None
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if causal:
+        right = 0
+    if left < 0 and right <= 0:
+        return right == 0
+    raise ValueError(f"window_size: dashgen has no sliding window yet, got "
+                     f"{tuple(window_size)}{' with causal=True' if causal else ''}")
+
+
+def _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits,
+                        seqused_q=None, seqused_k=None) -> None:
+    """ValueError naming each FA3 argument dashgen cannot honour."""
+    if qv is not None:
+        raise ValueError("qv: dashgen has no extra query-value product (FA3's qv)")
+    for name, value in (("q_descale", q_descale), ("k_descale", k_descale),
+                        ("v_descale", v_descale)):
+        if value is not None:
+            raise ValueError(f"{name}: dashgen has no fp8 inputs")
+    if attention_chunk:
+        raise ValueError(f"attention_chunk: dashgen has no chunked attention yet, got "
+                         f"{attention_chunk}")
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits must be a non-negative int, got {num_splits!r}")
+    for name, value in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if value is not None:
+            raise ValueError(f"{name}: dashgen reads every token of a pack's sequences "
+                             f"(no seqused yet)")
+
+
+def _options(q: torch.Tensor, deterministic, sm_margin) -> dict:
+    """dashgen's deterministic and num_workers for FA3's deterministic and sm_margin.
+    deterministic=False (FA3's default) promises no bits, so dashgen follows
+    torch.use_deterministic_algorithms there (its own default); True orders the dQ sums.
+    sm_margin leaves that many SMs to other kernels: dashgen runs on the rest (its bits never
+    depend on the worker count)."""
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
+    if not isinstance(sm_margin, int) or isinstance(sm_margin, bool) or sm_margin < 0:
+        raise ValueError(f"sm_margin must be a non-negative int, got {sm_margin!r}")
+    workers = None
+    if sm_margin:
+        sms = sm_count(q.device)
+        if sm_margin >= sms:
+            raise ValueError(f"sm_margin={sm_margin} leaves none of this GPU's {sms} SMs")
+        workers = sms - sm_margin
+    return dict(deterministic=True if deterministic else None, num_workers=workers)
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
+                    k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
+                    softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
+                    return_attn_probs=False):
+    """FA3's flash_attn_func: q (batch, seqlen_q, heads_q, head_dim), k and v (batch, seqlen_k,
+    heads_kv, head_dim), causal bottom-right; window_size=(-1, 0) is the causal mask. Returns
+    out, or (out, softmax_lse) with softmax_lse (batch, heads_q, seqlen_q) float32. num_splits
+    and pack_gqa decide only how FA3 launches its forward. softcap as in dashgen.attention."""
+    _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits)
+    if not isinstance(return_attn_probs, bool):
+        raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
+    causal = _window_is_causal(window_size, causal)
+    out, lse = op.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                            return_lse=True, softcap=softcap,
+                            **_options(q, deterministic, sm_margin))
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           seqused_q=None, seqused_k=None, softmax_scale=None, causal=False,
+                           qv=None, q_descale=None, k_descale=None, v_descale=None,
+                           window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                           pack_gqa=None, deterministic=False, sm_margin=0,
+                           return_attn_probs=False):
+    """FA3's flash_attn_varlen_func over dashgen.attention_varlen: q (total_q, heads_q,
+    head_dim), k and v (total_k, heads_kv, head_dim), int32 cu_seqlens. Returns out, or
+    (out, softmax_lse) with softmax_lse (heads_q, total_q) float32, FA3's layout."""
+    _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits,
+                        seqused_q, seqused_k)
+    if not isinstance(return_attn_probs, bool):
+        raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
+    causal = _window_is_causal(window_size, causal)
+    from ..runtime.op_varlen import attention_varlen
+    out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
+                                return_lse=True, softcap=softcap,
+                                **_options(q, deterministic, sm_margin))
+    return (out, lse) if return_attn_probs else out

@@ -1,0 +1,106 @@
+"""dashgen.interfaces.flash_attn_interface: FlashAttention-3's function names and signatures over
+dashgen (the driver boundary faked as in test_op_errors): the arguments FA3 takes reach dashgen's
+op as dashgen's options, its return values are FA3's, and what dashgen lacks is named."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from dashgen.interfaces import flash_attn_interface as fa3  # noqa: E402
+from dashgen.runtime import op  # noqa: E402
+from test_op_errors import cpu_leaves, h200, kernels, on_cpu  # noqa: E402,F401  (fixtures)
+from test_varlen import pack  # noqa: E402
+
+# FA3's hopper/flash_attn_interface.py (Dao-AILab/flash-attention 0251105): the parameters of
+# its two functions, in order.
+FA3_FUNC = ["q", "k", "v", "softmax_scale", "causal", "qv", "q_descale", "k_descale",
+            "v_descale", "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa",
+            "deterministic", "sm_margin", "return_attn_probs"]
+FA3_VARLEN = (["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
+               "seqused_q", "seqused_k"] + FA3_FUNC[3:])
+
+
+def test_the_signatures_are_fa3s():
+    assert list(inspect.signature(fa3.flash_attn_func).parameters) == FA3_FUNC
+    assert list(inspect.signature(fa3.flash_attn_varlen_func).parameters) == FA3_VARLEN
+    defaults = {name: p.default for name, p in
+                inspect.signature(fa3.flash_attn_func).parameters.items()}
+    assert defaults["deterministic"] is False and defaults["window_size"] == (-1, -1)
+    assert defaults["num_splits"] == 1 and defaults["sm_margin"] == 0
+
+
+@pytest.mark.parametrize("window_size, causal, expect", [
+    ((-1, -1), False, False), ((-1, 0), False, True), ((-1, -1), True, True),
+    ((-5, -1), False, False), ((-1, 0), True, True)])
+def test_the_masks_fa3_writes_as_windows(on_cpu, kernels, window_size, causal, expect):
+    q, k, v = cpu_leaves()
+    out, lse = fa3.flash_attn_func(q, k, v, causal=causal, window_size=window_size,
+                                   return_attn_probs=True)
+    assert kernels.calls[0] == ("forward", dict(causal=expect, softmax_scale=0.125))
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1])
+    assert torch.is_tensor(fa3.flash_attn_func(q, k, v))  # out alone without return_attn_probs
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    (dict(window_size=(128, 0)), ValueError, r"^window_size: dashgen has no sliding window yet, "
+                                             r"got \(128, 0\)$"),
+    (dict(window_size=(-1, 64)), ValueError, r"^window_size: "),
+    (dict(window_size=(64, -1), causal=True), ValueError, r"got \(64, -1\) with causal=True$"),
+    (dict(window_size=3), TypeError, r"^window_size must be a pair of ints, got 3$"),
+    (dict(qv=torch.zeros(1)), ValueError, r"^qv: "),
+    (dict(k_descale=torch.ones(1)), ValueError, r"^k_descale: dashgen has no fp8 inputs$"),
+    (dict(attention_chunk=8192), ValueError, r"^attention_chunk: dashgen has no chunked"),
+    (dict(num_splits=-1), ValueError, r"^num_splits must be a non-negative int, got -1$"),
+    (dict(deterministic=None), TypeError, r"^deterministic must be a bool, got None$"),
+    (dict(sm_margin=-2), ValueError, r"^sm_margin must be a non-negative int, got -2$"),
+    (dict(return_attn_probs=1), TypeError, r"^return_attn_probs must be a bool, got 1$"),
+])
+def test_what_dashgen_lacks_is_named(on_cpu, kernels, kwargs, error, pattern):
+    q, k, v = cpu_leaves()
+    with pytest.raises(error, match=pattern):
+        fa3.flash_attn_func(q, k, v, **kwargs)
+    assert kernels.calls == []
+
+
+def test_deterministic_false_follows_the_flag_and_true_orders(on_cpu, kernels):
+    """FA3's deterministic=False promises no bits: dashgen then follows
+    torch.use_deterministic_algorithms (its default), never raising under it."""
+    q, k, v = cpu_leaves()
+    fa3.flash_attn_func(q, k, v, causal=True).sum().backward()
+    fa3.flash_attn_func(q, k, v, causal=True, deterministic=True).sum().backward()
+    prepared = [options for name, options in kernels.calls if name == "prepare"]
+    assert [options["deterministic"] for options in prepared] == [False, True]
+    torch.use_deterministic_algorithms(True)
+    try:
+        fa3.flash_attn_func(q, k, v, causal=True).sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    prepared = [options for name, options in kernels.calls if name == "prepare"]
+    assert prepared[-1]["deterministic"] is True
+
+
+def test_sm_margin_leaves_sms_to_other_kernels(on_cpu, kernels, monkeypatch):
+    monkeypatch.setattr(fa3, "sm_count", lambda device: 132)
+    q, k, v = cpu_leaves()
+    fa3.flash_attn_func(q, k, v, causal=True, sm_margin=4).sum().backward()
+    prepared = [options for name, options in kernels.calls if name == "prepare"]
+    asked = op.check_inputs(q, k, v, causal=True, num_workers=128)  # 132 - 4, resolved
+    assert prepared[0]["num_workers"] == asked.num_workers
+    assert asked != op.check_inputs(q, k, v, causal=True, num_workers=4)
+    with pytest.raises(ValueError, match=r"^sm_margin=132 leaves none of this GPU's 132 SMs$"):
+        fa3.flash_attn_func(q, k, v, sm_margin=132)
+
+
+@pytest.mark.parametrize("name", ["seqused_q", "seqused_k"])
+def test_the_packed_function_names_seqused(name):
+    with pytest.raises(ValueError, match=rf"^{name}: dashgen reads every token"):
+        fa3.flash_attn_varlen_func(*pack(), **{name: torch.zeros(2, dtype=torch.int32)})
+
+
+def test_the_packed_function_refuses_a_window_before_the_tensors():
+    q, *rest = pack()
+    with pytest.raises(ValueError, match=r"^window_size: "):
+        fa3.flash_attn_varlen_func(q[0], *rest, window_size=(16, 16))
