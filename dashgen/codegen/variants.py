@@ -79,7 +79,7 @@ class ForwardTiles:
 
 # The forward's tiles per (head_dim, head_dim_v). 128 query rows everywhere: two MMA warpgroups
 # of 64 rows, as the kernel is written. 128 keys at 64 and 128, as measured
-# (docs/design.md, `retired-fwd-longer-kv-tiles`). Past 128 the longest key tile, a multiple of
+# (lab/notes/tried-and-dropped.md, `retired-fwd-longer-kv-tiles`). Past 128 the longest key tile, a multiple of
 # 16 (P V's k16 steps), whose Q tile and two K and V stages fit the 232,448 bytes an sm_90 block
 # may use (the kernel adds 72 bytes of barriers and 1 KB of alignment slack; O is stored from
 # the accumulator there, without a staging tile), at 2 bytes an element:
