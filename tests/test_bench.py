@@ -189,3 +189,25 @@ def test_the_recorded_commit_is_the_option_then_the_variable_then_git(monkeypatc
     assert commit_id(None) == "from-env"
     monkeypatch.delenv("DASHGEN_COMMIT")
     assert commit_id(None) != "from-env"
+
+
+@pytest.mark.parametrize("mask, det_pick, nondet_pick", [("causal", "spt_listed", "spt"),
+                                                         ("full", "fa3", "fa3")])
+def test_long_rows_are_auto_in_both_modes_on_one_sequence(bench, mask, det_pick, nondet_pick):
+    """Every run carries one sequence of 128k and of 1M tokens per head_dim and mask: the
+    deterministic and the unordered backward as schedule="auto" picks them."""
+    assert bench.LONG_SEQLENS == [131072, 1048576]
+    cfg = bench.Config(1048576, 128, mask, 16384, 2048)
+    rows = [row for row, _ in bench.long_rows_for(cfg, 132)]
+    assert [(r.label, r.deterministic, r.picked) for r in rows] == [
+        ("dashgen_det auto", True, det_pick), ("dashgen_nondet auto", False, nondet_pick)]
+    assert all(r.batch == 1 and r.heads == 16 and r.seqlen == 1048576 and r.impl == "dashgen_auto"
+               for r in rows)
+
+
+def test_the_long_rows_are_on_by_default_and_can_be_left_out(bench):
+    args = bench.build_parser().parse_args([])
+    assert args.long_seqlens == [131072, 1048576] and args.long_repeats == 3
+    assert bench.build_parser().parse_args(["--long-seqlens", "none"]).long_seqlens == []
+    assert bench.build_parser().parse_args(["--long-seqlens", "262144"]).long_seqlens == [262144]
+

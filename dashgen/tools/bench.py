@@ -1,7 +1,7 @@
 """Attention backward benchmark on the ANCHORS.md protocol: dashgen's schedules (deterministic and
 not) and forward, against SDPA cuDNN, SDPA flash (deterministic) and FlexAttention, same inputs.
 
-    dashgen bench --out bench_out          # the 20 core configurations
+    dashgen bench --out bench_out          # the 20 core configurations and the long rows
     dashgen bench --seqlens 2048 --hdims 128 --masks causal --peers none
     (from a checkout without installing: PYTHONPATH=. python3 -m dashgen bench ...)
 
@@ -25,6 +25,12 @@ from .timing import (REPEATS, ROUNDS, WARMUP_MS, commit_id, event_ms, median_ms,
 
 
 PEERS = ("cudnn", "flash_det", "flex")
+# One sequence of these lengths per head_dim and mask in every run, so that no change can cost
+# the long rows unseen (docs/design.md, `dq-last-long`): a 1M call takes 10-45 s, so each long
+# row is the deterministic and the unordered backward as schedule="auto" picks them, one warm
+# call and LONG_REPEATS timed ones.
+LONG_SEQLENS = [131072, 1048576]
+LONG_REPEATS = 3
 BWD_OVER_FWD = 2.5  # the backward runs five matmuls of the forward's size to its two
 
 
@@ -272,6 +278,22 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
     return out
 
 
+def long_rows_for(cfg: Config, sm_count: int):
+    """(Row, setup) pairs of a long configuration (one sequence): dashgen's backward with
+    schedule="auto", deterministic then not; their ratio is the price of the order at that
+    length. The schedules, the forwards and the peers are the 1k-16k rows' comparison."""
+    from dashgen.runtime.select import resolve_schedule
+    base = dict(seqlen=cfg.seqlen, head_dim=cfg.head_dim, mask=cfg.mask, batch=cfg.batch,
+                heads=cfg.heads, floor_bytes=cfg.floor_bytes())
+    out = []
+    for det in (True, False):
+        picked, workers = resolve_schedule(schedule_problem(cfg), "auto", None, sm_count, det)
+        row = Row(f"dashgen_{'det' if det else 'nondet'} auto", "dashgen_auto", "auto", det,
+                  "backward", num_workers=workers, picked=picked, **base)
+        out.append((row, lambda inputs, d=det: setup_dashgen(cfg, inputs, "auto", d, None)))
+    return out
+
+
 def auto_pick(cfg: Config, sm_count: int) -> tuple[str | None, int | None]:
     """(schedule, worker count) schedule="auto" runs for a configuration: the op's own rule
     (bf16, the heads_q == heads_kv the benchmark uses, num_workers=None on an sm_count-SM GPU)."""
@@ -341,13 +363,18 @@ def environment(args) -> dict:
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 tokens=args.tokens, hidden=args.hidden, repeats=args.repeats,
                 warmup=args.warmup, warmup_ms=args.warmup_ms, dtype="bf16", rounds=args.rounds,
-                round_order="alternating")
+                round_order="alternating",
+                long_repeats=getattr(args, "long_repeats", LONG_REPEATS))
 
 
 # -- command line ------------------------------------------------------------------------------
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
+
+
+def _ints_or_none(text: str) -> list[int]:
+    return [] if text == "none" else _ints(text)
 
 
 def _names(text: str) -> list[str]:
@@ -358,6 +385,13 @@ def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The benchmark's options (`dashgen bench`; build_parser for running this module alone)."""
     p.add_argument("--seqlens", type=_ints, default=[1024, 2048, 4096, 8192, 16384],
                    help="comma list (default 1024,2048,4096,8192,16384)")
+    p.add_argument("--long-seqlens", type=_ints_or_none, default=list(LONG_SEQLENS),
+                   help="one sequence of each length, after the 1k-16k rows: dashgen's "
+                        "deterministic and unordered backward (schedule auto), one warm call "
+                        "and --long-repeats timed ones (default 131072,1048576; 'none': no "
+                        "long rows)")
+    p.add_argument("--long-repeats", type=int, default=LONG_REPEATS,
+                   help=f"timed calls of a long row, median (default {LONG_REPEATS})")
     p.add_argument("--hdims", type=_ints, default=[64, 128], help="comma list (default 64,128)")
     p.add_argument("--masks", type=_names, default=["full", "causal"],
                    help="comma list of full, causal (default both)")
@@ -414,6 +448,8 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.rounds <= args.repeats:
         raise SystemExit(f"--rounds: {args.rounds} must be between 1 and --repeats "
                          f"({args.repeats}): every round times each row at least once")
+    if args.long_repeats < 1:
+        raise SystemExit(f"--long-repeats: {args.long_repeats} must be at least 1")
     if args.repeats < 10 or args.warmup < 3:
         print("note: fewer than 10 repeats or 3 warm-ups is outside the ANCHORS.md protocol",
               file=sys.stderr)
@@ -436,6 +472,21 @@ def run(args: argparse.Namespace) -> int:
                                                  rounds=args.rounds, warmup_ms=args.warmup_ms):
                     rows.append(row)
                     shown = row.error or f"{row.ms:.3f} ms, {row.tflops:.1f} TFLOP/s"
+                    print(f"[{seq_label(seqlen)} d{head_dim} {mask}] {row.label}: {shown}",
+                          file=sys.stderr, flush=True)
+                del inputs, plan
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+    for head_dim in args.hdims:
+        for mask in args.masks:
+            for seqlen in args.long_seqlens:
+                cfg = Config(seqlen, head_dim, mask, args.tokens, args.hidden)
+                inputs = make_inputs(cfg)
+                plan = long_rows_for(cfg, meta["sm_count"])
+                for row in measure_configuration(plan, cfg, inputs, 1, args.long_repeats,
+                                                 rounds=1, warmup_ms=0.0):
+                    rows.append(row)
+                    shown = row.error or f"{row.ms:.1f} ms, {row.tflops:.1f} TFLOP/s"
                     print(f"[{seq_label(seqlen)} d{head_dim} {mask}] {row.label}: {shown}",
                           file=sys.stderr, flush=True)
                 del inputs, plan
