@@ -211,3 +211,35 @@ def test_the_long_rows_are_on_by_default_and_can_be_left_out(bench):
     assert bench.build_parser().parse_args(["--long-seqlens", "none"]).long_seqlens == []
     assert bench.build_parser().parse_args(["--long-seqlens", "262144"]).long_seqlens == [262144]
 
+
+
+def test_a_run_sweeps_the_core_rows_then_the_long_ones(bench, monkeypatch, tmp_path):
+    """run() with the GPU faked: the 1k-16k configurations under the protocol's options, then
+    the long ones with one warm call, one round and --long-repeats timed calls."""
+    import torch
+    timed = []
+
+    def measure(plan, cfg, inputs, warmup, repeats, rounds, warmup_ms):
+        timed.append((cfg.seqlen, len(plan), warmup, repeats, rounds, warmup_ms))
+        for row, _ in plan:
+            row.ms, row.tflops = 1.0, 1.0
+        return [row for row, _ in plan]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "environment", lambda args: dict(sm_count=132, gpu="fake"))
+    monkeypatch.setattr(bench, "make_inputs", lambda cfg: None)
+    monkeypatch.setattr(bench, "measure_configuration", measure)
+    monkeypatch.setattr(bench, "render_markdown", lambda meta, data: "table")
+    monkeypatch.setattr(bench, "plot", lambda data, path: None)
+    args = bench.build_parser().parse_args(
+        ["--seqlens", "4096", "--hdims", "128", "--masks", "causal", "--peers", "none",
+         "--long-seqlens", "131072,1048576", "--out", str(tmp_path)])
+    assert bench.run(args) == 0
+    assert [t[0] for t in timed] == [4096, 131072, 1048576]
+    assert timed[0][2:] == (3, bench.REPEATS, bench.ROUNDS, bench.WARMUP_MS)
+    assert timed[1][1:] == (2, 1, 3, 1, 0.0) and timed[2][1:] == (2, 1, 3, 1, 0.0)
+    import json
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert [r["label"] for r in rows if r["seqlen"] == 1048576] == [
+        "dashgen_det auto", "dashgen_nondet auto"]

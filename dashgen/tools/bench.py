@@ -459,39 +459,34 @@ def run(args: argparse.Namespace) -> int:
     meta = environment(args)
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
-    for head_dim in args.hdims:
-        for mask in args.masks:
-            for seqlen in args.seqlens:
-                cfg = Config(seqlen, head_dim, mask, args.tokens, args.hidden)
-                inputs = make_inputs(cfg)
-                try:
-                    plan = rows_for(cfg, args.schedules, peers, meta["sm_count"])
-                except Exception as exc:  # e.g. an unknown --schedules name
-                    raise SystemExit(f"cannot plan {cfg}: {exc}") from None
-                for row in measure_configuration(plan, cfg, inputs, args.warmup, args.repeats,
-                                                 rounds=args.rounds, warmup_ms=args.warmup_ms):
-                    rows.append(row)
-                    shown = row.error or f"{row.ms:.3f} ms, {row.tflops:.1f} TFLOP/s"
-                    print(f"[{seq_label(seqlen)} d{head_dim} {mask}] {row.label}: {shown}",
-                          file=sys.stderr, flush=True)
-                del inputs, plan
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
-    for head_dim in args.hdims:
-        for mask in args.masks:
-            for seqlen in args.long_seqlens:
-                cfg = Config(seqlen, head_dim, mask, args.tokens, args.hidden)
-                inputs = make_inputs(cfg)
-                plan = long_rows_for(cfg, meta["sm_count"])
-                for row in measure_configuration(plan, cfg, inputs, 1, args.long_repeats,
-                                                 rounds=1, warmup_ms=0.0):
-                    rows.append(row)
-                    shown = row.error or f"{row.ms:.1f} ms, {row.tflops:.1f} TFLOP/s"
-                    print(f"[{seq_label(seqlen)} d{head_dim} {mask}] {row.label}: {shown}",
-                          file=sys.stderr, flush=True)
-                del inputs, plan
-                torch.cuda.synchronize()
-                torch.cuda.empty_cache()
+
+    def sweep(seqlens, plan_of, warmup, repeats, rounds, warmup_ms):
+        """Every (head_dim, mask, seqlen) of the run, each configuration's rows planned by
+        plan_of(cfg), timed, printed as they come and kept in `rows`."""
+        for head_dim in args.hdims:
+            for mask in args.masks:
+                for seqlen in seqlens:
+                    cfg = Config(seqlen, head_dim, mask, args.tokens, args.hidden)
+                    inputs = make_inputs(cfg)
+                    try:
+                        plan = plan_of(cfg)
+                    except Exception as exc:  # e.g. an unknown --schedules name
+                        raise SystemExit(f"cannot plan {cfg}: {exc}") from None
+                    for row in measure_configuration(plan, cfg, inputs, warmup, repeats,
+                                                     rounds=rounds, warmup_ms=warmup_ms):
+                        rows.append(row)
+                        shown = row.error or f"{row.ms:.3f} ms, {row.tflops:.1f} TFLOP/s"
+                        print(f"[{seq_label(seqlen)} d{head_dim} {mask}] {row.label}: {shown}",
+                              file=sys.stderr, flush=True)
+                    del inputs, plan
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+
+    sweep(args.seqlens, lambda cfg: rows_for(cfg, args.schedules, peers, meta["sm_count"]),
+          args.warmup, args.repeats, args.rounds, args.warmup_ms)
+    # The long rows: one warm call each, no rounds (a 1M call takes 10-45 s).
+    sweep(args.long_seqlens, lambda cfg: long_rows_for(cfg, meta["sm_count"]), 1,
+          args.long_repeats, 1, 0.0)
     data = [asdict(r) for r in rows]
     (args.out / "bench.json").write_text(json.dumps(dict(meta=meta, rows=data), indent=1) + "\n")
     table = render_markdown(meta, data)
