@@ -52,7 +52,7 @@ def test_the_masks_fa3_writes_as_windows(on_cpu, kernels, window_size, causal, e
     (dict(window_size=3), TypeError, r"^window_size must be a pair of ints, got 3$"),
     (dict(qv=torch.zeros(1)), ValueError, r"^qv: "),
     (dict(k_descale=torch.ones(1)), ValueError, r"^k_descale: dashgen has no fp8 inputs$"),
-    (dict(attention_chunk=8192), ValueError, r"^attention_chunk: dashgen has no chunked"),
+    (dict(attention_chunk=-1), ValueError, r"^attention_chunk must be a non-negative int"),
     (dict(num_splits=-1), ValueError, r"^num_splits must be a non-negative int, got -1$"),
     (dict(deterministic=None), TypeError, r"^deterministic must be a bool, got None$"),
     (dict(sm_margin=-2), ValueError, r"^sm_margin must be a non-negative int, got -2$"),
@@ -104,3 +104,85 @@ def test_the_packed_function_refuses_a_window_before_the_tensors():
     q, *rest = pack()
     with pytest.raises(ValueError, match=r"^window_size: "):
         fa3.flash_attn_varlen_func(q[0], *rest, window_size=(16, 16))
+
+
+def fa3_chunked_reference(q, k, v, causal, chunk, scale):
+    """FA3's test reference for attention_chunk (hopper/test_util.py, construct_chunk_mask):
+    row i keeps keys [p - p % chunk, p - p % chunk + chunk), p = i + seqlen_k - seqlen_q, and
+    under causal none after p. float64, (batch, seqlen, heads, head_dim); lse (b, h, s)."""
+    sq, sk = q.shape[1], k.shape[1]
+    group = q.shape[2] // k.shape[2]
+    kt, vt = (t.repeat_interleave(group, 2).transpose(1, 2) for t in (k, v))
+    scores = (q.transpose(1, 2) @ kt.transpose(-1, -2)) * scale
+    p = torch.arange(sq)[:, None] + sk - sq
+    j = torch.arange(sk)[None, :]
+    start = p - p % chunk
+    keep = (j >= start) & (j < start + chunk)
+    if causal:
+        keep &= j <= p
+    scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    probs = torch.softmax(scores, -1).nan_to_num(0.0)
+    return (probs @ vt).transpose(1, 2), lse
+
+
+def packed_reference(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale,
+                     return_lse, **options):
+    """dashgen.attention_varlen's contract in float64: each sequence alone, causal bottom-right
+    within it; lse (heads_q, total_q)."""
+    assert return_lse
+    out = torch.zeros_like(q)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=q.dtype)
+    group = q.shape[1] // k.shape[1]
+    for (q0, q1), (k0, k1) in zip(zip(cu_q.tolist(), cu_q.tolist()[1:]),
+                                  zip(cu_k.tolist(), cu_k.tolist()[1:])):
+        if q1 == q0 or k1 == k0:
+            continue
+        qs, ks, vs = q[q0:q1].transpose(0, 1), k[k0:k1], v[k0:k1]
+        ks, vs = (t.repeat_interleave(group, 1).transpose(0, 1) for t in (ks, vs))
+        scores = (qs @ ks.transpose(-1, -2)) * softmax_scale
+        if causal:
+            keep = (torch.arange(k1 - k0)[None, :]
+                    <= torch.arange(q1 - q0)[:, None] + (k1 - k0) - (q1 - q0))
+            scores = scores.masked_fill(~keep, float("-inf"))
+        lse[:, q0:q1] = torch.logsumexp(scores, -1)
+        out[q0:q1] = (torch.softmax(scores, -1).nan_to_num(0.0) @ vs).transpose(0, 1)
+    assert max(b - a for a, b in zip(cu_q.tolist(), cu_q.tolist()[1:])) <= max_q
+    return out, lse
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k, chunk", [(64, 64, 16), (50, 50, 16), (21, 70, 16),
+                                                       (64, 64, 128), (1, 70, 32)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_chunked_attention_is_fa3s_chunk_mask(monkeypatch, seqlen_q, seqlen_k, chunk, causal):
+    """attention_chunk runs as a pack of the chunks (chunk_pack): with attention_varlen's
+    contract computed in float64, o and lse are FA3's reference with its chunk mask."""
+    from dashgen.runtime import op_varlen
+    monkeypatch.setattr(op_varlen, "attention_varlen", packed_reference)
+    monkeypatch.setattr(fa3, "_options", lambda q, deterministic, sm_margin: {})
+    g = torch.Generator().manual_seed(seqlen_q * 1000 + chunk)
+    q = torch.randn(2, seqlen_q, 4, 8, dtype=torch.float64, generator=g)
+    k, v = (torch.randn(2, seqlen_k, 2, 8, dtype=torch.float64, generator=g) for _ in range(2))
+    out, lse = fa3.flash_attn_func(q, k, v, softmax_scale=0.3, causal=causal,
+                                   attention_chunk=chunk, return_attn_probs=True)
+    ref_out, ref_lse = fa3_chunked_reference(q, k, v, causal, chunk, 0.3)
+    assert out.shape == q.shape and lse.shape == (2, 4, seqlen_q)
+    assert torch.allclose(out, ref_out, atol=1e-12)
+    assert torch.equal(lse.isinf(), ref_lse.isinf())
+    assert torch.allclose(lse[~lse.isinf()], ref_lse[~ref_lse.isinf()], atol=1e-12)
+
+
+def test_a_chunk_needs_as_many_keys_as_queries_and_fits_a_pack():
+    with pytest.raises(ValueError, match=r"^attention_chunk: dashgen chunks queries against at "
+                                         r"least as many keys; got seqlen_q 9 > seqlen_k 8$"):
+        fa3.chunk_pack(1, 9, 8, 4)
+    with pytest.raises(ValueError, match=r"^attention_chunk=1: 2 x 40000 chunks exceed"):
+        fa3.chunk_pack(2, 40000, 40000, 1)
+    assert [t.tolist() if torch.is_tensor(t) else t for t in fa3.chunk_pack(1, 3, 10, 4)] == [
+        [0, 0, 1, 3], [0, 4, 8, 10], 2, 4]
+
+
+def test_the_packed_function_names_attention_chunk():
+    with pytest.raises(ValueError, match=r"^attention_chunk: dashgen chunks fixed-length"):
+        fa3.flash_attn_varlen_func(*pack(), attention_chunk=64)
+
