@@ -94,10 +94,15 @@ def test_sm_margin_leaves_sms_to_other_kernels(on_cpu, kernels, monkeypatch):
         fa3.flash_attn_func(q, k, v, sm_margin=132)
 
 
-@pytest.mark.parametrize("name", ["seqused_q", "seqused_k"])
-def test_the_packed_function_names_seqused(name):
-    with pytest.raises(ValueError, match=rf"^{name}: dashgen reads every token"):
-        fa3.flash_attn_varlen_func(*pack(), **{name: torch.zeros(2, dtype=torch.int32)})
+@pytest.mark.parametrize("used, error", [
+    (torch.zeros(2, dtype=torch.int32), r"^seqused_q has 2 entries for 3 sequences$"),
+    (torch.zeros(3, dtype=torch.int64), r"^seqused_q must be a 1-D int32 tensor, got "
+                                        r"torch.int64 \(3,\)$"),
+    ([1, 2], r"^seqused_q must be a 1-D int32 tensor, got list \(\)$")])
+def test_seqused_is_checked(used, error):
+    q, k, v, cu_q, cu_k, max_q, max_k = pack()
+    with pytest.raises(ValueError, match=error):
+        fa3.used_pack(cu_q, cu_k, used, None)
 
 
 def test_the_packed_function_refuses_a_window_before_the_tensors():
@@ -185,4 +190,42 @@ def test_a_chunk_needs_as_many_keys_as_queries_and_fits_a_pack():
 def test_the_packed_function_names_attention_chunk():
     with pytest.raises(ValueError, match=r"^attention_chunk: dashgen chunks fixed-length"):
         fa3.flash_attn_varlen_func(*pack(), attention_chunk=64)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("which", ["q", "k", "both"])
+def test_seqused_tokens_are_the_used_sequences_alone(monkeypatch, causal, which):
+    """FA3's seqused_q/k: each sequence's used queries against its used keys (causal
+    bottom-right in the used part), through used_pack with attention_varlen's contract in
+    float64; unused queries get o = 0 and lse = -inf."""
+    from dashgen.runtime import op_varlen
+    monkeypatch.setattr(op_varlen, "attention_varlen", packed_reference)
+    monkeypatch.setattr(fa3, "_options", lambda q, deterministic, sm_margin: {})
+    lengths_q, lengths_k = [9, 0, 13, 5], [11, 4, 13, 7]
+    used_q, used_k = [6, 0, 13, 1], [11, 2, 8, 7]
+    if which == "k":
+        used_q = lengths_q
+    if which == "q":
+        used_k = lengths_k
+    g = torch.Generator().manual_seed(len(which) + causal)
+    q = torch.randn(sum(lengths_q), 4, 8, dtype=torch.float64, generator=g)
+    k, v = (torch.randn(sum(lengths_k), 2, 8, dtype=torch.float64, generator=g)
+            for _ in range(2))
+    cu = lambda n: torch.tensor([0] + list(torch.tensor(n).cumsum(0)), dtype=torch.int32)
+    i32 = lambda n: torch.tensor(n, dtype=torch.int32)
+    out, lse = fa3.flash_attn_varlen_func(
+        q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q), max(lengths_k),
+        seqused_q=None if which == "k" else i32(used_q),
+        seqused_k=None if which == "q" else i32(used_k), softmax_scale=0.4, causal=causal,
+        return_attn_probs=True)
+    q0 = k0 = 0
+    for lq, lk, uq, uk in zip(lengths_q, lengths_k, used_q, used_k):
+        alone, alone_lse = packed_reference(
+            q[q0:q0 + uq], k[k0:k0 + uk], v[k0:k0 + uk], cu([uq]), cu([uk]), uq, uk,
+            causal=causal, softmax_scale=0.4, return_lse=True)
+        assert torch.equal(out[q0:q0 + uq], alone)
+        assert torch.equal(lse[:, q0:q0 + uq], alone_lse)
+        assert torch.equal(out[q0 + uq:q0 + lq], torch.zeros_like(out[q0 + uq:q0 + lq]))
+        assert bool(lse[:, q0 + uq:q0 + lq].isneginf().all())
+        q0, k0 = q0 + lq, k0 + lk
 

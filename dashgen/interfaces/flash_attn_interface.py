@@ -30,8 +30,8 @@ def _window_is_causal(window_size, causal: bool) -> bool:
                      f"{tuple(window_size)}{' with causal=True' if causal else ''}")
 
 
-def _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits,
-                        seqused_q=None, seqused_k=None) -> None:
+def _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk,
+                        num_splits) -> None:
     """ValueError naming each FA3 argument dashgen cannot honour."""
     if qv is not None:
         raise ValueError("qv: dashgen has no extra query-value product (FA3's qv)")
@@ -44,10 +44,6 @@ def _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, nu
         raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits must be a non-negative int, got {num_splits!r}")
-    for name, value in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
-        if value is not None:
-            raise ValueError(f"{name}: dashgen reads every token of a pack's sequences "
-                             f"(no seqused yet)")
 
 
 def _options(q: torch.Tensor, deterministic, sm_margin) -> dict:
@@ -134,6 +130,38 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     return (out, lse) if return_attn_probs else out
 
 
+def used_pack(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
+    """FA3's seqused_q / seqused_k (sequence b uses only the first seqused[b] of its tokens) as
+    a pack of three sequences per sequence: its used queries against its used keys, its unused
+    queries against no key (o = 0, lse = -inf, dq = 0), and no query against its unused keys
+    (dk = dv = 0). The used tokens' bits are then the used sequence's alone, and nothing past
+    seqused is read into a used token's result. Formed on the offsets' device, without reading
+    them on the host; offsets past a sequence's end do not rise, and the kernels refuse such a
+    pack (PackOffsetsError)."""
+    for name, used, cu in (("seqused_q", seqused_q, cu_seqlens_q),
+                           ("seqused_k", seqused_k, cu_seqlens_k)):
+        if used is None:
+            continue
+        if not torch.is_tensor(used) or used.dtype != torch.int32 or used.dim() != 1:
+            raise ValueError(f"{name} must be a 1-D int32 tensor, got "
+                             f"{getattr(used, 'dtype', type(used).__name__)} "
+                             f"{tuple(getattr(used, 'shape', ()))}")
+        if torch.is_tensor(cu) and used.shape[0] != cu.shape[0] - 1:
+            raise ValueError(f"{name} has {used.shape[0]} entries for {cu.shape[0] - 1} "
+                             f"sequences")
+        if torch.is_tensor(cu) and used.device != cu.device:
+            raise ValueError(f"{name} is on {used.device} but its cu_seqlens on {cu.device}")
+
+    def used_or_all(used, cu):
+        return cu[1:] - cu[:-1] if used is None else used
+    uq, uk = used_or_all(seqused_q, cu_seqlens_q), used_or_all(seqused_k, cu_seqlens_k)
+    start_q, start_k = cu_seqlens_q[:-1], cu_seqlens_k[:-1]
+    cu_q = torch.stack((start_q, start_q + uq, cu_seqlens_q[1:]), 1).flatten()
+    cu_k = torch.stack((start_k, start_k + uk, start_k + uk), 1).flatten()
+    return (torch.cat((cu_q, cu_seqlens_q[-1:])).to(torch.int32),
+            torch.cat((cu_k, cu_seqlens_k[-1:])).to(torch.int32))
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            seqused_q=None, seqused_k=None, softmax_scale=None, causal=False,
                            qv=None, q_descale=None, k_descale=None, v_descale=None,
@@ -142,9 +170,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            return_attn_probs=False):
     """FA3's flash_attn_varlen_func over dashgen.attention_varlen: q (total_q, heads_q,
     head_dim), k and v (total_k, heads_kv, head_dim), int32 cu_seqlens. Returns out, or
-    (out, softmax_lse) with softmax_lse (heads_q, total_q) float32, FA3's layout."""
-    _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits,
-                        seqused_q, seqused_k)
+    (out, softmax_lse) with softmax_lse (heads_q, total_q) float32, FA3's layout. seqused_q /
+    seqused_k: the tokens of each sequence that count (used_pack); the others get o = 0 and
+    zero gradients."""
+    _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits)
     if attention_chunk:
         raise ValueError(f"attention_chunk: dashgen chunks fixed-length batches "
                          f"(flash_attn_func); a pack's chunks are not supported yet, got "
@@ -152,6 +181,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
     causal = _window_is_causal(window_size, causal)
+    if seqused_q is not None or seqused_k is not None:
+        cu_seqlens_q, cu_seqlens_k = used_pack(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     from ..runtime.op_varlen import attention_varlen
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
