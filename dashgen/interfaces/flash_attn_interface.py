@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..caches import memo
 from ..runtime import op
 from ..runtime.device import sm_count
 
@@ -65,6 +66,7 @@ def _options(q: torch.Tensor, deterministic, sm_margin) -> dict:
     return dict(deterministic=True if deterministic else None, num_workers=workers)
 
 
+@memo(max_entries=64)  # a training loop asks for the same shapes every step
 def chunk_pack(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
     """FA3's attention_chunk as a pack: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k) over the (batch * seqlen, heads, head_dim) tensors. FA3 gives query row i the

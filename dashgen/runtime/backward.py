@@ -165,7 +165,9 @@ class BackwardCall:
         params = self.params = BwdParams.from_buffer_copy(bl.params_template)
         params.q, params.k, params.v, _, params.lse = self.pointers
         params.softmax_scale = softmax_scale
-        params.softcap, params.tanh_scale = softcap_fields(softmax_scale, softcap).values()
+        if softcap:  # per call: an uncapped kernel never reads them, its block keeps zeros
+            for name, value in softcap_fields(softmax_scale, softcap).items():
+                setattr(params, name, value)
         self.convert_q = ConvertParams.from_buffer_copy(bl.convert_q_template)
         self.convert_kv = ([ConvertParams.from_buffer_copy(bl.convert_kv_template)
                             for _ in range(2)] if bl.problem.gqa else [])

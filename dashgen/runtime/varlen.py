@@ -224,8 +224,8 @@ class PackBackwardCall:
         params.num_m_blocks = _cdiv(max_seqlen_q, bl.block_m)
         params.num_n_blocks = _cdiv(max_seqlen_k, bl.block_n)
         params.softmax_scale = float(softmax_scale)
-        params.softcap, params.tanh_scale = softcap_fields(float(softmax_scale),
-                                                           float(softcap)).values()
+        for name, value in softcap_fields(float(softmax_scale), float(softcap)).items():
+            setattr(params, name, value)
         prep = self.prep_template = PrepParams.from_buffer_copy(bl.prep_template)
         prep.seqlen, prep.d_scale = max_seqlen_q, float(softmax_scale)
         self.convert_q_template = ConvertParams.from_buffer_copy(bl.convert_q_template)
