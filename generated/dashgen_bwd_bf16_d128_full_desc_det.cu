@@ -19,13 +19,15 @@ namespace dashgen {
 namespace sched {
 
 // fa3: KV tiles ascending, each visiting its Q tiles ascending; adds in ascending KV order.
+// (Ranks count from the Q tile's first KV tile: 0 but under a sliding window, WindowTiling.)
 template <class Tl>
 struct Fa3 : RunsIndependently {
   static constexpr int kId = 1;
   DASHGEN_HD static int units(const Tl& t) { return t.num_n(); }
   DASHGEN_HD static int unit_tasks(const Tl& t, int u) { return t.rows(u); }
   DASHGEN_HD static Step step(const Tl& t, int u, int i) {
-    return Step{u, t.first_m(u) + i, u, i == 0, i + 1 == t.rows(u)};
+    const int m = t.first_m(u) + i;
+    return Step{u, m, u - t.first_n(m), i == 0, i + 1 == t.rows(u)};
   }
 };
 
@@ -38,7 +40,7 @@ struct Spt : RunsIndependently {
   DASHGEN_HD static int unit_tasks(const Tl& t, int u) { return t.rows(t.num_n() - 1 - u); }
   DASHGEN_HD static Step step(const Tl& t, int u, int i) {
     const int n = t.num_n() - 1 - u, m = t.first_m(n) + i;
-    return Step{n, m, t.count(m) - 1 - n, i == 0, i + 1 == t.rows(n)};
+    return Step{n, m, t.first_n(m) + t.count(m) - 1 - n, i == 0, i + 1 == t.rows(n)};
   }
 };
 
@@ -49,7 +51,8 @@ struct Descending : RunsIndependently {
   DASHGEN_HD static int units(const Tl& t) { return t.num_n(); }
   DASHGEN_HD static int unit_tasks(const Tl& t, int u) { return t.rows(u); }
   DASHGEN_HD static Step step(const Tl& t, int u, int i) {
-    return Step{u, t.num_m() - 1 - i, u, i == 0, i + 1 == t.rows(u)};
+    const int m = t.last_m(u) - i;
+    return Step{u, m, u - t.first_n(m), i == 0, i + 1 == t.rows(u)};
   }
 };
 
@@ -85,7 +88,7 @@ struct Cfg {
 using Bwd = AttnBwdSm90<Cfg>;
 using Prep = AttnPreprocess<Cfg>;
 using Convert = AttnConvert<Cfg>;
-static_assert(sizeof(BwdParams) == 264, "dashgen.codegen.variants.BwdParams disagrees");
+static_assert(sizeof(BwdParams) == 272, "dashgen.codegen.variants.BwdParams disagrees");
 static_assert(sizeof(PrepParams) == 112, "dashgen.codegen.variants.PrepParams disagrees");
 static_assert(sizeof(ConvertParams) == 72, "dashgen.codegen.variants.ConvertParams disagrees");
 

@@ -109,7 +109,7 @@ struct Cfg {
 using Bwd = AttnBwdSm90<Cfg>;
 using Prep = AttnPreprocess<Cfg>;
 using Convert = AttnConvert<Cfg>;
-static_assert(sizeof(BwdParams) == 264, "dashgen.codegen.variants.BwdParams disagrees");
+static_assert(sizeof(BwdParams) == 272, "dashgen.codegen.variants.BwdParams disagrees");
 static_assert(sizeof(PrepParams) == 112, "dashgen.codegen.variants.PrepParams disagrees");
 static_assert(sizeof(ConvertParams) == 72, "dashgen.codegen.variants.ConvertParams disagrees");
 

@@ -50,6 +50,9 @@ DQ_LAST_SPILL_BYTES = {64: 56, 128: 16}
 # in the packed GQA kernels without the dQ order (measured, not yet tuned); none elsewhere past
 # the bounds above.
 SOFTCAP_SPILL_BYTES = 24
+# A sliding window (attn/mask.cuh) compares both bounds in the masked loop: 48 and 56 bytes
+# more in the GQA kernels at head_dim 128 (measured, not yet tuned); none elsewhere.
+WINDOW_SPILL_BYTES = 56
 # Fallbacks that cost the main loop its overlap: never accepted.
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
 
@@ -97,6 +100,17 @@ EXTRA_VARIANTS = [
     F("bf16", 128, True, softcap=True),
     F("bf16", 64, False, softcap=True, persistent=True),
     F("bf16", 96, True, softcap=True, varlen=True),
+    # a sliding window (sched::WindowTiling, attn/mask.cuh's window_*): each schedule it runs
+    B("bf16", 64, False, "spt", window=True),
+    B("bf16", 128, False, "spt_listed", window=True),
+    B("bf16", 128, False, "spt", window=True, gqa=True),
+    B("bf16", 128, False, "spt", window=True, gqa=True, deterministic=False),
+    B("fp16", 96, False, "fa3", window=True),
+    B("bf16", 64, False, "descending", window=True, gqa=True),
+    B("bf16", 128, False, "spt_listed", window=True, softcap=True),
+    F("bf16", 64, False, window=True),
+    F("bf16", 128, False, window=True, softcap=True),
+    F("fp16", 96, False, window=True),
 ]
 # The forwards at the head dims that compile but have not run on a GPU (FORWARD_HEAD_DIMS less
 # HEAD_DIMS, and 192 with V 128 wide): every dtype, mask and kind, since select offers none of
@@ -150,6 +164,7 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
             mma = (DQ_LAST_SPILL_BYTES if variant.dq_last
                    else MMA_SPILL_BYTES)[variant.kernel_head_dim]
             mma += SOFTCAP_SPILL_BYTES if variant.softcap else 0
+            mma += WINDOW_SPILL_BYTES if variant.window else 0
         allowed = mma
         if main_backward and not variant.table:
             # A named policy's walk runs in the scheduler lane, inside the producer
@@ -161,7 +176,8 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
             allowed += HYBRID_PACK_SPILL_BYTES if hybrid_pack else SCHEDULER_SPILL_BYTES
             # A pack has no table walk; its twin without the dQ order (the same walk, no rank
             # waits) spills no more than the MMA warpgroups' bytes either.
-            twin = (dataclasses.replace(variant, deterministic=False) if variant.varlen
+            twin = (dataclasses.replace(variant, deterministic=False)
+                    if variant.varlen or variant.window
                     else dataclasses.replace(variant, schedule="table"))
             assert compiled(twin).resources[twin.kernel_name].spill_bytes <= mma + (
                 HYBRID_PACK_SPILL_BYTES if hybrid_pack else 0)

@@ -12,10 +12,12 @@ import subprocess
 import pytest
 
 from dashgen.codegen.render import include_dir
-from dashgen.codegen.variants import BwdParams, ConvertParams, FwdParams, PrepParams
+from dashgen.codegen.variants import (BwdParams, ConvertParams, FwdParams, FwdWindowParams,
+                                      PrepParams)
 
+# (A derived block's mirror lists its own fields, as the struct declares them.)
 MIRRORS = {"FwdParams": FwdParams, "BwdParams": BwdParams, "PrepParams": PrepParams,
-           "ConvertParams": ConvertParams}
+           "ConvertParams": ConvertParams, "FwdWindowParams": FwdWindowParams}
 HEADER = "dashgen/attn/params.cuh"
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (host C++)")
@@ -25,7 +27,7 @@ def struct_fields(name: str) -> list[str]:
     """The field names of `struct name` in params.cuh, in order (declarations such as
     `const i32* a;` or `i32 a, b;`; member functions and comments skipped)."""
     text = (include_dir() / HEADER).read_text()
-    body = re.search(r"struct %s \{(.*?)\n\};" % name, text, re.S).group(1)
+    body = re.search(r"struct %s(?: : \w+)? \{(.*?)\n\};" % name, text, re.S).group(1)
     fields = []
     for line in body.splitlines():
         line = line.split("//")[0].strip()

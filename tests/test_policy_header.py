@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dashgen import Problem
+from dashgen.schedule.problem import Mask
 from dashgen.codegen.render import include_dir
 from dashgen.schedule.builders import BUILDERS, hybrid_policy, build_schedule
 from dashgen.schedule.builders.base import assemble, deal_words, list_deal
@@ -36,8 +37,8 @@ def build(name, problem, workers):
     return assemble(POLICY_OBJECTS[name], problem, workers)
 TILES = ((64, 128), (128, 128))  # the backward's (block_m, block_n) at head_dim 128 and 64
 
-# argv: policy id, block_m, causal, batch, heads_q, heads_kv, seqlen_q, seqlen_k, then worker
-# counts. For each count: "W <count>", then per worker one line of tasks
+# argv: policy id, block_m, mask (0 full, 1 causal, 2 a window), batch, heads_q, heads_kv,
+# seqlen_q, seqlen_k, the window's left and right (read under mask 2), then worker counts. For each count: "W <count>", then per worker one line of tasks
 # "b,h,n,m,dq_rank,dkv_rank,seg_start,seg_end" in its order.
 # What both host drivers share (this one and tests/test_pack_header.py's): one worker's walk as a
 # line of tasks, and a call with the policy of a kernel id.
@@ -83,19 +84,52 @@ static int with_policy(int id, F&& f) {
 DRIVER = COMMON + r"""
 
 struct Shape {
-  int batch_, heads_q_, heads_kv_, workers_, seqlen_q_, seqlen_k_;
+  int batch_, heads_q_, heads_kv_, workers_, seqlen_q_, seqlen_k_, left_, right_;
   int batch() const { return batch_; }
   int heads_q() const { return heads_q_; }
   int group() const { return heads_q_ / heads_kv_; }
   int workers() const { return workers_; }
   int seqlen_q() const { return seqlen_q_; }
   int seqlen_k() const { return seqlen_k_; }
+  int window_left() const { return left_; }
+  int window_right() const { return right_; }
 };
+
+template <class Tl>
+struct is_window {
+  static constexpr bool value = false;
+};
+template <int kM, int kN>
+struct is_window<WindowTiling<kM, kN>> {
+  static constexpr bool value = true;
+};
+
+// The policies a window kernel runs (the launch-ordered ones), by kernel id; 3 for another id.
+template <class Tl, class F>
+static int with_window_policy(int id, F&& f) {
+  switch (id) {
+    case Fa3<Tl>::kId: f(Fa3<Tl>{}); return 0;
+    case Spt<Tl>::kId: f(Spt<Tl>{}); return 0;
+    case Descending<Tl>::kId: f(Descending<Tl>{}); return 0;
+    default: return 3;
+  }
+}
+
+// The window of a tiling (WindowTiling's; the others ignore it).
+template <int kM, int kN>
+static int window_of(const WindowTiling<kM, kN>& t, int side) { return side ? t.right : t.left; }
+template <int kM, int kN, bool kC>
+static int window_of(const Tiling<kM, kN, kC>&, int) { return 0; }
+template <class Tl>
+static int left_of(const Tl& t) { return window_of(t, 0); }
+template <class Tl>
+static int right_of(const Tl& t) { return window_of(t, 1); }
 
 template <class Policy, class Tl>
 static void walk(const Tl& t, int batch, int heads_q, int heads_kv, int workers) {
   std::printf("W %d\n", workers);
-  const Shape shape{batch, heads_q, heads_kv, workers, t.seqlen_q, t.seqlen_k};
+  const Shape shape{batch, heads_q, heads_kv, workers, t.seqlen_q, t.seqlen_k, left_of(t),
+                    right_of(t)};
   for (int w = 0; w < workers; ++w) {
     UnitWalk<Policy, Tl, Shape> walk(shape, w);
     print_walk(walk);
@@ -114,7 +148,8 @@ static void walk_dealt(const Tl& t, int batch, int heads_q, int heads_kv, int wo
     if (std::scanf("%d", &deal[j]) != 1) std::exit(5);
   }
   std::printf("W %d\n", workers);
-  const Shape shape{batch, heads_q, heads_kv, workers, t.seqlen_q, t.seqlen_k};
+  const Shape shape{batch, heads_q, heads_kv, workers, t.seqlen_q, t.seqlen_k, left_of(t),
+                    right_of(t)};
   for (int w = 0; w < workers; ++w) {
     DealtWalk<Policy, Tl, Shape> walk(shape, deal, w);
     print_walk(walk);
@@ -122,31 +157,31 @@ static void walk_dealt(const Tl& t, int batch, int heads_q, int heads_kv, int wo
   delete[] deal;
 }
 
-template <int kBlockM, bool kCausal>
-static int run(int id, int argc, char** argv) {
-  using Tl = Tiling<kBlockM, 128, kCausal>;
-  const Tl t(std::atoi(argv[7]), std::atoi(argv[8]));
+template <class Tl>
+static int run(const Tl& t, int id, int argc, char** argv) {
   const int batch = std::atoi(argv[4]), heads_q = std::atoi(argv[5]), heads_kv = std::atoi(argv[6]);
-  for (int a = 9; a < argc; ++a) {
+  for (int a = 11; a < argc; ++a) {
     const int workers = std::atoi(argv[a]);
     if (id == kListed) {
       walk_dealt<Spt<Tl>>(t, batch, heads_q, heads_kv, workers);
       continue;
     }
-    const int status = with_policy<Tl>(id, [&](auto policy) {
-      walk<decltype(policy)>(t, batch, heads_q, heads_kv, workers);
-    });
+    auto f = [&](auto policy) { walk<decltype(policy)>(t, batch, heads_q, heads_kv, workers); };
+    int status;
+    if constexpr (is_window<Tl>::value) {
+      status = with_window_policy<Tl>(id, f);
+    } else {
+      status = with_policy<Tl>(id, f);
+    }
     if (status) return status;
   }
   return 0;
 }
 
-// argv: "convert", block_m, causal, seqs, seqlen_q, seqlen_k, workers: "count <m> <count>" per
-// Q tile, then per worker "w" and its converted tiles "seq,m".
-template <int kBlockM, bool kCausal>
-static int convert(char** argv) {
-  using Tl = Tiling<kBlockM, 128, kCausal>;
-  const Tl t(std::atoi(argv[5]), std::atoi(argv[6]));
+// argv: "convert", block_m, mask, seqs, seqlen_q, seqlen_k, workers, left, right: "count <m>
+// <count>" per Q tile, then per worker "w" and its converted tiles "seq,m".
+template <class Tl>
+static int convert(const Tl& t, char** argv) {
   const int seqs = std::atoi(argv[4]), workers = std::atoi(argv[7]);
   for (int m = 0; m < t.num_m(); ++m) std::printf("count %d %d\n", m, t.count(m));
   for (int w = 0; w < workers; ++w) {
@@ -161,16 +196,30 @@ static int convert(char** argv) {
   return 0;
 }
 
+// f(tiling) for block_m, the mask (0 full, 1 causal, 2 a window) and the lengths and window.
+template <int kBlockM, class F>
+static int with_tiling(int mask, int sq, int sk, int left, int right, F&& f) {
+  if (mask == 2) return f(WindowTiling<kBlockM, 128>(sq, sk, left, right));
+  if (mask == 1) return f(Tiling<kBlockM, 128, true>(sq, sk));
+  return f(Tiling<kBlockM, 128, false>(sq, sk));
+}
+
 int main(int argc, char** argv) {
-  if (argc == 8 && std::string(argv[1]) == "convert") {
-    const int block_m = std::atoi(argv[2]), causal = std::atoi(argv[3]);
-    if (block_m == 64) return causal ? convert<64, true>(argv) : convert<64, false>(argv);
-    return causal ? convert<128, true>(argv) : convert<128, false>(argv);
+  if (argc == 10 && std::string(argv[1]) == "convert") {
+    const int block_m = std::atoi(argv[2]), mask = std::atoi(argv[3]);
+    const int sq = std::atoi(argv[5]), sk = std::atoi(argv[6]);
+    const int left = std::atoi(argv[8]), right = std::atoi(argv[9]);
+    auto f = [&](const auto& t) { return convert(t, argv); };
+    if (block_m == 64) return with_tiling<64>(mask, sq, sk, left, right, f);
+    return with_tiling<128>(mask, sq, sk, left, right, f);
   }
-  if (argc < 10) return 2;
-  const int id = std::atoi(argv[1]), block_m = std::atoi(argv[2]), causal = std::atoi(argv[3]);
-  if (block_m == 64) return causal ? run<64, true>(id, argc, argv) : run<64, false>(id, argc, argv);
-  if (block_m == 128) return causal ? run<128, true>(id, argc, argv) : run<128, false>(id, argc, argv);
+  if (argc < 12) return 2;
+  const int id = std::atoi(argv[1]), block_m = std::atoi(argv[2]), mask = std::atoi(argv[3]);
+  const int sq = std::atoi(argv[7]), sk = std::atoi(argv[8]);
+  const int left = std::atoi(argv[9]), right = std::atoi(argv[10]);
+  auto f = [&](const auto& t) { return run(t, id, argc, argv); };
+  if (block_m == 64) return with_tiling<64>(mask, sq, sk, left, right, f);
+  if (block_m == 128) return with_tiling<128>(mask, sq, sk, left, right, f);
   return 4;
 }
 """
@@ -203,6 +252,11 @@ def run_walks(args: list[str], stdin: str = "") -> dict[int, list[list[tuple]]]:
     return result
 
 
+def mask_arg(problem) -> str:
+    """The drivers' mask: 0 full, 1 causal, 2 a window (sched::WindowTiling)."""
+    return str({"full": 0, "causal": 1, "window": 2}[problem.mask.kind])
+
+
 @pytest.fixture(scope="module")
 def walk_policy(tmp_path_factory):
     """walk(name, problem, worker_counts) -> {count: per worker its task tuples}, from the
@@ -211,10 +265,10 @@ def walk_policy(tmp_path_factory):
 
     def convert(problem, workers):
         """(count per Q tile, per worker its (sequence, Q tile) list) from the header."""
-        out = subprocess.run([str(binary), "convert", str(problem.block_m),
-                              str(int(problem.mask.kind == "causal")),
+        out = subprocess.run([str(binary), "convert", str(problem.block_m), mask_arg(problem),
                               str(problem.batch * problem.heads_q), str(problem.seqlen_q),
-                              str(problem.seqlen_k), str(workers)],
+                              str(problem.seqlen_k), str(workers),
+                              *map(str, problem.mask.kernel_bounds())],
                              capture_output=True, text=True, timeout=60, check=True).stdout
         counts, shares = [], []
         for line in out.splitlines():
@@ -232,9 +286,10 @@ def walk_policy(tmp_path_factory):
                 words = deal_words(list_deal(policy, problem, c))
                 stdin += " ".join(map(str, [len(words), *words])) + "\n"
         return run_walks([str(binary), str(policy.kernel_id), str(problem.block_m),
-                          str(int(problem.mask.kind == "causal")), str(problem.batch),
-                          str(problem.heads_q), str(problem.heads_kv), str(problem.seqlen_q),
-                          str(problem.seqlen_k)] + [str(c) for c in counts], stdin)
+                          mask_arg(problem), str(problem.batch), str(problem.heads_q),
+                          str(problem.heads_kv), str(problem.seqlen_q), str(problem.seqlen_k),
+                          *map(str, problem.mask.kernel_bounds())] + [str(c) for c in counts],
+                         stdin)
     walk.convert = convert
     return walk
 
@@ -283,6 +338,50 @@ problems = st.builds(
 def test_every_policy_enumerates_its_ir(walk_policy, problem):
     checked = sum(compare(walk_policy, name, problem) for name in POLICIES)
     assert checked > 0  # every problem has at least fa3, spt and descending
+
+
+# Sliding windows (sched::WindowTiling): narrower and wider than a tile and than the sequence,
+# one side open, seqlen_q above and below seqlen_k (KV tiles and Q tiles without a task).
+window_masks = st.builds(
+    lambda left, right: f"window:{left},{right}",
+    left=st.one_of(st.integers(0, 300), st.just(None)),
+    right=st.one_of(st.integers(0, 300), st.just(None))).filter(
+        lambda text: text not in ("window:None,None", "window:None,0"))
+window_problems = st.builds(
+    lambda batch, heads_kv, group, seqlen_q, seqlen_k, mask, tiles: Problem(
+        batch=batch, heads_q=heads_kv * group, heads_kv=heads_kv, seqlen_q=seqlen_q,
+        seqlen_k=seqlen_k if seqlen_k else seqlen_q,
+        mask=Mask(*(None if x == "None" else int(x) for x in mask[7:].split(","))),
+        head_dim=128 if tiles == (64, 128) else 64, block_m=tiles[0], block_n=tiles[1]),
+    batch=st.integers(1, 2), heads_kv=st.integers(1, 2), group=st.integers(1, 2),
+    seqlen_q=st.integers(1, 1100), seqlen_k=st.one_of(st.just(0), st.integers(1, 1100)),
+    mask=window_masks, tiles=st.sampled_from(TILES))
+WINDOW_POLICIES = ("fa3", "spt", "spt_listed", "descending")
+
+
+@needs_gxx
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=window_problems)
+def test_window_policies_enumerate_their_ir(walk_policy, problem):
+    """The policies a window kernel runs, over sched::WindowTiling, task for task the IR's
+    (whose tiles come from the Problem's lists, not the header's formulas)."""
+    assert problem.mask.kind == "window"
+    for name in WINDOW_POLICIES:
+        assert compare(walk_policy, name, problem) > 0, name
+    for name in set(POLICIES) - set(WINDOW_POLICIES):
+        assert POLICY_OBJECTS[name].supports(problem) is not None, name
+
+
+@needs_gxx
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(problem=window_problems, workers=st.integers(1, 132))
+def test_the_converter_deal_and_counts_under_a_window(walk_policy, problem, workers):
+    counts, shares = walk_policy.convert(problem, workers)
+    assert counts == [sum(problem.tile_kept(n, m) for n in range(problem.num_n_blocks))
+                      for m in range(problem.num_m_blocks)]
+    seqs = problem.batch * problem.heads_q
+    reached = [(s, m) for s in range(seqs) for m in range(problem.num_m_blocks) if counts[m]]
+    assert sorted(t for share in shares for t in share) == reached
 
 
 @needs_gxx

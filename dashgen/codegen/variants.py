@@ -133,8 +133,13 @@ SCHEDULE_POLICIES = {
 }
 
 
-def _mask_name(causal: bool) -> str:
-    return "causal" if causal else "full"
+# The schedules a window backward compiles (sched::WindowTiling under the launch-ordered
+# policies): the others need a full or a causal mask's tiles.
+WINDOW_SCHEDULES = ("fa3", "spt", "spt_listed", "descending")
+
+
+def _mask_name(causal: bool, window: bool = False) -> str:
+    return "window" if window else "causal" if causal else "full"
 
 
 class _Variant:
@@ -149,19 +154,22 @@ class _Variant:
 
     def __post_init__(self) -> None:
         check_dtype_head_dim(self.dtype, self.head_dim, self.head_dims)
+        if getattr(self, "window", False) and self.causal:
+            raise ValueError("a window variant's mask is its window (the bounds are parameters): "
+                             "causal=False")
         for name in ("causal", "deterministic", "gqa", "fused_convert", "early_kv", "dq_last",
-                     "trace", "persistent", "varlen", "softcap"):
+                     "trace", "persistent", "varlen", "softcap", "window"):
             value = getattr(self, name, False)
             if not isinstance(value, bool):
                 raise TypeError(f"{name} must be a bool, got {value!r}")
 
     def __repr__(self) -> str:
-        # head_dim_v only where it differs from head_dim, and softcap only where set, so that
-        # a variant without them names itself as it did before they existed (the comment the
-        # sources open with).
+        # head_dim_v only where it differs from head_dim, and softcap and window only where
+        # set, so that a variant without them names itself as it did before they existed (the
+        # comment the sources open with).
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                   if (f.name != "head_dim_v" or self.head_dim_v != self.head_dim)
-                  and (f.name != "softcap" or self.softcap)]
+                  and (f.name not in ("softcap", "window") or getattr(self, f.name))]
         return f"{type(self).__name__}({', '.join(fields)})"
 
     @property
@@ -205,6 +213,7 @@ class ForwardVariant(_Variant):
     varlen: bool = False
     head_dim_v: int | None = None
     softcap: bool = False  # scores soft-capped (attn/softcap.cuh; the cap is a parameter)
+    window: bool = False  # a sliding window (attn/mask.cuh; the bounds are parameters)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -219,6 +228,9 @@ class ForwardVariant(_Variant):
                              f"got {self.head_dim_v!r}")
         if self.varlen and self.persistent:
             raise ValueError("a varlen forward runs one CTA a query tile: persistent=False")
+        if self.window and (self.persistent or self.varlen):
+            raise ValueError("a window forward runs one CTA a query tile of a fixed-length "
+                             "batch: persistent=False, varlen=False")
 
     @property
     def kernel_head_dim_v(self) -> int:
@@ -239,13 +251,14 @@ class ForwardVariant(_Variant):
     @property
     def kernel_name(self) -> str:
         width = "" if self.head_dim_v == self.head_dim else f"v{self.head_dim_v}"
-        name = f"dashgen_fwd_{self.dtype}_d{self.head_dim}{width}_{_mask_name(self.causal)}"
+        name = (f"dashgen_fwd_{self.dtype}_d{self.head_dim}{width}_"
+                f"{_mask_name(self.causal, self.window)}")
         return name + ("_persistent" if self.persistent else "") + (
             "_varlen" if self.varlen else "") + ("_softcap" if self.softcap else "")
 
     @property
     def params_bytes(self) -> int:
-        return ctypes.sizeof(FwdParams)
+        return ctypes.sizeof(FwdWindowParams if self.window else FwdParams)
 
 
 @dataclass(frozen=True, repr=False)  # _Variant.__repr__
@@ -277,6 +290,7 @@ class BackwardVariant(_Variant):
     varlen: bool = False
     dq_last: bool = False
     softcap: bool = False  # scores soft-capped (attn/softcap.cuh; the cap is a parameter)
+    window: bool = False  # a sliding window (attn/mask.cuh, sched::WindowTiling; bounds: params)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -292,6 +306,10 @@ class BackwardVariant(_Variant):
         if self.dq_last and self.kernel_head_dim not in DQ_LAST_HEAD_DIMS:
             raise ValueError(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}, got head_dim "
                              f"{self.head_dim}")
+        if self.window and (self.varlen or self.fused_convert or
+                            self.schedule not in WINDOW_SCHEDULES):
+            raise ValueError(f"a window backward runs a fixed-length batch, one of the schedules "
+                             f"{WINDOW_SCHEDULES}, without fused_convert")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
@@ -333,7 +351,8 @@ class BackwardVariant(_Variant):
     @property
     def kernel_name(self) -> str:
         mode = "det" if self.deterministic else "nondet"
-        name = (f"dashgen_bwd_{self.dtype}_d{self.head_dim}_{_mask_name(self.causal)}_"
+        name = (f"dashgen_bwd_{self.dtype}_d{self.head_dim}_"
+                f"{_mask_name(self.causal, self.window)}_"
                 f"{SCHEDULE_POLICIES[self.schedule][2]}_{mode}")
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
                           (self.early_kv, "ekv"), (self.dq_last, "dqlast"),
@@ -359,7 +378,7 @@ class ParamBlock(ctypes.Structure):
     not named are zero."""
 
     def __init__(self, **fields):
-        names = {name for name, _ in self._fields_}
+        names = {name for cls in type(self).__mro__ for name, _ in getattr(cls, "_fields_", ())}
         unknown = sorted(set(fields) - names)
         if unknown:
             raise TypeError(f"{type(self).__name__} has no field {unknown[0]!r}")
@@ -376,6 +395,13 @@ class FwdParams(ParamBlock):
                 ("cu_seqlens_q", _P), ("cu_seqlens_k", _P), ("pack_fault", _P),
                 ("total_q", _I), ("total_k", _I), ("softcap", _F),
                 ("tanh_scale", _F)]
+
+
+class FwdWindowParams(FwdParams):
+    """Mirror of dashgen::FwdWindowParams: a sliding-window forward's block, FwdParams and
+    the window's bounds."""
+
+    _fields_ = [("window_left", _I), ("window_right", _I)]
 
 
 def softcap_fields(softmax_scale: float, softcap: float) -> dict:
@@ -402,7 +428,7 @@ class BwdParams(ParamBlock):
         ("softmax_scale", _F), ("watchdog_ms", ctypes.c_uint32), ("stats", _P), ("dq", _P),
         ("cu_seqlens_q", _P), ("cu_seqlens_k", _P), ("pack_plan", _P), ("max_units", _I),
         ("pack_fault", _P), ("total_q", _I), ("total_k", _I), ("unit_deal", _P),
-        ("softcap", _F), ("tanh_scale", _F)]
+        ("softcap", _F), ("tanh_scale", _F), ("window_left", _I), ("window_right", _I)]
 
 
 # The watchdog's record (params.cuh): STALL_WORDS uint32 per worker and role, word 0

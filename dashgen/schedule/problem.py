@@ -57,6 +57,15 @@ class Mask:
             return cls.window(left, right)
         raise ValueError(f"mask must be 'full', 'causal' or 'window:LEFT,RIGHT', got {text!r}")
 
+    # A window's unbounded side as the kernels hold it (sched::WindowTiling, attn/mask.cuh): a
+    # bound past any sequence (2^30 keys), whose sums with a row and the diagonal stay in int32.
+    UNBOUNDED = 1 << 30
+
+    def kernel_bounds(self) -> tuple[int, int]:
+        """(left, right) as a window kernel reads them, UNBOUNDED for an open side."""
+        return tuple(self.UNBOUNDED if x is None else min(x, self.UNBOUNDED)
+                     for x in (self.left, self.right))
+
     @property
     def kind(self) -> str:
         if self.left is None and self.right is None:

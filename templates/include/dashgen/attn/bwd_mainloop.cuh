@@ -36,6 +36,8 @@ struct BwdMainloop {
   static constexpr bool kDsInLoop = K::kDsInLoop;
   // Soft-capped (attn/softcap.cuh): S^T holds t = tanh(score * scale / softcap) from stage 3 on.
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
+  // A sliding window (attn/mask.cuh): both its bounds per element on edge tasks.
+  enum : int { kWindow = K::kWindow };
   static constexpr int kStages = K::kStages, kDsStages = K::kDsStages;
   static constexpr int kMmaThreads = K::kMmaThreads;
   static constexpr int kQBytes = K::kQBytes, kDsBytes = K::kDsBytes, kDqBytes = K::kDqBytes;
@@ -194,12 +196,17 @@ struct BwdMainloop {
       }
       ds_row = ds_row_address(smem + kOffDs + ds_off + me.wg * kBlockM * 128, me.warp, me.lane);
     }
-    const bool edge = mask_reaches<kCausal>(t.n * kBlockN + 64 * me.wg + 63, t.m * kBlockM,
-                                            kVarlen ? seq_k : p.seqlen_k,
-                                            kVarlen ? seq_offset : causal_offset);
+    const bool edge =
+        kWindow != 0
+            ? window_reaches(t.n * kBlockN + 64 * me.wg, t.n * kBlockN + 64 * me.wg + 63,
+                             t.m * kBlockM, t.m * kBlockM + kBlockM - 1, p.seqlen_k,
+                             causal_offset, p.window_left, p.window_right)
+            : mask_reaches<kCausal>(t.n * kBlockN + 64 * me.wg + 63, t.m * kBlockM,
+                                    kVarlen ? seq_k : p.seqlen_k,
+                                    kVarlen ? seq_offset : causal_offset);
     // Soft-capped, an edge task takes the per-element mask under a full mask too: a -inf score
     // would make dS's factor 1 - t^2 infinite, and 0 * inf is NaN.
-    if constexpr (!kCausal && kSoftcap == 0) {
+    if constexpr (!kCausal && kWindow == 0 && kSoftcap == 0) {
       // Full mask: only keys past the sequence's end are masked, and only a task whose keys
       // reach it has any. Their scores become -inf there, so the one loop below takes
       // exp2(-inf) = +0 for them, the value the per-element select gave, without a select per
@@ -270,9 +277,11 @@ struct BwdMainloop {
         const int ii = i2 + e;
         const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);
         const int qrow = t.m * kBlockM + col;
-        const bool masked = kVarlen
-                                ? key >= seq_k || (kCausal && key > qrow + seq_offset)
-                                : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
+        const bool masked =
+            kWindow != 0 ? window_masked(key, qrow, p.seqlen_k, causal_offset, p.window_left,
+                                         p.window_right)
+            : kVarlen    ? key >= seq_k || (kCausal && key > qrow + seq_offset)
+                         : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);
         // The exponent is formed before the select, as measured; selecting the exponent
         // instead (exp2(-inf) = +0) spilled 8 bytes in a causal GQA variant.
         const float score = kSoftcap != 0 ? tanh_approx(st[ii] * p.tanh_scale) : st[ii];

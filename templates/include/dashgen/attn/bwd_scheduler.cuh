@@ -52,6 +52,9 @@ struct BwdScheduler {
     __device__ __forceinline__ int seqlen_q() const { return fresh(p.seqlen_q); }
     __device__ __forceinline__ int seqlen_k() const { return fresh(p.seqlen_k); }
     __device__ __forceinline__ int workers() const { return fresh(static_cast<int>(gridDim.x)); }
+    // A sliding window's bounds (sched::WindowTiling reads them; no other tiling does).
+    __device__ __forceinline__ int window_left() const { return fresh(p.window_left); }
+    __device__ __forceinline__ int window_right() const { return fresh(p.window_right); }
   };
   // A pack's shape (sched::PackWalk): per-sequence lengths from cu_seqlens, the deal's orders
   // from the plan.

@@ -33,6 +33,7 @@
 #include "dashgen/attn/bwd_producer.cuh"
 #include "dashgen/attn/bwd_scheduler.cuh"
 #include "dashgen/attn/element.cuh"
+#include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/attn/tiles_sm90.cuh"
 #include "dashgen/ptx/barrier.cuh"
@@ -63,8 +64,11 @@ struct AttnBwdSm90 {
   // long for ranks, the hand-off no longer holds back the next Q/dO loads (docs/design.md,
   // `dq-last-long`).
   static constexpr bool kDqLast = Cfg::kDqLast;
+  // A sliding window (attn/mask.cuh): its bounds are BwdParams::window_left/right. An
+  // enumerator, not a static member (NVRTC emits those as globals of the module).
+  enum : int { kWindow = has_window<Cfg>(0) };
   // The schedule: which tasks this worker runs in which order, and their ranks.
-  using Tiling = sched::Tiling<kBlockM, kBlockN, kCausal>;
+  using Tiling = typename sched::TilingOf<kBlockM, kBlockN, kCausal, kWindow != 0>::type;
   static constexpr bool kTable = Cfg::kTable;
   // A pack of sequences of their own lengths (BwdParams::cu_seqlens_q/k): the walk is the
   // policy's pack deal (sched::PackWalk over the plan AttnPackPlan wrote), and every address
@@ -72,6 +76,9 @@ struct AttnBwdSm90 {
   static constexpr bool kVarlen = Cfg::kVarlen;
   static_assert(!kVarlen || (!kTable && !kFusedConvert),
                 "a pack runs a named policy, its dQ converted by the convert kernel");
+  static_assert(kWindow == 0 || (!kVarlen && !kTable && !kFusedConvert && !kCausal),
+                "a window runs a fixed-length batch under a named policy, its dQ converted by "
+                "the convert kernel");
 
   // ---- warps ----------------------------------------------------------------------------------
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;

@@ -27,6 +27,7 @@ struct FwdMainloop {
     kHeadDim = K::kHeadDim,
     kHeadDimV = K::kHeadDimV,
     kSoftcap = has_softcap<typename K::Config>(0),  // attn/softcap.cuh
+    kWindow = K::kWindow,                           // a sliding window (attn/mask.cuh)
     kBlockM = K::kBlockM,
     kBlockN = K::kBlockN,
     kStages = K::kStages,
@@ -83,14 +84,25 @@ struct FwdMainloop {
     // The maxima of the raw scores (the scale is positive, so the max of the scaled scores is
     // the scaled max, bit for bit), and the mask only where it removes a key of this warp's
     // rows: a tile short of the sequence's end and (causal) of the warp's first row's diagonal
-    // skips the per-element test. The warp's 16 rows start at row0 rounded down to 8.
-    if (mask_reaches<K::kCausal>(n * kBlockN + kBlockN - 1, row0 & ~7, p.seqlen_k,
-                                 causal_offset)) {
+    // (a window: of both its bounds for all 16 rows) skips the per-element test. The warp's 16
+    // rows start at row0 rounded down to 8.
+    const bool edge =
+        kWindow != 0 ? window_reaches(n * kBlockN, n * kBlockN + kBlockN - 1, row0 & ~7,
+                                      (row0 & ~7) + 15, p.seqlen_k, causal_offset,
+                                      window_params(p).window_left,
+                                      window_params(p).window_right)
+                     : mask_reaches<K::kCausal>(n * kBlockN + kBlockN - 1, row0 & ~7, p.seqlen_k,
+                                                causal_offset);
+    if (edge) {
 #pragma unroll
       for (int i = 0; i < kBlockN / 2; ++i) {
         const int half = (i / 2) % 2;
         const int key = n * kBlockN + 8 * (i / 4) + 2 * t4 + (i % 2);
-        if (masked<K::kCausal>(key, row0 + 8 * half, p.seqlen_k, causal_offset)) {
+        const int qrow = row0 + 8 * half;
+        if (kWindow != 0 ? window_masked(key, qrow, p.seqlen_k, causal_offset,
+                                         window_params(p).window_left,
+                                         window_params(p).window_right)
+                         : masked<K::kCausal>(key, qrow, p.seqlen_k, causal_offset)) {
           sc[i] = -DASHGEN_INF;
         }
         tile_max[half] = fmaxf(tile_max[half], sc[i]);
@@ -122,13 +134,14 @@ struct FwdMainloop {
 
   // Tile n (the CTA's g-th K/V load): P V with the probabilities in pa; with kNext, S of tile
   // n + 1 goes first and its softmax runs while P V is on the tensor cores, leaving its
-  // probabilities in pa. kReleaseQ: Q is released once S of the last of n_tiles is done.
+  // probabilities in pa. kReleaseQ: Q is released once S of the last of n_tiles is done. n
+  // counts from the query tile's first K/V tile, n0 (0 but under a sliding window).
   template <bool kNext, bool kReleaseQ, bool kTurns, class B>
   __device__ static void step(float (&sc)[kBlockN / 2], u32 (&pa)[kBlockN / 16][4],
                               float (&o)[kHeadDimV / 2], float (&row_max)[2], float (&row_sum)[2],
                               float (&correction)[2], const FwdParams& p, char* smem, B* bars,
                               const char* q_tile, int n, int g, int n_tiles, int row0, int t4,
-                              int wg, int tid) {
+                              int wg, int tid, int n0) {
     // O is rescaled before any wgmma is in flight: ptxas serializes the pipeline if O is
     // touched between two wgmmas that are not separated by a wait.
 #pragma unroll
@@ -161,7 +174,7 @@ struct FwdMainloop {
           if (n + 2 == n_tiles) mbarrier_arrive(&bars->q_empty);
         }
       }
-      softmax_tile(sc, row_max, row_sum, correction, p, n + 1, row0, t4);
+      softmax_tile(sc, row_max, row_sum, correction, p, n0 + n + 1, row0, t4);
     }
     wgmma_wait_group<0>();  // P V of tile n: pa and V's stage are free
     if (tid == 0) mbarrier_arrive(&bars->v_empty[s]);
@@ -170,10 +183,11 @@ struct FwdMainloop {
 
   // Query tile (m, h, b), whose K/V tiles the CTA loads as its kv-th onwards; it is the CTA's
   // i-th. kReleaseQ (persistent CTAs): release Q's buffer once its last S is issued. kTurns:
-  // the warpgroups take turns issuing (start_turns ran once in the CTA).
+  // the warpgroups take turns issuing (start_turns ran once in the CTA). Its n_tiles K/V tiles
+  // start at tile n0 (0 but under a sliding window).
   template <bool kReleaseQ, bool kTurns, class B>
   __device__ static void consume(const FwdParams& p, char* smem, B* bars, int m, int h, int b,
-                                 int n_tiles, int kv, int i, int wg, int tid) {
+                                 int n_tiles, int kv, int i, int wg, int tid, int n0 = 0) {
     const int warp = tid / 32, lane = tid % 32, g = lane >> 2, t4 = lane & 3;
     // This thread's two query rows (accumulator rows g and g + 8 of its warp).
     const int row0 = m * kBlockM + 64 * wg + 16 * warp + g;
@@ -199,7 +213,7 @@ struct FwdMainloop {
           if (n_tiles == 1) mbarrier_arrive(&bars->q_empty);
         }
       }
-      softmax_tile(sc, row_max, row_sum, correction, p, 0, row0, t4);
+      softmax_tile(sc, row_max, row_sum, correction, p, n0, row0, t4);
       pack_probs(sc, pa);
     } else if constexpr (kReleaseQ) {
       if (tid == 0) mbarrier_arrive(&bars->q_empty);  // a tile that sees no key never reads Q
@@ -209,12 +223,12 @@ struct FwdMainloop {
     // would serialize the wgmmas otherwise.
     for (int n = 0; n + 1 < n_tiles; ++n) {
       step<true, kReleaseQ, kTurns>(sc, pa, o, row_max, row_sum, correction, p, smem, bars,
-                                    q_tile, n, kv + n, n_tiles, row0, t4, wg, tid);
+                                    q_tile, n, kv + n, n_tiles, row0, t4, wg, tid, n0);
     }
     if (n_tiles > 0) {
       step<false, kReleaseQ, kTurns>(sc, pa, o, row_max, row_sum, correction, p, smem, bars,
                                      q_tile, n_tiles - 1, kv + n_tiles - 1, n_tiles, row0, t4,
-                                     wg, tid);
+                                     wg, tid, n0);
     }
 
     Epilogue::store_o_lse(p, o, row_max, row_sum, h, b, row0, smem + kOffO + wg * (kOBytes / 2),

@@ -31,14 +31,15 @@ struct FwdProducer {
   };
 
   // The loads for query tile (m, h, b), the CTA's i-th, whose K/V tiles are its kv-th on (a
-  // pack: b = 0, and the sequence's rows start at q_row0 and k_row0 of the packed tensors).
+  // pack: b = 0, and the sequence's rows start at q_row0 and k_row0 of the packed tensors):
+  // n_tiles K/V tiles from tile n0 (0 but under a sliding window).
   // kWaitQ (persistent CTAs, fwd_sm90_persistent.cuh): Q's buffer is reused, free once both
   // MMA warpgroups issued the previous tile's last S. B: the kernel's barriers.
   template <bool kWaitQ, class B>
   __device__ static void produce(const TensorMap* tm_q, const TensorMap* tm_k,
                                  const TensorMap* tm_v, const FwdParams& p, char* smem, B* bars,
                                  int m, int h, int b, int n_tiles, int i, int kv, int q_row0 = 0,
-                                 int k_row0 = 0) {
+                                 int k_row0 = 0, int n0 = 0) {
     const int hk = h / (p.heads_q / p.heads_kv);
     if constexpr (kWaitQ) mbarrier_wait_parity(&bars->q_empty, (i & 1) ^ 1);
     mbarrier_arrive_expect_tx(&bars->q_full, kQBytes);
@@ -54,13 +55,13 @@ struct FwdProducer {
       mbarrier_arrive_expect_tx(&bars->k_full[s], kKBytes);
       for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(smem + kOffK + s * kKBytes + cb * kBlockN * 128, tm_k, &bars->k_full[s],
-                    cb * 64, hk, k_row0 + n * kBlockN, b);
+                    cb * 64, hk, k_row0 + (n0 + n) * kBlockN, b);
       }
       mbarrier_wait_parity(&bars->v_empty[s], (use & 1) ^ 1);
       mbarrier_arrive_expect_tx(&bars->v_full[s], kVBytes);
       for (int cb = 0; cb < kColBlocksV; ++cb) {
         tma_load_4d(smem + kOffV + s * kVBytes + cb * kBlockN * 128, tm_v, &bars->v_full[s],
-                    cb * 64, hk, k_row0 + n * kBlockN, b);
+                    cb * 64, hk, k_row0 + (n0 + n) * kBlockN, b);
       }
     }
   }

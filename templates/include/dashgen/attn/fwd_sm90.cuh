@@ -78,6 +78,7 @@ struct AttnFwdSm90 {
   // (the packs' fault flag, pack_check.cuh) to another constant-bank slot in the kernels'
   // code.
   enum : int {
+    kWindow = has_window<Cfg>(0),        // a sliding window (attn/mask.cuh)
     kHeadDimV = fwd_head_dim_v<Cfg>(0),  // columns of V and O
     kColBlocksV = kHeadDimV / 64,
     kVBytes = kBlockN * kHeadDimV * 2,   // a V stage
@@ -166,10 +167,25 @@ struct AttnFwdSm90 {
   }
 
   // Keys past the last one any row of this CTA sees are skipped (causal: bottom-right aligned).
+  // A sliding window's: the K/V tiles from first_kv_tile on.
   __device__ static int num_kv_tiles(const FwdParams& p, int m) {
     int key_end = p.seqlen_k;
     if (kCausal) key_end = min(key_end, max(0, (m + 1) * kBlockM + p.seqlen_k - p.seqlen_q));
+    if constexpr (kWindow != 0) {
+      key_end = min(key_end, max(0, (m + 1) * kBlockM + p.seqlen_k - p.seqlen_q +
+                                        window_params(p).window_right));
+      return max(0, (key_end + kBlockN - 1) / kBlockN - first_kv_tile(p, m));
+    }
     return (key_end + kBlockN - 1) / kBlockN;
+  }
+  // The first K/V tile any row of query tile m sees: 0 but under a sliding window, whose left
+  // bound skips the keys before the tile's first row's window.
+  __device__ static int first_kv_tile(const FwdParams& p, int m) {
+    if constexpr (kWindow != 0) {
+      return max(0, m * kBlockM + p.seqlen_k - p.seqlen_q - window_params(p).window_left) /
+             kBlockN;
+    }
+    return 0;
   }
 
   __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k, const TensorMap* tm_v,
@@ -177,7 +193,7 @@ struct AttnFwdSm90 {
     char* smem = smem_raw + ((1024 - (shared_address(smem_raw) & 1023)) & 1023);
     Bars* bars = reinterpret_cast<Bars*>(smem + kOffBar);
     const int m = query_tile(), h = blockIdx.y, b = blockIdx.z;
-    const int n_tiles = num_kv_tiles(p, m);
+    const int n_tiles = num_kv_tiles(p, m), n0 = first_kv_tile(p, m);
     if (threadIdx.x == 0) init_barriers<false>(bars);
     __syncthreads();
 
@@ -185,14 +201,15 @@ struct AttnFwdSm90 {
       setmaxnreg_dec<kProducerRegs>();
       if (threadIdx.x == 0) {
         Producer::template produce<false>(tm_q, tm_k, tm_v, p, smem, bars, m, h, b, n_tiles,
-                                          0, 0);
+                                          0, 0, 0, 0, n0);
       }
       return;
     }
     setmaxnreg_inc<kMmaRegs>();
     if constexpr (kOneTileTurns) start_turns(threadIdx.x / 128 - 1);
     Mainloop::template consume<false, kOneTileTurns>(p, smem, bars, m, h, b, n_tiles, 0, 0,
-                                                     threadIdx.x / 128 - 1, threadIdx.x % 128);
+                                                     threadIdx.x / 128 - 1, threadIdx.x % 128,
+                                                     n0);
   }
 
   // A pack (Cfg::kVarlen; FwdParams::cu_seqlens_q/k): CTA (m, h, b) is query tile m of

@@ -22,6 +22,33 @@ DASHGEN_HD bool mask_reaches(int last_key, int first_row, int keys_end, int diag
   return masked<kCausal>(last_key, first_row, keys_end, diagonal);
 }
 
+// A sliding window (FlashAttention's window_size; sched::WindowTiling): query row qrow sees
+// keys qrow + diagonal - left .. qrow + diagonal + right, and none at or past keys_end.
+DASHGEN_HD bool window_masked(int key, int qrow, int keys_end, int diagonal, int left,
+                              int right) {
+  return key >= keys_end || key > qrow + diagonal + right || key < qrow + diagonal - left;
+}
+
+// Whether the window removes any pair of keys first_key .. last_key and query rows first_row ..
+// last_row: the last key against the end and the first row's right bound, the first key
+// against the last row's left bound.
+DASHGEN_HD bool window_reaches(int first_key, int last_key, int first_row, int last_row,
+                               int keys_end, int diagonal, int left, int right) {
+  return last_key >= keys_end || last_key > first_row + diagonal + right ||
+         first_key < last_row + diagonal - left;
+}
+
+// Cfg::kWindow where the entry template renders one (a sliding-window variant), else 0. Call
+// with 0.
+template <class Cfg>
+DASHGEN_HD constexpr auto has_window(int) -> decltype(Cfg::kWindow + 0) {
+  return Cfg::kWindow;
+}
+template <class Cfg>
+DASHGEN_HD constexpr int has_window(long) {
+  return 0;
+}
+
 }  // namespace dashgen
 
 #endif  // DASHGEN_ATTN_MASK_CUH

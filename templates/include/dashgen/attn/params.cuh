@@ -30,6 +30,16 @@ struct FwdParams {
   float softcap, tanh_scale;
 };
 
+// A sliding-window forward's block: FwdParams and the window's bounds (attn/mask.cuh), a block
+// of its own so that every other forward's stays as it was (a packed forward copies its block,
+// and a longer FwdParams changed that copy's code). window_params reads them.
+struct FwdWindowParams : FwdParams {
+  i32 window_left, window_right;
+};
+__device__ __forceinline__ const FwdWindowParams& window_params(const FwdParams& p) {
+  return static_cast<const FwdWindowParams&>(p);
+}
+
 // The watchdog's record of a rank wait that never ended: per worker and role (1 dQ writer,
 // 3 dQ converter; 2 is the GQA dK/dV add's, which waits unbounded and never writes it)
 // kStallWords words in host memory, word 0 kStallMagic once filled; then the schedule's kernel
@@ -84,6 +94,8 @@ struct BwdParams {
   const i32* unit_deal;
   // A soft-capped variant's cap and softmax_scale / softcap (attn/softcap.cuh), else unread.
   float softcap, tanh_scale;
+  // A sliding-window variant's bounds (attn/mask.cuh, sched::WindowTiling), else unread.
+  i32 window_left, window_right;
 };
 
 // Where a pack keeps sequence b: in every buffer a batch of one, so the fixed-length code runs

@@ -13,12 +13,17 @@ namespace sched {
 // Q tiles of kBlockM rows, KV tiles of kBlockN rows, a full or a causal mask aligned
 // bottom-right (query row i sees keys up to i + seqlen_k - seqlen_q). Under both masks the Q
 // tiles of a KV tile are a suffix first_m(n) .. num_m - 1 and the KV tiles of a Q tile a prefix
-// 0 .. count(m) - 1.
+// 0 .. count(m) - 1 (first_n and last_m are constants: the policies read them as WindowTiling's).
 template <int kBlockM, int kBlockN, bool kCausal>
 struct Tiling {
   int seqlen_q, seqlen_k;  // the tile counts are computed where used: fewer live registers
 
   DASHGEN_HD Tiling(int sq, int sk) : seqlen_q(sq), seqlen_k(sk) {}
+  // The tiling of a walk's shape (seqlen_q(), seqlen_k(); WindowTiling also reads its window).
+  template <class Shape>
+  DASHGEN_HD static Tiling of(const Shape& shape) {
+    return Tiling(shape.seqlen_q(), shape.seqlen_k());
+  }
   DASHGEN_HD int num_m() const { return (seqlen_q + kBlockM - 1) / kBlockM; }
   DASHGEN_HD int num_n() const { return (seqlen_k + kBlockN - 1) / kBlockN; }
 
@@ -38,6 +43,84 @@ struct Tiling {
     if (last_key < 0) return 0;
     return (last_key / kBlockN < num_n() - 1 ? last_key / kBlockN : num_n() - 1) + 1;
   }
+  DASHGEN_HD int last_m(int) const { return num_m() - 1; }
+  DASHGEN_HD int first_n(int) const { return 0; }
+  // The Q tiles with a contribution: first_receiving() .. num_m - 1.
+  DASHGEN_HD int first_receiving() const { return first_m(0); }
+};
+
+// A sliding window (FlashAttention's window_size), bottom-right aligned: query row i sees keys
+// i + off - left .. i + off + right, off = seqlen_k - seqlen_q (an unbounded side holds a
+// bound past any sequence: runtime.select.WINDOW_UNBOUNDED). A KV tile's Q tiles are a run
+// first_m(n) .. last_m(n) (none: rows(n) = 0, a run of such KV tiles from 0 where keys lie
+// left of every row's window), a Q tile's KV tiles a run first_n(m) .. first_n(m) + count(m)
+// - 1 (none: a run of Q tiles from 0 whose rows see no key). dashgen.schedule.builders.base's
+// Tiling is the same tiles, from the Problem's lists.
+template <int kBlockM, int kBlockN>
+struct WindowTiling {
+  int seqlen_q, seqlen_k, left, right;
+
+  DASHGEN_HD WindowTiling(int sq, int sk, int l, int r)
+      : seqlen_q(sq), seqlen_k(sk), left(l), right(r) {}
+  template <class Shape>
+  DASHGEN_HD static WindowTiling of(const Shape& shape) {
+    return WindowTiling(shape.seqlen_q(), shape.seqlen_k(), shape.window_left(),
+                        shape.window_right());
+  }
+  DASHGEN_HD int num_m() const { return (seqlen_q + kBlockM - 1) / kBlockM; }
+  DASHGEN_HD int num_n() const { return (seqlen_k + kBlockN - 1) / kBlockN; }
+
+  // The query rows that see a key of KV tile n: lo_row(n) .. hi_row(n) (none if lo > hi).
+  DASHGEN_HD int lo_row(int n) const {
+    const int row = n * kBlockN - (seqlen_k - seqlen_q) - right;
+    return row < 0 ? 0 : row;
+  }
+  DASHGEN_HD int hi_row(int n) const {
+    const int last_key = (n + 1) * kBlockN < seqlen_k ? (n + 1) * kBlockN - 1 : seqlen_k - 1;
+    const int row = last_key - (seqlen_k - seqlen_q) + left;
+    return row < seqlen_q - 1 ? row : seqlen_q - 1;
+  }
+  DASHGEN_HD int first_m(int n) const {
+    return lo_row(n) <= hi_row(n) ? lo_row(n) / kBlockM : 0;
+  }
+  DASHGEN_HD int last_m(int n) const {
+    return lo_row(n) <= hi_row(n) ? hi_row(n) / kBlockM : -1;
+  }
+  DASHGEN_HD int rows(int n) const { return last_m(n) - first_m(n) + 1; }
+
+  // The keys any row of Q tile m sees: lo_key(m) .. hi_key(m) (none if lo > hi).
+  DASHGEN_HD int lo_key(int m) const {
+    const int key = m * kBlockM + (seqlen_k - seqlen_q) - left;
+    return key < 0 ? 0 : key;
+  }
+  DASHGEN_HD int hi_key(int m) const {
+    const int last_row = (m + 1) * kBlockM < seqlen_q ? (m + 1) * kBlockM - 1 : seqlen_q - 1;
+    const int key = last_row + (seqlen_k - seqlen_q) + right;
+    return key < seqlen_k - 1 ? key : seqlen_k - 1;
+  }
+  DASHGEN_HD int first_n(int m) const {
+    return lo_key(m) <= hi_key(m) ? lo_key(m) / kBlockN : 0;
+  }
+  DASHGEN_HD int count(int m) const {
+    return lo_key(m) <= hi_key(m) ? hi_key(m) / kBlockN - lo_key(m) / kBlockN + 1 : 0;
+  }
+  // The first Q tile with a contribution: row i sees a key unless i + off + right < 0 (no row
+  // sees none past the last key: the last row sees seqlen_k - 1), so the first row that does is
+  // max(0, -off - right); num_m if there is none.
+  DASHGEN_HD int first_receiving() const {
+    const int row = (seqlen_q - seqlen_k) - right;
+    return row <= 0 ? 0 : row < seqlen_q ? row / kBlockM : num_m();
+  }
+};
+
+// The tiling of a kernel's mask: WindowTiling under a sliding window, else Tiling.
+template <int kBlockM, int kBlockN, bool kCausal, bool kWindow>
+struct TilingOf {
+  using type = Tiling<kBlockM, kBlockN, kCausal>;
+};
+template <int kBlockM, int kBlockN, bool kCausal>
+struct TilingOf<kBlockM, kBlockN, kCausal, true> {
+  using type = WindowTiling<kBlockM, kBlockN>;
 };
 
 // A task as a worker's walk yields it: the tile (query head h), its dQ and dK/dV ranks (-1
@@ -93,7 +176,7 @@ DASHGEN_HD int shift_rank(int units, int rows, int slot, int step) {
 // converts numbers w, w + workers, ... (the order the sequences launch in).
 template <class Tl>
 struct ConvertDeal {
-  DASHGEN_HD static int per_seq(const Tl& t) { return t.num_m() - t.first_m(0); }
+  DASHGEN_HD static int per_seq(const Tl& t) { return t.num_m() - t.first_receiving(); }
   // How many tiles `worker` converts.
   DASHGEN_HD static int share(const Tl& t, int seqs, int worker, int workers) {
     const int tiles = seqs * per_seq(t);
@@ -104,7 +187,7 @@ struct ConvertDeal {
     return (worker + k * workers) / per_seq(t);
   }
   DASHGEN_HD static int m_of(const Tl& t, int worker, int workers, int k) {
-    return t.first_m(0) + (worker + k * workers) % per_seq(t);
+    return t.first_receiving() + (worker + k * workers) % per_seq(t);
   }
 };
 

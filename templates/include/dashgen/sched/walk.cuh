@@ -25,7 +25,7 @@ struct UnitWalk {
   DASHGEN_HD UnitWalk(const Shape& shape_, int worker)
       : shape(shape_), u(worker - shape_.workers()), b(0), h(0), i(0), tasks(0) {}
 
-  DASHGEN_HD Tl tiling() const { return Tl(shape.seqlen_q(), shape.seqlen_k()); }
+  DASHGEN_HD Tl tiling() const { return Tl::of(shape); }
 
   // This worker's task count (the MMA warpgroups run that many).
   DASHGEN_HD int count() const {
@@ -74,7 +74,7 @@ struct DealtWalk {
       : shape(shape_), deal(deal_), k(deal_[worker]), end(deal_[worker + 1]), b(0), h(0), u(0),
         i(0), tasks(0) {}
 
-  DASHGEN_HD Tl tiling() const { return Tl(shape.seqlen_q(), shape.seqlen_k()); }
+  DASHGEN_HD Tl tiling() const { return Tl::of(shape); }
 
   DASHGEN_HD int count() const {
     const Tl t = tiling();
