@@ -193,7 +193,7 @@ def test_emit_reports_cached_second_time(tmp_path, monkeypatch, capsys):
      "--block-n must be 128, the backward's tile at head_dim 64 (128x128), got 64"),
     (["--schedule", "fa3", "--heads", "4", "--gqa", "--block-n", "64"],
      "--block-n must be 128, the backward's tile at head_dim 128 (64x128), got 64"),
-    (["--schedule", "fa3", "--mask", "window:64,0"], "--mask must be full or causal"),
+    (["--schedule", "shift", "--mask", "window:64,0"], "shift needs a full mask"),
     (["--schedule", "fa3", "--hdim", "80"], "--hdim must be one of 64, 96, 128 for the "
                                             "kernels, got 80"),
     (["--schedule", "fa3", "--gqa"], "--gqa needs fewer KV heads than query heads"),

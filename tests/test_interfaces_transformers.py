@@ -184,8 +184,7 @@ def test_backward_follows_the_deterministic_flag(on_cpu, kernels, restore_determ
      r"a padding-free pack is one row"),
     (attention_module(), None, dict(seq_idx=torch.zeros(2, 100, dtype=torch.int32)),
      r"seq_idx: "),
-    (attention_module(), None, dict(sliding_window=64), r"sliding_window: .* got 64"),
-    (attention_module(sliding_window=32), None, {}, r"sliding_window: .* got 32"),
+    (attention_module(sliding_window=0), None, {}, r"sliding_window must be a positive int"),
     (attention_module(), None, dict(s_aux=torch.zeros(8)), r"s_aux: dashgen has no attention"),
     (attention_module(training=True), None, dict(dropout=0.1),
      r"dropout: dashgen has no dropout, got 0.1 \(module.training is True\)"),
@@ -292,8 +291,26 @@ def test_mask_is_the_padding_of_the_keys_where_there_is_some(mask_function, skip
     assert got.shape == (2, 11) and not got[:, 10].any() and got[:, :10].all()
 
 
+def test_a_sliding_window_over_the_causal_mask_is_left_to_the_attention(on_cpu, kernels):
+    """transformers' sliding-window causal mask function: dashgen_mask answers as for the
+    causal mask (None without padding); dashgen_attention takes the layer's sliding_window W
+    as FlashAttention's window_size (W - 1, 0)."""
+    sliding = masking_utils.sliding_window_causal_mask_function(4)
+    assert hf.dashgen_mask(batch_size=1, q_length=10, kv_length=10,
+                           mask_function=sliding) is None
+    q, k, v = bhsd_leaves()
+    hf.dashgen_attention(attention_module(sliding_window=32), q, k, v, None)
+    assert forwards(kernels)[-1]["window"] == (31, 0)
+    q, k, v = bhsd_leaves(batch=1)
+    with pytest.raises(ValueError, match=r'^attn_implementation="dashgen": sliding_window: '
+                                         r'dashgen has no sliding window for packed sequences '
+                                         r'yet, got 32$'):
+        hf.dashgen_attention(attention_module(sliding_window=32), q, k, v, None,
+                             position_ids=torch.cat([torch.arange(60), torch.arange(40)])[None])
+
+
 @pytest.mark.parametrize("kwargs, pattern", [
-    (dict(mask_function=masking_utils.sliding_window_causal_mask_function(4)),
+    (dict(mask_function=masking_utils.chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long))),
      r"mask_function: the model asks for a mask other than plain causal or full attention"),
     (dict(mask_function=CAUSAL, allow_is_causal_skip=False), r"allow_is_causal_skip=False"),
     (dict(mask_function=FULL, allow_is_bidirectional_skip=False),

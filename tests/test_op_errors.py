@@ -48,41 +48,42 @@ class FakeKernels:
             assert t.is_contiguous() and t.data_ptr() % 16 == 0, "the op hands over ready tensors"
 
     @staticmethod
-    def _options(softcap, **options):
-        """The options recorded: softcap only where a cap was asked for."""
-        return {**options, "softcap": softcap} if softcap else options
+    def _options(softcap, window=(-1, -1), **options):
+        """The options recorded: softcap and window only where asked for."""
+        return {**options, **({"softcap": softcap} if softcap else {}),
+                **({"window": tuple(window)} if tuple(window) != (-1, -1) else {})}
 
-    def forward(self, q, k, v, *, causal, softmax_scale, softcap=0.0):
+    def forward(self, q, k, v, *, causal, softmax_scale, softcap=0.0, window=(-1, -1)):
         self._check_ready(q, k, v)
-        self.calls.append(("forward", self._options(softcap, causal=causal,
+        self.calls.append(("forward", self._options(softcap, window, causal=causal,
                                                     softmax_scale=softmax_scale)))
         o = (q.float() * softmax_scale + float(causal) + v.float().mean() + softcap).to(q.dtype)
         lse = q.float().sum(-1).transpose(1, 2).contiguous()  # (batch, heads_q, seqlen_q)
         return o, lse
 
     def backward(self, do, q, k, v, o, lse, *, causal, softmax_scale, deterministic, schedule,
-                 num_workers, softcap=0.0):
+                 num_workers, softcap=0.0, window=(-1, -1)):
         self._check_ready(do, q, k, v, o)
         assert lse.is_contiguous()
         self.calls.append(("backward", self._options(
-            softcap, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
+            softcap, window, causal=causal, softmax_scale=softmax_scale, deterministic=deterministic,
             schedule=schedule, num_workers=num_workers)))
         return fake_gradients(do, q, k, v)
 
     def BackwardCall(self, q, k, v, o, lse, *, launch=None, softcap=0.0,  # noqa: N802
-                     **options):
+                     window=(-1, -1), **options):
         self._check_ready(q, k, v, o)
         self.prepared.append(tuple(t.data_ptr() for t in (q, k, v, o, lse)))
         self.launches.append(launch)
-        self.calls.append(("prepare", self._options(softcap, **options)))
+        self.calls.append(("prepare", self._options(softcap, window, **options)))
         return FakeCall(self, (q, k, v, o, lse))
 
     def forward_call(self, q_shape, k_shape, dtype, causal, softmax_scale, device, overrides,
-                     softcap=0.0):
+                     softcap=0.0, window=(-1, -1)):
         self.forward_calls.append((q_shape, k_shape, dtype, causal, softmax_scale, device,
                                    overrides))
         return lambda q, k, v: self.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                                            softcap=softcap)
+                                            softcap=softcap, window=window)
 
     def backward_launch(self, selection, device):
         self.backward_launches.append(FakeLaunch(selection, device))
@@ -711,7 +712,7 @@ def test_the_runtime_takes_what_the_op_passes(monkeypatch):
     assert {"causal", "softmax_scale"} <= set(inspect.signature(real.forward).parameters)
     assert list(inspect.signature(real.forward_call.fn).parameters) == [
         "q_shape", "k_shape", "dtype", "causal", "softmax_scale", "device", "overrides",
-        "softcap"]
+        "softcap", "window"]
     assert list(inspect.signature(real.backward_launch.fn).parameters) == ["sel", "device"]
     options = set(op._backward_options(op.Options(True, 0.1, True, "fa3", 3)))
     assert options <= set(inspect.signature(real.backward).parameters)
@@ -737,7 +738,6 @@ def test_a_bad_softcap_is_named(softcap, error, pattern):
 def test_softcap_rides_with_the_options(on_cpu, kernels, monkeypatch):
     """A cap is part of the resolved options (the custom ops' last argument) and of the
     signature: the same tensors with and without it are two entries."""
-    monkeypatch.setattr(checks, "SOFTCAP_SERVED", True)
     q, k, v = cpu_leaves()
     assert op.check_inputs(q, k, v, softcap=50).softcap == 50.0
     assert op.check_inputs(q, k, v).softcap == 0.0
@@ -747,18 +747,35 @@ def test_softcap_rides_with_the_options(on_cpu, kernels, monkeypatch):
     assert [options.get("softcap") for options in forwards] == [5.0, None]
 
 
-def test_a_cap_is_refused_until_the_soft_capped_kernels_are_served(on_cpu, kernels):
-    """checks.SOFTCAP_SERVED off: every entry point refuses a positive cap before any kernel,
-    naming softcap; 0 runs."""
-    from dashgen.interfaces.flash_attn import flash_attn_func
-    assert checks.SOFTCAP_SERVED is False
-    q, k, v = cpu_leaves()
-    refused = r"^softcap: soft-capping is not served yet .*; pass softcap=0, got 30.0$"
-    with pytest.raises(ValueError, match=refused):
-        op.attention(q, k, v, softcap=30.0)
-    with pytest.raises(ValueError, match=refused):
-        flash_attn_func(q, k, v, softcap=30.0)
-    assert kernels.calls == []
-    op.attention(q, k, v, softcap=0.0)
-    assert kernels.calls[0][0] == "forward" and "softcap" not in kernels.calls[0][1]
 
+@pytest.mark.parametrize("window_size, error, pattern", [
+    (3, TypeError, r"^window_size must be a pair of ints \(left, right\), got 3$"),
+    ((1, 2, 3), TypeError, r"^window_size must be a pair of ints \(left, right\), got \(1, 2, 3\)$"),
+    ((1.0, 0), TypeError, r"^window_size must be a pair of ints \(left, right\), got \(1.0, 0\)$"),
+    ((True, 0), TypeError, r"^window_size must be a pair of ints"),
+])
+def test_a_bad_window_is_named(window_size, error, pattern):
+    with pytest.raises(error, match=pattern):
+        op.check_inputs(*qkv(), window_size=window_size)
+
+
+def test_windows_of_a_full_or_causal_mask_run_those_kernels(on_cpu, kernels):
+    """(-1, -1) is the full mask, (-1, 0) and causal=True with any right bound the causal one
+    (FlashAttention reads a negative bound as open): no window reaches the kernels."""
+    q, k, v = cpu_leaves()
+    for window, causal, expect in (((-1, -1), False, False), ((-1, 0), False, True),
+                                   ((-5, 0), False, True), ((-1, 7), True, True)):
+        options = op.check_inputs(q, k, v, causal=causal, window_size=window)
+        assert (options.causal, options.window) == (expect, (-1, -1)), window
+
+
+def test_a_window_rides_with_the_options(on_cpu, kernels):
+    """A window is part of the resolved options (the custom ops' last two arguments), causal
+    making its right bound 0, and reaches the forward and the prepared backward."""
+    q, k, v = cpu_leaves()
+    options = op.check_inputs(q, k, v, causal=True, window_size=(3, 9), deterministic=True)
+    assert (options.causal, options.window, options.schedule) == (False, (3, 0), "spt_listed")
+    op.attention(q, k, v, causal=True, window_size=(3, 9)).sum().backward()
+    recorded = [(name, options.get("window")) for name, options in kernels.calls
+                if name != "call"]  # the prepared call's __call__ takes dO alone
+    assert recorded == [("forward", (3, 0)), ("prepare", (3, 0))]

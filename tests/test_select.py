@@ -14,7 +14,8 @@ from dashgen.runtime.select import (AUTO_SCHEDULES, DEFAULT_SM_COUNT, DQ_LAST_FR
                                     Overrides, Plan,
                                     check_kernel_problem, early_kv_pays,
                                     forward_persistent_pays, problem_for, resolve_schedule,
-                                    plan, select, select_forward, balanced_workers, fuses_convert)
+                                    plan, select, select_forward, balanced_workers, fuses_convert,
+                                    mask_of)
 from dashgen.schedule.builders import BUILDERS, Tiling, build_schedule
 
 from benchmark_picks import BENCHMARK_PICKS, picked_variants
@@ -156,6 +157,8 @@ def test_the_causal_persistent_forward_policy_stops_at_the_sm_count_tiles_a_head
 
 def test_auto_takes_the_first_candidate_that_serves_on_balanced_workers():
     for kind, candidates in AUTO_SCHEDULES.items():
+        if kind == "window":
+            continue  # no DASH order serves a band: test_a_window_runs_the_window_kernels
         problem = Problem(batch=2, heads_q=4, seqlen_q=1000, mask=kind, block_m=64, block_n=128)
         per_seq = BUILDERS[candidates[0]].units(Tiling(problem))
         for sms in (114, 132):
@@ -281,10 +284,24 @@ def test_tiles_other_than_the_backwards_are_refused(head_dim, block_m, block_n, 
         select(problem, "bf16")
 
 
-def test_a_mask_the_kernels_lack_is_refused():
-    problem = Problem(seqlen_q=256, mask=Mask.window(64, 0), block_m=64, block_n=128)
-    with pytest.raises(ValueError, match=r"^mask must be full or causal for the kernels"):
-        select(problem, "bf16", schedule="fa3")
+def test_a_window_runs_the_window_kernels():
+    """A sliding window: its own kernels (bounds as parameters) under the launch-ordered
+    schedules, spt on the listed deal by default (spt unordered), the dQ converted by the
+    convert kernel, the one-tile forward; the shift orders and fused_convert refused."""
+    problem = Problem(seqlen_q=2048, heads_q=4, mask=Mask.window(255, 0), block_m=64,
+                      block_n=128)
+    sel = select(problem, "bf16")
+    assert sel.schedule == "spt_listed" and sel.backward.window and not sel.backward.causal
+    assert not sel.backward.fused_convert and sel.forward.window and not sel.forward.persistent
+    assert sel.backward.kernel_name.startswith("dashgen_bwd_bf16_d128_window_sptl_det")
+    assert select(problem, "bf16", deterministic=False).schedule == "spt"
+    assert select(problem, "bf16", schedule="fa3").backward.window
+    with pytest.raises(ValueError, match=r"^schedule='shift' cannot serve this problem"):
+        select(problem, "bf16", schedule="shift")
+    with pytest.raises(ValueError, match=r"^fused_convert: a window's backward"):
+        select(problem, "bf16", overrides=Overrides(fused_convert=True))
+    assert mask_of(False, (100, -1)) == Mask.window(100, None)
+    assert mask_of(True) == Mask.causal() and mask_of(False) == Mask.full()
 
 
 def test_fused_convert_without_the_order_is_refused_by_the_variant():

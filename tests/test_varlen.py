@@ -413,7 +413,8 @@ def test_pack_workers_of_a_pack_without_keys():
 
 @pytest.mark.parametrize("kwargs, pattern", [
     (dict(dropout_p=0.1), r"^dropout_p: dashgen has no dropout, got 0.1"),
-    (dict(window_size=(4, 4)), r"^window_size: dashgen has no sliding window yet, got \(4, 4\)"),
+    (dict(window_size=(4, 4)), r"^window_size: dashgen has no sliding window for packed sequences "
+                               r"yet \(dashgen.flash_attn_func has\), got \(4, 4\)"),
     (dict(window_size=(-1, 0)), r"^window_size: "),
     (dict(alibi_slopes=torch.ones(4)), r"^alibi_slopes: dashgen has no ALiBi bias"),
     (dict(block_table=torch.zeros(3, 1, dtype=torch.int32)),

@@ -10,13 +10,10 @@ import torch
 from ..runtime import op
 
 
-def _refuse_unsupported(dropout_p, window_size, alibi_slopes, return_attn_probs,
-                        block_table=None) -> None:
+def _refuse_unsupported(dropout_p, alibi_slopes, return_attn_probs, block_table=None) -> None:
     """ValueError naming each flash_attn argument dashgen cannot honour."""
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p: dashgen has no dropout, got {dropout_p}")
-    if tuple(window_size) != (-1, -1):
-        raise ValueError(f"window_size: dashgen has no sliding window yet, got {window_size}")
     if alibi_slopes is not None:
         raise ValueError("alibi_slopes: dashgen has no ALiBi bias")
     if not isinstance(return_attn_probs, bool):
@@ -39,11 +36,13 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     torch.use_deterministic_algorithms; True orders the dQ sums so the backward is bitwise
     reproducible; False under the deterministic flag raises RuntimeError (see
     dashgen.attention). softcap: flash_attn's soft-capping (0: none; see dashgen.attention).
-    dropout_p, window_size and alibi_slopes other than their defaults raise ValueError.
+    window_size: flash_attn's sliding window (see dashgen.attention). dropout_p and
+    alibi_slopes other than their defaults raise ValueError.
     """
-    _refuse_unsupported(dropout_p, window_size, alibi_slopes, return_attn_probs)
+    _refuse_unsupported(dropout_p, alibi_slopes, return_attn_probs)
     out, lse = op.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                            deterministic=deterministic, return_lse=True, softcap=softcap)
+                            deterministic=deterministic, return_lse=True, softcap=softcap,
+                            window_size=window_size)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -59,8 +58,12 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     head_dim), k and v (total_k, heads_kv, head_dim), int32 cu_seqlens on the GPU. Returns out,
     or with return_attn_probs=True (out, softmax_lse, None), softmax_lse (heads_q, total_q)
     float32 as flash_attn lays it out. deterministic and the refused arguments as in
-    flash_attn_func; block_table (a paged KV cache) raises ValueError too."""
-    _refuse_unsupported(dropout_p, window_size, alibi_slopes, return_attn_probs, block_table)
+    flash_attn_func; block_table (a paged KV cache) and a sliding window (packs have none yet)
+    raise ValueError too."""
+    _refuse_unsupported(dropout_p, alibi_slopes, return_attn_probs, block_table)
+    if tuple(window_size) != (-1, -1):
+        raise ValueError(f"window_size: dashgen has no sliding window for packed sequences yet "
+                         f"(dashgen.flash_attn_func has), got {tuple(window_size)}")
     from ..runtime.op_varlen import attention_varlen
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, causal=causal, softmax_scale=softmax_scale,

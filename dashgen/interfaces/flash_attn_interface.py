@@ -14,9 +14,9 @@ from ..runtime.device import sm_count
 
 
 def _window_is_causal(window_size, causal: bool) -> bool:
-    """The mask of FA3's window_size and causal where dashgen has it: (-1, -1) is the full mask,
-    (-1, 0) the causal one (FA3 reads a negative bound as none, and causal=True as a right
-    bound of 0). A window with a bound left of the diagonal or right of it is refused."""
+    """For a pack (which has no window yet): the mask of FA3's window_size and causal where it
+    is full, (-1, -1), or causal, (-1, 0) (FA3 reads a negative bound as none, and causal=True
+    as a right bound of 0); any other window is refused."""
     try:
         left, right = (int(w) for w in window_size)
     except (TypeError, ValueError):
@@ -27,8 +27,9 @@ def _window_is_causal(window_size, causal: bool) -> bool:
         right = 0
     if left < 0 and right <= 0:
         return right == 0
-    raise ValueError(f"window_size: dashgen has no sliding window yet, got "
-                     f"{tuple(window_size)}{' with causal=True' if causal else ''}")
+    raise ValueError(f"window_size: dashgen has no sliding window for packed sequences yet "
+                     f"(flash_attn_func has), got {tuple(window_size)}"
+                     f"{' with causal=True' if causal else ''}")
 
 
 def _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk,
@@ -112,23 +113,25 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     """FA3's flash_attn_func: q (batch, seqlen_q, heads_q, head_dim), k and v (batch, seqlen_k,
     heads_kv, head_dim), causal bottom-right; window_size=(-1, 0) is the causal mask. Returns
     out, or (out, softmax_lse) with softmax_lse (batch, heads_q, seqlen_q) float32. num_splits
-    and pack_gqa decide only how FA3 launches its forward. softcap as in dashgen.attention.
+    and pack_gqa decide only how FA3 launches its forward. softcap and window_size as in
+    dashgen.attention (a window with attention_chunk is refused).
     attention_chunk (Llama 4's chunked attention): each query sees only the keys of its chunk,
     run as a pack of the chunks (chunk_pack), forward and backward (FA3 itself has no chunked
     backward), with the pack's bit contract."""
     _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits)
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
-    causal = _window_is_causal(window_size, causal)
     options = dict(softmax_scale=softmax_scale, softcap=softcap,
                    **_options(q, deterministic, sm_margin))
     if attention_chunk:
+        causal = _window_is_causal(window_size, causal)
         if not (torch.is_tensor(q) and torch.is_tensor(k) and q.dim() == k.dim() == 4):
             raise ValueError("attention_chunk: q and k must be (batch, seqlen, heads, head_dim) "
                              "tensors")
         out, lse = _chunked(q, k, v, attention_chunk, causal, **options)
     else:
-        out, lse = op.attention(q, k, v, causal=causal, return_lse=True, **options)
+        out, lse = op.attention(q, k, v, causal=causal, return_lse=True,
+                                window_size=window_size, **options)
     return (out, lse) if return_attn_probs else out
 
 

@@ -139,11 +139,6 @@ def _support_error(module, attention_mask, dropout, kwargs) -> str | None:
         what = ("padding" if attention_mask.dim() == 2 else
                 f"a custom mask of shape {tuple(attention_mask.shape)}")
         return f"attention_mask: the batch has {what}, and dashgen takes no mask; {_NO_PADDING}"
-    window = kwargs.get("sliding_window")
-    if window is None:
-        window = getattr(module, "sliding_window", None)
-    if window is not None:
-        return f"sliding_window: dashgen has no sliding window yet, got {window}"
     for name in ("s_aux", "sinks"):
         if kwargs.get(name) is not None:
             return f"{name}: dashgen has no attention sinks"
@@ -198,7 +193,11 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     causal = bool(is_causal) and query.shape[2] > 1
     # Gemma 2's attention-logit cap arrives as softcap (None or 0: none), flash_attn's meaning.
     softcap = kwargs.get("softcap") or 0.0
+    window = _window_of(module, kwargs)
     pack = _pack_of(query, key, kwargs)
+    if pack is not None and window != (-1, -1):
+        raise _refuse(f"sliding_window: dashgen has no sliding window for packed sequences "
+                      f"yet, got {window[0] + 1}")
     if pack is not None:
         from ..runtime.op_varlen import attention_varlen
         out = attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1),
@@ -206,8 +205,24 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                softmax_scale=scaling, softcap=softcap)
         return out[None], None
     out = op.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                       causal=causal, softmax_scale=scaling, softcap=softcap)
+                       causal=causal, softmax_scale=scaling, softcap=softcap,
+                       window_size=window)
     return out, None
+
+
+def _window_of(module, kwargs) -> tuple[int, int]:
+    """FlashAttention's window_size for the layer's sliding window (the sliding_window kwarg,
+    else the module's; None: none): a query sees the sliding_window keys up to its own,
+    (W - 1, W - 1) as transformers hands it to flash_attn, the causal mask making the right
+    bound 0."""
+    window = kwargs.get("sliding_window")
+    if window is None:
+        window = getattr(module, "sliding_window", None)
+    if window is None:
+        return (-1, -1)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise _refuse(f"sliding_window must be a positive int or None, got {window!r}")
+    return (window - 1, window - 1)
 
 
 # -- the mask function ---------------------------------------------------------------------------
@@ -232,6 +247,10 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
         # dashgen_attention serves from the position_ids (or the cu_seq_lens kwargs) itself.
         # The packed-sequence mask alone turns the causal skip off.
         mask_function, allow_is_causal_skip = masking_utils.causal_mask_function, True
+    if _sliding_causal(mask_function):
+        # A sliding window over the causal mask: dashgen_attention takes the window from the
+        # layer (its sliding_window), so the mask's checks are the causal one's.
+        mask_function = masking_utils.causal_mask_function
     if mask_function is None or mask_function is masking_utils.causal_mask_function:
         if not allow_is_causal_skip:
             raise _refuse("allow_is_causal_skip=False: the model needs a causal mask tensor "
@@ -259,6 +278,17 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     padding = masking_utils.prepare_padding_mask(attention_mask, kv_length, kv_offset)
     padding = padding[:, kv_offset:kv_offset + kv_length]
     return None if bool(padding.all()) else padding
+
+
+def _sliding_causal(mask_function) -> bool:
+    """Whether mask_function is transformers' sliding_window_causal_mask_function(W):
+    and_masks(sliding_window_overlay(W), causal_mask_function)."""
+    if getattr(mask_function, "__name__", "") != "and_mask":
+        return False
+    parts = next((cell.cell_contents for cell in mask_function.__closure__ or ()
+                  if isinstance(cell.cell_contents, tuple)), ())
+    return (len(parts) == 2 and parts[1] is masking_utils.causal_mask_function
+            and getattr(parts[0], "__qualname__", "").startswith("sliding_window_overlay."))
 
 
 def _packed_causal(mask_function) -> bool:

@@ -17,7 +17,7 @@ from .device import DTYPE_NAMES, allocation_stream, kernels, sm_count, stream
 from .forward import descriptor
 from . import watchdog
 from .plans import device_deal, device_tables, trace_offsets
-from .select import Overrides, Selection, plan
+from .select import NO_WINDOW, Overrides, Selection, plan
 from .workspace import WorkspaceLayout, allocator
 
 
@@ -105,6 +105,14 @@ class BackwardLaunch(BackwardMaps):
             heads_kv=p.heads_kv, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
             q_row_stride=q_stride, k_row_stride=k_stride, num_m_blocks=p.num_m_blocks,
             num_n_blocks=p.num_n_blocks, watchdog_ms=watchdog.timeout_ms())
+        # A window: its bounds, and the keys no query row sees (a run from key 0 where the
+        # window's left bound leaves them behind every row): no task writes their dK/dV, which
+        # the call zeroes (under GQA the zeroed sums convert to zeros).
+        self.unseen_keys = 0
+        if variant.window:
+            left, right = p.mask.kernel_bounds()
+            self.params_template.window_left, self.params_template.window_right = left, right
+            self.unseen_keys = max(0, min(p.seqlen_k, p.seqlen_k - p.seqlen_q - left))
         if variant.listed:
             deal, deal_stream = device_deal(p, sel.schedule, sel.num_workers, device)
             self.tables.append((deal_stream, (deal,)))
@@ -146,13 +154,16 @@ class BackwardCall:
     def __init__(self, q, k, v, o, lse, *, causal: bool, softmax_scale: float,
                  deterministic: bool, schedule: str, num_workers: int | None,
                  trace: bool = False, overrides: Overrides = Overrides(),
-                 launch: BackwardLaunch | None = None, softcap: float = 0.0):
+                 launch: BackwardLaunch | None = None, softcap: float = 0.0,
+                 window: tuple[int, int] = NO_WINDOW):
         dev = self.device = q.device
         if launch is None:
+            window = tuple(window)
             launch = backward_launch(
                 plan(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype], bool(causal),
                      bool(deterministic), bool(trace), schedule, num_workers, sm_count(dev),
-                     overrides).selection.soft_capped(bool(softcap)), dev)
+                     overrides, *(() if window == NO_WINDOW else (window,))
+                     ).selection.soft_capped(bool(softcap)), dev)
         bl = self.bl = launch
         self.device_index = dev.index or 0
         self.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
@@ -242,6 +253,9 @@ class BackwardCall:
                                                (dk_accum, dv_accum), (dk, dv)):
                 convert.src, convert.dst = src, dst.data_ptr()
                 bl.convert_kv(strm, args)
+        elif bl.unseen_keys:
+            dk[:, :bl.unseen_keys].zero_()
+            dv[:, :bl.unseen_keys].zero_()
         for tables_stream, tables in bl.tables:
             if strm != tables_stream:
                 # These tables were allocated on another stream: should the cache drop them
@@ -256,10 +270,11 @@ class BackwardCall:
 
 def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, deterministic: bool,
              schedule: str, num_workers: int | None, trace: bool = False,
-             overrides: Overrides = Overrides(), softcap: float = 0.0):
+             overrides: Overrides = Overrides(), softcap: float = 0.0,
+             window: tuple[int, int] = NO_WINDOW):
     """dq, dk, dv (and the trace buffer if `trace`: a row of TRACE_COLUMNS int32 per task, in
-    the IR's order). q, k, v, do and o are contiguous; do and o are shaped like q. softcap: the
-    forward's (0: uncapped)."""
+    the IR's order). q, k, v, do and o are contiguous; do and o are shaped like q. softcap and
+    window: the forward's (0 uncapped; (-1, -1) no window)."""
     return BackwardCall(q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers,
-                        trace=trace, overrides=overrides, softcap=softcap)(do)
+                        trace=trace, overrides=overrides, softcap=softcap, window=window)(do)

@@ -108,13 +108,6 @@ def options(causal, softmax_scale, deterministic, schedule, num_workers) -> None
             raise ValueError(f"num_workers must be positive, got {num_workers}")
 
 
-# Whether a positive softcap runs. The soft-capped kernels compile (tests/test_kernels_compile.py)
-# and every entry point carries the cap to them, but they have not yet been checked against
-# float64 on a GPU (tests/gpu/test_softcap_gpu.py, which opens this switch for itself): until
-# they have, a cap is refused rather than risk a wrong gradient.
-SOFTCAP_SERVED = False
-
-
 def softcap(value) -> float:
     """FlashAttention's softcap as a float: 0 (no capping) or a positive, finite cap."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -122,10 +115,40 @@ def softcap(value) -> float:
     if not 0 <= value < math.inf:  # NaN compares False (math.isfinite breaks torch.compile's)
         raise ValueError(f"softcap must be 0 (no capping) or a positive, finite cap, got "
                          f"{value!r}")
-    if value and not SOFTCAP_SERVED:
-        raise ValueError(f"softcap: soft-capping is not served yet (its kernels are built but "
-                         f"not yet validated on a GPU); pass softcap=0, got {value!r}")
     return float(value)
+
+
+def window(window_size, causal: bool, seqlen_q: int | None = None,
+           seqlen_k: int | None = None) -> tuple[bool, tuple[int, int]]:
+    """(causal, window) for FlashAttention's window_size and causal: window_size = (left,
+    right), query row i seeing keys i + off - left .. i + off + right (off = seqlen_k -
+    seqlen_q), -1 an open side; causal=True makes right 0. Given the lengths, a bound that
+    removes no key is opened (left >= seqlen_k - 1: the last row sees key 0; right >= seqlen_q
+    - 1: the first row sees the last key). A full or causal mask comes back as (causal, (-1,
+    -1)), so it runs the kernels without a window (and their schedules); any other as (False,
+    (left, right))."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got "
+                        f"{window_size!r}") from None
+    for value in (left, right):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"window_size must be a pair of ints (left, right), got "
+                            f"{window_size!r}")
+    # FlashAttention reads any negative bound as an open side.
+    left, right = max(left, -1), max(right, -1)
+    if causal:
+        right = 0
+    if left >= 0 or right > 0:  # a window: open what removes no key (a right bound of 0 is
+        # the causal mask's, kept so that one query row runs the causal kernel either way)
+        if seqlen_k is not None and left >= seqlen_k - 1:
+            left = -1
+        if seqlen_q is not None and right > 0 and right >= seqlen_q - 1:
+            right = -1
+    if left < 0 and right <= 0:
+        return right == 0, (-1, -1)
+    return False, (left, right)
 
 
 def device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:

@@ -8,11 +8,11 @@ import torch
 from ..caches import Memo, memo
 import dataclasses
 
-from ..codegen.variants import THREADS, FwdParams, ForwardVariant, softcap_fields
+from ..codegen.variants import THREADS, FwdParams, FwdWindowParams, ForwardVariant, softcap_fields
 from ..schedule.builders.base import fewest_workers
 from . import launch
 from .device import DTYPE_NAMES, kernels, sm_count, stream, tensor_map
-from .select import Overrides, problem_of_shapes, select_forward
+from .select import NO_WINDOW, Overrides, problem_of_shapes, select_forward
 from .workspace import allocator
 
 
@@ -70,11 +70,13 @@ class ForwardLaunch:
 
 
 def forward_variant(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, sms: int,
-                    overrides: Overrides = Overrides()) -> ForwardVariant:
+                    overrides: Overrides = Overrides(),
+                    window: tuple[int, int] = NO_WINDOW) -> ForwardVariant:
     """dashgen.runtime.select.select_forward for a call's shapes: the forward alone, as
     inference runs it, whose choice reads neither the backward's options nor its schedule. Not
     memoized: it is asked once per ForwardCall, itself made once per signature."""
-    return select_forward(problem_of_shapes(q_shape, k_shape, causal), dtype, sms, overrides)
+    return select_forward(problem_of_shapes(q_shape, k_shape, causal, window), dtype, sms,
+                          overrides)
 
 
 @memo(max_entries=256)
@@ -93,9 +95,10 @@ class ForwardCall:
 
     def __init__(self, q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype,
                  causal: bool, softmax_scale: float, device: torch.device,
-                 overrides: Overrides, softcap: float = 0.0):
+                 overrides: Overrides, softcap: float = 0.0,
+                 window: tuple[int, int] = NO_WINDOW):
         variant = forward_variant(tuple(q_shape), tuple(k_shape), DTYPE_NAMES[dtype],
-                                  bool(causal), sm_count(device), overrides)
+                                  bool(causal), sm_count(device), overrides, window)
         if softcap:
             variant = dataclasses.replace(variant, softcap=True)  # the same tiles and grid
         self.launch = forward_launch(variant, tuple(q_shape),
@@ -103,16 +106,20 @@ class ForwardCall:
         batch, seqlen_q, heads_q, head_dim = q_shape
         self.lse_shape = (batch, heads_q, seqlen_q)
         self.device_index = device.index or 0
-        self.template = FwdParams(batch=batch, heads_q=heads_q, heads_kv=k_shape[2],
-                                  seqlen_q=seqlen_q, seqlen_k=k_shape[1],
-                                  softmax_scale=float(softmax_scale),
-                                  **softcap_fields(float(softmax_scale), float(softcap)))
+        block = FwdWindowParams if variant.window else FwdParams
+        self.template = block(batch=batch, heads_q=heads_q, heads_kv=k_shape[2],
+                              seqlen_q=seqlen_q, seqlen_k=k_shape[1],
+                              softmax_scale=float(softmax_scale),
+                              **softcap_fields(float(softmax_scale), float(softcap)))
+        if variant.window:
+            self.template.window_left, self.template.window_right = problem_of_shapes(
+                tuple(q_shape), tuple(k_shape), False, window).mask.kernel_bounds()
 
     def __call__(self, q, k, v):
         empty = allocator()
         o = empty(q.shape, q.dtype, q.device)  # q is contiguous: o is laid out like it
         lse = empty(self.lse_shape, torch.float32, q.device)
-        params = FwdParams.from_buffer_copy(self.template)
+        params = type(self.template).from_buffer_copy(self.template)
         params.q, params.k, params.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
         params.o, params.lse = o.data_ptr(), lse.data_ptr()
         params.q_row_stride, params.k_row_stride = q.stride(1), k.stride(1)
@@ -126,13 +133,16 @@ class ForwardCall:
 @memo(max_entries=256)
 def forward_call(q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, causal: bool,
                  softmax_scale: float, device: torch.device,
-                 overrides: Overrides = Overrides(), softcap: float = 0.0) -> ForwardCall:
+                 overrides: Overrides = Overrides(), softcap: float = 0.0,
+                 window: tuple[int, int] = NO_WINDOW) -> ForwardCall:
     return ForwardCall(q_shape, k_shape, dtype, causal, softmax_scale, device, overrides,
-                       softcap)
+                       softcap, window)
 
 
 def forward(q, k, v, *, causal: bool, softmax_scale: float,
-            overrides: Overrides = Overrides(), softcap: float = 0.0):
-    """o and lse; q, k and v are contiguous. softcap: FlashAttention's (0: uncapped)."""
+            overrides: Overrides = Overrides(), softcap: float = 0.0,
+            window: tuple[int, int] = NO_WINDOW):
+    """o and lse; q, k and v are contiguous. softcap: FlashAttention's (0: uncapped); window:
+    a sliding window's (left, right), runtime.checks.window's (-1, -1: none)."""
     return forward_call(q.shape, k.shape, q.dtype, causal, softmax_scale, q.device,
-                        overrides, softcap)(q, k, v)
+                        overrides, softcap, tuple(window))(q, k, v)

@@ -19,7 +19,7 @@ from ..schedule.ir import Schedule
 from . import checks
 from .op_common import (Options, Validated, constant_for_compile, gradients_like, ready,
                         register_autograd, traced)
-from .select import Overrides, Plan, plan
+from .select import NO_WINDOW, Overrides, Plan, plan
 from .tables import register
 
 
@@ -75,7 +75,8 @@ def _check_tensors(q, k, v) -> None:
 @constant_for_compile
 def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int, head_dim: int,
           causal: bool, schedule: str, num_workers: int | None,
-          sm_count: int, dtype: str = "bf16", deterministic: bool = True) -> tuple[str, int, str]:
+          sm_count: int, dtype: str = "bf16", deterministic: bool = True,
+          window: tuple[int, int] = NO_WINDOW) -> tuple[str, int, str]:
     """(schedule, num_workers, error message or ""): torch.compile runs this once while tracing
     and keeps the answer. It returns its error instead of raising, because an exception thrown
     here would reach the user as an internal torch.compile error instead of a ValueError. The
@@ -83,10 +84,16 @@ def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
     try:
         made = plan((batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, heads_kv, head_dim),
                     dtype, causal, deterministic, False, schedule, num_workers, sm_count,
-                    Overrides())
+                    Overrides(), *_window_arg(window))
     except ValueError as exc:
         return "", 0, str(exc)
     return made.schedule_key, made.num_workers, ""
+
+
+def _window_arg(window: tuple[int, int]) -> tuple:
+    """plan's window argument as the calls pass it: none without a window (its memo files a
+    plan under the arguments as passed)."""
+    return () if tuple(window) == NO_WINDOW else (tuple(window),)
 
 
 class _Validated(Validated):
@@ -99,7 +106,7 @@ class _Validated(Validated):
         opts = self.options
         call = self.forward = _kernels().forward_call(
             q.shape, k.shape, q.dtype, opts.causal, opts.softmax_scale, q.device, Overrides(),
-            opts.softcap)
+            opts.softcap, opts.window)
         return call
 
     def prepare_backward(self, device):
@@ -115,7 +122,8 @@ class _Validated(Validated):
 
 
 def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=None,
-                 schedule="auto", num_workers=None, softcap=0.0) -> Options:
+                 schedule="auto", num_workers=None, softcap=0.0,
+                 window_size=NO_WINDOW) -> Options:
     """Validate the arguments of :func:`attention` and resolve its defaults.
 
     Checks run in this order, so a CPU machine reaches every error path: argument types, ranks
@@ -126,22 +134,22 @@ def check_inputs(q, k, v, *, causal=False, softmax_scale=None, deterministic=Non
     query stubbed); finally whether the schedule serves the problem.
     """
     return _resolve(q, k, v, causal, softmax_scale, deterministic, schedule,
-                    num_workers, softcap).options
+                    num_workers, softcap, window_size).options
 
 
 def _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
-             softcap=0.0) -> _Validated:
+             softcap=0.0, window_size=NO_WINDOW) -> _Validated:
     """The signature's validated entry: check_inputs' Options, the call's plan (None while
     torch.compile traces, where only the custom ops run) and the prepared calls."""
     # The flag is read at call time, never a cached answer: with deterministic=None its value
     # is part of the key, so each state has its own resolved Options.
     flag = torch.are_deterministic_algorithms_enabled()
     key = _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
-                     flag, softcap)
+                     flag, softcap, window_size)
 
     def checked():
         return _Validated(*_check_all(q, k, v, causal, softmax_scale, deterministic, schedule,
-                                      num_workers, flag, softcap), key)
+                                      num_workers, flag, softcap, window_size), key)
 
     resolved = checked() if key is None else _VALIDATED.get(key, checked)
     if deterministic is False and flag:
@@ -157,7 +165,7 @@ _VALIDATED: Memo[_Validated] = Memo(None, max_entries=1024, max_bytes=1 << 30,
 
 
 def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers, flag,
-               softcap=0.0):
+               softcap=0.0, window_size=NO_WINDOW):
     """Everything the checks read, or None where a call must take the checks (torch.compile
     tracing, tensor subclasses such as fake tensors, unhashable options). Option types are part
     of it, so causal=1 never passes as causal=True. Only the options can be unhashable (the
@@ -166,7 +174,9 @@ def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
         return None
     options = (causal, softmax_scale, deterministic, schedule, num_workers, softcap,
                type(causal), type(softmax_scale), type(deterministic), type(schedule),
-               type(num_workers), type(softcap), flag if deterministic is None else None)
+               type(num_workers), type(softcap), flag if deterministic is None else None,
+               window_size, type(window_size),
+               *(type(x) for x in (window_size if type(window_size) is tuple else ())))
     try:
         hash(options)
     except TypeError:
@@ -176,17 +186,19 @@ def _signature(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
 
 
 def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
-               flag, softcap=0.0) -> tuple[Options, Plan | None]:
+               flag, softcap=0.0, window_size=NO_WINDOW) -> tuple[Options, Plan | None]:
     _check_tensors(q, k, v)
     checks.options(causal, softmax_scale, deterministic, schedule, num_workers)
     cap = checks.softcap(softcap)
-    sm_count = checks.device(q, k, v)
     batch, seqlen_q, heads_q, head_dim = q.shape
+    causal, window = checks.window(window_size, causal, seqlen_q, k.shape[1])
+    sm_count = checks.device(q, k, v)
     # Whether the backward orders its sums: "auto" picks per mode (`listed-deal`).
     ordered = flag if deterministic is None else deterministic
     dtype = "bf16" if q.dtype == torch.bfloat16 else "fp16"
     name, workers, error = _plan(batch, heads_q, k.shape[2], seqlen_q, k.shape[1], head_dim,
-                                 causal, schedule, num_workers, sm_count, dtype, ordered)
+                                 causal, schedule, num_workers, sm_count, dtype, ordered,
+                                 window)
     if error:
         raise ValueError(error)
     scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
@@ -194,8 +206,8 @@ def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
     # traces, only _plan's folded answer may be read.
     made = None if torch.compiler.is_compiling() else plan(
         tuple(q.shape), tuple(k.shape), dtype, causal, ordered, False, name, workers, sm_count,
-        Overrides())
-    return Options(causal, scale, ordered, name, workers, cap), made
+        Overrides(), *_window_arg(window))
+    return Options(causal, scale, ordered, name, workers, cap, *window), made
 
 
 # -- the kernel calls of the custom ops (the eager calls take their signature's prepared ones) ---
@@ -203,7 +215,8 @@ def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
 def _run_forward(q, k, v, opts: Options):
     """o and lse from the runtime."""
     return _kernels().forward(ready(q), ready(k), ready(v), causal=opts.causal,
-                              softmax_scale=opts.softmax_scale, softcap=opts.softcap)
+                              softmax_scale=opts.softmax_scale, softcap=opts.softcap,
+                              window=opts.window)
 
 
 def _eager_forward(q, k, v, entry: _Validated):
@@ -214,7 +227,7 @@ def _eager_forward(q, k, v, entry: _Validated):
 def _backward_options(opts: Options) -> dict:
     return dict(causal=opts.causal, softmax_scale=opts.softmax_scale,
                 deterministic=opts.deterministic, schedule=opts.schedule,
-                num_workers=opts.num_workers, softcap=opts.softcap)
+                num_workers=opts.num_workers, softcap=opts.softcap, window=opts.window)
 
 
 def _run_backward(do, q, k, v, o, lse, opts: Options):
@@ -230,16 +243,16 @@ def _run_backward(do, q, k, v, o, lse, opts: Options):
 @torch.library.custom_op("dashgen::attention_fwd", mutates_args=())
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                   softmax_scale: float, deterministic: bool, schedule: str,
-                  num_workers: int,
-                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                  num_workers: int, softcap: float = 0.0, window_left: int = -1,
+                  window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """o (like q) and lse (float32, batch x heads_q x seqlen_q); lse is not differentiable."""
     return _run_forward(q, k, v, Options(causal, softmax_scale, deterministic, schedule,
-                                         num_workers, softcap))
+                                         num_workers, softcap, window_left, window_right))
 
 
 @attention_fwd.register_fake
 def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
-                        softcap=0.0):
+                        softcap=0.0, window_left=-1, window_right=-1):
     batch, seqlen_q, heads_q, _ = q.shape
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     return o, q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
@@ -249,17 +262,19 @@ def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic, schedule,
 def attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   o: torch.Tensor, lse: torch.Tensor, causal: bool, softmax_scale: float,
                   deterministic: bool, schedule: str, num_workers: int,
-                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  softcap: float = 0.0, window_left: int = -1,
+                  window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv: bitwise reproducible for fixed (problem, schedule, num_workers) when
     deterministic."""
-    dq, dk, dv = _run_backward(do, q, k, v, o, lse, Options(causal, softmax_scale, deterministic,
-                                                            schedule, num_workers, softcap))
+    dq, dk, dv = _run_backward(do, q, k, v, o, lse, Options(
+        causal, softmax_scale, deterministic, schedule, num_workers, softcap, window_left,
+        window_right))
     return dq, dk, dv
 
 
 @attention_bwd.register_fake
 def _attention_bwd_fake(do, q, k, v, o, lse, causal, softmax_scale, deterministic, schedule,
-                        num_workers, softcap=0.0):
+                        num_workers, softcap=0.0, window_left=-1, window_right=-1):
     return gradients_like(q, k, v)
 
 
@@ -306,8 +321,9 @@ class _EagerAttention(torch.autograd.Function):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               softmax_scale: float | None = None, deterministic: bool | None = None,
               schedule: str | Schedule = "auto", num_workers: int | None = None,
-              return_lse: bool = False,
-              softcap: float = 0.0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+              return_lse: bool = False, softcap: float = 0.0,
+              window_size: tuple[int, int] = NO_WINDOW
+              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention whose backward is bitwise reproducible on Hopper.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), bf16
@@ -342,13 +358,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     leaves the scores as they are; a positive cap c makes each scaled score s c * tanh(s / c)
     before the softmax, in the forward, in lse and through its derivative in the backward, with
     the same bit contract.
+
+    window_size: FlashAttention's sliding window (left, right): query row i sees keys
+    i + off - left .. i + off + right (off = seqlen_k - seqlen_q, bottom-right aligned as the
+    causal mask), -1 leaving that side open; causal=True sets right to 0 (Mistral's and Gemma's
+    local layers: (window - 1, 0)). (-1, -1), the default, is no window. A row that sees no key
+    gets o = 0 and lse = -inf, a key no row sees dk = dv = 0. Schedules: "auto" (spt on the
+    listed deal; spt with deterministic=False), "spt", "spt_listed", "fa3", "descending"; the
+    shift orders need a full or causal mask.
     """
     if isinstance(schedule, Schedule):
         schedule = register(schedule)  # the op carries a key string
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     entry = _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
-                     softcap)
+                     softcap, window_size)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if traced(q):
         o, lse = torch.ops.dashgen.attention_fwd(q, k, v, *entry.options)

@@ -19,6 +19,14 @@ class Options(NamedTuple):
     schedule: str
     num_workers: int
     softcap: float = 0.0  # FlashAttention's softcap; 0: the scores uncapped
+    # A sliding window's bounds (checks.window: FlashAttention's, -1 an open side); (-1, -1):
+    # none, the mask is causal's.
+    window_left: int = -1
+    window_right: int = -1
+
+    @property
+    def window(self) -> tuple[int, int]:
+        return self.window_left, self.window_right
 
 
 class Validated:

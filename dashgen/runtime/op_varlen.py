@@ -206,13 +206,23 @@ def _on_device(cu: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 # The custom ops' kernel calls (the eager calls take their signature's prepared ones).
 
+def _no_window(opts: Options) -> None:
+    """The packed kernels have no sliding window: the ops take the Options' window fields
+    (one Options for both torch ops) and refuse any but none."""
+    if opts.window != (-1, -1):
+        raise ValueError(f"window_size: dashgen has no sliding window for packed sequences yet, "
+                         f"got {opts.window}")
+
+
 def _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts: Options):
+    _no_window(opts)
     return _runtime().forward(ready(q), ready(k), ready(v), cu_q, cu_k, int(max_q),
                               int(max_k), causal=opts.causal, softmax_scale=opts.softmax_scale,
                               softcap=opts.softcap)
 
 
 def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: Options):
+    _no_window(opts)
     return _runtime().backward(ready(do), ready(q), ready(k), ready(v),
                                ready(o), lse, cu_q, cu_k, int(max_q), int(max_k),
                                causal=opts.causal, softmax_scale=opts.softmax_scale,
@@ -231,18 +241,19 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                          max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                          softmax_scale: float, deterministic: bool, schedule: str,
-                         num_workers: int,
-                  softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                         num_workers: int, softcap: float = 0.0, window_left: int = -1,
+                         window_right: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """o (like q) and lse (float32, heads_q * total_q: sequence b's (heads_q, seqlen) block
     from heads_q * cu_seqlens_q[b]); lse is not differentiable."""
     return _run_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         Options(causal, softmax_scale, deterministic, schedule, num_workers,
-                                softcap))
+                                softcap, window_left, window_right))
 
 
 @attention_varlen_fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
-              softmax_scale, deterministic, schedule, num_workers, softcap=0.0):
+              softmax_scale, deterministic, schedule, num_workers, softcap=0.0, window_left=-1,
+              window_right=-1):
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     return o, q.new_empty((q.shape[0] * q.shape[1],), dtype=torch.float32)
 
@@ -252,16 +263,18 @@ def attention_varlen_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
                          o: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
                          cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
                          causal: bool, softmax_scale: float, deterministic: bool, schedule: str,
-                         num_workers: int,
-                         softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                         num_workers: int, softcap: float = 0.0, window_left: int = -1,
+                         window_right: int = -1
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return _run_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          max_seqlen_k, Options(causal, softmax_scale, deterministic, schedule,
-                                               num_workers, softcap))
+                                               num_workers, softcap, window_left, window_right))
 
 
 @attention_varlen_bwd.register_fake
 def _bwd_fake(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-              causal, softmax_scale, deterministic, schedule, num_workers, softcap=0.0):
+              causal, softmax_scale, deterministic, schedule, num_workers, softcap=0.0,
+              window_left=-1, window_right=-1):
     return gradients_like(q, k, v)
 
 

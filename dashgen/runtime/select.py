@@ -31,6 +31,9 @@ DEFAULT_SM_COUNT = 132  # H100 SXM and H200: the worker count `show`, `plan` and
 AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
     "full": ("shift", "fa3"),
     "causal": ("symmetric_shift", "spt_listed"),
+    # A sliding window: no shift order serves a band (lab/notes/tried-and-dropped.md,
+    # `band-shift`); spt on the listed deal had the shortest simulated makespans there.
+    "window": ("spt_listed",),
 }
 # deterministic=False promises no bits, only speed: past symmetric_shift the unordered kernel
 # runs spt's round-robin deal, which measured faster without the order than the listed one
@@ -38,7 +41,10 @@ AUTO_SCHEDULES: dict[str, tuple[str, ...]] = {
 AUTO_UNORDERED_SCHEDULES: dict[str, tuple[str, ...]] = {
     "full": ("shift", "fa3"),
     "causal": ("symmetric_shift", "spt"),
+    "window": ("spt",),
 }
+# No sliding window: FlashAttention's window_size of a full or a causal mask.
+NO_WINDOW = (-1, -1)
 # Head dims whose full masks take fa3 where one sequence's KV tiles exceed half the workers
 # (shift then runs one head a wave; fa3 on every worker measured 2-3% faster at d64 16k, the
 # same at d128: docs/design.md, `auto-fa3-long-full`).
@@ -96,35 +102,43 @@ class Selection:
                        backward=replace(self.backward, softcap=True))
 
 
+def mask_of(causal: bool, window: tuple[int, int] = NO_WINDOW) -> Mask:
+    """The mask of a call's resolved causal and window (checks.window: FlashAttention's
+    (left, right), -1 an open side; (-1, -1) none, and then causal decides)."""
+    if tuple(window) == NO_WINDOW:
+        return Mask.causal() if causal else Mask.full()
+    left, right = window
+    return Mask.window(None if left < 0 else left, None if right < 0 else right)
+
+
 @memo(max_entries=256)
 def problem_for(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
-                head_dim: int, causal: bool) -> Problem:
+                head_dim: int, causal: bool, window: tuple[int, int] = NO_WINDOW) -> Problem:
     """The schedule problem in the tiles of the backward that serves it (memoized: a training
     loop asks for the same shapes every step)."""
     block_m, block_n = backward_tiles(head_dim)
     return Problem(batch=batch, heads_q=heads_q, heads_kv=heads_kv, seqlen_q=seqlen_q,
-                   seqlen_k=seqlen_k, head_dim=head_dim,
-                   mask=Mask.causal() if causal else Mask.full(), block_m=block_m,
-                   block_n=block_n)
+                   seqlen_k=seqlen_k, head_dim=head_dim, mask=mask_of(causal, window),
+                   block_m=block_m, block_n=block_n)
 
 
-def problem_of_shapes(q_shape: tuple, k_shape: tuple, causal: bool) -> Problem:
+def problem_of_shapes(q_shape: tuple, k_shape: tuple, causal: bool,
+                      window: tuple[int, int] = NO_WINDOW) -> Problem:
     """problem_for from q's (batch, seqlen_q, heads_q, head_dim) and k's shapes."""
     batch, seqlen_q, heads_q, head_dim = q_shape
-    return problem_for(batch, heads_q, k_shape[2], seqlen_q, k_shape[1], head_dim, causal)
+    return problem_for(batch, heads_q, k_shape[2], seqlen_q, k_shape[1], head_dim, causal,
+                       tuple(window))
 
 
 def check_kernel_problem(problem: Problem) -> None:
     """Raise ValueError naming the field where the kernels cannot run `problem`: a head_dim
-    without a kernel, a mask other than full or causal, or tiles other than the backward's."""
+    without a kernel, or tiles other than the backward's."""
     block_m, block_n = backward_tiles(problem.head_dim)
     for name, value, need in (("block_m", problem.block_m, block_m),
                               ("block_n", problem.block_n, block_n)):
         if value != need:
             raise ValueError(f"{name} must be {need}, the backward's tile at head_dim "
                              f"{problem.head_dim} ({block_m}x{block_n}), got {value}")
-    if problem.mask.kind not in ("full", "causal"):
-        raise ValueError(f"mask must be full or causal for the kernels, got {problem.mask}")
     if problem.is_pack:
         raise ValueError("a pack has no per-shape kernel selection: the varlen kernels read "
                          "its lengths at run time (dashgen.attention_varlen)")
@@ -184,6 +198,12 @@ def select_forward(problem: Problem, dtype: str, sm_count: int = DEFAULT_SM_COUN
     """The forward variant for a problem (the forward alone, as inference runs it)."""
     check_dtype_head_dim(dtype, problem.head_dim)
     causal = problem.mask.kind == "causal"
+    if problem.mask.kind == "window":
+        # One CTA a query tile: a window's tiles cost alike, which the hardware's dispatch
+        # balances; the persistent kernels order a causal mask's tiles.
+        if overrides.persistent_forward:
+            raise ValueError("persistent_forward: a window's forward runs one CTA a query tile")
+        return ForwardVariant(dtype, problem.head_dim, False, window=True)
     persistent = overrides.persistent_forward
     if persistent is None:
         # Under a causal mask the persistent kernel was measured up to the SM count's tiles a
@@ -257,10 +277,17 @@ class Plan:
         problem, overrides, workers, table = (self.problem, self.overrides, self.num_workers,
                                               self.table)
         causal = problem.mask.kind == "causal"
+        window = problem.mask.kind == "window"
         early_kv = overrides.early_kv
         if early_kv is None:
             early_kv = early_kv_pays(problem)
         fused = overrides.fused_convert
+        if window and fused:
+            raise ValueError("fused_convert: a window's backward converts dQ in the convert "
+                             "kernel (its Q tiles without a KV tile are not a run the "
+                             "converter deals)")
+        if window:
+            fused = False
         if fused is None:
             # The busiest worker carries at least the mean: where even that rules the converter
             # out (long sequences), the per-worker loads, O(units), are never counted.
@@ -284,7 +311,8 @@ class Plan:
                        and problem.num_n_blocks >= DQ_LAST_FROM_KV_TILES[kernel])
         backward = BackwardVariant(self.dtype, problem.head_dim, causal, self.schedule,
                                    deterministic=ordered, gqa=problem.gqa, fused_convert=fused,
-                                   early_kv=early_kv, dq_last=dq_last, trace=self.trace)
+                                   early_kv=early_kv, dq_last=dq_last, trace=self.trace,
+                                   window=window)
         forward = select_forward(problem, self.dtype, self.sm_count, overrides)
         return Selection(problem, forward, backward, self.schedule, workers,
                          None if table is None else self.schedule_key)
@@ -303,7 +331,7 @@ def select(problem: Problem, dtype: str, *, deterministic: bool = True, trace: b
 @memo(max_entries=512)
 def plan(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, deterministic: bool,
          trace: bool, schedule: str, num_workers: int | None, sm_count: int,
-         overrides: Overrides) -> Plan:
+         overrides: Overrides, window: tuple[int, int] = NO_WINDOW) -> Plan:
     """The Plan of a call's signature, made once: q's (batch, seqlen_q, heads_q, head_dim) and
     k's shapes, `schedule` a name, "auto" or a schedule file's key (dashgen.runtime.tables). The
     one door from the calls to `select`: dashgen.attention's checks resolve their options
@@ -312,21 +340,24 @@ def plan(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, deterministic
     same: a named schedule on its own worker count resolves to itself (workers_used keeps a
     count it returned, balanced_workers returns one of its multiples). So a launch handed the
     resolved options (runtime.backward, the custom ops) finds the plan the checks made."""
-    made = Plan(problem_of_shapes(q_shape, k_shape, causal), dtype, deterministic=deterministic,
-                trace=trace, schedule=table_of(schedule) if is_table(schedule) else schedule,
+    made = Plan(problem_of_shapes(q_shape, k_shape, causal, window), dtype,
+                deterministic=deterministic, trace=trace,
+                schedule=table_of(schedule) if is_table(schedule) else schedule,
                 num_workers=num_workers, sm_count=sm_count, overrides=overrides)
+    # (Keyed as the calls pass their arguments: a call without a window passes none.)
     resolved = (q_shape, k_shape, dtype, causal, deterministic, trace, made.schedule_key,
-                made.num_workers, sm_count, overrides)
+                made.num_workers, sm_count, overrides) + (
+                    () if tuple(window) == NO_WINDOW else (window,))
     plan.get(resolved, lambda: made)
     return made
 
 
 def selection(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, deterministic: bool,
               trace: bool, schedule: str, num_workers: int | None, sm_count: int,
-              overrides: Overrides) -> Selection:
+              overrides: Overrides, window: tuple[int, int] = NO_WINDOW) -> Selection:
     """`select` for a call's signature, through its plan."""
     return plan(q_shape, k_shape, dtype, causal, deterministic, trace, schedule, num_workers,
-                sm_count, overrides).selection
+                sm_count, overrides, window).selection
 
 
 # A pack's "auto" per mask (causal: name): one schedule whatever the lengths, live on any

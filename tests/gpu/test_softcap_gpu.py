@@ -23,14 +23,6 @@ from test_attention_gpu import REPEATS, out_and_grads, rel_err  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def softcap_served(monkeypatch):
-    """These tests decide whether soft-capping is served (checks.SOFTCAP_SERVED): they run the
-    kernels whatever the switch says."""
-    from dashgen.runtime import checks
-    monkeypatch.setattr(checks, "SOFTCAP_SERVED", True)
-
-
 def capped_attention(q, k, v, causal, scale, softcap):
     """FlashAttention's reference with softcap, in q's dtype, (batch, seqlen, heads, head_dim),
     bottom-right causal; a row that sees no key gives 0."""
@@ -104,11 +96,10 @@ def test_fp16_softcap_matches_float64(causal, seed):
 
 def test_softcap_zero_is_no_cap_and_a_cap_changes_the_result(seed):
     q, k, v, do = inputs(1, 257, 257, 4, 4, 64)
-    plain = out_and_grads(lambda q, k, v: dashgen.attention(q, k, v, causal=True), q, k, v, do)
-    zero = out_and_grads(lambda q, k, v: dashgen.attention(q, k, v, causal=True, softcap=0.0),
-                         q, k, v, do)
-    capped = out_and_grads(lambda q, k, v: dashgen.attention(q, k, v, causal=True, softcap=1.0),
-                           q, k, v, do)
+    run = lambda **kw: out_and_grads(  # noqa: E731
+        lambda q, k, v: dashgen.attention(q, k, v, causal=True, deterministic=True, **kw),
+        q, k, v, do)
+    plain, zero, capped = run(), run(softcap=0.0), run(softcap=1.0)
     assert all(torch.equal(a, b) for a, b in zip(plain, zero))
     assert not torch.equal(plain[0], capped[0])
 
@@ -137,22 +128,24 @@ def test_softcap_backward_is_bitwise_reproducible_beside_a_busy_stream(causal, s
     assert not mismatches, f"{len(mismatches)} of {REPEATS} calls differed: {mismatches[:5]}"
 
 
+@pytest.mark.parametrize("cap", [10.0, 0.0], ids=["capped", "uncapped"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_a_soft_capped_pack_gives_each_sequences_bits_alone(causal, seed):
+def test_a_soft_capped_pack_gives_each_sequences_bits_alone(causal, head_dim, cap, seed):
     lengths = [1, 300, 0, 129, 700]
-    heads_q, heads_kv, head_dim, cap = 6, 2, 96, 10.0
+    heads_q, heads_kv = 6, 2
     seqs = [inputs(1, n, n, heads_q, heads_kv, head_dim) for n in lengths]
     packed = [torch.cat([s[i][0] for s in seqs]).requires_grad_(i < 3) for i in range(4)]
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
                       device="cuda")
     o = dashgen.attention_varlen(*packed[:3], cu, cu, max(lengths), max(lengths), causal=causal,
-                                 softcap=cap)
+                                 softcap=cap, deterministic=True)
     grads = torch.autograd.grad(o, packed[:3], packed[3])
     start = 0
     for (q, k, v, do), n in zip(seqs, lengths):
         if n:
             alone = out_and_grads(lambda q, k, v: dashgen.attention(
-                q, k, v, causal=causal, softcap=cap), q, k, v, do)
+                q, k, v, causal=causal, softcap=cap, deterministic=True), q, k, v, do)
             rows = slice(start, start + n)
             for name, x, y in zip(("o", "dq", "dk", "dv"), (o.detach(), *grads), alone):
                 assert torch.equal(x[rows], y[0]), f"{name} of the sequence of {n} tokens"
@@ -161,9 +154,9 @@ def test_a_soft_capped_pack_gives_each_sequences_bits_alone(causal, seed):
 
 def test_flash_attn_func_softcap_is_attentions(seed):
     q, k, v, do = inputs(2, 257, 257, 8, 2, 128)
-    ours = out_and_grads(lambda q, k, v: dashgen.flash_attn_func(q, k, v, causal=True,
-                                                                 softcap=15.0), q, k, v, do)
-    theirs = out_and_grads(lambda q, k, v: dashgen.attention(q, k, v, causal=True,
-                                                             softcap=15.0), q, k, v, do)
+    ours = out_and_grads(lambda q, k, v: dashgen.flash_attn_func(
+        q, k, v, causal=True, softcap=15.0, deterministic=True), q, k, v, do)
+    theirs = out_and_grads(lambda q, k, v: dashgen.attention(
+        q, k, v, causal=True, softcap=15.0, deterministic=True), q, k, v, do)
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     assert math.isfinite(ours[1].float().norm().item())

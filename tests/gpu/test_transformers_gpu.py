@@ -92,3 +92,38 @@ def test_packed_documents_match_sdpa_and_keep_each_documents_bits(seed):
     assert rel_err(a, b) < 5e-2
     assert torch.equal(a, c)
     assert torch.equal(a[:, :701], d[:, :701])
+
+
+def tiny_mistral(attn_implementation: str, state_dict=None):
+    """Mistral's sliding window (128 keys) over sequences of 1,024 tokens: every layer windowed."""
+    config = transformers.MistralConfig(
+        num_hidden_layers=2, hidden_size=512, intermediate_size=1024, num_attention_heads=8,
+        num_key_value_heads=2, head_dim=64, vocab_size=1000, sliding_window=128,
+        attn_implementation=attn_implementation)
+    model = transformers.MistralForCausalLM(config)
+    if state_dict is not None:
+        model.load_state_dict(state_dict)
+    return model.to(device="cuda", dtype=torch.bfloat16)
+
+
+def test_dashgen_mistral_sliding_window_matches_sdpa_and_its_gradients_repeat(seed, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    hf.register()
+    ours = tiny_mistral("dashgen").eval()
+    theirs = tiny_mistral("sdpa", ours.state_dict()).eval()
+    ids = torch.randint(0, 1000, (2, 1024), device="cuda")
+    with torch.no_grad():
+        a = ours(ids, use_cache=False).logits
+        b = theirs(ids, use_cache=False).logits
+    assert torch.isfinite(a).all() and rel_err(a, b) < 5e-2
+    ours.train()
+    weight = torch.randn(2, 1024, 1000, device="cuda")
+
+    def gradients():
+        ours.zero_grad(set_to_none=True)
+        (ours(ids, use_cache=False).logits.float() * weight).sum().backward()
+        return [p.grad.clone() for p in ours.parameters()]
+
+    with deterministic_algorithms(True):
+        first, second = gradients(), gradients()
+    assert all(torch.equal(x, y) for x, y in zip(first, second))

@@ -1,0 +1,86 @@
+"""Sliding-window backward and forward times against the causal mask's, one call: dashgen's
+window kernels (deterministic: spt on the listed deal; unordered: spt) beside the causal mask at
+the same shapes. FLOPs count the kept (query, key) pairs only (4 * head_dim a pair forward, 10 *
+head_dim backward, FlashAttention's convention), so a window's TFLOP/s compare with causal's.
+CUDA events, median of --repeats after a warm-up; a JSON line per row and a table last.
+
+PYTHONPATH=. python3 lab/window_timing.py [--seqlens 8192,16384] [--windows 4095,1023]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+import dashgen  # noqa: E402
+
+
+def kept_pairs(seqlen: int, left: int | None) -> int:
+    """Pairs a causal mask keeps with a left bound (None: none), seqlen_q = seqlen_k."""
+    if left is None:
+        return seqlen * (seqlen + 1) // 2
+    return sum(min(i, left) + 1 for i in range(seqlen))
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqlens", default="8192,16384")
+    parser.add_argument("--windows", default="4095,1023", help="left bounds (right 0)")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    heads = args.hidden // args.head_dim
+    rows = []
+    for seqlen in map(int, args.seqlens.split(",")):
+        batch = max(1, 16384 // seqlen)
+        q, k, v, do = (torch.randn(batch, seqlen, heads, args.head_dim, device="cuda",
+                                   dtype=torch.bfloat16) for _ in range(4))
+        q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+        for left in [None, *map(int, args.windows.split(","))]:
+            window = (-1, -1) if left is None else (left, 0)
+            pairs = batch * heads * kept_pairs(seqlen, left)
+            for det in (True, False):
+                kw = dict(causal=True, window_size=window, deterministic=det)
+                o = dashgen.attention(q, k, v, **kw)
+                bwd = median_ms(lambda: torch.autograd.grad(o, (q, k, v), do,
+                                                            retain_graph=True), args.repeats)
+                with torch.no_grad():
+                    fwd = median_ms(lambda: dashgen.attention(q, k, v, **kw), args.repeats)
+                row = dict(gpu=torch.cuda.get_device_name(), seqlen=seqlen, batch=batch,
+                           heads=heads, head_dim=args.head_dim,
+                           mask="causal" if left is None else f"window:{left},0",
+                           deterministic=det, bwd_ms=bwd, fwd_ms=fwd,
+                           bwd_tflops=pairs * 10 * args.head_dim / bwd / 1e9,
+                           fwd_tflops=pairs * 4 * args.head_dim / fwd / 1e9)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    print("| seqlen | mask | det | bwd ms | bwd TFLOP/s | fwd ms | fwd TFLOP/s |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['seqlen']} | {r['mask']} | {r['deterministic']} | {r['bwd_ms']:.3f} | "
+              f"{r['bwd_tflops']:.1f} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
