@@ -185,7 +185,6 @@ def test_backward_follows_the_deterministic_flag(on_cpu, kernels, restore_determ
     (attention_module(), None, dict(seq_idx=torch.zeros(2, 100, dtype=torch.int32)),
      r"seq_idx: "),
     (attention_module(sliding_window=0), None, {}, r"sliding_window must be a positive int"),
-    (attention_module(), None, dict(s_aux=torch.zeros(8)), r"s_aux: dashgen has no attention"),
     (attention_module(training=True), None, dict(dropout=0.1),
      r"dropout: dashgen has no dropout, got 0.1 \(module.training is True\)"),
     (attention_module(), None, dict(position_bias=torch.zeros(1, 8, 100, 100)),
@@ -301,7 +300,14 @@ def test_a_sliding_window_over_the_causal_mask_is_left_to_the_attention(on_cpu, 
     q, k, v = bhsd_leaves()
     hf.dashgen_attention(attention_module(sliding_window=32), q, k, v, None)
     assert forwards(kernels)[-1]["window"] == (31, 0)
+    sinks = torch.zeros(8, requires_grad=True)
+    hf.dashgen_attention(attention_module(sliding_window=32), q, k, v, None, s_aux=sinks)
+    assert forwards(kernels)[-1]["window"] == (31, 0)  # GPT-OSS's layers: window and sinks
     q, k, v = bhsd_leaves(batch=1)
+    with pytest.raises(ValueError, match=r'^attn_implementation="dashgen": s_aux: dashgen has '
+                                         r'no attention sinks for packed sequences yet$'):
+        hf.dashgen_attention(attention_module(), q, k, v, None, s_aux=sinks,
+                             position_ids=torch.cat([torch.arange(60), torch.arange(40)])[None])
     with pytest.raises(ValueError, match=r'^attn_implementation="dashgen": sliding_window: '
                                          r'dashgen has no sliding window for packed sequences '
                                          r'yet, got 32$'):

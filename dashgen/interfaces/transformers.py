@@ -6,12 +6,13 @@ AttentionMaskInterface (dashgen_mask); after it, from_pretrained(..., attn_imple
 torch.use_deterministic_algorithms. Nothing is registered until register() is called.
 
 dashgen serves plain causal or full attention over whole sequences, GQA included (key and value
-keep their own heads), and the padding-free path: documents packed into one row, as
+keep their own heads), a layer's sliding window (Mistral, Gemma, GPT-OSS), soft-capping (Gemma
+2) and sinks (GPT-OSS's s_aux), and the padding-free path: documents packed into one row, as
 transformers' DataCollatorWithFlattening hands them over (the cu_seq_lens_q/k and max_length_q/k
 kwargs, or position_ids that restart at each document), run on dashgen.attention_varlen, each
-document's bits its own. What it cannot serve raises ValueError naming the argument, never a
-silent change: padding, sliding windows, chunked attention, soft-capping, attention sinks,
-position biases, dropout, seq_idx. The mask function is what makes padding visible:
+document's bits its own (without windows or sinks there yet). What it cannot serve raises
+ValueError naming the argument, never a silent change: padding, chunked attention, position
+biases, dropout, seq_idx. The mask function is what makes padding visible:
 transformers builds no mask at all for an implementation without one, and the padding would go
 unseen. torch.compile works (the custom ops trace); pass the cu_seq_lens kwargs there, since
 offsets found from position_ids read them on the host.
@@ -139,9 +140,6 @@ def _support_error(module, attention_mask, dropout, kwargs) -> str | None:
         what = ("padding" if attention_mask.dim() == 2 else
                 f"a custom mask of shape {tuple(attention_mask.shape)}")
         return f"attention_mask: the batch has {what}, and dashgen takes no mask; {_NO_PADDING}"
-    for name in ("s_aux", "sinks"):
-        if kwargs.get(name) is not None:
-            return f"{name}: dashgen has no attention sinks"
     if kwargs.get("position_bias") is not None:
         return "position_bias: dashgen adds no bias to the scores"
     if dropout != 0.0:
@@ -194,10 +192,14 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # Gemma 2's attention-logit cap arrives as softcap (None or 0: none), flash_attn's meaning.
     softcap = kwargs.get("softcap") or 0.0
     window = _window_of(module, kwargs)
+    # GPT-OSS's learned sinks arrive as s_aux (one logit per query head).
+    sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
     pack = _pack_of(query, key, kwargs)
     if pack is not None and window != (-1, -1):
         raise _refuse(f"sliding_window: dashgen has no sliding window for packed sequences "
                       f"yet, got {window[0] + 1}")
+    if pack is not None and sinks is not None:
+        raise _refuse("s_aux: dashgen has no attention sinks for packed sequences yet")
     if pack is not None:
         from ..runtime.op_varlen import attention_varlen
         out = attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1),
@@ -206,7 +208,7 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         return out[None], None
     out = op.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                        causal=causal, softmax_scale=scaling, softcap=softcap,
-                       window_size=window)
+                       window_size=window, sinks=sinks)
     return out, None
 
 

@@ -316,13 +316,29 @@ class _EagerAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+def _sunk_attention(q, k, v, sinks, entry: _Validated):
+    """(o, lse) of attention with sinks (runtime.sinks) over the kernels: the custom ops while
+    torch.compile traces, else the signature's prepared forward and the runtime's backward."""
+    from .sinks import SinkAttention, check_sinks
+    check_sinks(sinks, q)
+    opts = entry.options
+    q, k, v = ready(q), ready(k), ready(v)
+    if traced(q):
+        forward = lambda q, k, v: torch.ops.dashgen.attention_fwd(q, k, v, *opts)  # noqa: E731
+        backward = lambda *t: torch.ops.dashgen.attention_bwd(*t, *opts)  # noqa: E731
+    else:
+        forward = lambda q, k, v: _eager_forward(q, k, v, entry)  # noqa: E731
+        backward = lambda do, *t: _run_backward(do, *t, opts)  # noqa: E731
+    return SinkAttention.apply(q, k, v, sinks, forward, backward)
+
+
 # -- the public function -----------------------------------------------------------------------
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
               softmax_scale: float | None = None, deterministic: bool | None = None,
               schedule: str | Schedule = "auto", num_workers: int | None = None,
               return_lse: bool = False, softcap: float = 0.0,
-              window_size: tuple[int, int] = NO_WINDOW
+              window_size: tuple[int, int] = NO_WINDOW, sinks: torch.Tensor | None = None
               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention whose backward is bitwise reproducible on Hopper.
 
@@ -366,6 +382,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     gets o = 0 and lse = -inf, a key no row sees dk = dv = 0. Schedules: "auto" (spt on the
     listed deal; spt with deterministic=False), "spt", "spt_listed", "fa3", "descending"; the
     shift orders need a full or causal mask.
+
+    sinks: attention sinks (GPT-OSS's), a floating (heads_q,) tensor of logits, one per query
+    head: each row's softmax takes exp(sinks[h]) into its denominator with no value behind it
+    (o and lse are the sunk attention's); differentiable, its gradient deterministic too
+    (dashgen/runtime/sinks.py).
     """
     if isinstance(schedule, Schedule):
         schedule = register(schedule)  # the op carries a key string
@@ -373,6 +394,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     entry = _resolve(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
                      softcap, window_size)
+    if sinks is not None:
+        o, lse = _sunk_attention(q, k, v, sinks, entry)
+        return (o, lse) if return_lse else o
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if traced(q):
         o, lse = torch.ops.dashgen.attention_fwd(q, k, v, *entry.options)
