@@ -295,14 +295,22 @@ def _sliding_causal(mask_function) -> bool:
 
 def _packed_causal(mask_function) -> bool:
     """Whether mask_function is what transformers builds for a causal model whose position_ids
-    pack documents: and_masks(causal_mask_function, packed_sequence_mask_function(...))."""
+    pack documents: and_masks(causal, packed_sequence_mask_function(...)), the causal part
+    causal_mask_function, or since transformers 5.2x that function with its indices remapped to
+    each document's positions (remap_positions_for_packed_sequence). A sliding window's causal
+    part counts too: dashgen_attention then refuses the window in a pack, naming it."""
     if getattr(mask_function, "__name__", "") != "and_mask":
         return False
     parts = next((cell.cell_contents for cell in mask_function.__closure__ or ()
                   if isinstance(cell.cell_contents, tuple)), ())
-    return (len(parts) == 2 and parts[0] is masking_utils.causal_mask_function
-            and getattr(parts[1], "__qualname__", "").startswith(
-                "packed_sequence_mask_function."))
+    if len(parts) != 2 or not getattr(parts[1], "__qualname__", "").startswith(
+            "packed_sequence_mask_function."):
+        return False
+    causal = parts[0]
+    if getattr(causal, "__qualname__", "").startswith("remap_positions_for_packed_sequence."):
+        causal = next((cell.cell_contents for cell in causal.__closure__ or ()
+                       if callable(cell.cell_contents)), None)
+    return causal is masking_utils.causal_mask_function or _sliding_causal(causal)
 
 
 def register() -> str:
