@@ -16,9 +16,11 @@ from test_varlen import pack  # noqa: E402
 
 # FA3's hopper/flash_attn_interface.py (Dao-AILab/flash-attention 0251105): the parameters of
 # its two functions, in order.
+# FA3's signatures (its hopper flash_attn_interface), then learnable_sink, the sinks argument of
+# newer FlashAttention interfaces, last so that FA3's positional calls keep their meaning.
 FA3_FUNC = ["q", "k", "v", "softmax_scale", "causal", "qv", "q_descale", "k_descale",
             "v_descale", "window_size", "attention_chunk", "softcap", "num_splits", "pack_gqa",
-            "deterministic", "sm_margin", "return_attn_probs"]
+            "deterministic", "sm_margin", "return_attn_probs", "learnable_sink"]
 FA3_VARLEN = (["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k",
                "seqused_q", "seqused_k"] + FA3_FUNC[3:])
 
@@ -101,10 +103,11 @@ def test_seqused_is_checked(used, error):
         fa3.used_pack(cu_q, cu_k, used, None)
 
 
-def test_the_packed_function_refuses_a_window_before_the_tensors():
-    q, *rest = pack()
-    with pytest.raises(ValueError, match=r"^window_size: "):
-        fa3.flash_attn_varlen_func(q[0], *rest, window_size=(16, 16))
+def test_attention_chunk_refuses_a_window():
+    q, k, v = (torch.zeros(1, 64, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+    with pytest.raises(ValueError, match=r"^window_size: attention_chunk takes no sliding "
+                                         r"window, got \(16, 16\)$"):
+        fa3.flash_attn_func(q, k, v, window_size=(16, 16), attention_chunk=16)
 
 
 def fa3_chunked_reference(q, k, v, causal, chunk, scale):
@@ -225,3 +228,12 @@ def test_seqused_tokens_are_the_used_sequences_alone(monkeypatch, causal, which)
         assert bool(lse[:, q0 + uq:q0 + lq].isneginf().all())
         q0, k0 = q0 + lq, k0 + lk
 
+
+
+def test_learnable_sink_reaches_the_sinks(on_cpu, kernels):
+    q, k, v = cpu_leaves()
+    sinks = torch.zeros(q.shape[2], requires_grad=True)
+    fa3.flash_attn_func(q, k, v, causal=True, learnable_sink=sinks).sum().backward()
+    assert sinks.grad is not None and sinks.grad.shape == sinks.shape
+    with pytest.raises(ValueError, match=r"^learnable_sink: attention_chunk takes no sinks$"):
+        fa3.flash_attn_func(q, k, v, attention_chunk=16, learnable_sink=sinks)

@@ -111,6 +111,11 @@ EXTRA_VARIANTS = [
     F("bf16", 64, False, window=True),
     F("bf16", 128, False, window=True, softcap=True),
     F("fp16", 96, False, window=True),
+    # a sliding window in a pack (sched::PackWalk over WindowTiling, the plan's deal keys)
+    B("bf16", 64, False, "spt", window=True, varlen=True, early_kv=True),
+    B("bf16", 128, False, "spt", window=True, varlen=True, early_kv=True, gqa=True),
+    B("fp16", 96, False, "descending", window=True, varlen=True, early_kv=True),
+    F("bf16", 128, False, window=True, varlen=True),
 ]
 # The forwards at the head dims that compile but have not run on a GPU (FORWARD_HEAD_DIMS less
 # HEAD_DIMS, and 192 with V 128 wide): every dtype, mask and kind, since select offers none of

@@ -9,22 +9,28 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dashgen import Problem
+from dashgen.schedule.problem import Mask
 from dashgen.schedule.builders import BUILDERS
-from test_policy_header import (COMMON, PACK_POLICIES, POLICY_OBJECTS, TILES, build,
-                                build_driver, ir_tasks, needs_gxx, run_walks)
+from test_policy_header import (COMMON, PACK_POLICIES, POLICY_OBJECTS, TILES, WINDOW_POLICIES,
+                                build, build_driver, ir_tasks, mask_arg, needs_gxx, run_walks,
+                                window_masks)
 
-# argv: policy id, block_m, causal, heads_q, heads_kv, sequences, their seqlen_q, their
-# seqlen_k, then worker counts; for each count "W <count>", then per worker its tasks
+# argv: policy id, block_m, mask (0 full, 1 causal, 2 a window), heads_q, heads_kv, the window's
+# left and right (read under mask 2), sequences, their seqlen_q, their seqlen_k, then worker
+# counts; for each count "W <count>", then per worker its tasks
 # "b,h,n,m,dq_rank,dkv_rank,seg_start,seg_end" in order.
 DRIVER = COMMON + r"""
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 #include "dashgen/sched/pack.cuh"
 
 struct Pack {
-  int heads_q_, heads_kv_, workers_;
+  int heads_q_, heads_kv_, workers_, left_, right_;
   std::vector<int> seqlen_q_, seqlen_k_, order_, unit_seq_, unit_index_;
   int heads_q() const { return heads_q_; }
+  int window_left() const { return left_; }
+  int window_right() const { return right_; }
   int group() const { return heads_q_ / heads_kv_; }
   int workers() const { return workers_; }
   int seqlen_q(int b) const { return seqlen_q_[b]; }
@@ -42,7 +48,7 @@ static void walk(Pack pack, int workers) {
   std::vector<int> tasks(pack.seqlen_q_.size());
   pack.order_.clear();
   for (size_t b = 0; b < tasks.size(); ++b) {
-    tasks[b] = sequence_tasks<Policy>(Tl(pack.seqlen_q_[b], pack.seqlen_k_[b]));
+    tasks[b] = sequence_tasks<Policy>(Tl::of(pack, static_cast<int>(b)));
     if (tasks[b] > 0) pack.order_.push_back(static_cast<int>(b));
   }
   std::sort(pack.order_.begin(), pack.order_.end(),
@@ -53,7 +59,7 @@ static void walk(Pack pack, int workers) {
   std::vector<Unit> units;
   for (int place = 0; place < pack.dealt(); ++place) {
     const int b = pack.order_[place];
-    const Tl t(pack.seqlen_q_[b], pack.seqlen_k_[b]);
+    const Tl t = Tl::of(pack, b);
     if (Policy::together(t)) continue;
     for (int u = 0; u < Policy::units(t); ++u) {
       if (Policy::unit_tasks(t, u) > 0) units.push_back({deal_key<Policy>(t, u), place, u, b});
@@ -76,29 +82,47 @@ static void walk(Pack pack, int workers) {
   }
 }
 
-template <int kBlockM, bool kCausal>
+template <class Tl>
 static int run(int id, int argc, char** argv) {
-  using Tl = Tiling<kBlockM, 128, kCausal>;
-  Pack pack{std::atoi(argv[4]), std::atoi(argv[5]), 0, {}, {}, {}, {}, {}};
-  const int seqs = std::atoi(argv[6]);
-  int a = 7;
+  Pack pack{std::atoi(argv[4]), std::atoi(argv[5]), 0, std::atoi(argv[6]), std::atoi(argv[7]),
+            {}, {}, {}, {}, {}};
+  const int seqs = std::atoi(argv[8]);
+  int a = 9;
   for (int b = 0; b < seqs; ++b) pack.seqlen_q_.push_back(std::atoi(argv[a++]));
   for (int b = 0; b < seqs; ++b) pack.seqlen_k_.push_back(std::atoi(argv[a++]));
   for (; a < argc; ++a) {
     const int workers = std::atoi(argv[a]);
-    const int status = with_policy<Tl>(id, [&](auto policy) {
-      walk<decltype(policy), Tl>(pack, workers);
-    });
+    auto f = [&](auto policy) { walk<decltype(policy), Tl>(pack, workers); };
+    int status;
+    if constexpr (std::is_same_v<Tl, WindowTiling<64, 128>> ||
+                  std::is_same_v<Tl, WindowTiling<128, 128>>) {
+      // The policies a window kernel runs (the launch-ordered ones).
+      switch (id) {
+        case Fa3<Tl>::kId: f(Fa3<Tl>{}); status = 0; break;
+        case Spt<Tl>::kId: f(Spt<Tl>{}); status = 0; break;
+        case Descending<Tl>::kId: f(Descending<Tl>{}); status = 0; break;
+        default: status = 3;
+      }
+    } else {
+      status = with_policy<Tl>(id, f);
+    }
     if (status) return status;
   }
   return 0;
 }
 
+template <int kBlockM>
+static int run_mask(int mask, int id, int argc, char** argv) {
+  if (mask == 2) return run<WindowTiling<kBlockM, 128>>(id, argc, argv);
+  if (mask == 1) return run<Tiling<kBlockM, 128, true>>(id, argc, argv);
+  return run<Tiling<kBlockM, 128, false>>(id, argc, argv);
+}
+
 int main(int argc, char** argv) {
-  if (argc < 8) return 2;
-  const int id = std::atoi(argv[1]), block_m = std::atoi(argv[2]), causal = std::atoi(argv[3]);
-  if (block_m == 64) return causal ? run<64, true>(id, argc, argv) : run<64, false>(id, argc, argv);
-  if (block_m == 128) return causal ? run<128, true>(id, argc, argv) : run<128, false>(id, argc, argv);
+  if (argc < 10) return 2;
+  const int id = std::atoi(argv[1]), block_m = std::atoi(argv[2]), mask = std::atoi(argv[3]);
+  if (block_m == 64) return run_mask<64>(mask, id, argc, argv);
+  if (block_m == 128) return run_mask<128>(mask, id, argc, argv);
   return 4;
 }
 """
@@ -110,8 +134,8 @@ def walk_pack(tmp_path_factory):
 
     def walk(name, problem, counts):
         return run_walks([str(binary), str(POLICY_OBJECTS[name].kernel_id), str(problem.block_m),
-                          str(int(problem.mask.kind == "causal")), str(problem.heads_q),
-                          str(problem.heads_kv), str(problem.batch),
+                          mask_arg(problem), str(problem.heads_q), str(problem.heads_kv),
+                          *map(str, problem.mask.kernel_bounds()), str(problem.batch),
                           *map(str, problem.seqlens_q), *map(str, problem.seqlens_k),
                           *map(str, counts)])
     return walk
@@ -153,6 +177,29 @@ def packs(draw):
 def test_the_pack_walk_enumerates_the_packs_ir(walk_pack, problem):
     checked = sum(compare(walk_pack, name, problem) for name in PACK_POLICIES)
     assert checked > 0
+
+
+@st.composite
+def window_packs(draw):
+    """Packs under a sliding window: KV tiles and Q tiles without tasks inside sequences."""
+    problem = draw(packs())
+    text = draw(window_masks)
+    left, right = (None if x == "None" else int(x) for x in text[7:].split(","))
+    return Problem.pack(problem.seqlens_q, problem.seqlens_k, heads_q=problem.heads_q,
+                        heads_kv=problem.heads_kv, head_dim=problem.head_dim,
+                        mask=Mask(left, right), block_m=problem.block_m, block_n=problem.block_n)
+
+
+@needs_gxx
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(problem=window_packs())
+def test_the_pack_walk_enumerates_a_windowed_packs_ir(walk_pack, problem):
+    """sched::PackWalk over WindowTiling: the deal's keys made monotone (deal_key's running
+    minimum or maximum), task for task the IR's pack deal."""
+    for name in WINDOW_POLICIES:
+        if name in PACK_POLICIES:
+            assert compare(walk_pack, name, problem) > 0, name
 
 
 @needs_gxx

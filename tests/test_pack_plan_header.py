@@ -16,11 +16,13 @@ from dashgen import Problem
 from dashgen.codegen.render import include_dir
 from dashgen.schedule.builders.base import pack_order, pack_tilings, pack_units
 from dashgen.runtime.varlen import pack_tiles
-from test_pack_header import packs
+from test_pack_header import packs, window_packs
 from test_varlen import tile_slots
-from test_policy_header import PACK_POLICIES, POLICY_OBJECTS, needs_gxx
+from test_policy_header import (PACK_POLICIES, POLICY_OBJECTS, WINDOW_POLICIES, mask_arg,
+                                needs_gxx)
 
-# argv: policy id, block_m, causal, sequences, their seqlen_q, their seqlen_k. Prints
+# argv: policy id, block_m, mask (0 full, 1 causal, 2 a window), left, right (mask 2),
+# sequences, their seqlen_q, their seqlen_k. Prints
 # "S <dealt> <sequences in deal order>" and "U <units dealt> <b,u of each in deal order>".
 DRIVER = r"""
 #include <condition_variable>
@@ -82,9 +84,16 @@ struct Cfg {
   using Element = unsigned short;  // 16-bit, as the kernels' bf16/fp16
   template <class Tl> using Policy = P<Tl>;
 };
+// A window variant's configuration renders kWindow as well.
+template <int kBlockM_, template <class> class P>
+struct WindowCfg : Cfg<kBlockM_, false, P> {
+  static constexpr int kWindow = 1;
+};
+static int g_left, g_right;
 
-template <int kBlockM, bool kCausal, template <class> class P>
+template <class C>
 static int plan(int seqs, char** lengths) {
+  constexpr int kBlockM = C::kBlockM;
   std::vector<int> cu_q{0}, cu_k{0};
   for (int b = 0; b < seqs; ++b) cu_q.push_back(cu_q.back() + std::atoi(lengths[b]));
   for (int b = 0; b < seqs; ++b) cu_k.push_back(cu_k.back() + std::atoi(lengths[seqs + b]));
@@ -104,7 +113,9 @@ static int plan(int seqs, char** lengths) {
   const int maps = 3 + 4 * seqs + 6 * p.max_units;  // plan_words without the maps
   std::vector<int> words(maps + q_tiles + k_tiles, -7);
   p.pack_plan = words.data();
-  using Plan = AttnPackPlan<Cfg<kBlockM, kCausal, P>>;
+  p.window_left = g_left;
+  p.window_right = g_right;
+  using Plan = AttnPackPlan<C>;
   Block block(Plan::kThreads);
   g_block = &block;
   std::vector<std::thread> threads;
@@ -156,25 +167,45 @@ template <int kBlockM, bool kCausal>
 static int run(int id, int seqs, char** lengths) {
   using Tl = sched::Tiling<kBlockM, 128, kCausal>;
   switch (id) {
-    case sched::Fa3<Tl>::kId: return plan<kBlockM, kCausal, sched::Fa3>(seqs, lengths);
-    case sched::Spt<Tl>::kId: return plan<kBlockM, kCausal, sched::Spt>(seqs, lengths);
-    case sched::Descending<Tl>::kId: return plan<kBlockM, kCausal, sched::Descending>(seqs, lengths);
-    case sched::Shift<Tl>::kId: return plan<kBlockM, kCausal, sched::Shift>(seqs, lengths);
+    case sched::Fa3<Tl>::kId: return plan<Cfg<kBlockM, kCausal, sched::Fa3>>(seqs, lengths);
+    case sched::Spt<Tl>::kId: return plan<Cfg<kBlockM, kCausal, sched::Spt>>(seqs, lengths);
+    case sched::Descending<Tl>::kId:
+      return plan<Cfg<kBlockM, kCausal, sched::Descending>>(seqs, lengths);
+    case sched::Shift<Tl>::kId: return plan<Cfg<kBlockM, kCausal, sched::Shift>>(seqs, lengths);
     case sched::SymmetricShift<Tl>::kId:
-      return plan<kBlockM, kCausal, sched::SymmetricShift>(seqs, lengths);
-    case sched::Hybrid<Tl>::kId: return plan<kBlockM, kCausal, Hybrid64>(seqs, lengths);
-    case 106: return plan<kBlockM, kCausal, Hybrid3>(seqs, lengths);
+      return plan<Cfg<kBlockM, kCausal, sched::SymmetricShift>>(seqs, lengths);
+    case sched::Hybrid<Tl>::kId: return plan<Cfg<kBlockM, kCausal, Hybrid64>>(seqs, lengths);
+    case 106: return plan<Cfg<kBlockM, kCausal, Hybrid3>>(seqs, lengths);
+    default: return 3;
+  }
+}
+
+// The launch-ordered policies under a sliding window.
+template <int kBlockM>
+static int run_window(int id, int seqs, char** lengths) {
+  using Tl = sched::WindowTiling<kBlockM, 128>;
+  switch (id) {
+    case sched::Fa3<Tl>::kId: return plan<WindowCfg<kBlockM, sched::Fa3>>(seqs, lengths);
+    case sched::Spt<Tl>::kId: return plan<WindowCfg<kBlockM, sched::Spt>>(seqs, lengths);
+    case sched::Descending<Tl>::kId:
+      return plan<WindowCfg<kBlockM, sched::Descending>>(seqs, lengths);
     default: return 3;
   }
 }
 
 int main(int argc, char** argv) {
-  if (argc < 5) return 2;
-  const int id = std::atoi(argv[1]), block_m = std::atoi(argv[2]), causal = std::atoi(argv[3]);
-  const int seqs = std::atoi(argv[4]);
-  if (argc != 5 + 2 * seqs) return 2;
-  if (block_m == 64) return causal ? run<64, true>(id, seqs, argv + 5) : run<64, false>(id, seqs, argv + 5);
-  if (block_m == 128) return causal ? run<128, true>(id, seqs, argv + 5) : run<128, false>(id, seqs, argv + 5);
+  if (argc < 7) return 2;
+  const int id = std::atoi(argv[1]), block_m = std::atoi(argv[2]), mask = std::atoi(argv[3]);
+  g_left = std::atoi(argv[4]);
+  g_right = std::atoi(argv[5]);
+  const int seqs = std::atoi(argv[6]);
+  if (argc != 7 + 2 * seqs) return 2;
+  char** lengths = argv + 7;
+  if (mask == 2) {
+    return block_m == 64 ? run_window<64>(id, seqs, lengths) : run_window<128>(id, seqs, lengths);
+  }
+  if (block_m == 64) return mask ? run<64, true>(id, seqs, lengths) : run<64, false>(id, seqs, lengths);
+  if (block_m == 128) return mask ? run<128, true>(id, seqs, lengths) : run<128, false>(id, seqs, lengths);
   return 4;
 }
 """
@@ -192,7 +223,8 @@ def plan_driver(tmp_path_factory):
 
     def run(name: str, problem: Problem):
         out = subprocess.run([str(binary), str(POLICY_OBJECTS[name].kernel_id), str(problem.block_m),
-                              str(int(problem.mask.kind == "causal")), str(problem.batch),
+                              mask_arg(problem), *map(str, problem.mask.kernel_bounds()),
+                              str(problem.batch),
                               *map(str, problem.seqlens_q), *map(str, problem.seqlens_k)],
                              capture_output=True, text=True, timeout=120, check=True).stdout
         seqs_line, units_line, q_line, k_line, cq_line, ck_line, z_line = out.splitlines()
@@ -223,10 +255,14 @@ def check(plan_driver, name: str, problem: Problem) -> bool:
         return False
     order, dealt, units, units_dealt, (map_q, map_k, ctas_q, ctas_k, zeroed) = plan_driver(
         name, problem)
-    # dK/dV rows the plan zeroes: the keys of sequences without queries, nothing else (the
+    # dK/dV rows the plan zeroes: the keys no query row of their sequence sees (all of a
+    # sequence without queries; under a window those left of every row's), nothing else (the
     # last entry is past the packed rows: never touched).
-    assert zeroed == [0 if nq == 0 else 1 for nq, nk in zip(problem.seqlens_q, problem.seqlens_k)
-                      for _ in range(nk)] + [1], problem.describe()
+    left = problem.mask.left if problem.mask.kind == "window" else None
+    unseen = [nk if nq == 0 else 0 if left is None else max(0, min(nk, nk - nq - left))
+              for nq, nk in zip(problem.seqlens_q, problem.seqlens_k)]
+    assert zeroed == [0 if j < u else 1 for u, nk in zip(unseen, problem.seqlens_k)
+                      for j in range(nk)] + [1], problem.describe()
     # The tile maps the preprocess and convert kernels walk the pack by, and where their CTAs
     # land (PackedTile): every row block of every sequence's tiles exactly once.
     for lengths, block, tile_map, ctas in ((problem.seqlens_q, problem.block_m, map_q, ctas_q),
@@ -252,6 +288,15 @@ def check(plan_driver, name: str, problem: Problem) -> bool:
 @given(problem=packs())
 def test_the_plan_kernel_orders_the_pack_as_the_ir(plan_driver, problem):
     assert sum(check(plan_driver, name, problem) for name in PACK_POLICIES) > 0
+
+
+@needs_gxx
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(problem=window_packs())
+def test_the_plan_kernel_orders_a_windowed_pack_and_zeroes_its_unseen_keys(plan_driver, problem):
+    assert all(check(plan_driver, name, problem) for name in WINDOW_POLICIES
+               if name in PACK_POLICIES)
 
 
 @needs_gxx

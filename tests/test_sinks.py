@@ -132,3 +132,72 @@ def test_attention_routes_sinks_through_the_kernels(on_cpu, kernels):
     assert sinks.grad is not None and sinks.grad.shape == sinks.shape
     with pytest.raises(ValueError, match=r"^sinks must have shape"):
         op.attention(q, k, v, sinks=torch.zeros(3))
+
+
+def test_a_packs_sinks_follow_each_sequence(monkeypatch):
+    """attention_varlen(sinks=...) through its layout (the pack as a batch of one, lse by head,
+    the kernels' per-sequence lse blocks restored for their backward): o and every gradient
+    equal GPT-OSS's reference run on each sequence alone, in float64 (the packed kernels
+    standing in as exact attention per sequence, causal)."""
+    from types import SimpleNamespace
+    from dashgen.runtime import op_varlen
+    lengths_q, lengths_k = [5, 0, 17, 9], [7, 3, 17, 4]
+    heads_q, heads_kv, dim, scale = 4, 2, 8, 0.4
+    cu = lambda n: torch.tensor([0] + torch.tensor(n).cumsum(0).tolist())  # noqa: E731
+    cu_q, cu_k = cu(lengths_q), cu(lengths_k)
+
+    def spans():
+        for b, (nq, nk) in enumerate(zip(lengths_q, lengths_k)):
+            yield b, slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+
+    def packed_forward(q, k, v, *rest):
+        o = torch.zeros_like(q)
+        lse = torch.full((heads_q * q.shape[0],), float("-inf"), dtype=q.dtype)
+        for b, rq, rk in spans():
+            nq = rq.stop - rq.start
+            if nq == 0 or rk.stop == rk.start:
+                continue
+            ob, lb = kernel_forward(q[None, rq], k[None, rk], v[None, rk], scale,
+                                    mask(nq, rk.stop - rk.start, (-1, 0)))
+            o[rq] = ob[0]
+            lse[heads_q * rq.start:heads_q * rq.stop] = lb[0].flatten()
+        return o, lse
+
+    def packed_backward(do, q, k, v, o, lse, *rest):
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for b, rq, rk in spans():
+            nq, nk = rq.stop - rq.start, rk.stop - rk.start
+            if nq == 0 or nk == 0:
+                continue
+            lb = lse[heads_q * rq.start:heads_q * rq.stop].view(1, heads_q, nq)
+            g = kernel_backward(do[None, rq], q[None, rq], k[None, rk], v[None, rk], o[None, rq],
+                                lb, scale, mask(nq, nk, (-1, 0)))
+            dq[rq], dk[rk], dv[rk] = g[0][0], g[1][0], g[2][0]
+        return dq, dk, dv
+
+    monkeypatch.setattr(op_varlen, "_eager_forward", lambda q, k, v, *rest: packed_forward(q, k, v))
+    monkeypatch.setattr(op_varlen, "_run_backward", packed_backward)
+    g = torch.Generator().manual_seed(11)
+    make = lambda *shape: torch.randn(*shape, dtype=torch.float64, generator=g)  # noqa: E731
+    q, do = make(sum(lengths_q), heads_q, dim), make(sum(lengths_q), heads_q, dim)
+    k, v = make(sum(lengths_k), heads_kv, dim), make(sum(lengths_k), heads_kv, dim)
+    sinks = make(heads_q)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    entry = SimpleNamespace(options=None)
+    o, lse = op_varlen._sunk_varlen(*leaves[:3], cu_q, cu_k, 17, 17, leaves[3], entry)
+    ours = (o.detach(), *torch.autograd.grad(o, leaves, do))
+    want = [torch.zeros_like(t) for t in (q, q, k, v)] + [torch.zeros_like(sinks)]
+    for b, rq, rk in spans():
+        nq, nk = rq.stop - rq.start, rk.stop - rk.start
+        if nq == 0:
+            continue
+        ref_leaves = [t.clone().requires_grad_() for t in (q[None, rq], k[None, rk], v[None, rk],
+                                                            sinks)]
+        ref_o = gpt_oss_reference(*ref_leaves, scale, mask(nq, nk, (-1, 0)))
+        grads = torch.autograd.grad(ref_o, ref_leaves, do[None, rq])
+        want[0][rq], want[1][rq] = ref_o.detach()[0], grads[0][0]
+        want[2][rk], want[3][rk] = grads[1][0], grads[2][0]
+        want[4] += grads[3]
+    for name, x, r in zip(("o", "dq", "dk", "dv", "dsinks"), ours, want):
+        assert torch.allclose(x, r, atol=1e-10, rtol=1e-9), name
+    assert lse.shape == (heads_q, sum(lengths_q))

@@ -413,9 +413,6 @@ def test_pack_workers_of_a_pack_without_keys():
 
 @pytest.mark.parametrize("kwargs, pattern", [
     (dict(dropout_p=0.1), r"^dropout_p: dashgen has no dropout, got 0.1"),
-    (dict(window_size=(4, 4)), r"^window_size: dashgen has no sliding window for packed sequences "
-                               r"yet \(dashgen.flash_attn_func has\), got \(4, 4\)"),
-    (dict(window_size=(-1, 0)), r"^window_size: "),
     (dict(alibi_slopes=torch.ones(4)), r"^alibi_slopes: dashgen has no ALiBi bias"),
     (dict(block_table=torch.zeros(3, 1, dtype=torch.int32)),
      r"^block_table: dashgen has no paged KV cache"),
@@ -758,22 +755,23 @@ class FakePackRuntime:
     def __init__(self):
         self.calls = []
 
-    def forward(self, q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale, softcap):
+    def forward(self, q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale, softcap,
+                window=(-1, -1)):
         self.calls.append(("forward", None))
         return self._forward(q)
 
     def backward(self, do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale,
-                 deterministic, schedule, workers, softcap):
+                 deterministic, schedule, workers, softcap, window=(-1, -1)):
         self.calls.append(("backward", None))
         return self._backward(do, k, v)
 
     def pack_forward_call(self, variant, q_shape, k_shape, batch, max_q, max_k, softmax_scale,
-                          device, softcap):
+                          device, softcap, window=(-1, -1)):
         return lambda q, k, v, cu_q, cu_k: (self.calls.append(("forward", variant)),
                                              self._forward(q))[1]
 
     def pack_backward_call(self, variant, q_shape, k_shape, batch, max_q, max_k, softmax_scale,
-                           deterministic, workers, device, softcap):
+                           deterministic, workers, device, softcap, window=(-1, -1)):
         return lambda do, q, k, v, o, lse, cu_q, cu_k: (self.calls.append(("backward", variant)),
                                                          self._backward(do, k, v))[1]
 
@@ -934,3 +932,34 @@ def test_more_sequences_than_a_grid_holds_are_refused_before_any_kernel(on_cpu):
     with pytest.raises(ValueError, match=r"^cu_seqlens_q: 65536 sequences; the packed kernels "
                                          r"take at most 65535"):
         check_varlen_inputs(q, k, v, many, many, 3, 3)
+
+
+def test_a_window_in_a_pack_is_refused_until_served_then_reaches_the_window_kernels(
+        on_cpu, monkeypatch):
+    """checks.PACK_WINDOW_SERVED off: a window that removes keys of the longest sequence raises
+    ValueError naming window_size (one that removes none runs the plain kernels); on, the
+    eager calls run the pack's window variants (spt by default) with the bounds."""
+    from dashgen.runtime import checks
+    runtime = FakePackRuntime()
+    monkeypatch.setattr(op_varlen, "_runtime", lambda: runtime)
+    clear_caches()
+    q, k, v, cu, _, longest, _ = pack([300, 500, 7], heads_q=4, heads_kv=2, head_dim=128)
+    with pytest.raises(ValueError, match=r"^window_size: sliding windows in packs are built but "
+                                         r"not yet validated on a GPU .*got \(63, 0\)$"):
+        attention_varlen(q, k, v, cu, cu, longest, longest, window_size=(63, 0))
+    attention_varlen(q, k, v, cu, cu, longest, longest, window_size=(longest, 0))  # causal
+    (_, forward), = runtime.calls
+    assert not forward.window and forward.causal
+    runtime.calls.clear()
+    monkeypatch.setattr(checks, "PACK_WINDOW_SERVED", True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = attention_varlen(*leaves, cu, cu, longest, longest, window_size=(63, 0),
+                         deterministic=True)
+    o.sum().backward()
+    (_, forward), (_, backward) = runtime.calls
+    assert forward.window and backward.window and backward.varlen
+    assert backward.schedule == "spt" and not backward.causal
+    with pytest.raises(ValueError, match=r"^schedule must be 'auto' or one of \('spt', 'fa3', "
+                                         r"'descending'\) for a pack under a sliding window"):
+        attention_varlen(q, k, v, cu, cu, longest, longest, window_size=(63, 0),
+                         schedule="hybrid")

@@ -228,9 +228,8 @@ class ForwardVariant(_Variant):
                              f"got {self.head_dim_v!r}")
         if self.varlen and self.persistent:
             raise ValueError("a varlen forward runs one CTA a query tile: persistent=False")
-        if self.window and (self.persistent or self.varlen):
-            raise ValueError("a window forward runs one CTA a query tile of a fixed-length "
-                             "batch: persistent=False, varlen=False")
+        if self.window and self.persistent:
+            raise ValueError("a window forward runs one CTA a query tile: persistent=False")
 
     @property
     def kernel_head_dim_v(self) -> int:
@@ -306,10 +305,9 @@ class BackwardVariant(_Variant):
         if self.dq_last and self.kernel_head_dim not in DQ_LAST_HEAD_DIMS:
             raise ValueError(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}, got head_dim "
                              f"{self.head_dim}")
-        if self.window and (self.varlen or self.fused_convert or
-                            self.schedule not in WINDOW_SCHEDULES):
-            raise ValueError(f"a window backward runs a fixed-length batch, one of the schedules "
-                             f"{WINDOW_SCHEDULES}, without fused_convert")
+        if self.window and (self.fused_convert or self.schedule not in WINDOW_SCHEDULES):
+            raise ValueError(f"a window backward runs one of the schedules {WINDOW_SCHEDULES}, "
+                             f"without fused_convert")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")

@@ -58,14 +58,12 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     head_dim), k and v (total_k, heads_kv, head_dim), int32 cu_seqlens on the GPU. Returns out,
     or with return_attn_probs=True (out, softmax_lse, None), softmax_lse (heads_q, total_q)
     float32 as flash_attn lays it out. deterministic and the refused arguments as in
-    flash_attn_func; block_table (a paged KV cache) and a sliding window (packs have none yet)
-    raise ValueError too."""
+    flash_attn_func; block_table (a paged KV cache) raises ValueError too. window_size: as in
+    dashgen.attention_varlen."""
     _refuse_unsupported(dropout_p, alibi_slopes, return_attn_probs, block_table)
-    if tuple(window_size) != (-1, -1):
-        raise ValueError(f"window_size: dashgen has no sliding window for packed sequences yet "
-                         f"(dashgen.flash_attn_func has), got {tuple(window_size)}")
     from ..runtime.op_varlen import attention_varlen
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                                deterministic=deterministic, return_lse=True, softcap=softcap)
+                                deterministic=deterministic, return_lse=True, softcap=softcap,
+                                window_size=window_size)
     return (out, lse, None) if return_attn_probs else out

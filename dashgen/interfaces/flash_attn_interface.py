@@ -14,9 +14,9 @@ from ..runtime.device import sm_count
 
 
 def _window_is_causal(window_size, causal: bool) -> bool:
-    """For a pack (which has no window yet): the mask of FA3's window_size and causal where it
-    is full, (-1, -1), or causal, (-1, 0) (FA3 reads a negative bound as none, and causal=True
-    as a right bound of 0); any other window is refused."""
+    """For attention_chunk (its pack of chunks takes no window): the mask of FA3's window_size
+    and causal where it is full, (-1, -1), or causal, (-1, 0) (FA3 reads a negative bound as
+    none, and causal=True as a right bound of 0); any other window is refused."""
     try:
         left, right = (int(w) for w in window_size)
     except (TypeError, ValueError):
@@ -27,9 +27,8 @@ def _window_is_causal(window_size, causal: bool) -> bool:
         right = 0
     if left < 0 and right <= 0:
         return right == 0
-    raise ValueError(f"window_size: dashgen has no sliding window for packed sequences yet "
-                     f"(flash_attn_func has), got {tuple(window_size)}"
-                     f"{' with causal=True' if causal else ''}")
+    raise ValueError(f"window_size: attention_chunk takes no sliding window, got "
+                     f"{tuple(window_size)}{' with causal=True' if causal else ''}")
 
 
 def _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk,
@@ -109,7 +108,7 @@ def _chunked(q, k, v, chunk: int, causal: bool, **options):
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
                     k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
                     softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
-                    return_attn_probs=False):
+                    return_attn_probs=False, learnable_sink=None):
     """FA3's flash_attn_func: q (batch, seqlen_q, heads_q, head_dim), k and v (batch, seqlen_k,
     heads_kv, head_dim), causal bottom-right; window_size=(-1, 0) is the causal mask. Returns
     out, or (out, softmax_lse) with softmax_lse (batch, heads_q, seqlen_q) float32. num_splits
@@ -117,7 +116,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     dashgen.attention (a window with attention_chunk is refused).
     attention_chunk (Llama 4's chunked attention): each query sees only the keys of its chunk,
     run as a pack of the chunks (chunk_pack), forward and backward (FA3 itself has no chunked
-    backward), with the pack's bit contract."""
+    backward), with the pack's bit contract. learnable_sink (newer FlashAttention interfaces'
+    name for GPT-OSS's sinks): dashgen.attention's sinks, one logit per query head."""
     _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits)
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
@@ -125,13 +125,15 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
                    **_options(q, deterministic, sm_margin))
     if attention_chunk:
         causal = _window_is_causal(window_size, causal)
+        if learnable_sink is not None:
+            raise ValueError("learnable_sink: attention_chunk takes no sinks")
         if not (torch.is_tensor(q) and torch.is_tensor(k) and q.dim() == k.dim() == 4):
             raise ValueError("attention_chunk: q and k must be (batch, seqlen, heads, head_dim) "
                              "tensors")
         out, lse = _chunked(q, k, v, attention_chunk, causal, **options)
     else:
         out, lse = op.attention(q, k, v, causal=causal, return_lse=True,
-                                window_size=window_size, **options)
+                                window_size=window_size, sinks=learnable_sink, **options)
     return (out, lse) if return_attn_probs else out
 
 
@@ -172,7 +174,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            qv=None, q_descale=None, k_descale=None, v_descale=None,
                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=False, sm_margin=0,
-                           return_attn_probs=False):
+                           return_attn_probs=False, learnable_sink=None):
     """FA3's flash_attn_varlen_func over dashgen.attention_varlen: q (total_q, heads_q,
     head_dim), k and v (total_k, heads_kv, head_dim), int32 cu_seqlens. Returns out, or
     (out, softmax_lse) with softmax_lse (heads_q, total_q) float32, FA3's layout. seqused_q /
@@ -185,12 +187,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                          f"{attention_chunk}")
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
-    causal = _window_is_causal(window_size, causal)
     if seqused_q is not None or seqused_k is not None:
         cu_seqlens_q, cu_seqlens_k = used_pack(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     from ..runtime.op_varlen import attention_varlen
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                                return_lse=True, softcap=softcap,
-                                **_options(q, deterministic, sm_margin))
+                                return_lse=True, softcap=softcap, window_size=window_size,
+                                sinks=learnable_sink, **_options(q, deterministic, sm_margin))
     return (out, lse) if return_attn_probs else out

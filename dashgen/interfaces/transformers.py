@@ -10,7 +10,7 @@ keep their own heads), a layer's sliding window (Mistral, Gemma, GPT-OSS), soft-
 2) and sinks (GPT-OSS's s_aux), and the padding-free path: documents packed into one row, as
 transformers' DataCollatorWithFlattening hands them over (the cu_seq_lens_q/k and max_length_q/k
 kwargs, or position_ids that restart at each document), run on dashgen.attention_varlen, each
-document's bits its own (without windows or sinks there yet). What it cannot serve raises
+document's bits its own (a window there is built but not yet served). What it cannot serve raises
 ValueError naming the argument, never a silent change: padding, chunked attention, position
 biases, dropout, seq_idx. The mask function is what makes padding visible:
 transformers builds no mask at all for an implementation without one, and the padding would go
@@ -195,16 +195,12 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # GPT-OSS's learned sinks arrive as s_aux (one logit per query head).
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
     pack = _pack_of(query, key, kwargs)
-    if pack is not None and window != (-1, -1):
-        raise _refuse(f"sliding_window: dashgen has no sliding window for packed sequences "
-                      f"yet, got {window[0] + 1}")
-    if pack is not None and sinks is not None:
-        raise _refuse("s_aux: dashgen has no attention sinks for packed sequences yet")
     if pack is not None:
         from ..runtime.op_varlen import attention_varlen
         out = attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1),
                                value[0].transpose(0, 1), *pack, causal=bool(is_causal),
-                               softmax_scale=scaling, softcap=softcap)
+                               softmax_scale=scaling, softcap=softcap, window_size=window,
+                               sinks=sinks)
         return out[None], None
     out = op.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                        causal=causal, softmax_scale=scaling, softcap=softcap,

@@ -87,14 +87,14 @@ def _check_cpu_offsets(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
 
 def check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                         causal=False, softmax_scale=None, deterministic=None, schedule="auto",
-                        num_workers=None, softcap=0.0) -> Options:
+                        num_workers=None, softcap=0.0, window_size=(-1, -1)) -> Options:
     """Validate attention_varlen's arguments and resolve its defaults (ValueError/TypeError
     naming the argument). A signature that passed once (shapes, dtypes, devices, the longest
     lengths and the options) skips the checks that read no values; CPU offsets are checked
     every call, and the deterministic flag is read at each."""
     return _resolve((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
                     (causal, softmax_scale, deterministic, schedule, num_workers,
-                     softcap)).options
+                     softcap, window_size)).options
 
 
 class _Validated(Validated):
@@ -107,7 +107,8 @@ class _Validated(Validated):
     def prepare_forward(self, q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
         call = self.forward = _runtime().pack_forward_call(
             self.plan.forward, q.shape, k.shape, cu_seqlens_q.shape[0] - 1, int(max_seqlen_q),
-            int(max_seqlen_k), self.options.softmax_scale, q.device, self.options.softcap)
+            int(max_seqlen_k), self.options.softmax_scale, q.device, self.options.softcap,
+            self.options.window)
         return call
 
     def prepare_backward(self, q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k):
@@ -115,7 +116,7 @@ class _Validated(Validated):
         call = self.backward = _runtime().pack_backward_call(
             self.plan.backward, q.shape, k.shape, cu_seqlens_q.shape[0] - 1, int(max_seqlen_q),
             int(max_seqlen_k), opts.softmax_scale, opts.deterministic, opts.num_workers,
-            q.device, opts.softcap)
+            q.device, opts.softcap, opts.window)
         return call
 
 
@@ -162,12 +163,17 @@ def _signature(args, options, flag):
 
 def _check_all(args, options, flag) -> tuple[Options, Selection | None]:
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = args
-    causal, softmax_scale, deterministic, schedule, num_workers, softcap = options
+    causal, softmax_scale, deterministic, schedule, num_workers, softcap, window_size = options
     _check_tensors(q, k, v)
     _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     _check_cpu_offsets(*args)
     checks.options(causal, softmax_scale, deterministic, "auto", num_workers)
     cap = checks.softcap(softcap)
+    # A window opened by the longest lengths removes no key of any sequence.
+    causal, window = checks.window(window_size, causal, max_seqlen_q, max_seqlen_k)
+    if window != (-1, -1) and not checks.PACK_WINDOW_SERVED:
+        raise ValueError(f"window_size: sliding windows in packs are built but not yet validated "
+                         f"on a GPU (dashgen.attention has them), got {tuple(window_size)}")
     if not isinstance(schedule, str):
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
                          f"{schedule!r}")
@@ -178,8 +184,8 @@ def _check_all(args, options, flag) -> tuple[Options, Selection | None]:
     # dynamo can trace a memo's hit but not its miss (its lock); select_pack reads one memo
     # (problem_for), which the eager calls of the same head_dim, mask and GQA fill.
     chosen = ("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2], bool(causal),
-              schedule, ordered, q.shape[1] != k.shape[1])
-    sel = (select_pack(*chosen[:4], deterministic=chosen[4], gqa=chosen[5])
+              schedule, ordered, q.shape[1] != k.shape[1], window != (-1, -1))
+    sel = (select_pack(*chosen[:4], deterministic=chosen[4], gqa=chosen[5], window=chosen[6])
            if torch.compiler.is_compiling() else pack_selection(*chosen)).soft_capped(cap > 0)
     sm_count = checks.device(q, k, v)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -190,7 +196,7 @@ def _check_all(args, options, flag) -> tuple[Options, Selection | None]:
     workers = pack_workers(sel.schedule, int(max_seqlen_k), sel.backward.block_n,
                            sm_count if num_workers is None else num_workers, bool(causal))
     scale = 1.0 / math.sqrt(q.shape[2]) if softmax_scale is None else float(softmax_scale)
-    return (Options(bool(causal), scale, ordered, sel.schedule, workers, cap),
+    return (Options(bool(causal), scale, ordered, sel.schedule, workers, cap, *window),
             None if torch.compiler.is_compiling() else sel)
 
 
@@ -206,28 +212,19 @@ def _on_device(cu: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 # The custom ops' kernel calls (the eager calls take their signature's prepared ones).
 
-def _no_window(opts: Options) -> None:
-    """The packed kernels have no sliding window: the ops take the Options' window fields
-    (one Options for both torch ops) and refuse any but none."""
-    if opts.window != (-1, -1):
-        raise ValueError(f"window_size: dashgen has no sliding window for packed sequences yet, "
-                         f"got {opts.window}")
-
-
 def _run_forward(q, k, v, cu_q, cu_k, max_q, max_k, opts: Options):
-    _no_window(opts)
     return _runtime().forward(ready(q), ready(k), ready(v), cu_q, cu_k, int(max_q),
                               int(max_k), causal=opts.causal, softmax_scale=opts.softmax_scale,
-                              softcap=opts.softcap)
+                              softcap=opts.softcap, window=opts.window)
 
 
 def _run_backward(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, opts: Options):
-    _no_window(opts)
     return _runtime().backward(ready(do), ready(q), ready(k), ready(v),
                                ready(o), lse, cu_q, cu_k, int(max_q), int(max_k),
                                causal=opts.causal, softmax_scale=opts.softmax_scale,
                                deterministic=opts.deterministic, schedule=opts.schedule,
-                               workers=opts.num_workers, softcap=opts.softcap)
+                               workers=opts.num_workers, softcap=opts.softcap,
+                               window=opts.window)
 
 
 def _eager_forward(q, k, v, cu_q, cu_k, max_q, max_k, entry: _Validated):
@@ -306,17 +303,57 @@ class _EagerVarlen(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
-def lse_by_head(lse: torch.Tensor, cu_seqlens_q: torch.Tensor, heads_q: int) -> torch.Tensor:
-    """The kernels' lse (each sequence's (heads_q, seqlen) block) as FlashAttention lays it out:
-    (heads_q, total_q). Gathered on the GPU, without reading the lengths on the host."""
-    total = lse.numel() // heads_q
-    tokens = torch.arange(total, device=lse.device, dtype=torch.int64)
+def lse_index(cu_seqlens_q: torch.Tensor, heads_q: int, total: int,
+              device: torch.device) -> torch.Tensor:
+    """Where the kernels keep (head h, token t)'s lse (each sequence's (heads_q, seqlen) block):
+    an int64 (heads_q, total_q) index into their flat lse, formed on the GPU without reading the
+    lengths on the host. A permutation of the flat positions."""
+    tokens = torch.arange(total, device=device, dtype=torch.int64)
     cu = cu_seqlens_q.to(torch.int64)
     seq = torch.searchsorted(cu[1:], tokens, right=True)
     start = cu[seq]
     length = cu[seq + 1] - start
-    heads = torch.arange(heads_q, device=lse.device, dtype=torch.int64)[:, None]
-    return lse[heads_q * start[None, :] + heads * length[None, :] + (tokens - start)[None, :]]
+    heads = torch.arange(heads_q, device=device, dtype=torch.int64)[:, None]
+    return heads_q * start[None, :] + heads * length[None, :] + (tokens - start)[None, :]
+
+
+def lse_by_head(lse: torch.Tensor, cu_seqlens_q: torch.Tensor, heads_q: int) -> torch.Tensor:
+    """The kernels' lse (each sequence's (heads_q, seqlen) block) as FlashAttention lays it out:
+    (heads_q, total_q)."""
+    return lse[lse_index(cu_seqlens_q, heads_q, lse.numel() // heads_q, lse.device)]
+
+
+def _sunk_varlen(q, k, v, cu_q, cu_k, max_q, max_k, sinks, entry: _Validated):
+    """(o, lse by head) of a pack with attention sinks (runtime.sinks) over the packed kernels:
+    the pack as a batch of one, its lse (heads_q, total_q), the kernels' own layout restored
+    for their backward (lse_index, a permutation)."""
+    from .sinks import SinkAttention, check_sinks
+    check_sinks(sinks, q, heads_dim=1)
+    opts = entry.options
+    q, k, v = ready(q), ready(k), ready(v)
+    index = lse_index(cu_q, q.shape[1], q.shape[0], q.device)
+    if traced(q):
+        kernel_forward = lambda *t: torch.ops.dashgen.attention_varlen_fwd(  # noqa: E731
+            *t, cu_q, cu_k, max_q, max_k, *opts)
+        kernel_backward = lambda *t: torch.ops.dashgen.attention_varlen_bwd(  # noqa: E731
+            *t, cu_q, cu_k, max_q, max_k, *opts)
+    else:
+        kernel_forward = lambda *t: _eager_forward(*t, cu_q, cu_k, max_q, max_k,  # noqa: E731
+                                                   entry)
+        kernel_backward = lambda *t: _run_backward(*t, cu_q, cu_k, max_q, max_k,  # noqa: E731
+                                                   opts)
+
+    def forward(q, k, v):
+        o, lse = kernel_forward(q, k, v)
+        return o[None], lse[index][None]
+
+    def backward(do, q, k, v, o_sunk, lse_sunk):
+        flat = torch.empty(index.numel(), dtype=lse_sunk.dtype, device=lse_sunk.device)
+        flat[index.flatten()] = lse_sunk[0].flatten()
+        return kernel_backward(do[0].contiguous(), q, k, v, o_sunk[0].contiguous(), flat)
+
+    o, lse = SinkAttention.apply(q, k, v, sinks, forward, backward)
+    return o[0], lse[0]
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -324,7 +361,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      max_seqlen_k: int, causal: bool = False,
                      softmax_scale: float | None = None, deterministic: bool | None = None,
                      schedule: str = "auto", return_lse: bool = False,
-                     num_workers: int | None = None, softcap: float = 0.0):
+                     num_workers: int | None = None, softcap: float = 0.0,
+                     window_size: tuple[int, int] = (-1, -1), sinks: torch.Tensor | None = None):
     """Attention over a packed batch of sequences of their own lengths, bitwise reproducible
     and batch-invariant: each sequence's o, dq, dk, dv are the bits dashgen.attention gives it
     alone (batch 1), wherever it sits in the pack and whatever else is packed with it.
@@ -344,14 +382,20 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (hybrid: shift / symmetric_shift for each sequence of at most 64 KV tiles, i.e. 8,192
     keys, fa3 / descending for longer ones) or a named schedule, dealt over the pack on the GPU; shift and
     symmetric_shift need the longest sequence's units on the SMs at once.
-    softcap: as in dashgen.attention (0: uncapped).
+    softcap, window_size and sinks: as in dashgen.attention, per sequence (0: uncapped; (-1, -1):
+    no window, a window takes spt, fa3 or descending, "auto" spt; sinks one logit per query
+    head).
     Returns o, or (o, lse) with lse float32 (heads_q, total_q), not differentiable.
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     entry = _resolve((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                     (causal, softmax_scale, deterministic, schedule, num_workers, softcap))
+                     (causal, softmax_scale, deterministic, schedule, num_workers, softcap,
+                      window_size))
     cu_q, cu_k = _on_device(cu_seqlens_q, q.device), _on_device(cu_seqlens_k, q.device)
+    if sinks is not None:
+        o, lse = _sunk_varlen(q, k, v, cu_q, cu_k, max_seqlen_q, max_seqlen_k, sinks, entry)
+        return (o, lse) if return_lse else o
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if traced(q):
         o, lse = torch.ops.dashgen.attention_varlen_fwd(q, k, v, cu_q, cu_k, max_seqlen_q,

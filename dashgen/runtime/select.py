@@ -365,16 +365,30 @@ def selection(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, determin
 # (docs/design.md, `pack-auto`). The schedules a pack's kernels walk.
 PACK_AUTO_SCHEDULES = {False: "hybrid", True: "hybrid"}
 PACK_SCHEDULES = ("fa3", "spt", "descending", "shift", "symmetric_shift", "hybrid")
+# A pack under a sliding window: the launch-ordered policies over each sequence's
+# WindowTiling, spt by default (its deal spreads the bands' units as the fixed-length one does).
+PACK_WINDOW_SCHEDULES = ("spt", "fa3", "descending")
 
 
 def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
-                deterministic: bool = True, gqa: bool = False) -> Selection:
+                deterministic: bool = True, gqa: bool = False,
+                window: bool = False) -> Selection:
     """The varlen kernels that run a packed batch (dashgen.attention_varlen): one pair per
     (dtype, head_dim, mask, schedule, mode), whatever the lengths, which they read at run time.
     early_kv always: a pack's documents (median ~1k tokens) have few KV tiles
     (`early-kv`). The Selection's problem is a one-token placeholder and num_workers 0: the
     launch decides the workers (pack_workers)."""
     check_dtype_head_dim(dtype, head_dim)
+    if window:
+        name = PACK_WINDOW_SCHEDULES[0] if schedule == "auto" else schedule
+        if name not in PACK_WINDOW_SCHEDULES:
+            raise ValueError(f"schedule must be 'auto' or one of {PACK_WINDOW_SCHEDULES} for a "
+                             f"pack under a sliding window, got {schedule!r}")
+        forward = ForwardVariant(dtype, head_dim, False, varlen=True, window=True)
+        backward = BackwardVariant(dtype, head_dim, False, name, deterministic=deterministic,
+                                   gqa=gqa, early_kv=True, varlen=True, window=True)
+        return Selection(problem_for(1, 2 if gqa else 1, 1, 1, 1, head_dim, False), forward,
+                         backward, name, 0)
     name = PACK_AUTO_SCHEDULES[causal] if schedule == "auto" else schedule
     if name not in PACK_SCHEDULES:
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
@@ -394,9 +408,10 @@ def select_pack(dtype: str, head_dim: int, causal: bool, schedule: str, *,
 
 @memo(max_entries=256)
 def pack_selection(dtype: str, head_dim: int, causal: bool, schedule: str, deterministic: bool,
-                   gqa: bool) -> Selection:
+                   gqa: bool, window: bool = False) -> Selection:
     """select_pack for a packed call, made once: the door from the packed calls to it."""
-    return select_pack(dtype, head_dim, causal, schedule, deterministic=deterministic, gqa=gqa)
+    return select_pack(dtype, head_dim, causal, schedule, deterministic=deterministic, gqa=gqa,
+                       window=window)
 
 
 def pack_workers(schedule: str, max_seqlen_k: int, block_n: int, workers: int,

@@ -15,16 +15,18 @@ from __future__ import annotations
 import torch
 
 
-def check_sinks(sinks, q: torch.Tensor) -> None:
+def check_sinks(sinks, q: torch.Tensor, heads_dim: int = 2) -> None:
     """ValueError/TypeError naming `sinks` unless it is a floating (heads_q,) tensor on q's
-    device."""
+    device (q's heads in dimension heads_dim: 2 for (batch, seqlen, heads, head_dim), 1 for a
+    pack's (total, heads, head_dim))."""
+    heads = q.shape[heads_dim]
     if not isinstance(sinks, torch.Tensor):
         raise TypeError(f"sinks must be a tensor of one logit per query head, got "
                         f"{type(sinks).__name__}")
     if not sinks.is_floating_point():
         raise TypeError(f"sinks must be a floating tensor, got {sinks.dtype}")
-    if sinks.shape != (q.shape[2],):
-        raise ValueError(f"sinks must have shape ({q.shape[2]},), one logit per query head, got "
+    if sinks.shape != (heads,):
+        raise ValueError(f"sinks must have shape ({heads},), one logit per query head, got "
                          f"{tuple(sinks.shape)}")
     if sinks.device != q.device:
         raise ValueError(f"sinks is on {sinks.device} but q is on {q.device}")

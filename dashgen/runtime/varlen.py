@@ -17,14 +17,14 @@ import torch
 
 from ..caches import memo
 from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, BackwardVariant,
-                                BwdParams, ConvertParams, ForwardVariant, FwdParams, PrepParams,
-                                kernel_head_dim, softcap_fields)
+                                BwdParams, ConvertParams, ForwardVariant, FwdParams,
+                                FwdWindowParams, PrepParams, kernel_head_dim, softcap_fields)
 from . import launch, pack_faults, watchdog
 from .backward import BackwardMaps
 from .device import DTYPE_NAMES, kernels, stream
 from .forward import forward_launch
 from .launch import addresses
-from .select import pack_selection
+from .select import NO_WINDOW, mask_of, pack_selection
 from .workspace import allocator
 
 PLAN_THREADS = 512  # AttnPackPlan::kThreads
@@ -54,7 +54,8 @@ class PackForwardCall:
 
     def __init__(self, variant: ForwardVariant, q_shape: tuple, k_shape: tuple, batch: int,
                  max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                 device: torch.device, softcap: float = 0.0):
+                 device: torch.device, softcap: float = 0.0,
+                 window: tuple[int, int] = NO_WINDOW):
         total_q, heads_q, _ = q_shape
         total_k, heads_kv = k_shape[:2]
         self.lse_shape = (heads_q * total_q,)
@@ -69,12 +70,16 @@ class PackForwardCall:
         # narrower past head_dim 128).
         grid = (_cdiv(max_seqlen_q, variant.block_m), heads_q, batch)
         self.launch = forward_launch(variant, tuple(q_shape), grid, device)
-        self.template = FwdParams(batch=batch, heads_q=heads_q, heads_kv=heads_kv,
-                                  seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
-                                  softmax_scale=float(softmax_scale),
-                                  pack_fault=pack_faults.record(device), total_q=total_q,
-                                  total_k=total_k,
-                                  **softcap_fields(float(softmax_scale), float(softcap)))
+        block = FwdWindowParams if variant.window else FwdParams
+        self.template = block(batch=batch, heads_q=heads_q, heads_kv=heads_kv,
+                              seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k,
+                              softmax_scale=float(softmax_scale),
+                              pack_fault=pack_faults.record(device), total_q=total_q,
+                              total_k=total_k,
+                              **softcap_fields(float(softmax_scale), float(softcap)))
+        if variant.window:
+            self.template.window_left, self.template.window_right = mask_of(
+                False, window).kernel_bounds()
 
     def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
         pack_faults.check()
@@ -83,7 +88,7 @@ class PackForwardCall:
         lse = empty(self.lse_shape, torch.float32, q.device)
         if self.launch is None:
             return (o.zero_(), lse.fill_(-math.inf)) if self.no_keys else (o, lse)
-        params = FwdParams.from_buffer_copy(self.template)
+        params = type(self.template).from_buffer_copy(self.template)
         params.q, params.k, params.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
         params.o, params.lse = o.data_ptr(), lse.data_ptr()
         params.q_row_stride, params.k_row_stride = q.stride(0), k.stride(0)
@@ -98,22 +103,25 @@ class PackForwardCall:
 @memo(max_entries=256)
 def pack_forward_call(variant: ForwardVariant, q_shape: torch.Size, k_shape: torch.Size,
                       batch: int, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
-                      device: torch.device, softcap: float = 0.0) -> PackForwardCall:
+                      device: torch.device, softcap: float = 0.0,
+                      window: tuple[int, int] = NO_WINDOW) -> PackForwardCall:
     return PackForwardCall(variant, q_shape, k_shape, batch, max_seqlen_q, max_seqlen_k,
-                           softmax_scale, device, softcap)
+                           softmax_scale, device, softcap, window)
 
 
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-            causal: bool, softmax_scale: float, softcap: float = 0.0):
+            causal: bool, softmax_scale: float, softcap: float = 0.0,
+            window: tuple[int, int] = NO_WINDOW):
     """o (total_q, heads_q, head_dim) and lse (heads_q * total_q floats, sequence b's
     (heads_q, seqlen) block from heads_q * cu_seqlens_q[b]); q, k, v contiguous. Through the
     memo of prepared calls (dashgen.attention_varlen's eager calls keep theirs)."""
     # The forward is the same for every schedule and mode.
+    window = tuple(window)
     selection = pack_selection(DTYPE_NAMES[q.dtype], q.shape[2], bool(causal), "auto", True,
-                               False).soft_capped(bool(softcap))
+                               False, window != NO_WINDOW).soft_capped(bool(softcap))
     return pack_forward_call(selection.forward, q.shape, k.shape, cu_seqlens_q.numel() - 1,
                              max_seqlen_q, max_seqlen_k, float(softmax_scale), q.device,
-                             float(softcap))(
+                             float(softcap), window)(
         q, k, v, cu_seqlens_q, cu_seqlens_k)
 
 
@@ -214,7 +222,8 @@ class PackBackwardCall:
     signature shares it, each writing its own copies of the blocks."""
 
     def __init__(self, bl: PackBackwardLaunch, max_seqlen_q: int, max_seqlen_k: int,
-                 softmax_scale: float, softcap: float = 0.0):
+                 softmax_scale: float, softcap: float = 0.0,
+                 window: tuple[int, int] = NO_WINDOW):
         self.bl = bl
         self.empty = bl.empty or max_seqlen_q == 0 or max_seqlen_k == 0
         if self.empty:
@@ -226,6 +235,8 @@ class PackBackwardCall:
         params.softmax_scale = float(softmax_scale)
         for name, value in softcap_fields(float(softmax_scale), float(softcap)).items():
             setattr(params, name, value)
+        # A window's bounds (the plan kernel zeroes the dK/dV of keys no row sees).
+        params.window_left, params.window_right = mask_of(False, window).kernel_bounds()
         prep = self.prep_template = PrepParams.from_buffer_copy(bl.prep_template)
         prep.seqlen, prep.d_scale = max_seqlen_q, float(softmax_scale)
         self.convert_q_template = ConvertParams.from_buffer_copy(bl.convert_q_template)
@@ -293,21 +304,24 @@ class PackBackwardCall:
 def pack_backward_call(variant: BackwardVariant, q_shape: torch.Size, k_shape: torch.Size,
                        batch: int, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float,
                        deterministic: bool, workers: int,
-                       device: torch.device, softcap: float = 0.0) -> PackBackwardCall:
+                       device: torch.device, softcap: float = 0.0,
+                       window: tuple[int, int] = NO_WINDOW) -> PackBackwardCall:
     return PackBackwardCall(pack_backward_launch(variant, q_shape, k_shape, batch,
                                                  deterministic, workers, device),
-                            max_seqlen_q, max_seqlen_k, softmax_scale, softcap)
+                            max_seqlen_q, max_seqlen_k, softmax_scale, softcap, window)
 
 
 def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
              max_seqlen_k: int, *, causal: bool, softmax_scale: float, deterministic: bool,
-             schedule: str, workers: int, softcap: float = 0.0):
+             schedule: str, workers: int, softcap: float = 0.0,
+             window: tuple[int, int] = NO_WINDOW):
     """dq, dk, dv of a pack; every tensor contiguous, lse as `forward` returns it. Through the
     memo of prepared calls, as `forward`."""
+    window = tuple(window)
     selection = pack_selection(DTYPE_NAMES[q.dtype], q.shape[2], bool(causal), schedule,
-                               bool(deterministic), q.shape[1] != k.shape[1]
-                               ).soft_capped(bool(softcap))
+                               bool(deterministic), q.shape[1] != k.shape[1],
+                               window != NO_WINDOW).soft_capped(bool(softcap))
     return pack_backward_call(selection.backward, q.shape, k.shape, cu_seqlens_q.numel() - 1,
                               max_seqlen_q, max_seqlen_k, float(softmax_scale),
-                              bool(deterministic), workers, q.device, float(softcap))(
+                              bool(deterministic), workers, q.device, float(softcap), window)(
         do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k)

@@ -118,3 +118,33 @@ def test_a_gpt_oss_runs_on_dashgen_like_its_eager_attention(seed):
     with torch.no_grad():
         a, b = ours(ids, use_cache=False).logits, eager(ids, use_cache=False).logits
     assert torch.isfinite(a).all() and rel_err(a, b.double()) < 5e-2
+
+
+def test_a_pack_with_sinks_gives_each_sequence_its_bits_alone(seed):
+    """attention_varlen(sinks=...): each sequence's o, dq, dk, dv the bits dashgen.attention
+    gives it alone with the same sinks; the sinks' gradient the sum of the sequences' alone
+    (within float32 summation order, not bitwise: one reduction over the pack)."""
+    lengths = [1, 300, 0, 129, 700]
+    heads_q, heads_kv, head_dim = 8, 2, 64
+    make = lambda n, h: torch.randn(n, h, head_dim, device="cuda", dtype=torch.bfloat16)  # noqa
+    q, do = make(sum(lengths), heads_q), make(sum(lengths), heads_q)
+    k, v = make(sum(lengths), heads_kv), make(sum(lengths), heads_kv)
+    sinks = torch.randn(heads_q, device="cuda", dtype=torch.float32)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
+                      device="cuda")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    o = dashgen.attention_varlen(*leaves[:3], cu, cu, max(lengths), max(lengths), causal=True,
+                                 sinks=leaves[3], deterministic=True)
+    packed = (o.detach(), *torch.autograd.grad(o, leaves, do))
+    start, dsinks = 0, torch.zeros_like(sinks)
+    for n in lengths:
+        if n:
+            rows = slice(start, start + n)
+            alone = grads(lambda q, k, v, s: dashgen.attention(
+                q, k, v, causal=True, sinks=s, deterministic=True),
+                (q[None, rows], k[None, rows], v[None, rows], sinks), do[None, rows])
+            for name, x, y in zip(("o", "dq", "dk", "dv"), packed, alone):
+                assert torch.equal(x[rows], y[0]), f"{name} of the sequence of {n} tokens"
+            dsinks += alone[4]
+        start += n
+    assert torch.allclose(packed[4], dsinks, rtol=1e-5, atol=1e-5)

@@ -160,3 +160,38 @@ def test_the_flash_attn_interfaces_window_size_is_attentions(seed):
         ours = out_and_grads(lambda *t: fn(*t, causal=True, window_size=(127, 0),
                                            deterministic=True), q, k, v, do)
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs)), fn.__module__
+
+
+@pytest.mark.parametrize("window", [(63, 0), (200, 31)], ids=str)
+@pytest.mark.parametrize("head_dim, heads_kv", [(64, 2), (128, 8), (96, 2)])
+def test_a_windowed_pack_gives_each_sequence_its_bits_alone(head_dim, heads_kv, window, seed,
+                                                           monkeypatch):
+    """A pack under a window (checks.PACK_WINDOW_SERVED opened here, which this test decides):
+    each sequence's o, dq, dk, dv are the bits dashgen.attention gives it alone with the same
+    window (spt's ranks both ways), keys no row of their sequence sees included (zeros)."""
+    from dashgen.runtime import checks
+    monkeypatch.setattr(checks, "PACK_WINDOW_SERVED", True)
+    lengths_q, lengths_k = [1, 300, 0, 129, 700, 90], [1, 300, 40, 129, 700, 400]
+    heads_q = 8
+    make = lambda n, h: torch.randn(n, h, head_dim, device="cuda", dtype=torch.bfloat16)  # noqa
+    q, do = make(sum(lengths_q), heads_q), make(sum(lengths_q), heads_q)
+    k, v = make(sum(lengths_k), heads_kv), make(sum(lengths_k), heads_kv)
+    cu = lambda n: torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32,  # noqa
+                                device="cuda")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o = dashgen.attention_varlen(*leaves, cu(lengths_q), cu(lengths_k), max(lengths_q),
+                                 max(lengths_k), window_size=window, deterministic=True)
+    grads = torch.autograd.grad(o, leaves, do)
+    q0 = k0 = 0
+    for nq, nk in zip(lengths_q, lengths_k):
+        if nq and nk:
+            alone = out_and_grads(lambda *t: dashgen.attention(
+                *t, window_size=window, schedule="spt", deterministic=True),
+                q[None, q0:q0 + nq], k[None, k0:k0 + nk], v[None, k0:k0 + nk],
+                do[None, q0:q0 + nq])
+            for name, x, y, rows in zip(("o", "dq", "dk", "dv"), (o.detach(), *grads), alone,
+                                        (slice(q0, q0 + nq),) * 2 + (slice(k0, k0 + nk),) * 2):
+                assert torch.equal(x[rows], y[0]), f"{name} of the sequence {nq}/{nk}"
+        elif nk:  # keys without queries: zero gradients
+            assert torch.equal(grads[1][k0:k0 + nk], torch.zeros_like(grads[1][k0:k0 + nk]))
+        q0, k0 = q0 + nq, k0 + nk

@@ -199,8 +199,9 @@ struct BwdMainloop {
     const bool edge =
         kWindow != 0
             ? window_reaches(t.n * kBlockN + 64 * me.wg, t.n * kBlockN + 64 * me.wg + 63,
-                             t.m * kBlockM, t.m * kBlockM + kBlockM - 1, p.seqlen_k,
-                             causal_offset, p.window_left, p.window_right)
+                             t.m * kBlockM, t.m * kBlockM + kBlockM - 1,
+                             kVarlen ? seq_k : p.seqlen_k, kVarlen ? seq_offset : causal_offset,
+                             p.window_left, p.window_right)
             : mask_reaches<kCausal>(t.n * kBlockN + 64 * me.wg + 63, t.m * kBlockM,
                                     kVarlen ? seq_k : p.seqlen_k,
                                     kVarlen ? seq_offset : causal_offset);
@@ -278,7 +279,8 @@ struct BwdMainloop {
         const int col = 8 * (ii / 4) + 2 * me.t4 + (ii % 2);
         const int qrow = t.m * kBlockM + col;
         const bool masked =
-            kWindow != 0 ? window_masked(key, qrow, p.seqlen_k, causal_offset, p.window_left,
+            kWindow != 0 ? window_masked(key, qrow, kVarlen ? seq_k : p.seqlen_k,
+                                         kVarlen ? seq_offset : causal_offset, p.window_left,
                                          p.window_right)
             : kVarlen    ? key >= seq_k || (kCausal && key > qrow + seq_offset)
                          : key >= p.seqlen_k || (kCausal && key > qrow + causal_offset);

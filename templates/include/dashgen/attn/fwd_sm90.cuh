@@ -224,7 +224,8 @@ struct AttnFwdSm90 {
     const int m = query_tile(), h = blockIdx.y, b = blockIdx.z;
     if (pack_faulted(p, 1, b)) return;
     const int q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-    FwdParams seq = p;
+    using Block = typename FwdBlock<kWindow != 0>::type;  // a window's block keeps its bounds
+    Block seq = static_cast<const Block&>(p);
     seq.seqlen_q = p.cu_seqlens_q[b + 1] - q0;
     seq.seqlen_k = p.cu_seqlens_k[b + 1] - k0;
     if (m * kBlockM >= seq.seqlen_q) return;
@@ -239,14 +240,27 @@ struct AttnFwdSm90 {
     if (threadIdx.x / 128 == 0) {
       setmaxnreg_dec<kProducerRegs>();
       if (threadIdx.x == 0) {
-        Producer::template produce<false>(tm_q, tm_k, tm_v, seq, smem, bars, m, h, 0, n_tiles,
-                                          0, 0, q0, k0);
+        // (The first K/V tile passed only under a window: a literal 0 left the packed kernels'
+        // address arithmetic as it was.)
+        if constexpr (kWindow != 0) {
+          Producer::template produce<false>(tm_q, tm_k, tm_v, seq, smem, bars, m, h, 0, n_tiles,
+                                            0, 0, q0, k0, first_kv_tile(seq, m));
+        } else {
+          Producer::template produce<false>(tm_q, tm_k, tm_v, seq, smem, bars, m, h, 0, n_tiles,
+                                            0, 0, q0, k0);
+        }
       }
       return;
     }
     setmaxnreg_inc<kMmaRegs>();
-    Mainloop::template consume<false, false>(seq, smem, bars, m, h, 0, n_tiles, 0, 0,
-                                             threadIdx.x / 128 - 1, threadIdx.x % 128);
+    if constexpr (kWindow != 0) {
+      Mainloop::template consume<false, false>(seq, smem, bars, m, h, 0, n_tiles, 0, 0,
+                                               threadIdx.x / 128 - 1, threadIdx.x % 128,
+                                               first_kv_tile(seq, m));
+    } else {
+      Mainloop::template consume<false, false>(seq, smem, bars, m, h, 0, n_tiles, 0, 0,
+                                               threadIdx.x / 128 - 1, threadIdx.x % 128);
+    }
   }
 
   // kQEmpty: the barriers include Q's empty one (persistent CTAs).

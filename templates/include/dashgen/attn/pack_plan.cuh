@@ -7,6 +7,7 @@
 // orders), O(batch^2 + units^2) comparisons over the CTA's threads. tests/test_pack_plan_header.py
 // runs this kernel's code on host threads (g++) and checks its orders against the Python IR.
 #pragma once
+#include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/sched/pack.cuh"
 
@@ -15,7 +16,9 @@ namespace dashgen {
 template <class Cfg>
 struct AttnPackPlan {
   static constexpr int kThreads = 512;
-  using Tl = sched::Tiling<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal>;
+  // A sliding window (attn/mask.cuh): its tiling reads BwdParams::window_left/right.
+  enum : int { kWindow = has_window<Cfg>(0) };
+  using Tl = typename sched::TilingOf<Cfg::kBlockM, Cfg::kBlockN, Cfg::kCausal, kWindow != 0>::type;
   using Policy = typename Cfg::template Policy<Tl>;
 
   // Where the tile maps start in p.pack_plan (params.cuh, kPlanHeader).
@@ -24,7 +27,13 @@ struct AttnPackPlan {
   }
 
   __device__ static Tl tiling(const BwdParams& p, int b) {
-    return Tl(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]);
+    const int sq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    const int sk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+    if constexpr (kWindow != 0) {
+      return Tl(sq, sk, p.window_left, p.window_right);
+    } else {
+      return Tl(sq, sk);
+    }
   }
 
   // p.pack_plan (BwdParams): the header, the orders, then the scratch: per unit slot its key
@@ -118,16 +127,36 @@ struct AttnPackPlan {
   // sequences (keys without queries); one CTA zeroes them.
   __device__ static void zero_unseen_keys(const BwdParams& p) {
     const int vecs_per_row = p.k_row_stride * static_cast<int>(sizeof(typename Cfg::Element)) / 16;
-    for (int b = 0; b < p.batch; ++b) {
-      if (p.cu_seqlens_q[b + 1] > p.cu_seqlens_q[b]) continue;
-      const i64 first = static_cast<i64>(p.cu_seqlens_k[b]) * vecs_per_row;
-      const i64 count = static_cast<i64>(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]) * vecs_per_row;
-      for (i64 i = threadIdx.x; i < count; i += kThreads) {
-        static_cast<uint4*>(p.dk)[first + i] = uint4{0u, 0u, 0u, 0u};
-        static_cast<uint4*>(p.dv)[first + i] = uint4{0u, 0u, 0u, 0u};
+    if constexpr (kWindow != 0) {
+      // Under a sliding window also the keys left of every row's window, a run from the
+      // sequence's first (sched::WindowTiling); a sequence without queries: all its keys.
+      for (int b = 0; b < p.batch; ++b) {
+        const int sq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+        const int sk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+        const int left_of_all = sk - sq - p.window_left;
+        const int keys = sq == 0 ? sk : left_of_all < 0 ? 0 : left_of_all < sk ? left_of_all : sk;
+        const i64 first = static_cast<i64>(p.cu_seqlens_k[b]) * vecs_per_row;
+        const i64 count = static_cast<i64>(keys) * vecs_per_row;
+        for (i64 i = threadIdx.x; i < count; i += kThreads) {
+          static_cast<uint4*>(p.dk)[first + i] = uint4{0u, 0u, 0u, 0u};
+          static_cast<uint4*>(p.dv)[first + i] = uint4{0u, 0u, 0u, 0u};
+        }
+      }
+    } else {
+      for (int b = 0; b < p.batch; ++b) {
+        if (p.cu_seqlens_q[b + 1] > p.cu_seqlens_q[b]) continue;
+        const i64 first = static_cast<i64>(p.cu_seqlens_k[b]) * vecs_per_row;
+        const i64 count =
+            static_cast<i64>(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]) * vecs_per_row;
+        for (i64 i = threadIdx.x; i < count; i += kThreads) {
+          static_cast<uint4*>(p.dk)[first + i] = uint4{0u, 0u, 0u, 0u};
+          static_cast<uint4*>(p.dv)[first + i] = uint4{0u, 0u, 0u, 0u};
+        }
       }
     }
   }
+
+
 
   // map[t] = the sequence whose PackedRows tiles of `block` rows hold tile t, -1 in the gaps
   // (a sequence's tiles start at tile0(b) and the next one's at tile0(b + 1), which is at least

@@ -39,6 +39,16 @@ struct FwdWindowParams : FwdParams {
 __device__ __forceinline__ const FwdWindowParams& window_params(const FwdParams& p) {
   return static_cast<const FwdWindowParams&>(p);
 }
+// A forward's block type: FwdWindowParams where kWindow, else FwdParams (a packed forward's
+// per-sequence copy keeps the window).
+template <bool kWindow>
+struct FwdBlock {
+  using type = FwdParams;
+};
+template <>
+struct FwdBlock<true> {
+  using type = FwdWindowParams;
+};
 
 // The watchdog's record of a rank wait that never ended: per worker and role (1 dQ writer,
 // 3 dQ converter; 2 is the GQA dK/dV add's, which waits unbounded and never writes it)

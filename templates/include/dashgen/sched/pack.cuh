@@ -41,14 +41,40 @@ template <int kBlockM, int kBlockN>
 struct DealsRising<Spt<Tiling<kBlockM, kBlockN, true>>, Tiling<kBlockM, kBlockN, true>> {
   static constexpr bool value = true;
 };
+template <int kBlockM, int kBlockN>
+struct DealsRising<Spt<WindowTiling<kBlockM, kBlockN>>, WindowTiling<kBlockM, kBlockN>> {
+  static constexpr bool value = true;
+};
 
-// Unit u's cost as the deal sorts it (base.py, _deal_keys). Python makes the tasks monotone
-// along the unit order (a running minimum, or maximum when dealing rising) for any mask; under
-// the kernels' two masks they already are (fa3 and descending: non-increasing, spt:
-// non-decreasing, full: equal), so the key is the unit's tasks.
+// Whether a tiling's units already cost monotonically along every policy's unit order: under
+// the full and causal masks they do (fa3 and descending: non-increasing, spt: non-decreasing,
+// full: equal); under a window not (KV tiles without rows among them). Functions, not static
+// members: NVRTC emits those as globals of the module.
+template <int kBlockM, int kBlockN, bool kCausal>
+DASHGEN_HD constexpr bool tasks_monotone(const Tiling<kBlockM, kBlockN, kCausal>*) {
+  return true;
+}
+template <int kBlockM, int kBlockN>
+DASHGEN_HD constexpr bool tasks_monotone(const WindowTiling<kBlockM, kBlockN>*) {
+  return false;
+}
+
+// Unit u's cost as the deal sorts it (base.py, _deal_keys): its tasks made monotone along the
+// unit order, the running minimum (maximum when dealing rising) of the units up to it. Where the
+// tasks already are monotone (tasks_monotone), that is the unit's tasks.
 template <class Policy, class Tl>
 DASHGEN_HD int deal_key(const Tl& t, int u) {
-  return Policy::unit_tasks(t, u);
+  if constexpr (tasks_monotone(static_cast<const Tl*>(nullptr))) {
+    return Policy::unit_tasks(t, u);
+  } else {
+    int best = Policy::unit_tasks(t, 0);
+    for (int v = 1; v <= u; ++v) {
+      const int cost = Policy::unit_tasks(t, v);
+      best = DealsRising<Policy, Tl>::value ? (cost > best ? cost : best)
+                                            : (cost < best ? cost : best);
+    }
+    return best;
+  }
 }
 
 // Whether unit (key_a, place_a, u_a) is dealt before (key_b, place_b, u_b): by key (falling,
@@ -60,7 +86,8 @@ DASHGEN_HD bool unit_dealt_before(int key_a, int place_a, int u_a, int key_b, in
   return place_a != place_b ? place_a < place_b : u_a < u_b;
 }
 
-// Pack: heads_q(), group() (query heads per KV head), workers(), seqlen_q(b), seqlen_k(b);
+// Pack: heads_q(), group() (query heads per KV head), workers(), seqlen_q(b), seqlen_k(b)
+// (and window_left(), window_right() for WindowTiling);
 // dealt() and order(k): the sequences with tasks in the order they are dealt (dealt_before);
 // for independent units, units_dealt() and unit_seq(k), unit_index(k): the units with tasks
 // in the order they are dealt (unit_dealt_before). The launch computes these orders once.
@@ -78,7 +105,7 @@ struct PackWalk {
       : pack(pack_), worker(worker_), r(0), k(0), h(0), cursor(0), b(-1), hu(0), u(0), i(0),
         tasks(0) {}
 
-  DASHGEN_HD Tl tiling(int seq) const { return Tl(pack.seqlen_q(seq), pack.seqlen_k(seq)); }
+  DASHGEN_HD Tl tiling(int seq) const { return Tl::of(pack, seq); }
 
   // Moves to this worker's next unit with tasks; false past the last.
   DASHGEN_HD bool advance() {

@@ -19,10 +19,15 @@ struct Tiling {
   int seqlen_q, seqlen_k;  // the tile counts are computed where used: fewer live registers
 
   DASHGEN_HD Tiling(int sq, int sk) : seqlen_q(sq), seqlen_k(sk) {}
-  // The tiling of a walk's shape (seqlen_q(), seqlen_k(); WindowTiling also reads its window).
+  // The tiling of a walk's shape (seqlen_q(), seqlen_k(); WindowTiling also reads its window),
+  // or of a pack's sequence b (seqlen_q(b), seqlen_k(b)).
   template <class Shape>
   DASHGEN_HD static Tiling of(const Shape& shape) {
     return Tiling(shape.seqlen_q(), shape.seqlen_k());
+  }
+  template <class Pack>
+  DASHGEN_HD static Tiling of(const Pack& pack, int b) {
+    return Tiling(pack.seqlen_q(b), pack.seqlen_k(b));
   }
   DASHGEN_HD int num_m() const { return (seqlen_q + kBlockM - 1) / kBlockM; }
   DASHGEN_HD int num_n() const { return (seqlen_k + kBlockN - 1) / kBlockN; }
@@ -66,6 +71,11 @@ struct WindowTiling {
   DASHGEN_HD static WindowTiling of(const Shape& shape) {
     return WindowTiling(shape.seqlen_q(), shape.seqlen_k(), shape.window_left(),
                         shape.window_right());
+  }
+  template <class Pack>
+  DASHGEN_HD static WindowTiling of(const Pack& pack, int b) {
+    return WindowTiling(pack.seqlen_q(b), pack.seqlen_k(b), pack.window_left(),
+                        pack.window_right());
   }
   DASHGEN_HD int num_m() const { return (seqlen_q + kBlockM - 1) / kBlockM; }
   DASHGEN_HD int num_n() const { return (seqlen_k + kBlockN - 1) / kBlockN; }
