@@ -96,13 +96,7 @@ static int run(int id, int argc, char** argv) {
     int status;
     if constexpr (std::is_same_v<Tl, WindowTiling<64, 128>> ||
                   std::is_same_v<Tl, WindowTiling<128, 128>>) {
-      // The policies a window kernel runs (the launch-ordered ones).
-      switch (id) {
-        case Fa3<Tl>::kId: f(Fa3<Tl>{}); status = 0; break;
-        case Spt<Tl>::kId: f(Spt<Tl>{}); status = 0; break;
-        case Descending<Tl>::kId: f(Descending<Tl>{}); status = 0; break;
-        default: status = 3;
-      }
+      status = with_ordered_policy<Tl>(id, f);  // the policies a window kernel runs
     } else {
       status = with_policy<Tl>(id, f);
     }

@@ -65,18 +65,27 @@ static void print_walk(Walk& walk) {
   std::printf("\n");
 }
 
-// f(Policy{}) for the policy with kernel id `id`; 3 for an unknown id.
+// f(Policy{}) for the launch-ordered policy with kernel id `id` (the ones a window kernel
+// runs); 3 for another id.
 template <class Tl, class F>
-static int with_policy(int id, F&& f) {
+static int with_ordered_policy(int id, F&& f) {
   switch (id) {
     case Fa3<Tl>::kId: f(Fa3<Tl>{}); return 0;
     case Spt<Tl>::kId: f(Spt<Tl>{}); return 0;
     case Descending<Tl>::kId: f(Descending<Tl>{}); return 0;
+    default: return 3;
+  }
+}
+
+// f(Policy{}) for the policy with kernel id `id`; 3 for an unknown id.
+template <class Tl, class F>
+static int with_policy(int id, F&& f) {
+  switch (id) {
     case Shift<Tl>::kId: f(Shift<Tl>{}); return 0;
     case SymmetricShift<Tl>::kId: f(SymmetricShift<Tl>{}); return 0;
     case Hybrid<Tl>::kId: f(Hybrid<Tl>{}); return 0;
     case 106: f(Hybrid<Tl, 3>{}); return 0;  // tests only: small problems take both orders
-    default: return 3;
+    default: return with_ordered_policy<Tl>(id, f);
   }
 }
 """
@@ -103,17 +112,6 @@ template <int kM, int kN>
 struct is_window<WindowTiling<kM, kN>> {
   static constexpr bool value = true;
 };
-
-// The policies a window kernel runs (the launch-ordered ones), by kernel id; 3 for another id.
-template <class Tl, class F>
-static int with_window_policy(int id, F&& f) {
-  switch (id) {
-    case Fa3<Tl>::kId: f(Fa3<Tl>{}); return 0;
-    case Spt<Tl>::kId: f(Spt<Tl>{}); return 0;
-    case Descending<Tl>::kId: f(Descending<Tl>{}); return 0;
-    default: return 3;
-  }
-}
 
 // The window of a tiling (WindowTiling's; the others ignore it).
 template <int kM, int kN>
@@ -169,7 +167,7 @@ static int run(const Tl& t, int id, int argc, char** argv) {
     auto f = [&](auto policy) { walk<decltype(policy)>(t, batch, heads_q, heads_kv, workers); };
     int status;
     if constexpr (is_window<Tl>::value) {
-      status = with_window_policy<Tl>(id, f);
+      status = with_ordered_policy<Tl>(id, f);
     } else {
       status = with_policy<Tl>(id, f);
     }
@@ -373,18 +371,6 @@ def test_window_policies_enumerate_their_ir(walk_policy, problem):
 
 
 @needs_gxx
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(problem=window_problems, workers=st.integers(1, 132))
-def test_the_converter_deal_and_counts_under_a_window(walk_policy, problem, workers):
-    counts, shares = walk_policy.convert(problem, workers)
-    assert counts == [sum(problem.tile_kept(n, m) for n in range(problem.num_n_blocks))
-                      for m in range(problem.num_m_blocks)]
-    seqs = problem.batch * problem.heads_q
-    reached = [(s, m) for s in range(seqs) for m in range(problem.num_m_blocks) if counts[m]]
-    assert sorted(t for share in shares for t in share) == reached
-
-
-@needs_gxx
 @pytest.mark.parametrize("name, mask, seqlen, head_dim", [
     ("shift", "full", 16384, 64), ("symmetric_shift", "causal", 16384, 128),
     ("spt", "causal", 4096, 64), ("fa3", "full", 2048, 128), ("descending", "causal", 1024, 128),
@@ -412,11 +398,12 @@ def test_the_kernel_includes_the_walk():
 
 @needs_gxx
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(problem=problems, workers=st.integers(1, 132))
+@given(problem=st.one_of(problems, window_problems), workers=st.integers(1, 132))
 def test_the_fused_converter_takes_every_finished_tile_once(walk_policy, problem, workers):
-    """The converter's deal (sched::ConvertDeal) and the counts it waits for (Tiling::count):
-    a Q tile's dQ sum gets one contribution per KV tile the mask keeps with it; every tile
-    with any is converted by exactly one worker, in sequence-major order, shares within one."""
+    """The converter's deal (sched::ConvertDeal) and the counts it waits for (Tiling::count,
+    WindowTiling::count under a window): a Q tile's dQ sum gets one contribution per KV tile the
+    mask keeps with it; every tile with any is converted by exactly one worker, in
+    sequence-major order, shares within one."""
     counts, shares = walk_policy.convert(problem, workers)
     assert counts == [sum(problem.tile_kept(n, m) for n in range(problem.num_n_blocks))
                       for m in range(problem.num_m_blocks)]

@@ -369,26 +369,29 @@ def test_backward_is_bitwise_reproducible_while_another_stream_keeps_the_gpu_bus
     o = attention(q, k, v, causal=causal, schedule=schedule, deterministic=True,
                   num_workers=sm_count if worker_dependent else None)
     grad = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-    first = grad()
+    mismatches = busy_mismatches(grad, grad(), REPEATS)
+    assert not mismatches, \
+        f"{len(mismatches)} of {REPEATS} calls differed, first at {mismatches[:5]}"
 
-    # Matmuls on a second stream take SMs and L2 away at varying moments, so the workers'
-    # arrival order at each dQ tile changes from call to call; the bits must not.
+
+def busy_mismatches(grad, first, repeats: int) -> list[int]:
+    """The calls of `grad` (of `repeats`) whose tensors differ from `first`, while matmuls on a
+    second stream take SMs and L2 away at varying moments, so the workers' arrival order at
+    each dQ tile changes from call to call; the bits must not."""
     a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())  # a and b are ready before the side uses them
     mismatches = []
-    for i in range(REPEATS):
+    for i in range(repeats):
         with torch.cuda.stream(side):
             for _ in range(i % 3):
                 a @ b
-        grads = grad()
-        if not all(torch.equal(x, y) for x, y in zip(grads, first)):
+        if not all(torch.equal(x, y) for x, y in zip(grad(), first)):
             mismatches.append(i)
         if i % 64 == 63:
             side.synchronize()  # keep the side queue short
     side.synchronize()
-    assert not mismatches, \
-        f"{len(mismatches)} of {REPEATS} calls differed, first at {mismatches[:5]}"
+    return mismatches
 
 
 @pytest.mark.parametrize("workers", [7, 131])

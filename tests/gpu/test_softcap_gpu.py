@@ -18,7 +18,7 @@ from dashgen.codegen.variants import HEAD_DIMS  # noqa: E402
 from dashgen.schedule.builders import BUILDERS, unsupported_reason  # noqa: E402
 from dashgen.runtime.select import problem_for  # noqa: E402
 
-from test_attention_gpu import REPEATS, out_and_grads, rel_err  # noqa: E402
+from test_attention_gpu import REPEATS, busy_mismatches, out_and_grads, rel_err  # noqa
 
 pytestmark = pytest.mark.gpu
 
@@ -112,19 +112,7 @@ def test_softcap_backward_is_bitwise_reproducible_beside_a_busy_stream(causal, s
                           softcap=20.0)
     grad = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
     first = grad()
-    a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    mismatches = []
-    for i in range(REPEATS):
-        with torch.cuda.stream(side):
-            for _ in range(i % 3):
-                a @ b
-        if not all(torch.equal(x, y) for x, y in zip(grad(), first)):
-            mismatches.append(i)
-        if i % 64 == 63:
-            side.synchronize()
-    side.synchronize()
+    mismatches = busy_mismatches(grad, first, REPEATS)
     assert not mismatches, f"{len(mismatches)} of {REPEATS} calls differed: {mismatches[:5]}"
 
 

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 import dashgen  # noqa: E402
 from dashgen.codegen.variants import WINDOW_SCHEDULES  # noqa: E402
 
-from test_attention_gpu import (REPEATS, ZERO_RMS, ZERO_TOLERANCE_RMS, out_and_grads,  # noqa
-                                rel_err, rms)
+from test_attention_gpu import (REPEATS, ZERO_RMS, ZERO_TOLERANCE_RMS,  # noqa: E402
+                                busy_mismatches, out_and_grads, rel_err, rms)
 
 pytestmark = pytest.mark.gpu
 
@@ -135,19 +135,7 @@ def test_window_backward_is_bitwise_reproducible_beside_a_busy_stream(schedule, 
                                                 deterministic=True, num_workers=5),
                               (q, k, v), do)
     assert all(torch.equal(x, y) for x, y in zip(few, first)), "bits follow the worker count"
-    a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    mismatches = []
-    for i in range(REPEATS // 4):
-        with torch.cuda.stream(side):
-            for _ in range(i % 3):
-                a @ b
-        if not all(torch.equal(x, y) for x, y in zip(grad(), first)):
-            mismatches.append(i)
-        if i % 64 == 63:
-            side.synchronize()
-    side.synchronize()
+    mismatches = busy_mismatches(grad, first, REPEATS // 4)
     assert not mismatches, f"{len(mismatches)} calls differed: {mismatches[:5]}"
 
 
