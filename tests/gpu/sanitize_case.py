@@ -33,6 +33,14 @@ CASES = [
     (1, 257, 200, 6, 2, 96, False, torch.bfloat16, "shift", 4),
     (1, 200, 200, 3, 3, 96, True, torch.float16, "spt", 3),
 ]
+# The score modifiers' kernels (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, options,
+# dtype, schedule): windows (rows and keys no window reaches, both bounds, GQA) and soft-capping.
+MODIFIER_CASES = [
+    (1, 300, 300, 4, 2, 128, dict(window_size=(100, 0)), torch.bfloat16, "spt_listed"),
+    (1, 200, 500, 2, 2, 64, dict(window_size=(50, 20)), torch.float16, "fa3"),
+    (1, 257, 130, 6, 2, 96, dict(window_size=(-1, 40)), torch.bfloat16, "descending"),
+    (1, 257, 257, 4, 1, 128, dict(softcap=20.0, causal=True), torch.bfloat16, "auto"),
+]
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Packs (lengths, heads_q, heads_kv, head_dim, causal, dtype, schedule): empty and one-token
 # sequences and odd tails, every pack schedule, for the plan kernel and the packed variants.
@@ -82,9 +90,11 @@ def main(picked: list[int], flip: bool = False) -> None:
                                  sms, overrides).backward.kernel_name)
         torch.cuda.synchronize()
         print(f"ran fwd={ran[0]} bwd={ran[1]},{ran[2]} {schedule}", flush=True)
-    if not flip:  # packs force their policies: nothing to switch
+    if not flip:  # packs and modifiers force their policies: nothing to switch
         for case in VARLEN_CASES:
             packed(*case)
+        for case in MODIFIER_CASES:
+            modified(*case)
 
 
 def packed(lengths, hq, hkv, d, causal, dtype, schedule) -> None:
@@ -101,6 +111,20 @@ def packed(lengths, hq, hkv, d, causal, dtype, schedule) -> None:
         torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
     torch.cuda.synchronize()
     print(f"ran varlen {schedule} lengths={lengths}", flush=True)
+
+
+def modified(batch, sq, sk, hq, hkv, d, options, dtype, schedule) -> None:
+    """One forward + backward, ordered and not, of a window or soft-capped call."""
+    torch.manual_seed(sq * 7 + d)
+    q = torch.randn(batch, sq, hq, d, device="cuda", dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(batch, sk, hkv, d, device="cuda", dtype=dtype, requires_grad=True)
+            for _ in range(2))
+    for deterministic in (True, False):
+        o = dashgen.attention(q, k, v, deterministic=deterministic,
+                              schedule=schedule if deterministic else "auto", **options)
+        torch.autograd.grad(o, (q, k, v), torch.randn_like(o))
+    torch.cuda.synchronize()
+    print(f"ran modifier {schedule} {options}", flush=True)
 
 
 if __name__ == "__main__":

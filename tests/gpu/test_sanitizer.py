@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
-from sanitize_case import CASES, VARLEN_CASES  # noqa: E402
+from sanitize_case import CASES, MODIFIER_CASES, VARLEN_CASES  # noqa: E402
 CASE = Path(__file__).with_name("sanitize_case.py")
 
 
@@ -49,4 +49,6 @@ def test_compute_sanitizer_finds_nothing(tool, summary, flipped, tmp_path):
     assert proc.returncode == 0, out[-4000:]
     assert out.count("ran fwd=") == len(CASES), out[-4000:]
     assert out.count("ran varlen ") == (len(VARLEN_CASES) if flipped == "0" else 0), out[-4000:]
+    assert out.count("ran modifier ") == (len(MODIFIER_CASES) if flipped == "0" else 0), \
+        out[-4000:]
     assert summary in out, out[-4000:]
