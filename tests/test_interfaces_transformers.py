@@ -421,3 +421,40 @@ def test_a_compiled_llama_matches_eager_and_runs_packs(on_cpu, kernels, varlen, 
     compiled(ids[:1], position_ids=packed, use_cache=False)
     assert len(varlen) == LAYERS and all(c["cu_q"] == [0, 60, 100] for c in varlen)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt_oss"])
+def test_windowed_models_run_each_layer_with_its_window_softcap_and_sinks(on_cpu, kernels,
+                                                                         registered, family):
+    """Gemma 2 (window 32 on alternate layers, logits capped at 50), Gemma 3 (window 32 on five
+    of six layers) and GPT-OSS (window 32 on alternate layers, sinks): each layer reaches
+    dashgen.attention with its own window (W - 1, 0) or none, Gemma 2's cap, GPT-OSS's sinks."""
+    common = dict(hidden_size=256, intermediate_size=256, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, vocab_size=128, sliding_window=32,
+                  attn_implementation="dashgen")
+    torch.manual_seed(0)
+    if family == "gemma2":
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            num_hidden_layers=2, attn_logit_softcapping=50.0, **common))
+    elif family == "gemma3":
+        model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+            num_hidden_layers=6, **common))
+    else:
+        model = transformers.GptOssForCausalLM(transformers.GptOssConfig(
+            num_hidden_layers=2, num_local_experts=2, num_experts_per_tok=1,
+            layer_types=["sliding_attention", "full_attention"], **common))
+    model = model.to(BF16)
+    ids = torch.randint(0, 128, (2, 100))
+    logits = model(ids, use_cache=False).logits
+    logits.float().sum().backward()
+    calls = forwards(kernels)
+    layers = model.model.layers
+    assert len(calls) == len(layers)
+    for layer, call in zip(layers, calls):
+        window = layer.self_attn.sliding_window
+        assert call.get("window") == (None if window is None else (window - 1, 0)), family
+        assert call.get("softcap") == (50.0 if family == "gemma2" else None), family
+    windowed = sum(layer.self_attn.sliding_window is not None for layer in layers)
+    assert windowed == {"gemma2": 1, "gemma3": 5, "gpt_oss": 1}[family]
+    if family == "gpt_oss":
+        assert all(layer.self_attn.sinks.grad is not None for layer in layers)
