@@ -1,7 +1,7 @@
 """Attention sinks (sinks=, GPT-OSS's) on an sm_90 GPU: against GPT-OSS's reference in float64
 (the sink logit joins each row's softmax, its column dropped) within 2x PyTorch's own bf16
 error, o and every gradient including the sinks'; with a causal mask and a sliding window;
-bits across repeats beside a busy stream; a tiny GPT-OSS through transformers against its eager
+bits across 1,000 repeats beside a busy stream; a tiny GPT-OSS through transformers against its eager
 attention.
 
 Run: PYTHONPATH=. python3 -m pytest tests/gpu/test_sinks_gpu.py -q
@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 import dashgen  # noqa: E402
 
-from test_attention_gpu import busy_mismatches, rel_err  # noqa: E402
+from test_attention_gpu import REPEATS, busy_mismatches, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -86,8 +86,8 @@ def test_sink_gradients_are_bitwise_reproducible_beside_a_busy_stream(seed):
                           deterministic=True)
     grad = lambda: torch.autograd.grad(o, (q, k, v, sinks), do, retain_graph=True)  # noqa
     first = grad()
-    mismatches = busy_mismatches(grad, first, 100)
-    assert not mismatches, f"{len(mismatches)} of 100 calls differed: {mismatches[:5]}"
+    mismatches = busy_mismatches(grad, first, REPEATS)
+    assert not mismatches, f"{len(mismatches)} of {REPEATS} calls differed: {mismatches[:5]}"
 
 
 def test_a_gpt_oss_runs_on_dashgen_like_its_eager_attention(seed):
