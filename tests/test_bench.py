@@ -42,6 +42,15 @@ def test_rows_cover_schedules_modes_auto_forwards_and_peers(bench, mask, dash):
     assert all(r.batch == 4 and r.heads == 16 for r in rows)
 
 
+def test_schedules_auto_times_the_auto_row_alone(bench):
+    """`--schedules auto`: no named schedule's rows, the auto row (and the forward) only."""
+    cfg = bench.Config(4096, 128, "causal", 16384, 2048)
+    labels = [row.label for row, _ in bench.rows_for(cfg, ["auto"], [], 132)]
+    assert labels == ["dashgen_det auto", "dashgen forward"]
+    assert [row.label for row, _ in bench.rows_for(cfg, ["fa3", "auto"], [], 132)][:2] == [
+        "dashgen_det fa3", "dashgen_det auto"]
+
+
 def test_markdown_table_and_memory_floor(bench):
     cfg = bench.Config(1024, 64, "causal", 16384, 2048)
     rows = [row for row, _ in bench.rows_for(cfg, ["symmetric_shift"], ["flex"], 132)]

@@ -218,10 +218,12 @@ def schedule_problem(cfg: Config):
 
 
 def dashgen_schedules(cfg: Config, wanted: list[str] | None) -> list[str]:
+    """The named schedules timed beside the auto row, which always runs (so "auto" in
+    --schedules adds nothing: `--schedules auto` times the auto row alone)."""
     from dashgen import list_schedules
     from dashgen.schedule.builders import unsupported_reason
     problem = schedule_problem(cfg)
-    names = list_schedules() if wanted is None else wanted
+    names = list_schedules() if wanted is None else [n for n in wanted if n != "auto"]
     return [n for n in names if unsupported_reason(n, problem) is None]
 
 
@@ -396,7 +398,8 @@ def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--masks", type=_names, default=["full", "causal"],
                    help="comma list of full, causal (default both)")
     p.add_argument("--schedules", type=_names, default=None,
-                   help="comma list of dashgen schedules (default: every one that serves the mask)")
+                   help="comma list of dashgen schedules (default: every one that serves the "
+                        "mask); the auto row always runs, 'auto' alone times only it")
     p.add_argument("--peers", type=_names, default=list(PEERS),
                    help=f"comma list from {','.join(PEERS)}, or 'none'")
     p.add_argument("--repeats", type=int, default=REPEATS,
