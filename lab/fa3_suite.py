@@ -1,0 +1,133 @@
+"""FlashAttention-3's own tests run against dashgen through its FA3 interface: how many of FA3's
+cases dashgen serves, and whether every served one passes.
+
+FA3's hopper/test_flash_attn.py (with its test_util.py and padding.py) is extracted from the
+anchor kit's source tarball into a scratch folder beside a `flash_attn_interface` module that is
+dashgen.interfaces.flash_attn_interface (the functions FA3's tests import that dashgen has no
+counterpart for raise ValueError naming themselves). pytest runs there with the arguments given
+(e.g. -k "test_flash_attn_output and not fp8"); each case is then counted as passed, refused
+(a ValueError naming an argument or function dashgen lacks, before any kernel) or failed (any
+other error or a wrong result), per test function, with the refusals' reasons counted.
+
+PYTHONPATH=. python3 lab/fa3_suite.py --tarball ../shared/anchors/src/fa3.tar.gz \\
+    --out fa3_suite -- -k "test_flash_attn_output" -x
+
+FA3's tests import einops (pure Python: a copy on PYTHONPATH serves) and need a CUDA GPU to be
+collected.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from collections import Counter
+from pathlib import Path
+
+FILES = ("hopper/test_flash_attn.py", "hopper/test_util.py", "hopper/padding.py")
+
+SHIM = '''"""FA3's interface module, served by dashgen (lab/fa3_suite.py)."""
+from dashgen.interfaces.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+
+
+def _lacks(name):
+    def refuse(*args, **kwargs):
+        raise ValueError(f"{name}: dashgen has no counterpart (FA3 inference entry point)")
+    return refuse
+
+
+flash_attn_combine = _lacks("flash_attn_combine")
+flash_attn_with_kvcache = _lacks("flash_attn_with_kvcache")
+get_scheduler_metadata = _lacks("get_scheduler_metadata")
+'''
+
+# A refusal: dashgen's ValueError naming what it lacks, raised before any kernel (the interface
+# and dashgen.attention's checks word them so).
+REFUSAL = re.compile(r"ValueError: (\w+(?: must be one of| must be| has|:)|.*dashgen has no)")
+
+
+def classify(message: str | None) -> str:
+    """'passed', 'refused' or 'failed' from a case's failure text (None: it passed)."""
+    if message is None:
+        return "passed"
+    return "refused" if REFUSAL.search(message) else "failed"
+
+
+def cases(junit: Path) -> list[tuple[str, str, str]]:
+    """(case id, outcome, first line of its failure) from pytest's junit XML."""
+    out = []
+    for case in ElementTree.parse(junit).iter("testcase"):
+        name = case.get("name", "")
+        problem = case.find("failure")
+        if problem is None:
+            problem = case.find("error")
+        if case.find("skipped") is not None:
+            out.append((name, "skipped", ""))
+            continue
+        text = None if problem is None else (problem.get("message") or problem.text or "")
+        out.append((name, classify(text), (text or "").splitlines()[0][:300] if text else ""))
+    return out
+
+
+def summary(rows: list[tuple[str, str, str]]) -> str:
+    total = Counter(outcome for _, outcome, _ in rows)
+    by_test = Counter((name.split("[")[0], outcome) for name, outcome, _ in rows)
+    reasons = Counter(reason.split(":")[1].strip() if ":" in reason else reason
+                      for _, outcome, reason in rows if outcome == "refused")
+    lines = ["| test | passed | refused | failed | skipped |", "|---|---|---|---|---|"]
+    for test in sorted({t for t, _ in by_test}):
+        lines.append(f"| {test} | " + " | ".join(str(by_test[test, o]) for o in
+                                                  ("passed", "refused", "failed", "skipped"))
+                     + " |")
+    lines.append(f"| all | {total['passed']} | {total['refused']} | {total['failed']} | "
+                 f"{total['skipped']} |")
+    lines.append("")
+    lines.append("Refusals by what dashgen lacks (first words of the ValueError):")
+    lines += [f"- {count} x {reason}" for reason, count in reasons.most_common(12)]
+    failed = [(name, reason) for name, outcome, reason in rows if outcome == "failed"]
+    if failed:
+        lines.append("")
+        lines.append(f"Failed ({len(failed)}), the first 10:")
+        lines += [f"- {name}: {reason}" for name, reason in failed[:10]]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tarball", required=True, help="the anchor kit's src/fa3.tar.gz")
+    parser.add_argument("--out", default="fa3_suite", help="folder for cases.json, summary.md")
+    parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
+    args = parser.parse_args()
+    root = Path(__file__).resolve().parent.parent
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch, tarfile.open(args.tarball) as tar:
+        folder = Path(scratch)
+        members = tar.getmembers()
+        for name in FILES:  # wherever the tarball's top folder puts hopper/
+            member = next((m for m in members if m.name == name or m.name.endswith("/" + name)),
+                          None)
+            if member is None:
+                raise SystemExit(f"--tarball: {name} not found in {args.tarball}")
+            (folder / Path(name).name).write_bytes(tar.extractfile(member).read())
+        (folder / "flash_attn_interface.py").write_text(SHIM)
+        junit = out / "junit.xml"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(root),
+                                                           os.environ.get("PYTHONPATH", "")]))
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        f"--junitxml={junit.resolve()}", "test_flash_attn.py",
+                        *args.pytest_args], cwd=folder, env=env, check=False)
+    rows = cases(junit)
+    (out / "cases.json").write_text(json.dumps(rows, indent=0))
+    text = summary(rows)
+    (out / "summary.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""lab/fa3_suite.py's counting, on a made-up junit report: passed, refused (dashgen's ValueError
+naming what it lacks), failed (anything else) and skipped cases, and the summary table."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fa3_suite  # noqa: E402
+
+JUNIT = """<?xml version="1.0"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="test_flash_attn" name="test_flash_attn_output[1-1-64-False]"/>
+<testcase classname="test_flash_attn" name="test_flash_attn_output[1-1-256-False]">
+  <failure message="ValueError: head_dim must be one of (64, 96, 128), got 256">trace</failure>
+</testcase>
+<testcase classname="test_flash_attn" name="test_flash_attn_output[1-1-64-True]">
+  <failure message="ValueError: qv: dashgen has no extra query-value product">trace</failure>
+</testcase>
+<testcase classname="test_flash_attn" name="test_flash_attn_varlen_output[5-64]">
+  <failure message="AssertionError: assert 0.25 &lt;= 0.01">trace</failure>
+</testcase>
+<testcase classname="test_flash_attn" name="test_flash_attn_kvcache[1]">
+  <error message="ValueError: flash_attn_with_kvcache: dashgen has no counterpart">trace</error>
+</testcase>
+<testcase classname="test_flash_attn" name="test_flash_attn_combine[2]"><skipped/></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_cases_are_counted_by_outcome(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT)
+    rows = fa3_suite.cases(junit)
+    assert [outcome for _, outcome, _ in rows] == [
+        "passed", "refused", "refused", "failed", "refused", "skipped"]
+    text = fa3_suite.summary(rows)
+    assert "| test_flash_attn_output | 1 | 2 | 0 | 0 |" in text
+    assert "| test_flash_attn_varlen_output | 0 | 0 | 1 | 0 |" in text
+    assert "| all | 1 | 3 | 1 | 1 |" in text
+    assert "test_flash_attn_varlen_output[5-64]: AssertionError" in text
+
+
+def test_a_wrong_result_is_never_counted_as_a_refusal():
+    assert fa3_suite.classify(None) == "passed"
+    assert fa3_suite.classify("AssertionError: dashgen has no chance") == "failed"
+    assert fa3_suite.classify("RuntimeError: CUDA error") == "failed"
+    assert fa3_suite.classify("ValueError: softcap must be 0 (no capping)") == "refused"
