@@ -51,6 +51,23 @@ def test_schedules_auto_times_the_auto_row_alone(bench):
         "dashgen_det fa3", "dashgen_det auto"]
 
 
+def test_a_window_configuration_runs_window_kernels_beside_flex(bench):
+    """--masks window:LEFT,RIGHT: dashgen's window rows (the schedules that serve a band,
+    auto = spt_listed) with window_size, flex as the one peer that takes a window, and
+    TFLOP/s counted over the pairs the window keeps."""
+    cfg = bench.Config(4096, 128, "window:1023,0", 16384, 2048)
+    assert cfg.window == (1023, 0) and not cfg.causal
+    rows = [row for row, _ in bench.rows_for(cfg, None, list(bench.PEERS), 132)]
+    labels = [r.label for r in rows]
+    assert "dashgen_det spt_listed" in labels and "dashgen_det shift" not in labels
+    auto = rows[labels.index("dashgen_det auto")]
+    assert auto.picked == "spt_listed"
+    assert "flex (det)" in labels and not any(label.startswith("sdpa") for label in labels)
+    pairs = sum(min(i, 1023) + 1 for i in range(4096))
+    assert cfg.flops(False) == 4 * cfg.batch * cfg.heads * pairs * 128
+    assert bench.window_pairs(5, 1, 1) == 13 and bench.window_pairs(4, None, 0) == 10
+
+
 def test_markdown_table_and_memory_floor(bench):
     cfg = bench.Config(1024, 64, "causal", 16384, 2048)
     rows = [row for row, _ in bench.rows_for(cfg, ["symmetric_shift"], ["flex"], 132)]

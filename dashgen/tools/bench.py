@@ -14,6 +14,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import sys
 import traceback
 from dataclasses import asdict, dataclass
@@ -41,6 +42,14 @@ def fwd_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: in
     return flops / 2 if causal else flops
 
 
+def window_pairs(seqlen: int, left: int | None, right: int | None) -> int:
+    """(query, key) pairs a window keeps over one sequence of seqlen queries and keys: row i
+    sees keys max(0, i - left) .. min(seqlen - 1, i + right) (None: unbounded)."""
+    left = seqlen if left is None else left
+    right = seqlen if right is None else right
+    return sum(min(seqlen - 1, i + right) - max(0, i - left) + 1 for i in range(seqlen))
+
+
 @dataclass(frozen=True)
 class Config:
     seqlen: int
@@ -61,8 +70,24 @@ class Config:
     def causal(self) -> bool:
         return self.mask == "causal"
 
+    @property
+    def window(self) -> tuple[int, int]:
+        """FlashAttention's window_size of a "window:LEFT,RIGHT" mask ((-1, -1): none)."""
+        if not self.mask.startswith("window:"):
+            return (-1, -1)
+        left, right = (int(x) for x in self.mask[len("window:"):].split(","))
+        return (left, right)
+
     def flops(self, backward: bool) -> float:
-        f = fwd_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim, self.causal)
+        if self.window != (-1, -1):
+            # The pairs the window keeps, as the schedule problem counts them: QK^T and PV,
+            # 2 x 2 FLOPs per pair and head_dim column.
+            left, right = (None if x < 0 else x for x in self.window)
+            pairs = window_pairs(self.seqlen, left, right)
+            f = 4 * self.batch * self.heads * pairs * self.head_dim
+        else:
+            f = fwd_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.head_dim,
+                          self.causal)
         return f * BWD_OVER_FWD if backward else f
 
     def floor_bytes(self) -> int:
@@ -138,7 +163,7 @@ def setup_dashgen(cfg: Config, inputs, schedule: str, deterministic: bool, num_w
     from dashgen.runtime.op import attention
     (q, k, v), do = leaves(inputs)
     o = attention(q, k, v, causal=cfg.causal, deterministic=deterministic, schedule=schedule,
-                  num_workers=num_workers)
+                  num_workers=num_workers, window_size=cfg.window)
     return lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
 
@@ -149,7 +174,7 @@ def setup_dashgen_forward(cfg: Config, inputs):
 
     def forward():
         with torch.no_grad():
-            return attention(q, k, v, causal=cfg.causal)
+            return attention(q, k, v, causal=cfg.causal, window_size=cfg.window)
     return forward
 
 
@@ -205,6 +230,11 @@ def setup_flex(cfg: Config, inputs):
     if cfg.causal:
         block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None,
                                        cfg.seqlen, cfg.seqlen, device="cuda")
+    elif cfg.window != (-1, -1):
+        left, right = (cfg.seqlen if x < 0 else x for x in cfg.window)
+        block_mask = create_block_mask(
+            lambda b, h, q_idx, kv_idx: (q_idx - kv_idx <= left) & (kv_idx - q_idx <= right),
+            None, None, cfg.seqlen, cfg.seqlen, device="cuda")
     o = _FLEX(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), block_mask=block_mask)
     do_t = do.transpose(1, 2)
     return lambda: torch.autograd.grad(o, (q, k, v), do_t, retain_graph=True)
@@ -214,7 +244,7 @@ def schedule_problem(cfg: Config):
     """The schedule problem of a configuration, with the tiles of the kernel that serves it."""
     from dashgen.runtime.select import problem_for
     return problem_for(cfg.batch, cfg.heads, cfg.heads, cfg.seqlen, cfg.seqlen, cfg.head_dim,
-                       cfg.causal)
+                       cfg.causal, cfg.window)
 
 
 def dashgen_schedules(cfg: Config, wanted: list[str] | None) -> list[str]:
@@ -263,6 +293,9 @@ def rows_for(cfg: Config, schedules: list[str] | None, peers: list[str], sm_coun
     # The forward does not depend on the schedule: one row, timed through the public op.
     out.append((Row("dashgen forward", "dashgen", None, None, "forward", **base),
                 lambda inputs: setup_dashgen_forward(cfg, inputs)))
+    if cfg.window != (-1, -1):
+        # SDPA's flash and cuDNN backends take no window: flex (a block mask) is the peer.
+        peers = [name for name in peers if name == "flex"]
     if "flash_det" in peers:  # the forward to beat (ANCHORS.md): SDPA's flash forward
         out.append((Row("sdpa_flash forward", "sdpa_flash", None, None, "forward", **base),
                     lambda inputs: setup_sdpa_forward(cfg, inputs, "FLASH_ATTENTION")))
@@ -396,7 +429,8 @@ def add_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=f"timed calls of a long row, median (default {LONG_REPEATS})")
     p.add_argument("--hdims", type=_ints, default=[64, 128], help="comma list (default 64,128)")
     p.add_argument("--masks", type=_names, default=["full", "causal"],
-                   help="comma list of full, causal (default both)")
+                   help="comma list of full, causal, window:LEFT,RIGHT (FlashAttention's "
+                        "window_size, e.g. window:4095,0; default full,causal)")
     p.add_argument("--schedules", type=_names, default=None,
                    help="comma list of dashgen schedules (default: every one that serves the "
                         "mask); the auto row always runs, 'auto' alone times only it")
@@ -443,9 +477,10 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(peers) - set(PEERS)
     if unknown:
         raise SystemExit(f"--peers: unknown {sorted(unknown)}; choose from {list(PEERS)}")
-    unknown_masks = set(args.masks) - {"full", "causal"}
-    if unknown_masks:
-        raise SystemExit(f"--masks: unknown {sorted(unknown_masks)}; choose from full, causal")
+    for mask in args.masks:
+        if mask not in ("full", "causal") and not re.fullmatch(r"window:-?\d+,-?\d+", mask):
+            raise SystemExit(f"--masks: unknown {mask!r}; choose from full, causal, "
+                             f"window:LEFT,RIGHT")
     if not 0 <= args.warmup_ms <= 10_000:
         raise SystemExit(f"--warmup-ms: {args.warmup_ms} must be between 0 and 10000")
     if not 1 <= args.rounds <= args.repeats:
