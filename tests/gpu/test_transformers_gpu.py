@@ -94,48 +94,17 @@ def test_packed_documents_match_sdpa_and_keep_each_documents_bits(seed):
     assert torch.equal(a[:, :701], d[:, :701])
 
 
-def tiny_mistral(attn_implementation: str, state_dict=None):
-    """Mistral's sliding window (128 keys) over sequences of 1,024 tokens: every layer windowed."""
-    config = transformers.MistralConfig(
-        num_hidden_layers=2, hidden_size=512, intermediate_size=1024, num_attention_heads=8,
-        num_key_value_heads=2, head_dim=64, vocab_size=1000, sliding_window=128,
-        attn_implementation=attn_implementation)
-    model = transformers.MistralForCausalLM(config)
-    if state_dict is not None:
-        model.load_state_dict(state_dict)
-    return model.to(device="cuda", dtype=torch.bfloat16)
-
-
-def test_dashgen_mistral_sliding_window_matches_sdpa_and_its_gradients_repeat(seed, monkeypatch):
-    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    hf.register()
-    ours = tiny_mistral("dashgen").eval()
-    theirs = tiny_mistral("sdpa", ours.state_dict()).eval()
-    ids = torch.randint(0, 1000, (2, 1024), device="cuda")
-    with torch.no_grad():
-        a = ours(ids, use_cache=False).logits
-        b = theirs(ids, use_cache=False).logits
-    assert torch.isfinite(a).all() and rel_err(a, b) < 5e-2
-    ours.train()
-    weight = torch.randn(2, 1024, 1000, device="cuda")
-
-    def gradients():
-        ours.zero_grad(set_to_none=True)
-        (ours(ids, use_cache=False).logits.float() * weight).sum().backward()
-        return [p.grad.clone() for p in ours.parameters()]
-
-    with deterministic_algorithms(True):
-        first, second = gradients(), gradients()
-    assert all(torch.equal(x, y) for x, y in zip(first, second))
-
-
-def tiny_gemma(family: str, attn_implementation: str, state_dict=None):
-    """Gemma 2 (window 128 on alternate layers, logits capped at 50) or Gemma 3 (window 128 on
-    five of six layers), small and random, over sequences of 1,024 tokens."""
+def tiny_windowed(family: str, attn_implementation: str, state_dict=None):
+    """Small random models with sliding windows (128 keys) over sequences of 1,024 tokens:
+    Mistral (every layer windowed), Gemma 2 (alternate layers, logits capped at 50), Gemma 3
+    (five of six layers)."""
     common = dict(hidden_size=512, intermediate_size=1024, num_attention_heads=8,
                   num_key_value_heads=2, head_dim=64, vocab_size=1000, sliding_window=128,
                   attn_implementation=attn_implementation)
-    if family == "gemma2":
+    if family == "mistral":
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(
+            num_hidden_layers=2, **common))
+    elif family == "gemma2":
         model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
             num_hidden_layers=2, attn_logit_softcapping=50.0, **common))
     else:
@@ -146,16 +115,21 @@ def tiny_gemma(family: str, attn_implementation: str, state_dict=None):
     return model.to(device="cuda", dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
-def test_dashgen_gemma_matches_eager_and_its_gradients_repeat(family, seed, monkeypatch):
+# The reference each family is held to: sdpa where it serves the model, else eager (softcap).
+REFERENCE = {"mistral": "sdpa", "gemma2": "eager", "gemma3": "eager"}
+
+
+@pytest.mark.parametrize("family", list(REFERENCE))
+def test_windowed_models_match_their_reference_and_repeat_their_gradients(family, seed,
+                                                                           monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     hf.register()
-    ours = tiny_gemma(family, "dashgen").eval()
-    eager = tiny_gemma(family, "eager", ours.state_dict()).eval()
+    ours = tiny_windowed(family, "dashgen").eval()
+    theirs = tiny_windowed(family, REFERENCE[family], ours.state_dict()).eval()
     ids = torch.randint(0, 1000, (2, 1024), device="cuda")
     with torch.no_grad():
         a = ours(ids, use_cache=False).logits
-        b = eager(ids, use_cache=False).logits
+        b = theirs(ids, use_cache=False).logits
     assert torch.isfinite(a).all() and rel_err(a, b) < 5e-2
     ours.train()
     weight = torch.randn(2, 1024, 1000, device="cuda")
