@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,27 +18,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 import dashgen  # noqa: E402
-
-
-def kept_pairs(seqlen: int, left: int | None) -> int:
-    """Pairs a causal mask keeps with a left bound (None: none), seqlen_q = seqlen_k."""
-    if left is None:
-        return seqlen * (seqlen + 1) // 2
-    return sum(min(i, left) + 1 for i in range(seqlen))
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from dashgen.tools.bench import window_pairs  # noqa: E402  (the pairs a window keeps)
+from dashgen.tools.timing import median_ms  # noqa: E402  (the protocol's CUDA-event median)
 
 
 def main() -> None:
@@ -59,14 +39,14 @@ def main() -> None:
         q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
         for left in [None, *map(int, args.windows.split(","))]:
             window = (-1, -1) if left is None else (left, 0)
-            pairs = batch * heads * kept_pairs(seqlen, left)
+            pairs = batch * heads * window_pairs(seqlen, left, 0)
             for det in (True, False):
                 kw = dict(causal=True, window_size=window, deterministic=det)
                 o = dashgen.attention(q, k, v, **kw)
                 bwd = median_ms(lambda: torch.autograd.grad(o, (q, k, v), do,
-                                                            retain_graph=True), args.repeats)
+                                                            retain_graph=True), 1, args.repeats)
                 with torch.no_grad():
-                    fwd = median_ms(lambda: dashgen.attention(q, k, v, **kw), args.repeats)
+                    fwd = median_ms(lambda: dashgen.attention(q, k, v, **kw), 1, args.repeats)
                 row = dict(gpu=torch.cuda.get_device_name(), seqlen=seqlen, batch=batch,
                            heads=heads, head_dim=args.head_dim,
                            mask="causal" if left is None else f"window:{left},0",

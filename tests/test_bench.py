@@ -66,6 +66,10 @@ def test_a_window_configuration_runs_window_kernels_beside_flex(bench):
     pairs = sum(min(i, 1023) + 1 for i in range(4096))
     assert cfg.flops(False) == 4 * cfg.batch * cfg.heads * pairs * 128
     assert bench.window_pairs(5, 1, 1) == 13 and bench.window_pairs(4, None, 0) == 10
+    for n, left, right in ((1, 0, 0), (7, 0, None), (9, 3, 2), (9, 20, 1), (16, None, None)):
+        lo, hi = (n if x is None else x for x in (left, right))
+        assert bench.window_pairs(n, left, right) == sum(
+            min(n - 1, i + hi) - max(0, i - lo) + 1 for i in range(n)), (n, left, right)
 
 
 def test_markdown_table_and_memory_floor(bench):

@@ -278,13 +278,18 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     return None if bool(padding.all()) else padding
 
 
+def _and_mask_parts(mask_function) -> tuple:
+    """The mask functions transformers' and_masks(...) combined, () for any other function."""
+    if getattr(mask_function, "__name__", "") != "and_mask":
+        return ()
+    return next((cell.cell_contents for cell in mask_function.__closure__ or ()
+                 if isinstance(cell.cell_contents, tuple)), ())
+
+
 def _sliding_causal(mask_function) -> bool:
     """Whether mask_function is transformers' sliding_window_causal_mask_function(W):
     and_masks(sliding_window_overlay(W), causal_mask_function)."""
-    if getattr(mask_function, "__name__", "") != "and_mask":
-        return False
-    parts = next((cell.cell_contents for cell in mask_function.__closure__ or ()
-                  if isinstance(cell.cell_contents, tuple)), ())
+    parts = _and_mask_parts(mask_function)
     return (len(parts) == 2 and parts[1] is masking_utils.causal_mask_function
             and getattr(parts[0], "__qualname__", "").startswith("sliding_window_overlay."))
 
@@ -295,10 +300,7 @@ def _packed_causal(mask_function) -> bool:
     causal_mask_function, or since transformers 5.2x that function with its indices remapped to
     each document's positions (remap_positions_for_packed_sequence). A sliding window's causal
     part counts too: dashgen_attention then refuses the window in a pack, naming it."""
-    if getattr(mask_function, "__name__", "") != "and_mask":
-        return False
-    parts = next((cell.cell_contents for cell in mask_function.__closure__ or ()
-                  if isinstance(cell.cell_contents, tuple)), ())
+    parts = _and_mask_parts(mask_function)
     if len(parts) != 2 or not getattr(parts[1], "__qualname__", "").startswith(
             "packed_sequence_mask_function."):
         return False

@@ -17,7 +17,7 @@ from .device import DTYPE_NAMES, allocation_stream, kernels, sm_count, stream
 from .forward import descriptor
 from . import watchdog
 from .plans import device_deal, device_tables, trace_offsets
-from .select import NO_WINDOW, Overrides, Selection, plan
+from .select import NO_WINDOW, Overrides, Selection, plan, window_arg
 from .workspace import WorkspaceLayout, allocator
 
 
@@ -158,12 +158,10 @@ class BackwardCall:
                  window: tuple[int, int] = NO_WINDOW):
         dev = self.device = q.device
         if launch is None:
-            window = tuple(window)
             launch = backward_launch(
                 plan(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype], bool(causal),
                      bool(deterministic), bool(trace), schedule, num_workers, sm_count(dev),
-                     overrides, *(() if window == NO_WINDOW else (window,))
-                     ).selection.soft_capped(bool(softcap)), dev)
+                     overrides, *window_arg(window)).selection.soft_capped(bool(softcap)), dev)
         bl = self.bl = launch
         self.device_index = dev.index or 0
         self.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())

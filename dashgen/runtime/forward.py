@@ -12,7 +12,7 @@ from ..codegen.variants import THREADS, FwdParams, FwdWindowParams, ForwardVaria
 from ..schedule.builders.base import fewest_workers
 from . import launch
 from .device import DTYPE_NAMES, kernels, sm_count, stream, tensor_map
-from .select import NO_WINDOW, Overrides, problem_of_shapes, select_forward
+from .select import NO_WINDOW, Overrides, mask_of, problem_of_shapes, select_forward
 from .workspace import allocator
 
 
@@ -112,8 +112,8 @@ class ForwardCall:
                               softmax_scale=float(softmax_scale),
                               **softcap_fields(float(softmax_scale), float(softcap)))
         if variant.window:
-            self.template.window_left, self.template.window_right = problem_of_shapes(
-                tuple(q_shape), tuple(k_shape), False, window).mask.kernel_bounds()
+            self.template.window_left, self.template.window_right = mask_of(
+                False, window).kernel_bounds()
 
     def __call__(self, q, k, v):
         empty = allocator()

@@ -19,7 +19,7 @@ from ..schedule.ir import Schedule
 from . import checks
 from .op_common import (Options, Validated, constant_for_compile, gradients_like, ready,
                         register_autograd, traced)
-from .select import NO_WINDOW, Overrides, Plan, plan
+from .select import NO_WINDOW, Overrides, Plan, plan, window_arg
 from .tables import register
 
 
@@ -84,16 +84,10 @@ def _plan(batch: int, heads_q: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
     try:
         made = plan((batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, heads_kv, head_dim),
                     dtype, causal, deterministic, False, schedule, num_workers, sm_count,
-                    Overrides(), *_window_arg(window))
+                    Overrides(), *window_arg(window))
     except ValueError as exc:
         return "", 0, str(exc)
     return made.schedule_key, made.num_workers, ""
-
-
-def _window_arg(window: tuple[int, int]) -> tuple:
-    """plan's window argument as the calls pass it: none without a window (its memo files a
-    plan under the arguments as passed)."""
-    return () if tuple(window) == NO_WINDOW else (tuple(window),)
 
 
 class _Validated(Validated):
@@ -206,7 +200,7 @@ def _check_all(q, k, v, causal, softmax_scale, deterministic, schedule, num_work
     # traces, only _plan's folded answer may be read.
     made = None if torch.compiler.is_compiling() else plan(
         tuple(q.shape), tuple(k.shape), dtype, causal, ordered, False, name, workers, sm_count,
-        Overrides(), *_window_arg(window))
+        Overrides(), *window_arg(window))
     return Options(causal, scale, ordered, name, workers, cap, *window), made
 
 

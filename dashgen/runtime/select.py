@@ -344,12 +344,16 @@ def plan(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, deterministic
                 deterministic=deterministic, trace=trace,
                 schedule=table_of(schedule) if is_table(schedule) else schedule,
                 num_workers=num_workers, sm_count=sm_count, overrides=overrides)
-    # (Keyed as the calls pass their arguments: a call without a window passes none.)
     resolved = (q_shape, k_shape, dtype, causal, deterministic, trace, made.schedule_key,
-                made.num_workers, sm_count, overrides) + (
-                    () if tuple(window) == NO_WINDOW else (window,))
+                made.num_workers, sm_count, overrides, *window_arg(window))
     plan.get(resolved, lambda: made)
     return made
+
+
+def window_arg(window: tuple[int, int]) -> tuple:
+    """plan's window argument as every caller passes it: none without a window, so that a call
+    with and one without the default file one plan (the memo keys on the arguments as passed)."""
+    return () if tuple(window) == NO_WINDOW else (tuple(window),)
 
 
 def selection(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, deterministic: bool,
@@ -357,7 +361,7 @@ def selection(q_shape: tuple, k_shape: tuple, dtype: str, causal: bool, determin
               overrides: Overrides, window: tuple[int, int] = NO_WINDOW) -> Selection:
     """`select` for a call's signature, through its plan."""
     return plan(q_shape, k_shape, dtype, causal, deterministic, trace, schedule, num_workers,
-                sm_count, overrides, window).selection
+                sm_count, overrides, *window_arg(window)).selection
 
 
 # A pack's "auto" per mask (causal: name): one schedule whatever the lengths, live on any

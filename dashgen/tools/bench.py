@@ -45,9 +45,18 @@ def fwd_flops(batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: in
 def window_pairs(seqlen: int, left: int | None, right: int | None) -> int:
     """(query, key) pairs a window keeps over one sequence of seqlen queries and keys: row i
     sees keys max(0, i - left) .. min(seqlen - 1, i + right) (None: unbounded)."""
-    left = seqlen if left is None else left
-    right = seqlen if right is None else right
-    return sum(min(seqlen - 1, i + right) - max(0, i - left) + 1 for i in range(seqlen))
+    n = seqlen
+    left = n if left is None else left
+    right = n if right is None else right
+    # In closed form (a 1M-token row asks for it too): the last keys, min(n - 1, i + right),
+    # summed: i + right for the k = n - right rows that stop short of the end, n - 1 for the
+    # rest; the first keys, max(0, i - left), summed: 0 + 1 + ... over the n - left rows past
+    # the left bound.
+    k = max(0, n - right)
+    last = k * (k - 1) // 2 + k * right + (n - k) * (n - 1)
+    m = max(0, n - left)
+    first = m * (m - 1) // 2
+    return last - first + n
 
 
 @dataclass(frozen=True)
