@@ -31,7 +31,16 @@ static int window(char** argv) {
       any = any || dashgen::window_masked(key, row, keys_end, diagonal, left, right);
   const bool reaches = dashgen::window_reaches(first_key, last_key, first_row, last_row,
                                                keys_end, diagonal, left, right);
-  std::printf("%d %d\n", reaches ? 1 : 0, any ? 1 : 0);
+  // Every pair against the window written plainly in 64-bit arithmetic, where no bound can
+  // overflow: window_masked's unsigned range compare must agree pair by pair.
+  long long wrong = 0;
+  for (int key = first_key; key <= last_key; ++key)
+    for (int row = first_row; row <= last_row; ++row) {
+      const long long anchor = static_cast<long long>(row) + diagonal;
+      const bool plain = key >= keys_end || key > anchor + right || key < anchor - left;
+      wrong += plain != dashgen::window_masked(key, row, keys_end, diagonal, left, right);
+    }
+  std::printf("%d %d %lld\n", reaches ? 1 : 0, any ? 1 : 0, wrong);
   return 0;
 }
 
@@ -117,6 +126,7 @@ def test_window_reaches_exactly_the_tasks_with_a_masked_pair(driver, n, m, half,
     out = subprocess.run([str(driver), *map(str, args)], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out[0] == out[1], (args, out)
+    assert out[2] == "0", (args, out)
     if unbounded == "":
         # The window in Python: the pairs it keeps, as Problem reads a mask.
         kept_all = all(key < keys_end and row + diagonal - left <= key <= row + diagonal + right

@@ -23,10 +23,15 @@ DASHGEN_HD bool mask_reaches(int last_key, int first_row, int keys_end, int diag
 }
 
 // A sliding window (FlashAttention's window_size; sched::WindowTiling): query row qrow sees
-// keys qrow + diagonal - left .. qrow + diagonal + right, and none at or past keys_end.
+// keys qrow + diagonal - left .. qrow + diagonal + right, and none at or past keys_end. The two
+// window bounds are one unsigned range compare: key - (qrow + diagonal - left) wraps past
+// left + right when the key lies left of the band. Unsigned throughout, as left + right can
+// reach 2^31 with an open side (UNBOUNDED); this form compiles the GQA kernels without spills.
 DASHGEN_HD bool window_masked(int key, int qrow, int keys_end, int diagonal, int left,
                               int right) {
-  return key >= keys_end || key > qrow + diagonal + right || key < qrow + diagonal - left;
+  return key >= keys_end || static_cast<unsigned>(key - qrow - diagonal) +
+                                    static_cast<unsigned>(left) >
+                                static_cast<unsigned>(left) + static_cast<unsigned>(right);
 }
 
 // Whether the window removes any pair of keys first_key .. last_key and query rows first_row ..
