@@ -51,13 +51,26 @@ class BackwardConstants:
 
     block_m: int  # query rows per task
     block_n: int  # KV rows per task
+    # The swapped mainloop (attn/bwd_mainloop_swapped.cuh): each MMA warpgroup accumulates
+    # dK^T/dV^T of half the task's keys, where dK/dV of 64 KV rows over the whole head_dim
+    # outgrow a warpgroup's registers; dQ goes to its writer in 64-column pieces.
+    swapped: bool = False
 
 
+# The head dims the backward's variant compiles for beyond HEAD_DIMS: their kernels build, fit
+# and compile without spills (tests/test_kernels_compile.py); the runtime refuses them
+# (HEAD_DIMS) until they have run on the GPU.
+BACKWARD_BUILT_HEAD_DIMS = (256,)
 BACKWARD_CONSTANTS = {
     (64, False): BackwardConstants(block_m=128, block_n=128),
     (64, True): BackwardConstants(block_m=128, block_n=128),
     (128, False): BackwardConstants(block_m=64, block_n=128),
     (128, True): BackwardConstants(block_m=64, block_n=128),
+    # 64x64 tasks, 32 keys a warpgroup: dK^T + dV^T take 128 registers a thread, the data's
+    # peak 192 (lab/notes/backward-head-dims-plan.md, 256-B'); Q/dO keep two stages and dQ's
+    # four 16 KB pieces share one buffer: 231,968 bytes of shared memory.
+    (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True),
+    (256, True): BackwardConstants(block_m=64, block_n=64, swapped=True),
 }
 # The head dims with a dq_last order. At 64 it spills 56 bytes (the dS tiles in the softmax
 # loop beside dK's accumulators) and is still 1.14-1.26x faster at 128k-256k tokens, where the
@@ -110,10 +123,11 @@ def check_dtype_head_dim(dtype: str, head_dim: int,
         raise ValueError(f"head_dim must be one of {head_dims}, got {head_dim!r}")
 
 
-def backward_tiles(head_dim: int) -> tuple[int, int]:
-    """(block_m, block_n) of the backward at a head_dim: the tiles its schedules are built in."""
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim!r}")
+def backward_tiles(head_dim: int, head_dims: tuple[int, ...] = HEAD_DIMS) -> tuple[int, int]:
+    """(block_m, block_n) of the backward at a head_dim: the tiles its schedules are built in
+    (given head_dims, at the head dims whose kernels compile)."""
+    if head_dim not in head_dims:
+        raise ValueError(f"head_dim must be one of {head_dims}, got {head_dim!r}")
     c = BACKWARD_CONSTANTS[kernel_head_dim(head_dim), False]
     return c.block_m, c.block_n
 
@@ -277,6 +291,7 @@ class BackwardVariant(_Variant):
     """
 
     template: ClassVar[str] = "attn_bwd_sm90.cu.j2"
+    head_dims: ClassVar[tuple[int, ...]] = HEAD_DIMS + BACKWARD_BUILT_HEAD_DIMS
     dtype: str
     head_dim: int
     causal: bool
@@ -308,6 +323,9 @@ class BackwardVariant(_Variant):
         if self.window and (self.fused_convert or self.schedule not in WINDOW_SCHEDULES):
             raise ValueError(f"a window backward runs one of the schedules {WINDOW_SCHEDULES}, "
                              f"without fused_convert")
+        if self.swapped and (self.fused_convert or self.dq_last):
+            raise ValueError(f"head_dim {self.head_dim} runs the swapped mainloop, whose dQ the "
+                             f"convert kernel converts: no fused_convert or dq_last")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
@@ -328,6 +346,10 @@ class BackwardVariant(_Variant):
     @property
     def block_n(self) -> int:
         return self.constants.block_n
+
+    @property
+    def swapped(self) -> bool:
+        return self.constants.swapped
 
     @property
     def table(self) -> bool:

@@ -24,7 +24,11 @@ struct BwdDqWriter {
     for (int i = 0; i < count; ++i) {
       const Task t = Scheduler::take_task(smem, bars, i);
       const int s = i % K::kStages, use = i / K::kStages;
-      mbarrier_wait_parity(&bars->dq_full[s], use & 1);
+      if constexpr (K::kDqPieces > 1) {
+        mbarrier_wait_parity(&bars->dq_full[0], (i * K::kDqPieces) & 1);  // the first piece
+      } else {
+        mbarrier_wait_parity(&bars->dq_full[s], use & 1);
+      }
       i32* row = K::kTrace ? p.trace + static_cast<i64>(first_row + i) * kTraceColumns : nullptr;
       if (K::kTrace) trace_stamp(row, kTraceReady);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
@@ -41,10 +45,14 @@ struct BwdDqWriter {
         fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
       }
       if (K::kTrace) trace_stamp(row, kTraceAcquired);
-      land_partial(p, t, smem, s);
+      if constexpr (K::kDqPieces > 1) {
+        land_pieces(p, t, smem, bars, i);
+      } else {
+        land_partial(p, t, smem, s);
+      }
       if (K::kTrace) trace_stamp(row, kTraceLanded);
       if (K::kDeterministic || K::kTrace) pass_turn(t, counter, row);
-      mbarrier_arrive(&bars->dq_empty[s]);
+      if constexpr (K::kDqPieces == 1) mbarrier_arrive(&bars->dq_empty[s]);
     }
   }
 
@@ -52,12 +60,7 @@ struct BwdDqWriter {
   // landed there (not when shared memory was read): only then may the next rank's add start.
   __device__ static __forceinline__ void land_partial(const BwdParams& p, const Task& t,
                                                       const char* smem, int s) {
-    constexpr int kBlockM = K::kBlockM, kHeadDim = K::kHeadDim;
-    float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
-                               static_cast<i64>(t.m) * kBlockM) * kHeadDim;
-    if constexpr (K::kVarlen) {
-      dst = p.dq_accum + static_cast<i64>(Scheduler::q_tile(p, t)) * kBlockM * kHeadDim;
-    }
+    float* dst = dq_tile(p, t);
     const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + s * K::kDqBytes);
     if (K::kDeterministic && t.dq_rank == 0) {
       // The first contribution in dq_rank order: the tile holds nothing yet (the preprocess
@@ -68,6 +71,42 @@ struct BwdDqWriter {
       bulk_reduce_add_f32(dst, src, K::kDqBytes);
     }
     bulk_commit_group();
+    bulk_wait_group<0>();
+  }
+
+  // The task's fp32 dQ tile in global memory.
+  __device__ static __forceinline__ float* dq_tile(const BwdParams& p, const Task& t) {
+    constexpr int kBlockM = K::kBlockM, kHeadDim = K::kHeadDim;
+    float* dst = p.dq_accum + (static_cast<i64>(t.b * p.heads_q + t.h) * p.num_m_blocks * kBlockM +
+                               static_cast<i64>(t.m) * kBlockM) * kHeadDim;
+    if constexpr (K::kVarlen) {
+      dst = p.dq_accum + static_cast<i64>(Scheduler::q_tile(p, t)) * kBlockM * kHeadDim;
+    }
+    return dst;
+  }
+
+  // The swapped mainloop's partial, kDqPieces 64-column pieces through one buffer (the tile is
+  // column-block-major, so piece b is the tile's b-th contiguous block): each added as it
+  // arrives under the one turn this task holds, the buffer freed once the add has read it, and
+  // landed, all of them, before the turn passes. Every element still gets its adds in dq_rank
+  // order.
+  __device__ static __forceinline__ void land_pieces(const BwdParams& p, const Task& t,
+                                                     const char* smem, typename K::Bars* bars,
+                                                     int i) {
+    float* dst = dq_tile(p, t);
+    const float* src = reinterpret_cast<const float*>(smem + K::kOffDq);
+    for (int b = 0; b < K::kDqPieces; ++b) {
+      if (b > 0) mbarrier_wait_parity(&bars->dq_full[0], (i * K::kDqPieces + b) & 1);
+      float* piece = dst + b * K::kBlockM * 64;
+      if (K::kDeterministic && t.dq_rank == 0) {
+        bulk_store_f32(piece, src, K::kDqBytes);  // the first contribution (see land_partial)
+      } else {
+        bulk_reduce_add_f32(piece, src, K::kDqBytes);
+      }
+      bulk_commit_group();
+      bulk_wait_group_read<0>();
+      mbarrier_arrive(&bars->dq_empty[0]);
+    }
     bulk_wait_group<0>();
   }
 

@@ -30,6 +30,7 @@
 #include "dashgen/attn/bwd_dq_writer.cuh"
 #include "dashgen/attn/bwd_epilogue.cuh"
 #include "dashgen/attn/bwd_mainloop.cuh"
+#include "dashgen/attn/bwd_mainloop_swapped.cuh"
 #include "dashgen/attn/bwd_producer.cuh"
 #include "dashgen/attn/bwd_scheduler.cuh"
 #include "dashgen/attn/element.cuh"
@@ -69,6 +70,9 @@ struct AttnBwdSm90 {
   enum : int { kWindow = has_window<Cfg>(0) };
   // The schedule: which tasks this worker runs in which order, and their ranks.
   using Tiling = typename sched::TilingOf<kBlockM, kBlockN, kCausal, kWindow != 0>::type;
+  // The swapped mainloop (attn/bwd_mainloop_swapped.cuh): head dims whose dK/dV accumulators
+  // over 64 KV rows do not fit a warpgroup (256). Its own tiles, dQ in pieces.
+  enum : int { kSwapped = dkv_swapped<Cfg>(0) };
   static constexpr bool kTable = Cfg::kTable;
   // A pack of sequences of their own lengths (BwdParams::cu_seqlens_q/k): the walk is the
   // policy's pack deal (sched::PackWalk over the plan AttnPackPlan wrote), and every address
@@ -97,7 +101,9 @@ struct AttnBwdSm90 {
   // ---- named barriers -------------------------------------------------------------------------
   // Named barrier ids (bar.sync; 0 is __syncthreads'): kMma joins both MMA warpgroups; kHandOff
   // orders their dQ hand-offs with two dS tiles (BwdMainloop::hand_off_dq).
-  enum class Barrier : u32 { kMma = 1, kHandOff = 2 };
+  // Swapped: kHandOff orders the warpgroups' dQ pieces, and each warpgroup has a barrier of its
+  // own (kWarpgroup0 + wg) for the P^T rows only it reads.
+  enum class Barrier : u32 { kMma = 1, kHandOff = 2, kWarpgroup0 = 3 };
 
   // Both MMA warpgroups meet (the producer warpgroup does not take part).
   __device__ static __forceinline__ void sync_mma_warpgroups() {
@@ -114,17 +120,25 @@ struct AttnBwdSm90 {
   // ---- pipeline and shared memory -------------------------------------------------------------
   static constexpr int kStages = 2;
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
-  static_assert(kBlockN == 128, "128 KV rows: 64 per MMA warpgroup");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || (kSwapped && kHeadDim == 256),
+                "head_dim 64 or 128, 256 swapped");
+  static_assert(kBlockN == (kSwapped ? 64 : 128),
+                "128 KV rows: 64 per MMA warpgroup; swapped, 64: 32 per warpgroup");
+  static_assert(!kSwapped || (kBlockM == 64 && !kFusedConvert && !kDqLast),
+                "the swapped mainloop: 64 query rows, dQ converted by the convert kernel");
   // 128 query rows hold 64 more S^T/dP^T accumulators per thread: room for them only beside
   // head_dim 64's dK/dV.
-  static_assert((kHeadDim == 128 && kBlockM == 64) || (kHeadDim == 64 && kBlockM == 128),
+  static_assert(kSwapped || (kHeadDim == 128 && kBlockM == 64) || (kHeadDim == 64 && kBlockM == 128),
                 "block_m 64 at head_dim 128, 128 at head_dim 64 (the backward's tiles)");
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one Q or dO tile
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;
-  static constexpr int kDqBytes = kBlockM * kHeadDim * 4;
+  // dQ's fp32 partial goes to the writer whole through kStages buffers, or (swapped: the
+  // whole partial does not fit beside two Q/dO stages) in 64-column pieces through one.
+  static constexpr int kDqPieces = kSwapped ? kColBlocks : 1;
+  static constexpr int kDqBuffers = kSwapped ? 1 : kStages;
+  static constexpr int kDqBytes = kBlockM * kHeadDim * 4 / kDqPieces;
   // dS goes to shared memory through transposing stmatrix (docs/design.md, `ds-stmatrix`). With
   // 128-row tasks (head_dim 64) each 16 query rows of dS are stored as soon as the softmax loop
   // has them, the barrier that frees the dS tile passed before the loop; stored after the loop,
@@ -137,7 +151,9 @@ struct AttnBwdSm90 {
   // the softmax loop (docs/design.md, `ds64-two-tiles`). Shared memory then fits only without
   // the alignment slack: the extern buffer is declared 1024-aligned, and the align-up in run()
   // stays (a no-op then).
-  static constexpr int kDsStages = kDsInLoop && !(kFusedConvert && kDeterministic) ? 2 : 1;
+  // Swapped: the two tiles are P^T and dS^T.
+  static constexpr int kDsStages =
+      kSwapped || (kDsInLoop && !(kFusedConvert && kDeterministic)) ? 2 : 1;
   // Every tile starts 1024-byte aligned (128B swizzle atoms).
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
@@ -148,7 +164,7 @@ struct AttnBwdSm90 {
   // The task's softmax statistics (kBlockM lse rows as log2, then kBlockM D rows): one copy per
   // stage, loaded with the stage's Q and dO.
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
-  static constexpr int kOffStats = kOffDq + kStages * kDqBytes;
+  static constexpr int kOffStats = kOffDq + kDqBuffers * kDqBytes;
   static constexpr int kOffBar = kOffStats + kStages * kStatsBytes;  // a copy a stage
   // The scheduler lane's ring of tasks: kRing slots, each read by the producer and the writer.
   static constexpr int kRing = 8;
@@ -173,7 +189,7 @@ struct AttnBwdSm90 {
       kOffConv + 128 + 2 * 8192 + 1024 <= kSm90MaxSmemBytes ? 8192 : 4096;
   static constexpr int kConvChunks = kDqBytes / kConvChunkBytes;  // chunks per dQ tile
   static constexpr int kConvChunkRows = kConvChunkBytes / (kHeadDim * 4);
-  static constexpr int kAlignSlack = kDsStages == 2 ? 0 : 1024;  // see kDsStages
+  static constexpr int kAlignSlack = kDsStages == 2 && !kSwapped ? 0 : 1024;  // see kDsStages
   static constexpr int kSmemBytes = kConvertDq ? kOffConv + 128 + 2 * kConvChunkBytes + 1024
                                                : kOffRing + kRing * 32 + kAlignSlack;
   static_assert(kSmemBytes <= kSm90MaxSmemBytes,
@@ -194,7 +210,8 @@ struct AttnBwdSm90 {
   using Producer = BwdProducer<AttnBwdSm90>;
   using DqWriter = BwdDqWriter<AttnBwdSm90>;
   using DqConverter = BwdDqConverter<AttnBwdSm90>;
-  using Mainloop = BwdMainloop<AttnBwdSm90>;
+  using Mainloop = typename MainloopOf<kSwapped != 0, BwdMainloopSwapped<AttnBwdSm90>,
+                                       BwdMainloop<AttnBwdSm90>>::type;
   using Epilogue = BwdEpilogue<AttnBwdSm90>;
 
   // ---- the kernel entry -----------------------------------------------------------------------
@@ -244,7 +261,7 @@ struct AttnBwdSm90 {
       // Every MMA thread arrives: each has read the stage's task slot and the arrive releases
       // its own read before the producer rewrites the slot.
       mbarrier_init(&bars->q_empty[s], kMmaThreads);
-      mbarrier_init(&bars->dq_full[s], kMmaThreads);
+      mbarrier_init(&bars->dq_full[s], kSwapped ? 128 : kMmaThreads);  // swapped: a piece a warpgroup
       mbarrier_init(&bars->dq_empty[s], 1);
     }
     for (int k = 0; k < kRing; ++k) {

@@ -19,4 +19,17 @@ __host__ __device__ constexpr int tensor_head_dim(long) {
   return kKernel;
 }
 
+// Cfg::kDkvSwapped where the entry template renders one, else 0: the backward at a head_dim
+// whose dK/dV over 64 KV rows do not fit a warpgroup's registers (256) runs the swapped
+// mainloop (attn/bwd_mainloop_swapped.cuh), and its fp32 dQ sum is column-block-major per tile
+// (AttnConvert). Call with 0.
+template <class Cfg>
+__host__ __device__ constexpr auto dkv_swapped(int) -> decltype(Cfg::kDkvSwapped + 0) {
+  return Cfg::kDkvSwapped;
+}
+template <class Cfg>
+__host__ __device__ constexpr int dkv_swapped(long) {
+  return 0;
+}
+
 }  // namespace dashgen

@@ -149,8 +149,17 @@ struct AttnConvert : RowLanes<Cfg::kHeadDim> {
       const bool empty = p.counters && p.counters[(static_cast<i64>(b) * p.heads + h) * tiles + row / p.block_m] == 0u;
       uint4 out = make_uint4(0u, 0u, 0u, 0u);
       if (!empty) {
-        const float4* src = reinterpret_cast<const float4*>(
-            p.src + ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row) * kHeadDim + sc);
+        i64 at = ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row) * kHeadDim + sc;
+        if constexpr (dkv_swapped<Cfg>(0) != 0) {
+          if (p.swizzled) {
+            // The swapped backward's dQ sum: column-block-major per tile ([tile][c / 64][row in
+            // tile][64], accum_col within the block's 64-float rows).
+            const int r = row % p.block_m;
+            at = ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row - r) * kHeadDim +
+                 (c / 64) * p.block_m * 64 + r * 64 + accum_col(r, c % 64);
+          }
+        }
+        const float4* src = reinterpret_cast<const float4*>(p.src + at);
         const float4 lo = src[0], hi = src[1];
         out = make_uint4(Element<T>::pack(lo.x, lo.y), Element<T>::pack(lo.z, lo.w),
                          Element<T>::pack(hi.x, hi.y), Element<T>::pack(hi.z, hi.w));

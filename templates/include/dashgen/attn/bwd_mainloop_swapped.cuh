@@ -1,0 +1,294 @@
+// dashgen/attn/bwd_mainloop_swapped.cuh: the backward's MMA mainloop where a warpgroup cannot
+// hold dK and dV of 64 KV rows over the whole head_dim (at 256 the two accumulators alone would
+// take 256 registers a thread). The operands are swapped: a task is 64 query rows against 64 KV
+// rows, each MMA warpgroup owns 32 of the KV rows and accumulates dV^T = dO^T P and
+// dK^T = Q^T dS (M = 64 head_dim columns a wgmma, N = its 32 keys) over every 64-column block of
+// the head_dim: head_dim / 4 registers each (64 at 256). Per task:
+//   1 S = Q K^T and dP = dO V^T over this warpgroup's keys (SS, N = 32, K-major);
+//   2 P and dS recomputed per query row (its lse and D from the stage's statistics);
+//   3 P^T into shared memory ([key][query], transposing stmatrix), then dV^T (A = dO MN-major,
+//     B = P^T K-major), read by this warpgroup alone;
+//   4 dS^T likewise, behind both warpgroups' barriers: dQ reads every key's dS;
+//   5 dK^T (A = Q), then dQ = dS K over this warpgroup's half of the columns (A = dS^T, B = K,
+//     both MN-major), the stage and (kEarlyKv) K/V released once they retire;
+//   6 dQ to the dQ writer one 64-column piece at a time through one buffer: shared memory holds
+//     no more (attn/bwd_dq_writer.cuh adds the pieces of a task under one dq_rank turn). The
+//     fp32 dQ sum is column-block-major per tile ([tile][column block][row][64]) so that each
+//     piece is one contiguous bulk add (AttnConvert reads it so).
+// At a segment's end BwdEpilogueSwapped stores (or under GQA adds) the transposed dK/dV.
+#pragma once
+#include "dashgen/attn/bwd_epilogue_swapped.cuh"
+#include "dashgen/attn/bwd_mainloop.cuh"
+#include "dashgen/attn/element.cuh"
+#include "dashgen/attn/head_dim.cuh"
+#include "dashgen/attn/mask.cuh"
+#include "dashgen/attn/params.cuh"
+#include "dashgen/attn/softcap.cuh"
+#include "dashgen/attn/tiles_sm90.cuh"
+#include "dashgen/ptx/barrier.cuh"
+#include "dashgen/ptx/mbarrier.cuh"
+#include "dashgen/ptx/stmatrix.cuh"
+#include "dashgen/ptx/wgmma.cuh"
+#include "dashgen/swizzle.cuh"
+
+namespace dashgen {
+
+// The kernel's mainloop: the swapped one or the rows one (BwdMainloop).
+template <bool kSwapped, class Swapped, class Rows>
+struct MainloopOf {
+  using type = Rows;
+};
+template <class Swapped, class Rows>
+struct MainloopOf<true, Swapped, Rows> {
+  using type = Swapped;
+};
+
+template <class K>
+struct BwdMainloopSwapped {
+  using T = typename K::T;
+  using Task = sched::Task;
+  using Bars = typename K::Bars;
+  using MmaThread = typename K::MmaThread;
+  using Epilogue = BwdEpilogueSwapped<K>;
+  static constexpr WgmmaInput kIn = K::kIn;
+  static constexpr int kHeadDim = K::kHeadDim, kBlockM = K::kBlockM, kBlockN = K::kBlockN;
+  static constexpr int kColBlocks = K::kColBlocks;
+  static constexpr int kKeys = kBlockN / 2;        // a warpgroup's KV rows
+  static constexpr int kAcc = kKeys / 2;           // registers of one m64n32 accumulator
+  static constexpr int kDqCols = kHeadDim / 2;     // dQ columns a warpgroup computes
+  static constexpr int kDqPieces = kDqCols / 64;   // its 64-column pieces
+  static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
+  static constexpr bool kEarlyKv = K::kEarlyKv;
+  enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
+  enum : int { kWindow = K::kWindow };
+  static constexpr int kStages = K::kStages;
+  static constexpr int kQBytes = K::kQBytes, kDsBytes = K::kDsBytes, kDqBytes = K::kDqBytes;
+  static constexpr int kOffK = K::kOffK, kOffV = K::kOffV, kOffQ = K::kOffQ, kOffDo = K::kOffDo;
+  static constexpr int kOffPt = K::kOffDs, kOffDst = K::kOffDs + K::kDsBytes;
+  static constexpr int kOffDq = K::kOffDq, kOffStats = K::kOffStats;
+  static_assert(kBlockM == 64 && kBlockN == 64, "64 query rows against 64 KV rows a task");
+  static_assert(kHeadDim == 256, "dQ's columns in 64-column pieces, 2 a warpgroup");
+
+  __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
+                                 int wg, int tid) {
+    const int warp = (tid % 128) / 32, lane = tid % 32;
+    const MmaThread me{wg, tid, warp, lane, lane >> 2, lane & 3};
+    const int group = p.heads_q / p.heads_kv;
+    const float scale_log2 = kSoftcap != 0 ? p.softcap * kLog2e : p.softmax_scale * kLog2e;
+    const int causal_offset = p.seqlen_k - p.seqlen_q;
+    int seq_k = p.seqlen_k, seq_offset = causal_offset;
+    float dkt[kColBlocks][kAcc], dvt[kColBlocks][kAcc];  // dK^T, dV^T of this warpgroup's keys
+    int segment = 0;
+
+    for (int i = begin; i < end; ++i) {
+      const int s = (i - begin) % kStages, use = (i - begin) / kStages;
+      mbarrier_wait_parity(&bars->q_full[s], use & 1);
+      const Task t = BwdMainloop<K>::load_task_slot(reinterpret_cast<const Task*>(smem + K::kOffTask) + s);
+      if constexpr (kVarlen) {
+        seq_k = p.cu_seqlens_k[t.b + 1] - p.cu_seqlens_k[t.b];
+        seq_offset = seq_k - (p.cu_seqlens_q[t.b + 1] - p.cu_seqlens_q[t.b]);
+      }
+      if (t.seg_start) {
+        mbarrier_wait_parity(&bars->kv_full, segment & 1);
+#pragma unroll
+        for (int j = 0; j < kColBlocks; ++j) {
+#pragma unroll
+          for (int e = 0; e < kAcc; ++e) dkt[j][e] = dvt[j][e] = 0.f;
+        }
+      }
+      const char* q_tile = smem + kOffQ + s * kQBytes;
+      const char* do_tile = smem + kOffDo + s * kQBytes;
+
+      // 1. S and dP of this warpgroup's keys.
+      float sc[kAcc], dp[kAcc];
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kHeadDim / 16; ++k) {
+        wgmma_ss<kIn, kKeys>(sc, tile_desc_k_major(q_tile, kBlockM, 0, k),
+                             tile_desc_k_major(smem + kOffK, kBlockN, kKeys * wg, k), k > 0);
+      }
+#pragma unroll
+      for (int k = 0; k < kHeadDim / 16; ++k) {
+        wgmma_ss<kIn, kKeys>(dp, tile_desc_k_major(do_tile, kBlockM, 0, k),
+                             tile_desc_k_major(smem + kOffV, kBlockN, kKeys * wg, k), k > 0);
+      }
+      wgmma_commit_group();
+
+      // 2. P and dS, packed in pairs of adjacent keys.
+      u32 pk[kAcc / 2], dsk[kAcc / 2];
+      const float* stats = reinterpret_cast<const float*>(smem + kOffStats) + s * 2 * kBlockM;
+      wgmma_wait_group<0>();
+      recompute(sc, dp, stats, pk, dsk, p, t, seq_k, seq_offset, scale_log2, me);
+
+      // 3. P^T for this warpgroup's dV^T: its own rows of the tile, its own barrier.
+      store_transposed(smem + kOffPt, pk, me);
+      fence_proxy_async_shared();
+      named_barrier_sync(static_cast<u32>(K::Barrier::kWarpgroup0) + wg, 128);
+      wgmma_fence();
+      transposed_gemm(dvt, do_tile, smem + kOffPt, wg);
+
+      // 4. dS^T: the previous task's dQ reads of the tile are done once both warpgroups pass.
+      K::sync_mma_warpgroups();
+      store_transposed(smem + kOffDst, dsk, me);
+      fence_proxy_async_shared();
+      K::sync_mma_warpgroups();
+
+      // 5 and 6. dQ's first piece, dK^T under its hand-off, then the other pieces, each computed
+      // (N = 64) and handed to the writer in turn: one piece's 32 registers live, not 64.
+      float dq[32];
+      dq_mma(dq, smem, wg, 0);
+      transposed_gemm(dkt, q_tile, smem + kOffDst, wg);
+      wgmma_wait_group<1>();  // the first piece retired
+      if (wg == 1) named_barrier_sync(static_cast<u32>(K::Barrier::kHandOff), 256);
+      hand_off_piece(dq, smem, bars, i - begin, 0, me);
+#pragma unroll
+      for (int b = 1; b < kDqPieces; ++b) {
+        dq_mma(dq, smem, wg, b);
+        wgmma_wait_group<0>();
+        if (b == kDqPieces - 1) {  // Q/dO (and K/V) read for the last time
+          if (kEarlyKv && me.tid % 128 == 0 && t.seg_end) mbarrier_arrive(&bars->kv_empty);
+          mbarrier_arrive(&bars->q_empty[s]);
+        }
+        hand_off_piece(dq, smem, bars, i - begin, b, me);
+      }
+      if (wg == 0) named_barrier_arrive(static_cast<u32>(K::Barrier::kHandOff), 256);
+      if (t.seg_end) {
+        if constexpr (kGqa) {
+          Epilogue::add_dkv_in_rank_order(p, t, dkt, dvt, me);
+        } else {
+          Epilogue::store_dkv(p, t, dkt, dvt, group, me);
+        }
+        if (!kEarlyKv && me.tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
+        ++segment;
+      }
+    }
+  }
+
+  // Accumulator element e of an m64n32 tile: query row 16 warp + g + 8 ((e / 2) % 2) of the
+  // task, key 8 (e / 4) + 2 t4 + e % 2 of this warpgroup's keys.
+  __device__ static __forceinline__ int row_of(int e, const MmaThread& me) {
+    return 16 * me.warp + me.g + 8 * ((e / 2) % 2);
+  }
+  __device__ static __forceinline__ int key_of(int e, const MmaThread& me) {
+    return 8 * (e / 4) + 2 * me.t4 + e % 2;
+  }
+
+  // P = exp2(S scale - lse) and dS = P (dP softmax_scale - D), D scaled by the preprocess; the
+  // mask per element only on a task whose keys (this warpgroup's) it reaches. A masked pair
+  // gets P = 0 and so dS = 0 (soft-capped too: t is finite).
+  __device__ static __forceinline__ void recompute(
+      const float (&sc)[kAcc], const float (&dp)[kAcc], const float* stats, u32 (&pk)[kAcc / 2],
+      u32 (&dsk)[kAcc / 2], const BwdParams& p, const Task& t, int seq_k, int seq_offset,
+      float scale_log2, const MmaThread& me) {
+    const int first_key = t.n * kBlockN + kKeys * me.wg, first_row = t.m * kBlockM;
+    const bool edge =
+        kWindow != 0
+            ? window_reaches(first_key, first_key + kKeys - 1, first_row,
+                             first_row + kBlockM - 1, seq_k, seq_offset, p.window_left,
+                             p.window_right)
+            : mask_reaches<kCausal>(first_key + kKeys - 1, first_row, seq_k, seq_offset);
+#pragma unroll
+    for (int e2 = 0; e2 < kAcc; e2 += 2) {
+      float pv[2], ds[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int e = e2 + h;
+        const int row = row_of(e, me), key = first_key + key_of(e, me);
+        bool masked = false;
+        if (edge) {
+          masked = kWindow != 0 ? window_masked(key, first_row + row, seq_k, seq_offset,
+                                                p.window_left, p.window_right)
+                                : masked_pair(key, first_row + row, seq_k, seq_offset);
+        }
+        const float score = kSoftcap != 0 ? tanh_approx(sc[e] * p.tanh_scale) : sc[e];
+        pv[h] = masked ? 0.f : exp2f(score * scale_log2 - stats[row]);
+        ds[h] = pv[h] * fmaf(dp[e], p.softmax_scale, -stats[kBlockM + row]);
+        if constexpr (kSoftcap != 0) ds[h] *= fmaf(-score, score, 1.f);  // d softcap t / d score
+      }
+      pk[e2 / 2] = Element<T>::pack(pv[0], pv[1]);
+      dsk[e2 / 2] = Element<T>::pack(ds[0], ds[1]);
+    }
+  }
+
+  __device__ static __forceinline__ bool masked_pair(int key, int qrow, int seq_k, int diagonal) {
+    return kCausal ? masked<true>(key, qrow, seq_k, diagonal)
+                   : masked<false>(key, qrow, seq_k, diagonal);
+  }
+
+  // A packed m64n32 tile (pairs of adjacent keys of one query row) stored transposed into this
+  // warpgroup's 32 rows of a [64 keys][64 queries] tile (128-byte rows, swizzled): stmatrix h
+  // takes pk[4h..4h+3], its matrices (query half m % 2, key block 2h + m / 2); lane l addresses
+  // key row 8 (2h + (l / 8) / 2) + l % 8 at query 16 warp + 8 ((l / 8) % 2).
+  __device__ static __forceinline__ void store_transposed(char* tile, const u32 (&pk)[kAcc / 2],
+                                                          const MmaThread& me) {
+    const int m = me.lane / 8;
+#pragma unroll
+    for (int h = 0; h < kAcc / 8; ++h) {
+      const u32 key_row = kKeys * me.wg + 8 * (2 * h + m / 2) + me.lane % 8;
+      const u32 dst = shared_address(tile) +
+                      sw128_byte_offset(key_row, (16 * me.warp + 8 * (m % 2)) * 2);
+      const u32 r[4] = {pk[4 * h], pk[4 * h + 1], pk[4 * h + 2], pk[4 * h + 3]};
+      stmatrix_x4_trans(dst, r);
+    }
+  }
+
+  // acc^T += A^T B over the task's query rows, one commit group: dV^T += dO^T P (a_tile = dO,
+  // b_tile = P^T) or dK^T += Q^T dS (Q, dS^T). Per 64-column block j of the head_dim: A is the
+  // block of the Q/dO tile read MN-major (M = 64 columns, one swizzle block), B this
+  // warpgroup's 32 rows of the transposed tile, K-major.
+  __device__ static __forceinline__ void transposed_gemm(float (&acc)[kColBlocks][kAcc],
+                                                         const char* a_tile, const char* b_tile,
+                                                         int wg) {
+#pragma unroll
+    for (int j = 0; j < kColBlocks; ++j) {
+      const u64 a_desc = wgmma_desc_mn_major_sw128(a_tile + j * kBlockM * 128, kBlockM * 128);
+#pragma unroll
+      for (int kk = 0; kk < kBlockM / 16; ++kk) {
+        wgmma_ss<kIn, kKeys, 1, 0>(acc[j],
+                                   wgmma_desc_advance(a_desc, kk * kSw128MnMajorKStepBytes),
+                                   tile_desc_k_major(b_tile, kBlockN, kKeys * wg, kk), true);
+      }
+    }
+    wgmma_commit_group();
+  }
+
+  // Piece b of dQ = dS K over this warpgroup's columns: A = dS^T (keys x queries, MN-major:
+  // M = 64 queries, one swizzle block), B = K's column block kDqPieces wg + b (MN-major, N = 64).
+  __device__ static __forceinline__ void dq_mma(float (&dq)[32], const char* smem, int wg,
+                                                int b) {
+    const u64 a_desc = wgmma_desc_mn_major_sw128(smem + kOffDst, kBlockN * 128);
+    const u64 b_desc = wgmma_desc_mn_major_sw128(
+        smem + kOffK + (kDqPieces * wg + b) * kBlockN * 128, kBlockN * 128);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      wgmma_ss<kIn, 64, 1, 1>(dq, wgmma_desc_advance(a_desc, kk * kSw128MnMajorKStepBytes),
+                              wgmma_desc_advance(b_desc, kk * kSw128MnMajorKStepBytes), kk > 0);
+    }
+    wgmma_commit_group();
+  }
+
+  // dQ's pieces go through the one buffer in the writer's order: warpgroup 0's, then warpgroup
+  // 1's (column block kDqPieces wg + b). Piece number n of this thread's walk waits for n reads
+  // of the buffer. The parity of one barrier tells only consecutive phases apart, so the
+  // warpgroups take turns: warpgroup 1 starts after warpgroup 0's last store (kHandOff, in
+  // consume); warpgroup 0's next task starts after both passed that task's stage-4 barrier,
+  // which warpgroup 1 reaches only after its stores.
+  __device__ static __forceinline__ void hand_off_piece(const float (&dq)[32], char* smem,
+                                                        Bars* bars, int task, int b,
+                                                        const MmaThread& me) {
+    float* buf = reinterpret_cast<float*>(smem + kOffDq);
+    const int n = (task * 2 + me.wg) * kDqPieces + b;
+    mbarrier_wait_parity(&bars->dq_empty[0], (n & 1) ^ 1);
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) {
+      const int row = 16 * me.warp + me.g + 8 * ((e / 2) % 2);
+      const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
+      *reinterpret_cast<float2*>(buf + row * 64 + col) = make_float2(dq[e], dq[e + 1]);
+    }
+    fence_proxy_async_shared();
+    mbarrier_arrive(&bars->dq_full[0]);
+  }
+};
+
+}  // namespace dashgen
