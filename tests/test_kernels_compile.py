@@ -41,7 +41,7 @@ HYBRID_PACK_SPILL_BYTES = 192
 # hand-off overlaps them); with dK/dV stored 16 bytes at a time at a segment's end
 # (docs/design.md, `dkv-16-byte-stores`) only the GQA backward without the dQ order spills
 # there (16 bytes; 0-56 by variant before, most of it reloads). head_dim 64 spills none.
-MMA_SPILL_BYTES = {64: 0, 128: 16}
+MMA_SPILL_BYTES = {64: 0, 128: 16, 256: 0}
 # dq_last at head_dim 64 keeps the dS tiles of the softmax loop beside dK's accumulators: 56
 # bytes, accepted because it measured 1.14-1.26x faster at 128k-256k (docs/design.md,
 # `dq-last-long`). At 128 it spills no more than the others.
@@ -54,6 +54,11 @@ SOFTCAP_SPILL_BYTES = 24
 # compare; written as two compares it spilled 48-72 bytes in the GQA kernels at head_dim 128
 # (docs/design.md, `sliding-window`). Now none.
 WINDOW_SPILL_BYTES = 0
+# At head_dim 256 (the swapped mainloop, 64-row KV tiles) a producer-warpgroup lane (24
+# registers) keeps 4-8 bytes in local memory where a pack's walk runs and where the traced dQ
+# writer lands its pieces (nvdisasm: the stores follow setmaxnreg's decrease to 24); the MMA
+# warpgroups spill none. (Counted as ptxas reports both directions: 8 stored, 8 reloaded.)
+SWAPPED_LANE_SPILL_BYTES = 16
 # Fallbacks that cost the main loop its overlap: never accepted.
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
 
@@ -117,6 +122,18 @@ EXTRA_VARIANTS = [
     B("bf16", 128, False, "spt", window=True, varlen=True, early_kv=True, gqa=True),
     B("fp16", 96, False, "descending", window=True, varlen=True, early_kv=True),
     F("bf16", 128, False, window=True, varlen=True),
+    # head_dim 256, the swapped mainloop (attn/bwd_mainloop_swapped.cuh): each schedule kind,
+    # mode, GQA, fp16, the modifiers, packs, early_kv
+    B("bf16", 256, True, "spt_listed"),
+    B("bf16", 256, False, "shift"),
+    B("bf16", 256, False, "fa3", deterministic=False),
+    B("fp16", 256, True, "symmetric_shift", gqa=True),
+    B("bf16", 256, True, "descending", early_kv=True),
+    B("bf16", 256, True, "table", trace=True),
+    B("bf16", 256, False, "spt_listed", window=True),
+    B("bf16", 256, True, "spt", softcap=True, gqa=True),
+    B("bf16", 256, True, "spt", varlen=True, gqa=True),
+    B("bf16", 256, False, "spt", varlen=True, deterministic=False),
 ]
 # The forwards at the head dims that compile but have not run on a GPU (FORWARD_HEAD_DIMS less
 # HEAD_DIMS, and 192 with V 128 wide): every dtype, mask and kind, since select offers none of
@@ -171,7 +188,9 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
                    else MMA_SPILL_BYTES)[variant.kernel_head_dim]
             mma += SOFTCAP_SPILL_BYTES if variant.softcap else 0
             mma += WINDOW_SPILL_BYTES if variant.window else 0
-        allowed = mma
+        lane = (SWAPPED_LANE_SPILL_BYTES if main_backward and variant.swapped
+                and (variant.varlen or variant.trace) else 0)
+        allowed = mma + lane
         if main_backward and not variant.table:
             # A named policy's walk runs in the scheduler lane, inside the producer
             # warpgroup's 24 registers, and may keep a few words in local memory; the same
@@ -185,7 +204,7 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
             twin = (dataclasses.replace(variant, deterministic=False)
                     if variant.varlen or variant.window
                     else dataclasses.replace(variant, schedule="table"))
-            assert compiled(twin).resources[twin.kernel_name].spill_bytes <= mma + (
+            assert compiled(twin).resources[twin.kernel_name].spill_bytes <= mma + lane + (
                 HYBRID_PACK_SPILL_BYTES if hybrid_pack else 0)
         assert usage.spill_bytes <= allowed, f"{function} spills {usage.spill_bytes} bytes:\n{cubin.log}"
         assert usage.stack_frame_bytes <= allowed, f"{function}: {usage.stack_frame_bytes} B stack"

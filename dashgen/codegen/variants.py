@@ -58,9 +58,16 @@ class BackwardConstants:
 
 
 # The head dims the backward's variant compiles for beyond HEAD_DIMS: their kernels build, fit
-# and compile without spills (tests/test_kernels_compile.py); the runtime refuses them
-# (HEAD_DIMS) until they have run on the GPU.
+# and compile without spills (tests/test_kernels_compile.py); the runtime refuses them until they
+# have run on the GPU. OPENED_HEAD_DIMS opens them for the GPU tests that decide that.
 BACKWARD_BUILT_HEAD_DIMS = (256,)
+OPENED_HEAD_DIMS: tuple[int, ...] = ()
+
+
+def served_head_dims() -> tuple[int, ...]:
+    """The head dims the runtime serves: HEAD_DIMS, and any OPENED_HEAD_DIMS."""
+    return HEAD_DIMS + OPENED_HEAD_DIMS
+
 BACKWARD_CONSTANTS = {
     (64, False): BackwardConstants(block_m=128, block_n=128),
     (64, True): BackwardConstants(block_m=128, block_n=128),
@@ -114,18 +121,20 @@ FORWARD_TILES = {
 
 
 def check_dtype_head_dim(dtype: str, head_dim: int,
-                         head_dims: tuple[int, ...] = HEAD_DIMS) -> None:
+                         head_dims: tuple[int, ...] | None = None) -> None:
     """Raise ValueError naming dtype or head_dim where no kernel runs for them (or, given
     head_dims, where none compiles)."""
+    head_dims = served_head_dims() if head_dims is None else head_dims
     if dtype not in ELEMENT_TYPES:
         raise ValueError(f"dtype must be one of {sorted(ELEMENT_TYPES)}, got {dtype!r}")
     if head_dim not in head_dims:
         raise ValueError(f"head_dim must be one of {head_dims}, got {head_dim!r}")
 
 
-def backward_tiles(head_dim: int, head_dims: tuple[int, ...] = HEAD_DIMS) -> tuple[int, int]:
-    """(block_m, block_n) of the backward at a head_dim: the tiles its schedules are built in
-    (given head_dims, at the head dims whose kernels compile)."""
+def backward_tiles(head_dim: int) -> tuple[int, int]:
+    """(block_m, block_n) of the backward at a head_dim the runtime serves: the tiles its
+    schedules are built in."""
+    head_dims = served_head_dims()
     if head_dim not in head_dims:
         raise ValueError(f"head_dim must be one of {head_dims}, got {head_dim!r}")
     c = BACKWARD_CONSTANTS[kernel_head_dim(head_dim), False]

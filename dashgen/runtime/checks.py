@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from ..codegen.variants import HEAD_DIMS
+from ..codegen.variants import served_head_dims
 from ..schedule.builders import get_builder
 from .op_common import constant_for_compile
 from .tables import is_table, table_of
@@ -65,8 +65,9 @@ def heads_divide(heads_q: int, heads_kv: int) -> None:
 
 
 def head_dim(q: torch.Tensor) -> None:
-    if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"q has head_dim {q.shape[-1]}; supported head_dims: {HEAD_DIMS}")
+    if q.shape[-1] not in served_head_dims():
+        raise ValueError(f"q has head_dim {q.shape[-1]}; supported head_dims: "
+                         f"{served_head_dims()}")
 
 
 def last_dim_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

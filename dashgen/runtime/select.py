@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..caches import memo
-from ..codegen.variants import (DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
+from ..codegen.variants import (BACKWARD_CONSTANTS, DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
                                 BackwardVariant, ForwardVariant, backward_tiles,
                                 check_dtype_head_dim, kernel_head_dim)
 from ..schedule.builders import (HYBRID_MAX_TILES, hybrid_need, Tiling, get_builder, schedule_loads,
@@ -286,8 +286,8 @@ class Plan:
             raise ValueError("fused_convert: a window's backward converts dQ in the convert "
                              "kernel (its Q tiles without a KV tile are not a run the "
                              "converter deals)")
-        if window:
-            fused = False
+        if window or BACKWARD_CONSTANTS[kernel_head_dim(problem.head_dim), causal].swapped:
+            fused = False  # the swapped mainloop's dQ is converted by the convert kernel
         if fused is None:
             # The busiest worker carries at least the mean: where even that rules the converter
             # out (long sequences), the per-worker loads, O(units), are never counted.

@@ -74,9 +74,7 @@ struct BwdMainloopSwapped {
     const int warp = (tid % 128) / 32, lane = tid % 32;
     const MmaThread me{wg, tid, warp, lane, lane >> 2, lane & 3};
     const int group = p.heads_q / p.heads_kv;
-    const float scale_log2 = kSoftcap != 0 ? p.softcap * kLog2e : p.softmax_scale * kLog2e;
-    const int causal_offset = p.seqlen_k - p.seqlen_q;
-    int seq_k = p.seqlen_k, seq_offset = causal_offset;
+    int seq_k = p.seqlen_k, seq_offset = p.seqlen_k - p.seqlen_q;
     float dkt[kColBlocks][kAcc], dvt[kColBlocks][kAcc];  // dK^T, dV^T of this warpgroup's keys
     int segment = 0;
 
@@ -118,7 +116,7 @@ struct BwdMainloopSwapped {
       u32 pk[kAcc / 2], dsk[kAcc / 2];
       const float* stats = reinterpret_cast<const float*>(smem + kOffStats) + s * 2 * kBlockM;
       wgmma_wait_group<0>();
-      recompute(sc, dp, stats, pk, dsk, p, t, seq_k, seq_offset, scale_log2, me);
+      recompute(sc, dp, stats, pk, dsk, p, t, seq_k, seq_offset, me);
 
       // 3. P^T for this warpgroup's dV^T: its own rows of the tile, its own barrier.
       store_transposed(smem + kOffPt, pk, me);
@@ -179,7 +177,9 @@ struct BwdMainloopSwapped {
   __device__ static __forceinline__ void recompute(
       const float (&sc)[kAcc], const float (&dp)[kAcc], const float* stats, u32 (&pk)[kAcc / 2],
       u32 (&dsk)[kAcc / 2], const BwdParams& p, const Task& t, int seq_k, int seq_offset,
-      float scale_log2, const MmaThread& me) {
+      const MmaThread& me) {
+    // Formed per task from the parameters: held through the loop it cost a register.
+    const float scale_log2 = (kSoftcap != 0 ? p.softcap : p.softmax_scale) * kLog2e;
     const int first_key = t.n * kBlockN + kKeys * me.wg, first_row = t.m * kBlockM;
     const bool edge =
         kWindow != 0

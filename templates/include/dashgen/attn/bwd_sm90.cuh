@@ -136,8 +136,9 @@ struct AttnBwdSm90 {
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;
   // dQ's fp32 partial goes to the writer whole through kStages buffers, or (swapped: the
   // whole partial does not fit beside two Q/dO stages) in 64-column pieces through one.
-  static constexpr int kDqPieces = kSwapped ? kColBlocks : 1;
-  static constexpr int kDqBuffers = kSwapped ? 1 : kStages;
+  // Enumerators, not static members: NVRTC emits those as globals of the module, and two more
+  // globals move the addresses other kernels of the module load (the pack plan's).
+  enum : int { kDqPieces = kSwapped ? kColBlocks : 1, kDqBuffers = kSwapped ? 1 : kStages };
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4 / kDqPieces;
   // dS goes to shared memory through transposing stmatrix (docs/design.md, `ds-stmatrix`). With
   // 128-row tasks (head_dim 64) each 16 query rows of dS are stored as soon as the softmax loop
