@@ -17,6 +17,7 @@ import pytest
 
 from dashgen.codegen.compile import (SETMAXNREG_IGNORED, WGMMA_ARRIVE_INJECTED, WGMMA_SERIALIZED,
                                      WGMMA_WAIT_INJECTED)
+from dashgen.codegen import variants
 from dashgen.codegen.cubins import get_or_compile
 from dashgen.tools.emit import golden_variants
 from dashgen.codegen.render import render, render_variant
@@ -320,14 +321,19 @@ def test_softcap_renders_its_switch_only_where_set():
         assert "kSoftcap" not in render_variant(variant).text and "softcap" not in repr(variant)
 
 
-def test_the_backward_constants_are_the_tiles_schedules_are_built_in():
+def test_the_backward_constants_are_the_tiles_schedules_are_built_in(monkeypatch):
+    # The head dims built but not served: refused, until opened (variants.OPENED_HEAD_DIMS).
+    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128\), got 256"):
+        backward_tiles(256)
+    monkeypatch.setattr(variants, "OPENED_HEAD_DIMS", variants.BACKWARD_BUILT_HEAD_DIMS)
     for (head_dim, causal), constants in BACKWARD_CONSTANTS.items():
         variant = B("bf16", head_dim, causal, "fa3")
         assert (variant.block_m, variant.block_n) == backward_tiles(head_dim)
         assert (variant.block_m, variant.block_n) == (constants.block_m, constants.block_n)
     assert backward_tiles(64) == (128, 128) and backward_tiles(128) == (64, 128)
     assert backward_tiles(96) == backward_tiles(128)  # computed in the 128 kernel
-    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128\), got 80"):
+    assert backward_tiles(256) == (64, 64) and B("bf16", 256, True, "fa3").swapped
+    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128, 256\), got 80"):
         backward_tiles(80)
 
 
