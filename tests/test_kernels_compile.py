@@ -42,7 +42,7 @@ HYBRID_PACK_SPILL_BYTES = 192
 # hand-off overlaps them); with dK/dV stored 16 bytes at a time at a segment's end
 # (docs/design.md, `dkv-16-byte-stores`) only the GQA backward without the dQ order spills
 # there (16 bytes; 0-56 by variant before, most of it reloads). head_dim 64 spills none.
-MMA_SPILL_BYTES = {64: 0, 128: 16, 256: 0}
+MMA_SPILL_BYTES = {64: 0, 128: 16, 192: 0, 256: 0}
 # dq_last at head_dim 64 keeps the dS tiles of the softmax loop beside dK's accumulators: 56
 # bytes, accepted because it measured 1.14-1.26x faster at 128k-256k (docs/design.md,
 # `dq-last-long`). At 128 it spills no more than the others.
@@ -55,11 +55,12 @@ SOFTCAP_SPILL_BYTES = 24
 # compare; written as two compares it spilled 48-72 bytes in the GQA kernels at head_dim 128
 # (docs/design.md, `sliding-window`). Now none.
 WINDOW_SPILL_BYTES = 0
-# At head_dim 256 (the swapped mainloop, 64-row KV tiles) a producer-warpgroup lane (24
-# registers) keeps 4-8 bytes in local memory where a pack's walk runs and where the traced dQ
-# writer lands its pieces (nvdisasm: the stores follow setmaxnreg's decrease to 24); the MMA
-# warpgroups spill none. (Counted as ptxas reports both directions: 8 stored, 8 reloaded.)
-SWAPPED_LANE_SPILL_BYTES = 16
+# At head_dims 192 and 256 (the swapped mainloop, 64-row KV tiles) a producer-warpgroup lane (24
+# registers) keeps a few words in local memory where a pack's walk runs (8 bytes stored, 8
+# reloaded) and where the traced dQ writer lands its pieces (up to 16 stored, 24 reloaded at
+# 192; nvdisasm: every such access follows setmaxnreg's decrease to 24); the MMA warpgroups
+# spill none.
+SWAPPED_LANE_SPILL_BYTES = 40
 # Fallbacks that cost the main loop its overlap: never accepted.
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
 
@@ -135,6 +136,14 @@ EXTRA_VARIANTS = [
     B("bf16", 256, True, "spt", softcap=True, gqa=True),
     B("bf16", 256, True, "spt", varlen=True, gqa=True),
     B("bf16", 256, False, "spt", varlen=True, deterministic=False),
+    # head_dim 192 in the same mainloop: dQ's three pieces split two and one
+    B("bf16", 192, True, "spt_listed"),
+    B("bf16", 192, False, "shift", gqa=True),
+    B("fp16", 192, True, "symmetric_shift"),
+    B("bf16", 192, False, "fa3", deterministic=False),
+    B("bf16", 192, True, "table", trace=True),
+    B("bf16", 192, False, "spt_listed", window=True, softcap=True),
+    B("bf16", 192, True, "spt", varlen=True, gqa=True),
 ]
 # The forwards at the head dims that compile but have not run on a GPU (FORWARD_HEAD_DIMS less
 # HEAD_DIMS, and 192 with V 128 wide): every dtype, mask and kind, since select offers none of
@@ -332,8 +341,10 @@ def test_the_backward_constants_are_the_tiles_schedules_are_built_in(monkeypatch
         assert (variant.block_m, variant.block_n) == (constants.block_m, constants.block_n)
     assert backward_tiles(64) == (128, 128) and backward_tiles(128) == (64, 128)
     assert backward_tiles(96) == backward_tiles(128)  # computed in the 128 kernel
-    assert backward_tiles(256) == (64, 64) and B("bf16", 256, True, "fa3").swapped
-    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128, 256\), got 80"):
+    assert backward_tiles(192) == backward_tiles(256) == (64, 64)
+    assert B("bf16", 192, True, "fa3").swapped and B("bf16", 256, True, "fa3").swapped
+    with pytest.raises(ValueError,
+                       match=r"^head_dim must be one of \(64, 96, 128, 192, 256\), got 80"):
         backward_tiles(80)
 
 
@@ -370,12 +381,7 @@ def test_past_head_dim_128_the_runtime_serves_nothing_yet(head_dim):
     opened (variants.OPENED_HEAD_DIMS)."""
     assert FORWARD_HEAD_DIMS == (64, 96, 128, 192, 256) and HEAD_DIMS == (64, 96, 128)
     assert F("bf16", head_dim, False).head_dim == head_dim
-    if head_dim in variants.BACKWARD_BUILT_HEAD_DIMS:
-        assert B("bf16", head_dim, False, "fa3").swapped
-    else:
-        with pytest.raises(ValueError, match=rf"^head_dim must be one of \(64, 96, 128, "
-                                             rf"256\), got {head_dim}$"):
-            B("bf16", head_dim, False, "fa3")
+    assert head_dim in variants.BACKWARD_BUILT_HEAD_DIMS and B("bf16", head_dim, False, "fa3").swapped
     with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128\), got "
                                          rf"{head_dim}$"):
         backward_tiles(head_dim)

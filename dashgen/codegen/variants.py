@@ -60,7 +60,7 @@ class BackwardConstants:
 # The head dims the backward's variant compiles for beyond HEAD_DIMS: their kernels build, fit
 # and compile without spills (tests/test_kernels_compile.py); the runtime refuses them until they
 # have run on the GPU. OPENED_HEAD_DIMS opens them for the GPU tests that decide that.
-BACKWARD_BUILT_HEAD_DIMS = (256,)
+BACKWARD_BUILT_HEAD_DIMS = (192, 256)
 OPENED_HEAD_DIMS: tuple[int, ...] = ()
 
 
@@ -73,9 +73,12 @@ BACKWARD_CONSTANTS = {
     (64, True): BackwardConstants(block_m=128, block_n=128),
     (128, False): BackwardConstants(block_m=64, block_n=128),
     (128, True): BackwardConstants(block_m=64, block_n=128),
-    # 64x64 tasks, 32 keys a warpgroup: dK^T + dV^T take 128 registers a thread, the data's
-    # peak 192 (lab/notes/backward-head-dims-plan.md, 256-B'); Q/dO keep two stages and dQ's
-    # four 16 KB pieces share one buffer: 231,968 bytes of shared memory.
+    # 64x64 tasks, 32 keys a warpgroup: dK^T + dV^T take 96 (192) and 128 (256) registers a
+    # thread, the data's peak 160 and 192 (lab/notes/backward-head-dims-plan.md, 192-D and
+    # 256-B'); Q/dO keep two stages and dQ's 16 KB pieces share one buffer: 182,816 and 231,968
+    # bytes of shared memory.
+    (192, False): BackwardConstants(block_m=64, block_n=64, swapped=True),
+    (192, True): BackwardConstants(block_m=64, block_n=64, swapped=True),
     (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True),
     (256, True): BackwardConstants(block_m=64, block_n=64, swapped=True),
 }

@@ -55,8 +55,10 @@ struct BwdMainloopSwapped {
   static constexpr int kColBlocks = K::kColBlocks;
   static constexpr int kKeys = kBlockN / 2;        // a warpgroup's KV rows
   static constexpr int kAcc = kKeys / 2;           // registers of one m64n32 accumulator
-  static constexpr int kDqCols = kHeadDim / 2;     // dQ columns a warpgroup computes
-  static constexpr int kDqPieces = kDqCols / 64;   // its 64-column pieces
+  // dQ's 64-column pieces (column blocks): warpgroup 0 computes the first kPieces0, warpgroup 1
+  // the other kPieces1 (at 192 two and one: 96 columns would start an MN-major B operand in the
+  // middle of a swizzle block).
+  static constexpr int kPieces0 = (kColBlocks + 1) / 2, kPieces1 = kColBlocks - kPieces0;
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
@@ -67,7 +69,7 @@ struct BwdMainloopSwapped {
   static constexpr int kOffPt = K::kOffDs, kOffDst = K::kOffDs + K::kDsBytes;
   static constexpr int kOffDq = K::kOffDq, kOffStats = K::kOffStats;
   static_assert(kBlockM == 64 && kBlockN == 64, "64 query rows against 64 KV rows a task");
-  static_assert(kHeadDim == 256, "dQ's columns in 64-column pieces, 2 a warpgroup");
+  static_assert(kHeadDim == 192 || kHeadDim == 256, "head_dim 192 or 256");
 
   __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
                                  int wg, int tid) {
@@ -133,21 +135,22 @@ struct BwdMainloopSwapped {
 
       // 5 and 6. dQ's first piece, dK^T under its hand-off, then the other pieces, each computed
       // (N = 64) and handed to the writer in turn: one piece's 32 registers live, not 64.
+      // Both warpgroups issue the same wgmmas (kPieces0 pieces): a wgmma on a path only one of
+      // them takes is serialized by ptxas. Where warpgroup 1 has fewer pieces (192) it
+      // recomputes its last and hands it over once.
+      const int first = wg == 0 ? 0 : kPieces0, pieces = wg == 0 ? kPieces0 : kPieces1;
       float dq[32];
-      dq_mma(dq, smem, wg, 0);
+      dq_mma(dq, smem, first);
       transposed_gemm(dkt, q_tile, smem + kOffDst, wg);
       wgmma_wait_group<1>();  // the first piece retired
       if (wg == 1) named_barrier_sync(static_cast<u32>(K::Barrier::kHandOff), 256);
-      hand_off_piece(dq, smem, bars, i - begin, 0, me);
+      hand_off_piece(dq, smem, bars, (i - begin) * kColBlocks + first, me);
 #pragma unroll
-      for (int b = 1; b < kDqPieces; ++b) {
-        dq_mma(dq, smem, wg, b);
+      for (int b = 1; b < kPieces0; ++b) {
+        dq_mma(dq, smem, first + (b < pieces ? b : pieces - 1));
         wgmma_wait_group<0>();
-        if (b == kDqPieces - 1) {  // Q/dO (and K/V) read for the last time
-          if (kEarlyKv && me.tid % 128 == 0 && t.seg_end) mbarrier_arrive(&bars->kv_empty);
-          mbarrier_arrive(&bars->q_empty[s]);
-        }
-        hand_off_piece(dq, smem, bars, i - begin, b, me);
+        if (b == kPieces0 - 1) release_stage(bars, s, t.seg_end, me);
+        if (b < pieces) hand_off_piece(dq, smem, bars, (i - begin) * kColBlocks + first + b, me);
       }
       if (wg == 0) named_barrier_arrive(static_cast<u32>(K::Barrier::kHandOff), 256);
       if (t.seg_end) {
@@ -252,13 +255,12 @@ struct BwdMainloopSwapped {
     wgmma_commit_group();
   }
 
-  // Piece b of dQ = dS K over this warpgroup's columns: A = dS^T (keys x queries, MN-major:
-  // M = 64 queries, one swizzle block), B = K's column block kDqPieces wg + b (MN-major, N = 64).
-  __device__ static __forceinline__ void dq_mma(float (&dq)[32], const char* smem, int wg,
-                                                int b) {
+  // Column block cb of dQ = dS K: A = dS^T (keys x queries, MN-major: M = 64 queries, one
+  // swizzle block), B = K's column block cb (MN-major, N = 64).
+  __device__ static __forceinline__ void dq_mma(float (&dq)[32], const char* smem, int cb) {
     const u64 a_desc = wgmma_desc_mn_major_sw128(smem + kOffDst, kBlockN * 128);
-    const u64 b_desc = wgmma_desc_mn_major_sw128(
-        smem + kOffK + (kDqPieces * wg + b) * kBlockN * 128, kBlockN * 128);
+    const u64 b_desc =
+        wgmma_desc_mn_major_sw128(smem + kOffK + cb * kBlockN * 128, kBlockN * 128);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -268,17 +270,23 @@ struct BwdMainloopSwapped {
     wgmma_commit_group();
   }
 
-  // dQ's pieces go through the one buffer in the writer's order: warpgroup 0's, then warpgroup
-  // 1's (column block kDqPieces wg + b). Piece number n of this thread's walk waits for n reads
-  // of the buffer. The parity of one barrier tells only consecutive phases apart, so the
-  // warpgroups take turns: warpgroup 1 starts after warpgroup 0's last store (kHandOff, in
-  // consume); warpgroup 0's next task starts after both passed that task's stage-4 barrier,
-  // which warpgroup 1 reaches only after its stores.
+  // Q/dO stage s free once dK^T's and the last dQ piece's wgmmas retired, and (kEarlyKv) at a
+  // segment's end K/V.
+  __device__ static __forceinline__ void release_stage(Bars* bars, int s, bool seg_end,
+                                                       const MmaThread& me) {
+    if (kEarlyKv && me.tid % 128 == 0 && seg_end) mbarrier_arrive(&bars->kv_empty);
+    mbarrier_arrive(&bars->q_empty[s]);
+  }
+
+  // dQ's pieces go through the one buffer in the writer's order, column block by column block:
+  // warpgroup 0's, then warpgroup 1's. Piece n of the walk (task * kColBlocks + its column
+  // block) waits for n reads of the buffer. The parity of one barrier tells only consecutive
+  // phases apart, so the warpgroups take turns: warpgroup 1 starts after warpgroup 0's last
+  // store (kHandOff, in consume); warpgroup 0's next task starts after both passed that task's
+  // stage-4 barrier, which warpgroup 1 reaches only after its stores.
   __device__ static __forceinline__ void hand_off_piece(const float (&dq)[32], char* smem,
-                                                        Bars* bars, int task, int b,
-                                                        const MmaThread& me) {
+                                                        Bars* bars, int n, const MmaThread& me) {
     float* buf = reinterpret_cast<float*>(smem + kOffDq);
-    const int n = (task * 2 + me.wg) * kDqPieces + b;
     mbarrier_wait_parity(&bars->dq_empty[0], (n & 1) ^ 1);
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {

@@ -120,8 +120,9 @@ struct AttnBwdSm90 {
   // ---- pipeline and shared memory -------------------------------------------------------------
   static constexpr int kStages = 2;
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || (kSwapped && kHeadDim == 256),
-                "head_dim 64 or 128, 256 swapped");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 ||
+                    (kSwapped && (kHeadDim == 192 || kHeadDim == 256)),
+                "head_dim 64 or 128, 192 or 256 swapped");
   static_assert(kBlockN == (kSwapped ? 64 : 128),
                 "128 KV rows: 64 per MMA warpgroup; swapped, 64: 32 per warpgroup");
   static_assert(!kSwapped || (kBlockM == 64 && !kFusedConvert && !kDqLast),

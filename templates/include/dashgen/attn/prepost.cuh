@@ -19,10 +19,14 @@ template <int kHeadDim>
 struct RowLanes {
   static constexpr int kThreads = 128;
   static constexpr int kRowsPerBlock = 16;
-  static constexpr int kLanes = kHeadDim / 8;             // threads per row
+  // Threads per row: a power of two, so that a row's lanes sit inside one warp. At 192 (24
+  // lanes of 8 columns) a row takes a whole warp and its last 8 lanes idle (kIdleLanes).
+  static constexpr int kLanes = kHeadDim / 8 <= 16 ? kHeadDim / 8 : 32;
   static constexpr int kRowsPerPass = kThreads / kLanes;  // rows the block covers at once
-  static_assert(kHeadDim % 64 == 0 && 32 % kLanes == 0 && kRowsPerBlock % kRowsPerPass == 0,
-                "head_dim 64 or 128: a row's lanes sit inside one warp");
+  enum : int { kIdleLanes = kLanes * 8 != kHeadDim };     // an enumerator: no module global
+  static_assert(kHeadDim % 64 == 0 && kLanes * 8 >= kHeadDim && 32 % kLanes == 0 &&
+                    kRowsPerBlock % kRowsPerPass == 0,
+                "head_dim 64, 128, 192 or 256: a row's lanes sit inside one warp");
 };
 
 // Cfg: the backward's configuration (AttnBwdSm90). It also lays lse (as log2) and D out per
@@ -74,14 +78,15 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
 #pragma unroll
     for (int pass = 0; pass < L::kRowsPerBlock / L::kRowsPerPass; ++pass) {
       const int row = row_block * L::kRowsPerBlock + pass * L::kRowsPerPass + sub;
-      if (p.zero_dq && row < p.padded_rows) {
+      if (p.zero_dq && row < p.padded_rows && (!L::kIdleLanes || lane * 8 < kHeadDim)) {
         float4* acc = reinterpret_cast<float4*>(
             p.dq_accum + ((static_cast<i64>(b) * p.heads + h) * p.padded_rows + row) * kHeadDim) + lane * 2;
         acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
         acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
       float sum = 0.f;
-      if (row < p.seqlen && (kTensorHeadDim == kHeadDim || lane * 8 < kTensorHeadDim)) {
+      if (row < p.seqlen &&
+          ((kTensorHeadDim == kHeadDim && !L::kIdleLanes) || lane * 8 < kTensorHeadDim)) {
         const i64 base = (static_cast<i64>(b) * p.seqlen + row) * p.row_stride + static_cast<i64>(h) * kTensorHeadDim + lane * 8;
         const uint4 ov = *reinterpret_cast<const uint4*>(o + base);
         const uint4 dv = *reinterpret_cast<const uint4*>(dout + base);
@@ -143,7 +148,7 @@ struct AttnConvert : RowLanes<Cfg::kHeadDim> {
       const int row = row_block * L::kRowsPerBlock + pass * L::kRowsPerPass + sub;
       if (row >= p.seqlen) continue;
       const int c = lane * 8;
-      if (kTensorHeadDim != kHeadDim && c >= kTensorHeadDim) continue;
+      if ((kTensorHeadDim != kHeadDim || L::kIdleLanes) && c >= kTensorHeadDim) continue;
       // accum_col moves whole 8-float chunks, so the thread's 8 columns stay adjacent.
       const int sc = p.swizzled ? accum_col(row, c) : c;
       const bool empty = p.counters && p.counters[(static_cast<i64>(b) * p.heads + h) * tiles + row / p.block_m] == 0u;

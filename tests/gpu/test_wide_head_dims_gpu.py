@@ -1,10 +1,10 @@
-"""head_dim 256 on an sm_90 GPU: the forward and the swapped backward (attn/bwd_mainloop_swapped.cuh)
-against float64, held to 2x PyTorch's own error in the input dtype, under every schedule that
+"""head_dim 192 and 256 on an sm_90 GPU: the forward and the swapped backward
+(attn/bwd_mainloop_swapped.cuh) against float64, held to 2x PyTorch's own error in the input dtype, under every schedule that
 serves the problem, both masks, GQA/MQA, fp16, the unordered mode, a window and soft-capping;
 bits across repeats beside a busy stream; a pack gives each sequence its bits alone.
-The runtime refuses 256 until these pass (variants.OPENED_HEAD_DIMS, opened here).
+The runtime refuses both until these pass (variants.OPENED_HEAD_DIMS, opened here).
 
-Run: PYTHONPATH=. python3 -m pytest tests/gpu/test_head_dim_256_gpu.py -q
+Run: PYTHONPATH=. python3 -m pytest tests/gpu/test_wide_head_dims_gpu.py -q
 """
 from __future__ import annotations
 
@@ -20,47 +20,52 @@ from test_attention_gpu import (REPEATS, Case, busy_mismatches, out_and_grads,  
 
 pytestmark = pytest.mark.gpu
 
-HEAD_DIM = 256
+WIDE = variants.BACKWARD_BUILT_HEAD_DIMS  # (192, 256)
 
 
 @pytest.fixture(autouse=True)
 def opened(monkeypatch):
-    monkeypatch.setattr(variants, "OPENED_HEAD_DIMS", (HEAD_DIM,))
+    monkeypatch.setattr(variants, "OPENED_HEAD_DIMS", WIDE)
 
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(257, 257), (1000, 1000), (100, 257), (257, 100)],
                          ids=str)
 @pytest.mark.parametrize("heads_q, heads_kv", [(4, 4), (8, 2)], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_every_schedule_matches_float64(causal, heads_q, heads_kv, seqlen_q, seqlen_k, sm_count,
-                                        seed):
-    case = Case(2, heads_q, heads_kv, seqlen_q, seqlen_k, HEAD_DIM, causal)
+@pytest.mark.parametrize("head_dim", WIDE)
+def test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seqlen_q, seqlen_k,
+                                        sm_count, seed):
+    case = Case(2, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal)
     plans = serving_plans(case.problem, sm_count) + [dict(deterministic=False)]
     bad = [msg for plan in plans for msg in case.failures(**plan)]
     assert not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_fp16_and_mqa_match_float64(causal, sm_count, seed):
-    case = Case(1, 8, 1, 700, 333, HEAD_DIM, causal, dtype=torch.float16)
+@pytest.mark.parametrize("head_dim", WIDE)
+def test_fp16_and_mqa_match_float64(head_dim, causal, sm_count, seed):
+    case = Case(1, 8, 1, 700, 333, head_dim, causal, dtype=torch.float16)
     bad = [msg for plan in serving_plans(case.problem, sm_count) for msg in case.failures(**plan)]
     assert not bad, "\n".join(bad)
 
 
-def test_a_window_and_soft_capping_match_float64(seed):
+@pytest.mark.parametrize("head_dim", WIDE)
+def test_a_window_and_soft_capping_match_float64(head_dim, seed):
     from test_softcap_gpu import failures as softcap_failures
     from test_window_gpu import failures as window_failures
     from test_window_gpu import inputs
-    q, k, v, do = inputs(1, 600, 600, 4, 2, HEAD_DIM)
+    q, k, v, do = inputs(1, 600, 600, 4, 2, head_dim)
     bad = [msg for window in ((100, 0), (31, 77))
            for msg in window_failures(q, k, v, do, window, deterministic=True)]
     bad += softcap_failures(q, k, v, do, causal=True, softcap=30.0)
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("causal, schedule", [(False, "shift"), (True, "spt_listed")])
-def test_backward_is_bitwise_reproducible_beside_a_busy_stream(causal, schedule, sm_count, seed):
-    q, k, v = (torch.randn(2, 1000, h, HEAD_DIM, device="cuda", dtype=torch.bfloat16,
+@pytest.mark.parametrize("head_dim, causal, schedule",
+                         [(256, False, "shift"), (256, True, "spt_listed"), (192, True, "spt")])
+def test_backward_is_bitwise_reproducible_beside_a_busy_stream(head_dim, causal, schedule,
+                                                                sm_count, seed):
+    q, k, v = (torch.randn(2, 1000, h, head_dim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for h in (8, 2, 2))
     do = torch.randn_like(q)
     o = dashgen.attention(q, k, v, causal=causal, schedule=schedule, deterministic=True,
@@ -70,11 +75,11 @@ def test_backward_is_bitwise_reproducible_beside_a_busy_stream(causal, schedule,
     assert not mismatches, f"{len(mismatches)} of {REPEATS} calls differed, first {mismatches[:5]}"
 
 
-@pytest.mark.parametrize("heads_kv", [8, 2])
-def test_a_pack_gives_each_sequence_its_bits_alone(heads_kv, seed):
+@pytest.mark.parametrize("head_dim, heads_kv", [(256, 8), (256, 2), (192, 2)])
+def test_a_pack_gives_each_sequence_its_bits_alone(head_dim, heads_kv, seed):
     lengths = [1, 300, 129, 700, 90]
     heads_q = 8
-    make = lambda h: torch.randn(sum(lengths), h, HEAD_DIM, device="cuda",  # noqa: E731
+    make = lambda h: torch.randn(sum(lengths), h, head_dim, device="cuda",  # noqa: E731
                                  dtype=torch.bfloat16)
     q, do, k, v = make(heads_q), make(heads_q), make(heads_kv), make(heads_kv)
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
