@@ -934,24 +934,17 @@ def test_more_sequences_than_a_grid_holds_are_refused_before_any_kernel(on_cpu):
         check_varlen_inputs(q, k, v, many, many, 3, 3)
 
 
-def test_a_window_in_a_pack_is_refused_until_served_then_reaches_the_window_kernels(
-        on_cpu, monkeypatch):
-    """checks.PACK_WINDOW_SERVED off: a window that removes keys of the longest sequence raises
-    ValueError naming window_size (one that removes none runs the plain kernels); on, the
-    eager calls run the pack's window variants (spt by default) with the bounds."""
-    from dashgen.runtime import checks
+def test_a_window_in_a_pack_reaches_the_window_kernels(on_cpu, monkeypatch):
+    """A window that removes no key of the longest sequence runs the plain kernels; one that
+    removes keys, the pack's window variants (spt by default) with the bounds."""
     runtime = FakePackRuntime()
     monkeypatch.setattr(op_varlen, "_runtime", lambda: runtime)
     clear_caches()
     q, k, v, cu, _, longest, _ = pack([300, 500, 7], heads_q=4, heads_kv=2, head_dim=128)
-    with pytest.raises(ValueError, match=r"^window_size: sliding windows in packs are built but "
-                                         r"not yet validated on a GPU .*got \(63, 0\)$"):
-        attention_varlen(q, k, v, cu, cu, longest, longest, window_size=(63, 0))
     attention_varlen(q, k, v, cu, cu, longest, longest, window_size=(longest, 0))  # causal
     (_, forward), = runtime.calls
     assert not forward.window and forward.causal
     runtime.calls.clear()
-    monkeypatch.setattr(checks, "PACK_WINDOW_SERVED", True)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     o = attention_varlen(*leaves, cu, cu, longest, longest, window_size=(63, 0),
                          deterministic=True)

@@ -119,12 +119,6 @@ def softcap(value) -> float:
     return float(value)
 
 
-# Whether a pack runs a sliding window: its kernels compile and their pack deal and plan equal
-# the IR on the host (tests/test_pack_header.py, test_pack_plan_header.py), but until
-# tests/gpu/test_window_gpu.py's pack test has run on a GPU a window in a pack is refused.
-PACK_WINDOW_SERVED = False
-
-
 def window(window_size, causal: bool, seqlen_q: int | None = None,
            seqlen_k: int | None = None) -> tuple[bool, tuple[int, int]]:
     """(causal, window) for FlashAttention's window_size and causal: window_size = (left,

@@ -171,9 +171,6 @@ def _check_all(args, options, flag) -> tuple[Options, Selection | None]:
     cap = checks.softcap(softcap)
     # A window opened by the longest lengths removes no key of any sequence.
     causal, window = checks.window(window_size, causal, max_seqlen_q, max_seqlen_k)
-    if window != (-1, -1) and not checks.PACK_WINDOW_SERVED:
-        raise ValueError(f"window_size: sliding windows in packs are built but not yet validated "
-                         f"on a GPU (dashgen.attention has them), got {tuple(window_size)}")
     if not isinstance(schedule, str):
         raise ValueError(f"schedule must be 'auto' or one of {PACK_SCHEDULES} for a pack, got "
                          f"{schedule!r}")

@@ -152,13 +152,10 @@ def test_the_flash_attn_interfaces_window_size_is_attentions(seed):
 
 @pytest.mark.parametrize("window", [(63, 0), (200, 31)], ids=str)
 @pytest.mark.parametrize("head_dim, heads_kv", [(64, 2), (128, 8), (96, 2)])
-def test_a_windowed_pack_gives_each_sequence_its_bits_alone(head_dim, heads_kv, window, seed,
-                                                           monkeypatch):
-    """A pack under a window (checks.PACK_WINDOW_SERVED opened here, which this test decides):
-    each sequence's o, dq, dk, dv are the bits dashgen.attention gives it alone with the same
-    window (spt's ranks both ways), keys no row of their sequence sees included (zeros)."""
-    from dashgen.runtime import checks
-    monkeypatch.setattr(checks, "PACK_WINDOW_SERVED", True)
+def test_a_windowed_pack_gives_each_sequence_its_bits_alone(head_dim, heads_kv, window, seed):
+    """A pack under a window: each sequence's o, dq, dk, dv are the bits dashgen.attention gives
+    it alone with the same window (spt's ranks both ways), keys no row of their sequence sees
+    included (zeros)."""
     lengths_q, lengths_k = [1, 300, 0, 129, 700, 90], [1, 300, 40, 129, 700, 400]
     heads_q = 8
     make = lambda n, h: torch.randn(n, h, head_dim, device="cuda", dtype=torch.bfloat16)  # noqa
