@@ -1,5 +1,5 @@
-"""A head_dim the runtime does not serve yet (variants.OPENED_HEAD_DIMS, opened here), timed
-beside SDPA's cuDNN backend in one process: dashgen's backward (deterministic and unordered) and
+"""One head_dim timed beside SDPA's cuDNN backend in one process (with --open, one the runtime
+does not serve yet: variants.OPENED_HEAD_DIMS): dashgen's backward (deterministic and unordered) and
 forward, cuDNN's backward and forward, at the benchmark's 16,384 tokens and hidden 2048, full and
 causal. FLOPs as FlashAttention counts them (backward 2.5x the forward's 4 * seqlen^2 * head_dim
 per head, halved under the causal mask). CUDA events, median of --repeats after a warm-up; a JSON
@@ -38,8 +38,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--open", action="store_true", help="serve --head-dim for this run")
     args = parser.parse_args()
-    variants.OPENED_HEAD_DIMS = (args.head_dim,)
+    if args.open:
+        variants.OPENED_HEAD_DIMS = (args.head_dim,)
     heads = args.hidden // args.head_dim
     rows = []
     for causal in (False, True):

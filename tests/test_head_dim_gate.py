@@ -1,8 +1,8 @@
-"""The head dims whose forward compiles but has not run on a GPU (dashgen.codegen.variants:
-FORWARD_HEAD_DIMS less HEAD_DIMS) stay refused wherever users reach dashgen: dashgen.attention,
-attention_varlen, the interfaces and the runtime's selection, each with the error any head_dim
-without a kernel gets, before any kernel runs. The driver boundary is faked as in
-test_op_errors (op._kernels), so a call that got through would be recorded."""
+"""A head_dim without kernels (80, 160) is refused wherever users reach dashgen: dashgen.attention,
+attention_varlen, the interfaces and the runtime's selection, each with the same error, before
+any kernel runs; every head_dim the forward compiles for is one the runtime serves. The driver
+boundary is faked as in test_op_errors (op._kernels), so a call that got through would be
+recorded."""
 from __future__ import annotations
 
 import pytest
@@ -19,17 +19,17 @@ from dashgen.schedule.problem import Problem  # noqa: E402
 from test_op_errors import cpu_leaves, h200, kernels, on_cpu  # noqa: E402,F401  (fixtures)
 from test_varlen import pack  # noqa: E402
 
-COMPILED_ONLY = [d for d in FORWARD_HEAD_DIMS if d not in HEAD_DIMS]
-REFUSED = r"^q has head_dim {}; supported head_dims: \(64, 96, 128\)$"
-NO_KERNEL = r"^head_dim must be one of \(64, 96, 128\), got {}$"
+UNSERVED = [80, 160]
+REFUSED = r"^q has head_dim {}; supported head_dims: \(64, 96, 128, 192, 256\)$"
+NO_KERNEL = r"^head_dim must be one of \(64, 96, 128, 192, 256\), got {}$"
 
 
-def test_the_compiled_only_head_dims_are_192_and_256():
-    assert COMPILED_ONLY == [192, 256]
-    assert all(ForwardVariant("bf16", d, False).head_dim == d for d in COMPILED_ONLY)
+def test_every_head_dim_the_forward_compiles_for_is_served():
+    assert FORWARD_HEAD_DIMS == HEAD_DIMS == (64, 96, 128, 192, 256)
+    assert all(ForwardVariant("bf16", d, False).head_dim == d for d in HEAD_DIMS)
 
 
-@pytest.mark.parametrize("head_dim", COMPILED_ONLY)
+@pytest.mark.parametrize("head_dim", UNSERVED)
 def test_attention_and_flash_attn_func_refuse_them(on_cpu, kernels, head_dim):
     q, k, v = cpu_leaves(head_dim=head_dim)
     with pytest.raises(ValueError, match=REFUSED.format(head_dim)):
@@ -43,7 +43,7 @@ def test_attention_and_flash_attn_func_refuse_them(on_cpu, kernels, head_dim):
     assert kernels.calls == []
 
 
-@pytest.mark.parametrize("head_dim", COMPILED_ONLY)
+@pytest.mark.parametrize("head_dim", UNSERVED)
 def test_attention_varlen_refuses_them(on_cpu, kernels, head_dim):
     args = pack(head_dim=head_dim)
     with pytest.raises(ValueError, match=REFUSED.format(head_dim)):
@@ -53,9 +53,9 @@ def test_attention_varlen_refuses_them(on_cpu, kernels, head_dim):
     assert kernels.calls == []
 
 
-@pytest.mark.parametrize("head_dim", COMPILED_ONLY)
+@pytest.mark.parametrize("head_dim", UNSERVED)
 def test_the_runtimes_selection_refuses_them(head_dim):
-    """select asks check_dtype_head_dim with the runtime's HEAD_DIMS, not the forward's."""
+    """select asks check_dtype_head_dim with the runtime's HEAD_DIMS."""
     problem = Problem(batch=1, heads_q=2, seqlen_q=256, head_dim=head_dim)
     with pytest.raises(ValueError, match=NO_KERNEL.format(head_dim)):
         select_forward(problem, "bf16")

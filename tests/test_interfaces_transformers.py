@@ -51,9 +51,11 @@ def varlen(monkeypatch):
     from dashgen.runtime import op_varlen
     calls = []
 
-    def fake(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_scale=None, **_):
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_scale=None, **options):
         calls.append(dict(q=tuple(q.shape), k=tuple(k.shape), cu_q=cu_q.tolist(),
                           cu_k=cu_k.tolist(), max_q=max_q, max_k=max_k, causal=causal))
+        if tuple(options.get("window_size", (-1, -1))) != (-1, -1):
+            calls[-1]["window_size"] = tuple(options["window_size"])
         group = q.shape[1] // k.shape[1]
         out = []
         for (a, b), (c, d) in zip(zip(cu_q.tolist(), cu_q.tolist()[1:]),
@@ -290,10 +292,10 @@ def test_mask_is_the_padding_of_the_keys_where_there_is_some(mask_function, skip
     assert got.shape == (2, 11) and not got[:, 10].any() and got[:, :10].all()
 
 
-def test_a_sliding_window_over_the_causal_mask_is_left_to_the_attention(on_cpu, kernels):
+def test_a_sliding_window_over_the_causal_mask_is_left_to_the_attention(on_cpu, kernels, varlen):
     """transformers' sliding-window causal mask function: dashgen_mask answers as for the
     causal mask (None without padding); dashgen_attention takes the layer's sliding_window W
-    as FlashAttention's window_size (W - 1, 0)."""
+    as FlashAttention's window_size (W - 1, 0), packed documents included."""
     sliding = masking_utils.sliding_window_causal_mask_function(4)
     assert hf.dashgen_mask(batch_size=1, q_length=10, kv_length=10,
                            mask_function=sliding) is None
@@ -304,10 +306,12 @@ def test_a_sliding_window_over_the_causal_mask_is_left_to_the_attention(on_cpu, 
     hf.dashgen_attention(attention_module(sliding_window=32), q, k, v, None, s_aux=sinks)
     assert forwards(kernels)[-1]["window"] == (31, 0)  # GPT-OSS's layers: window and sinks
     q, k, v = bhsd_leaves(batch=1)
-    with pytest.raises(ValueError, match=r'^window_size: sliding windows in packs are built but '
-                                         r'not yet validated on a GPU'):
-        hf.dashgen_attention(attention_module(sliding_window=32), q, k, v, None,
-                             position_ids=torch.cat([torch.arange(60), torch.arange(40)])[None])
+    hf.dashgen_attention(attention_module(sliding_window=32), q, k, v, None,
+                         position_ids=torch.cat([torch.arange(60), torch.arange(40)])[None])
+    # flash_attn's form, (W - 1, W - 1) under causal: attention_varlen's checks.window takes the
+    # right bound to 0 there, as FlashAttention does.
+    assert varlen[-1]["cu_q"] == [0, 60, 100] and varlen[-1]["causal"]
+    assert varlen[-1]["window_size"] == (31, 31)
 
 
 @pytest.mark.parametrize("kwargs, pattern", [

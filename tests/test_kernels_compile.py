@@ -145,13 +145,12 @@ EXTRA_VARIANTS = [
     B("bf16", 192, False, "spt_listed", window=True, softcap=True),
     B("bf16", 192, True, "spt", varlen=True, gqa=True),
 ]
-# The forwards at the head dims that compile but have not run on a GPU (FORWARD_HEAD_DIMS less
-# HEAD_DIMS, and 192 with V 128 wide): every dtype, mask and kind, since select offers none of
-# them yet (the runtime refuses their head dims). Not golden for the same reason.
+# The forwards past head_dim 128 (192, 256, and 192 with V 128 wide, which has no backward):
+# every dtype, mask and kind. Not golden: the benchmark's sweep runs 64 and 128.
 WIDE_FORWARD_VARIANTS = [
     F(dtype, head_dim, causal, persistent=kind == "persistent", varlen=kind == "varlen",
       head_dim_v=head_dim_v)
-    for head_dim, head_dim_v in FORWARD_TILES if head_dim not in HEAD_DIMS
+    for head_dim, head_dim_v in FORWARD_TILES if head_dim > 128
     for dtype in ("bf16", "fp16") for causal in (False, True)
     for kind in ("one_tile", "persistent", "varlen")]
 GOLDEN_VARIANTS = golden_variants()
@@ -330,11 +329,7 @@ def test_softcap_renders_its_switch_only_where_set():
         assert "kSoftcap" not in render_variant(variant).text and "softcap" not in repr(variant)
 
 
-def test_the_backward_constants_are_the_tiles_schedules_are_built_in(monkeypatch):
-    # The head dims built but not served: refused, until opened (variants.OPENED_HEAD_DIMS).
-    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128\), got 256"):
-        backward_tiles(256)
-    monkeypatch.setattr(variants, "OPENED_HEAD_DIMS", variants.BACKWARD_BUILT_HEAD_DIMS)
+def test_the_backward_constants_are_the_tiles_schedules_are_built_in():
     for (head_dim, causal), constants in BACKWARD_CONSTANTS.items():
         variant = B("bf16", head_dim, causal, "fa3")
         assert (variant.block_m, variant.block_n) == backward_tiles(head_dim)
@@ -374,17 +369,16 @@ def test_variants_refuse_what_no_kernel_implements(variant, kwargs, error, patte
         variant(causal=False, **kwargs, **({"schedule": "fa3"} if variant is B else {}))
 
 
-@pytest.mark.parametrize("head_dim", [192, 256])
-def test_past_head_dim_128_the_runtime_serves_nothing_yet(head_dim):
-    """The forward's variant takes the head dims its kernel compiles for, the backward's those
-    its kernels build (BACKWARD_BUILT_HEAD_DIMS); the runtime serves none of them until they are
-    opened (variants.OPENED_HEAD_DIMS)."""
-    assert FORWARD_HEAD_DIMS == (64, 96, 128, 192, 256) and HEAD_DIMS == (64, 96, 128)
-    assert F("bf16", head_dim, False).head_dim == head_dim
-    assert head_dim in variants.BACKWARD_BUILT_HEAD_DIMS and B("bf16", head_dim, False, "fa3").swapped
-    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128\), got "
-                                         rf"{head_dim}$"):
-        backward_tiles(head_dim)
+def test_a_head_dim_is_built_but_refused_until_opened(monkeypatch):
+    """A backward built but not yet run on a GPU (BACKWARD_BUILT_HEAD_DIMS) compiles and is
+    refused by the runtime until opened (variants.OPENED_HEAD_DIMS), as 192 and 256 were."""
+    monkeypatch.setattr(variants, "BACKWARD_BUILT_HEAD_DIMS", (320,))
+    assert variants.served_head_dims() == HEAD_DIMS
+    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128, 192, 256\), "
+                                         r"got 320$"):
+        backward_tiles(320)
+    monkeypatch.setattr(variants, "OPENED_HEAD_DIMS", (320,))
+    assert variants.served_head_dims() == (*HEAD_DIMS, 320)
     with pytest.raises(ValueError,
                        match=r"^head_dim must be one of \(64, 96, 128, 192, 256\), got 80"):
         F("bf16", 80, False)

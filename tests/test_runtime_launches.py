@@ -14,7 +14,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dashgen.caches import Memo, clear_caches  # noqa: E402
-from dashgen.codegen import variants  # noqa: E402
 from dashgen.codegen.variants import (BACKWARD_CONSTANTS, BwdParams,  # noqa: E402
                                       ConvertParams, FwdParams, PrepParams)
 from dashgen.runtime import backward as runtime  # noqa: E402
@@ -165,11 +164,9 @@ def test_backward_launches_carry_the_right_pointers(recorder, heads_kv, determin
 
 
 @pytest.mark.parametrize("head_dim, causal", sorted(BACKWARD_CONSTANTS))
-def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, head_dim, causal,
-                                                                monkeypatch):
+def test_staged_stats_reach_the_preprocess_and_the_main_kernel(recorder, head_dim, causal):
     """docs/design.md, staged-stats: the preprocess lays the statistics out where the main
-    kernel reads them (at the head dims built but not yet served too)."""
-    monkeypatch.setattr(variants, "OPENED_HEAD_DIMS", variants.BACKWARD_BUILT_HEAD_DIMS)
+    kernel reads them."""
     do, q, k, v, o, lse = args = inputs(4, 4, head_dim=head_dim)
     runtime.backward(*args, causal=causal, softmax_scale=0.1, deterministic=True,
                      schedule="fa3", num_workers=3)

@@ -16,9 +16,10 @@ from typing import ClassVar
 from ..schedule.builders import BUILDERS
 
 ELEMENT_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}  # dtype -> CUDA type
-# The head dims dashgen runs: both kernels exist and were run on the GPU. The runtime refuses
+# The head dims dashgen runs: both kernels exist and were run on the GPU (192 and 256 in the
+# swapped backward since 2026-12-06: docs/design.md, `swapped-mainloop`). The runtime refuses
 # every other (dashgen.runtime.checks, select), and so does the backward's variant.
-HEAD_DIMS = (64, 96, 128)
+HEAD_DIMS = (64, 96, 128, 192, 256)
 # Head dims computed by a wider kernel (docs/design.md, `padded-head-dims`): the kernel's tiles,
 # shared memory, registers and schedules are the wider one's. Its TMA loads read zeros past the
 # tensors' columns (the descriptors carry the tensors' own width), and its stores to the tensors
@@ -32,11 +33,9 @@ def kernel_head_dim(head_dim: int) -> int:
     return KERNEL_HEAD_DIMS.get(head_dim, head_dim)
 
 
-# The head dims the forward's variant compiles for. 192 and 256 (and 192 with V 128 wide) render
-# and compile for sm_90a without spills, in the shared memory a block may use
-# (tests/test_kernels_compile.py); the 192 and 256 kernels matched float64 on an H100 through
-# runtime.forward (docs/design.md, `fwd-head-dims`). The runtime keeps refusing them (HEAD_DIMS)
-# while there is no backward for them: a training call would fail at its backward.
+# The head dims the forward's variant compiles for: HEAD_DIMS. 192 with V 128 wide compiles too
+# (FORWARD_TILES) and matched float64 on an H100 through runtime.forward (docs/design.md,
+# `fwd-head-dims`), but q/k and v of different widths have no backward yet.
 FORWARD_HEAD_DIMS = (64, 96, 128, 192, 256)
 SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
 THREADS = 384  # both main kernels: a producer warpgroup and two MMA warpgroups
@@ -57,10 +56,10 @@ class BackwardConstants:
     swapped: bool = False
 
 
-# The head dims the backward's variant compiles for beyond HEAD_DIMS: their kernels build, fit
-# and compile without spills (tests/test_kernels_compile.py); the runtime refuses them until they
-# have run on the GPU. OPENED_HEAD_DIMS opens them for the GPU tests that decide that.
-BACKWARD_BUILT_HEAD_DIMS = (192, 256)
+# The head dims the backward's variant compiles for beyond HEAD_DIMS (none now): kernels that
+# build, fit and compile without spills (tests/test_kernels_compile.py) but have not run on a
+# GPU; the runtime refuses them. OPENED_HEAD_DIMS opens them for the GPU tests that decide that.
+BACKWARD_BUILT_HEAD_DIMS: tuple[int, ...] = ()
 OPENED_HEAD_DIMS: tuple[int, ...] = ()
 
 
