@@ -32,6 +32,9 @@ CASES = [
     # in its last row.
     (1, 257, 200, 6, 2, 96, False, torch.bfloat16, "shift", 4),
     (1, 200, 200, 3, 3, 96, True, torch.float16, "spt", 3),
+    # head_dim 192 and 256: the swapped mainloop (a dQ buffer a piece at 192, one shared at 256)
+    (1, 200, 200, 2, 1, 192, True, torch.bfloat16, "spt", 3),
+    (1, 257, 130, 2, 2, 256, False, torch.bfloat16, "shift", 4),
 ]
 # The score modifiers' kernels (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, options,
 # dtype, schedule): windows (rows and keys no window reaches, both bounds, GQA) and soft-capping.
@@ -59,12 +62,14 @@ VARLEN_CASES = [
 
 def flipped(q_shape, k_shape, dtype: str, causal: bool, schedule: str, workers: int,
             sms: int) -> Overrides:
-    """Overrides that switch each policy from what select picks for these shapes."""
+    """Overrides that switch each policy from what select picks for these shapes (the swapped
+    backward has no fused converter to switch on)."""
     sel = selection(q_shape, k_shape, dtype, causal, True, False, schedule, workers, sms,
                     Overrides())
     fwd = forward_variant(q_shape, k_shape, dtype, causal, sms, Overrides())
-    return Overrides(fused_convert=not sel.backward.fused_convert,
-                     early_kv=not sel.backward.early_kv, persistent_forward=not fwd.persistent)
+    fused = None if sel.backward.swapped else not sel.backward.fused_convert
+    return Overrides(fused_convert=fused, early_kv=not sel.backward.early_kv,
+                     persistent_forward=not fwd.persistent)
 
 
 def main(picked: list[int], flip: bool = False) -> None:
