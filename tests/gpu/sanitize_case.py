@@ -32,8 +32,8 @@ CASES = [
     # in its last row.
     (1, 257, 200, 6, 2, 96, False, torch.bfloat16, "shift", 4),
     (1, 200, 200, 3, 3, 96, True, torch.float16, "spt", 3),
-    # head_dim 192 and 256: the swapped mainloop (a dQ buffer a piece at 192, one shared at 256)
-    (1, 200, 200, 2, 1, 192, True, torch.bfloat16, "spt", 3),
+    # head_dim 192 and 256: the swapped mainloop (dQ's pieces through one shared buffer)
+    (1, 200, 200, 2, 1, 192, True, torch.bfloat16, "spt", 3),  # three pieces: two and one
     (1, 257, 130, 2, 2, 256, False, torch.bfloat16, "shift", 4),
 ]
 # The score modifiers' kernels (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, options,
