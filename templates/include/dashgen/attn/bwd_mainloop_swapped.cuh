@@ -133,26 +133,9 @@ struct BwdMainloopSwapped {
       fence_proxy_async_shared();
       K::sync_mma_warpgroups();
 
-      // 5 and 6. dQ's first piece, dK^T under its hand-off, then the other pieces, each computed
-      // (N = 64) and handed to the writer in turn: one piece's 32 registers live, not 64.
-      // Both warpgroups issue the same wgmmas (kPieces0 pieces): a wgmma on a path only one of
-      // them takes is serialized by ptxas. Where warpgroup 1 has fewer pieces (192) it
-      // recomputes its last and hands it over once.
-      const int first = wg == 0 ? 0 : kPieces0, pieces = wg == 0 ? kPieces0 : kPieces1;
+      // 5 and 6.
       float dq[32];
-      dq_mma(dq, smem, first);
-      transposed_gemm(dkt, q_tile, smem + kOffDst, wg);
-      wgmma_wait_group<1>();  // the first piece retired
-      if (wg == 1) named_barrier_sync(static_cast<u32>(K::Barrier::kHandOff), 256);
-      hand_off_piece(dq, smem, bars, (i - begin) * kColBlocks + first, me);
-#pragma unroll
-      for (int b = 1; b < kPieces0; ++b) {
-        dq_mma(dq, smem, first + (b < pieces ? b : pieces - 1));
-        wgmma_wait_group<0>();
-        if (b == kPieces0 - 1) release_stage(bars, s, t.seg_end, me);
-        if (b < pieces) hand_off_piece(dq, smem, bars, (i - begin) * kColBlocks + first + b, me);
-      }
-      if (wg == 0) named_barrier_arrive(static_cast<u32>(K::Barrier::kHandOff), 256);
+      dk_and_dq(dkt, dq, smem, q_tile, bars, i - begin, s, t.seg_end, me);
       if (t.seg_end) {
         if constexpr (kGqa) {
           Epilogue::add_dkv_in_rank_order(p, t, dkt, dvt, me);
@@ -163,6 +146,33 @@ struct BwdMainloopSwapped {
         ++segment;
       }
     }
+  }
+
+  // Stages 5 and 6: dQ's first piece, dK^T under its hand-off, then the other pieces, each
+  // computed (N = 64) and handed to the writer in turn: one piece's 32 registers live, not 64.
+  // Both warpgroups issue the same wgmmas (kPieces0 pieces): a wgmma on a path only one of them
+  // takes is serialized by ptxas. Where warpgroup 1 has fewer pieces (192) it recomputes its
+  // last and hands it over once. Q/dO stage s (and K/V at a segment's end) are released with
+  // the last wgmmas that read them.
+  __device__ static __forceinline__ void dk_and_dq(float (&dkt)[kColBlocks][kAcc],
+                                                   float (&dq)[32], char* smem,
+                                                   const char* q_tile, Bars* bars, int task,
+                                                   int s, bool seg_end, const MmaThread& me) {
+    const int wg = me.wg;
+    const int first = wg == 0 ? 0 : kPieces0, pieces = wg == 0 ? kPieces0 : kPieces1;
+    dq_mma(dq, smem, first);
+    transposed_gemm(dkt, q_tile, smem + kOffDst, wg);
+    wgmma_wait_group<1>();  // the first piece retired
+    if (wg == 1) named_barrier_sync(static_cast<u32>(K::Barrier::kHandOff), 256);
+    hand_off_piece(dq, smem, bars, task * kColBlocks + first, me);
+#pragma unroll
+    for (int b = 1; b < kPieces0; ++b) {
+      dq_mma(dq, smem, first + (b < pieces ? b : pieces - 1));
+      wgmma_wait_group<0>();
+      if (b == kPieces0 - 1) release_stage(bars, s, seg_end, me);
+      if (b < pieces) hand_off_piece(dq, smem, bars, task * kColBlocks + first + b, me);
+    }
+    if (wg == 0) named_barrier_arrive(static_cast<u32>(K::Barrier::kHandOff), 256);
   }
 
   // Accumulator element e of an m64n32 tile: query row 16 warp + g + 8 ((e / 2) % 2) of the
