@@ -365,8 +365,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     alone (batch 1), wherever it sits in the pack and whatever else is packed with it.
 
     q: (total_q, heads_q, head_dim); k, v: (total_k, heads_kv, head_dim), bf16/fp16 CUDA
-    tensors, heads_q a multiple of heads_kv; head_dim 64, 96 or 128. cu_seqlens_q/k: int32 (batch +
-    1) offsets rising from 0 to total_q / total_k, sequence b's tokens
+    tensors, heads_q a multiple of heads_kv; head_dim 64, 96, 128, 192 or 256. cu_seqlens_q/k:
+    int32 (batch + 1) offsets rising from 0 to total_q / total_k, sequence b's tokens
     [cu_seqlens[b], cu_seqlens[b + 1]); sequences of 0 and 1 tokens are allowed, and seqlen_q
     may differ from seqlen_k per sequence. On the GPU they are read only by the kernels (no
     host synchronization: the call is CUDA-graph capturable), so they must be right: every
