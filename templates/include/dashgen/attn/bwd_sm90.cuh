@@ -19,7 +19,9 @@
 //                        warpgroups go on, so no convert kernel runs after this one;
 //   warpgroups 1, 2:     BwdMainloop (attn/bwd_mainloop.cuh): MMA, each owning 64 of the 128 KV
 //                        rows (dK/dV in registers, wgmma), and at each segment's end BwdEpilogue
-//                        (attn/bwd_epilogue.cuh): dK/dV to global memory.
+//                        (attn/bwd_epilogue.cuh): dK/dV to global memory. At head_dim 192 and
+//                        256 (kSwapped) BwdMainloopSwapped (attn/bwd_mainloop_swapped.cuh)
+//                        instead: 64x64 tasks, dK^T/dV^T of 32 keys a warpgroup, dQ in pieces.
 // S^T = K Q^T and dP^T = V dO^T come out KV-row-major, so P^T and dS^T feed dV += P^T dO and
 // dK += dS^T Q straight from registers; dQ = dS K reads dS from shared memory, each MMA
 // warpgroup computing half of it (BwdMainloop::kDqSplit). The schedule's state lives in the
