@@ -40,12 +40,17 @@ def _keep(lse: torch.Tensor, sinks: torch.Tensor):
     return lse_sunk, torch.where(torch.isneginf(lse_sunk), torch.zeros_like(keep), keep)
 
 
+def _scaled(o: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """o' = o * keep, formed in float32 for the kernels' 16-bit o."""
+    wide = torch.promote_types(o.dtype, keep.dtype)
+    return (o.to(wide) * keep.transpose(1, 2)[..., None]).to(o.dtype)
+
+
 def sunk(o: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor):
     """(o', lse') of the sunk attention from the kernels' o (batch, seqlen_q, heads_q,
     head_dim) and lse (batch, heads_q, seqlen_q, float32)."""
     lse_sunk, keep = _keep(lse, sinks)
-    wide = torch.promote_types(o.dtype, lse.dtype)  # float32 for the kernels' 16-bit o
-    return (o.to(wide) * keep.transpose(1, 2)[..., None]).to(o.dtype), lse_sunk
+    return _scaled(o, keep), lse_sunk
 
 
 def sink_gradient(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -53,10 +58,15 @@ def sink_gradient(do: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     """d loss / d sinks: -sum over batch and rows of exp(sink - lse') * rowsum(dO * o'), from
     the kernels' o and lse: rowsum(dO * o') = keep * rowsum(dO * o) in float32, without the
     rounding of o' to 16 bits."""
-    lse_sunk, keep = _keep(lse, sinks)
-    wide = torch.promote_types(o.dtype, lse.dtype)
+    return _sink_gradient(do, o, *_keep(lse, sinks), sinks)
+
+
+def _sink_gradient(do: torch.Tensor, o: torch.Tensor, lse_sunk: torch.Tensor,
+                   keep: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """sink_gradient from lse' and keep (_keep) already formed."""
+    wide = torch.promote_types(o.dtype, lse_sunk.dtype)
     d = keep * (do.to(wide) * o.to(wide)).sum(-1).transpose(1, 2)
-    weight = torch.exp(sinks.to(lse.dtype)[None, :, None] - lse_sunk)
+    weight = torch.exp(sinks.to(lse_sunk.dtype)[None, :, None] - lse_sunk)
     weight = torch.where(torch.isneginf(lse_sunk), torch.zeros_like(weight), weight)
     return -(weight * d).sum((0, 2)).to(sinks.dtype)
 
@@ -84,7 +94,8 @@ class SinkAttention(torch.autograd.Function):
         if grad_o is None:
             return None, None, None, None, None, None
         grad_o = grad_o.contiguous()
-        o_sunk, lse_sunk = sunk(o, lse, sinks)
-        dq, dk, dv = ctx.backward_fn(grad_o, q, k, v, o_sunk, lse_sunk)
-        dsinks = sink_gradient(grad_o, o, lse, sinks) if ctx.needs_input_grad[3] else None
+        lse_sunk, keep = _keep(lse, sinks)  # once, for o' and for the sinks' gradient
+        dq, dk, dv = ctx.backward_fn(grad_o, q, k, v, _scaled(o, keep), lse_sunk)
+        dsinks = (_sink_gradient(grad_o, o, lse_sunk, keep, sinks) if ctx.needs_input_grad[3]
+                  else None)
         return dq, dk, dv, dsinks, None, None
