@@ -338,6 +338,9 @@ def test_the_backward_constants_are_the_tiles_schedules_are_built_in():
     assert backward_tiles(96) == backward_tiles(128)  # computed in the 128 kernel
     assert backward_tiles(192) == backward_tiles(256) == (64, 64)
     assert B("bf16", 192, True, "fa3").swapped and B("bf16", 256, True, "fa3").swapped
+    for head_dim in (192, 256):  # the swapped mainloop has no fused converter
+        with pytest.raises(ValueError, match=rf"^head_dim {head_dim} runs the swapped mainloop"):
+            B("bf16", head_dim, True, "spt", fused_convert=True)
     with pytest.raises(ValueError,
                        match=r"^head_dim must be one of \(64, 96, 128, 192, 256\), got 80"):
         backward_tiles(80)

@@ -67,6 +67,7 @@ def served_head_dims() -> tuple[int, ...]:
     """The head dims the runtime serves: HEAD_DIMS, and any OPENED_HEAD_DIMS."""
     return HEAD_DIMS + OPENED_HEAD_DIMS
 
+
 BACKWARD_CONSTANTS = {
     (64, False): BackwardConstants(block_m=128, block_n=128),
     (64, True): BackwardConstants(block_m=128, block_n=128),
@@ -334,9 +335,9 @@ class BackwardVariant(_Variant):
         if self.window and (self.fused_convert or self.schedule not in WINDOW_SCHEDULES):
             raise ValueError(f"a window backward runs one of the schedules {WINDOW_SCHEDULES}, "
                              f"without fused_convert")
-        if self.swapped and (self.fused_convert or self.dq_last):
+        if self.swapped and self.fused_convert:  # (dq_last is refused above: DQ_LAST_HEAD_DIMS)
             raise ValueError(f"head_dim {self.head_dim} runs the swapped mainloop, whose dQ the "
-                             f"convert kernel converts: no fused_convert or dq_last")
+                             f"convert kernel converts: no fused_convert")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
