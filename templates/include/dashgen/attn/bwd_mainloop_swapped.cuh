@@ -64,7 +64,7 @@ struct BwdMainloopSwapped {
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
   enum : int { kWindow = K::kWindow };
   static constexpr int kStages = K::kStages;
-  static constexpr int kQBytes = K::kQBytes, kDsBytes = K::kDsBytes, kDqBytes = K::kDqBytes;
+  static constexpr int kQBytes = K::kQBytes;
   static constexpr int kOffK = K::kOffK, kOffV = K::kOffV, kOffQ = K::kOffQ, kOffDo = K::kOffDo;
   static constexpr int kOffPt = K::kOffDs, kOffDst = K::kOffDs + K::kDsBytes;
   static constexpr int kOffDq = K::kOffDq, kOffStats = K::kOffStats;
@@ -83,7 +83,8 @@ struct BwdMainloopSwapped {
     for (int i = begin; i < end; ++i) {
       const int s = (i - begin) % kStages, use = (i - begin) / kStages;
       mbarrier_wait_parity(&bars->q_full[s], use & 1);
-      const Task t = BwdMainloop<K>::load_task_slot(reinterpret_cast<const Task*>(smem + K::kOffTask) + s);
+      const Task t =
+          BwdMainloop<K>::load_task_slot(reinterpret_cast<const Task*>(smem + K::kOffTask) + s);
       if constexpr (kVarlen) {
         seq_k = p.cu_seqlens_k[t.b + 1] - p.cu_seqlens_k[t.b];
         seq_offset = seq_k - (p.cu_seqlens_q[t.b + 1] - p.cu_seqlens_q[t.b]);
@@ -176,7 +177,8 @@ struct BwdMainloopSwapped {
   }
 
   // Accumulator element e of an m64n32 tile: query row 16 warp + g + 8 ((e / 2) % 2) of the
-  // task, key 8 (e / 4) + 2 t4 + e % 2 of this warpgroup's keys.
+  // task (the row of element e of any m64nN tile), key 8 (e / 4) + 2 t4 + e % 2 of this
+  // warpgroup's keys.
   __device__ static __forceinline__ int row_of(int e, const MmaThread& me) {
     return 16 * me.warp + me.g + 8 * ((e / 2) % 2);
   }
@@ -300,9 +302,8 @@ struct BwdMainloopSwapped {
     mbarrier_wait_parity(&bars->dq_empty[0], (n & 1) ^ 1);
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
-      const int row = 16 * me.warp + me.g + 8 * ((e / 2) % 2);
-      const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
-      *reinterpret_cast<float2*>(buf + row * 64 + col) = make_float2(dq[e], dq[e + 1]);
+      const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);  // an m64n64 fragment's row
+      *reinterpret_cast<float2*>(buf + row_of(e, me) * 64 + col) = make_float2(dq[e], dq[e + 1]);
     }
     fence_proxy_async_shared();
     mbarrier_arrive(&bars->dq_full[0]);

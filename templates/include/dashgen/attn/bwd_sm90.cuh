@@ -131,7 +131,8 @@ struct AttnBwdSm90 {
                 "the swapped mainloop: 64 query rows, dQ converted by the convert kernel");
   // 128 query rows hold 64 more S^T/dP^T accumulators per thread: room for them only beside
   // head_dim 64's dK/dV.
-  static_assert(kSwapped || (kHeadDim == 128 && kBlockM == 64) || (kHeadDim == 64 && kBlockM == 128),
+  static_assert(kSwapped || (kHeadDim == 128 && kBlockM == 64) ||
+                    (kHeadDim == 64 && kBlockM == 128),
                 "block_m 64 at head_dim 128, 128 at head_dim 64 (the backward's tiles)");
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one Q or dO tile
@@ -265,7 +266,8 @@ struct AttnBwdSm90 {
       // Every MMA thread arrives: each has read the stage's task slot and the arrive releases
       // its own read before the producer rewrites the slot.
       mbarrier_init(&bars->q_empty[s], kMmaThreads);
-      mbarrier_init(&bars->dq_full[s], kSwapped ? 128 : kMmaThreads);  // swapped: a piece a warpgroup
+      // Swapped: each piece is one warpgroup's stores.
+      mbarrier_init(&bars->dq_full[s], kSwapped ? 128 : kMmaThreads);
       mbarrier_init(&bars->dq_empty[s], 1);
     }
     for (int k = 0; k < kRing; ++k) {
