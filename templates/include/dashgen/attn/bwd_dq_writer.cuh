@@ -25,7 +25,7 @@ struct BwdDqWriter {
       const Task t = Scheduler::take_task(smem, bars, i);
       const int s = i % K::kStages, use = i / K::kStages;
       if constexpr (K::kDqPieces > 1) {
-        mbarrier_wait_parity(&bars->dq_full[0], (i * K::kDqPieces) & 1);  // the first piece
+        mbarrier_wait_parity(&bars->dq_full[0], piece_parity(i, 0));  // the first piece
       } else {
         mbarrier_wait_parity(&bars->dq_full[s], use & 1);
       }
@@ -93,10 +93,12 @@ struct BwdDqWriter {
   __device__ static __forceinline__ void land_pieces(const BwdParams& p, const Task& t,
                                                      const char* smem, typename K::Bars* bars,
                                                      int i) {
+    constexpr bool kShared = K::kDqBuffers == 1;  // one buffer the pieces take in turn
     float* dst = dq_tile(p, t);
-    const float* src = reinterpret_cast<const float*>(smem + K::kOffDq);
     for (int b = 0; b < K::kDqPieces; ++b) {
-      if (b > 0) mbarrier_wait_parity(&bars->dq_full[0], (i * K::kDqPieces + b) & 1);
+      const int buffer = kShared ? 0 : b;
+      if (b > 0) mbarrier_wait_parity(&bars->dq_full[buffer], piece_parity(i, b));
+      const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + buffer * K::kDqBytes);
       float* piece = dst + b * K::kBlockM * 64;
       if (K::kDeterministic && t.dq_rank == 0) {
         bulk_store_f32(piece, src, K::kDqBytes);  // the first contribution (see land_partial)
@@ -104,10 +106,22 @@ struct BwdDqWriter {
         bulk_reduce_add_f32(piece, src, K::kDqBytes);
       }
       bulk_commit_group();
+      if (kShared) {
+        bulk_wait_group_read<0>();
+        mbarrier_arrive(&bars->dq_empty[0]);
+      }
+    }
+    if (!kShared) {
       bulk_wait_group_read<0>();
-      mbarrier_arrive(&bars->dq_empty[0]);
+      for (int b = 0; b < K::kDqPieces; ++b) mbarrier_arrive(&bars->dq_empty[b]);
     }
     bulk_wait_group<0>();
+  }
+
+  // The phase of piece b of this worker's task i on its full barrier: one buffer fills
+  // kDqPieces times a task, a buffer a piece once.
+  __device__ static __forceinline__ u32 piece_parity(int i, int b) {
+    return K::kDqBuffers == 1 ? (i * K::kDqPieces + b) & 1 : i & 1;
   }
 
   // The tile's counter moves on to the next rank (Scheduler::signal_rank). Tracing records the

@@ -59,6 +59,8 @@ struct BwdMainloopSwapped {
   // the other kPieces1 (at 192 two and one: 96 columns would start an MN-major B operand in the
   // middle of a swizzle block).
   static constexpr int kPieces0 = (kColBlocks + 1) / 2, kPieces1 = kColBlocks - kPieces0;
+  // One dQ buffer the pieces take in turn (256), or one a piece (192): K::kDqBuffers.
+  static constexpr bool kSharedBuffer = K::kDqBuffers == 1;
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
@@ -164,16 +166,20 @@ struct BwdMainloopSwapped {
     dq_mma(dq, smem, first);
     transposed_gemm(dkt, q_tile, smem + kOffDst, wg);
     wgmma_wait_group<1>();  // the first piece retired
-    if (wg == 1) named_barrier_sync(static_cast<u32>(K::Barrier::kHandOff), 256);
-    hand_off_piece(dq, smem, bars, task * kColBlocks + first, me);
+    if (kSharedBuffer && wg == 1) {
+      named_barrier_sync(static_cast<u32>(K::Barrier::kHandOff), 256);
+    }
+    hand_off_piece(dq, smem, bars, task, first, me);
 #pragma unroll
     for (int b = 1; b < kPieces0; ++b) {
       dq_mma(dq, smem, first + (b < pieces ? b : pieces - 1));
       wgmma_wait_group<0>();
       if (b == kPieces0 - 1) release_stage(bars, s, seg_end, me);
-      if (b < pieces) hand_off_piece(dq, smem, bars, task * kColBlocks + first + b, me);
+      if (b < pieces) hand_off_piece(dq, smem, bars, task, first + b, me);
     }
-    if (wg == 0) named_barrier_arrive(static_cast<u32>(K::Barrier::kHandOff), 256);
+    if (kSharedBuffer && wg == 0) {
+      named_barrier_arrive(static_cast<u32>(K::Barrier::kHandOff), 256);
+    }
   }
 
   // Accumulator element e of an m64n32 tile: query row 16 warp + g + 8 ((e / 2) % 2) of the
@@ -290,23 +296,27 @@ struct BwdMainloopSwapped {
     mbarrier_arrive(&bars->q_empty[s]);
   }
 
-  // dQ's pieces go through the one buffer in the writer's order, column block by column block:
-  // warpgroup 0's, then warpgroup 1's. Piece n of the walk (task * kColBlocks + its column
-  // block) waits for n reads of the buffer. The parity of one barrier tells only consecutive
-  // phases apart, so the warpgroups take turns: warpgroup 1 starts after warpgroup 0's last
-  // store (kHandOff, in consume); warpgroup 0's next task starts after both passed that task's
-  // stage-4 barrier, which warpgroup 1 reaches only after its stores.
+  // dQ's piece of column block cb of this walk's task number `task` to the writer. Through one
+  // buffer the pieces go in the writer's order, column block by column block: warpgroup 0's,
+  // then warpgroup 1's; piece n = task * kColBlocks + cb waits for n reads of the buffer. The
+  // parity of one barrier tells only consecutive phases apart, so the warpgroups take turns:
+  // warpgroup 1 starts after warpgroup 0's last store (kHandOff, in consume); warpgroup 0's
+  // next task starts after both passed that task's stage-4 barrier, which warpgroup 1 reaches
+  // only after its stores. With a buffer a piece, each is filled once a task.
   __device__ static __forceinline__ void hand_off_piece(const float (&dq)[32], char* smem,
-                                                        Bars* bars, int n, const MmaThread& me) {
-    float* buf = reinterpret_cast<float*>(smem + kOffDq);
-    mbarrier_wait_parity(&bars->dq_empty[0], (n & 1) ^ 1);
+                                                        Bars* bars, int task, int cb,
+                                                        const MmaThread& me) {
+    const int buffer = kSharedBuffer ? 0 : cb;
+    const int n = kSharedBuffer ? task * kColBlocks + cb : task;
+    float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
+    mbarrier_wait_parity(&bars->dq_empty[buffer], (n & 1) ^ 1);
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
       const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);  // an m64n64 fragment's row
       *reinterpret_cast<float2*>(buf + row_of(e, me) * 64 + col) = make_float2(dq[e], dq[e + 1]);
     }
     fence_proxy_async_shared();
-    mbarrier_arrive(&bars->dq_full[0]);
+    mbarrier_arrive(&bars->dq_full[buffer]);
   }
 };
 

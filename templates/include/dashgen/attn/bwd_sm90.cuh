@@ -139,10 +139,10 @@ struct AttnBwdSm90 {
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;
   // dQ's fp32 partial goes to the writer whole through kStages buffers, or (swapped: the
-  // whole partial does not fit beside two Q/dO stages) in 64-column pieces through one.
-  // Enumerators, not static members: NVRTC emits those as globals of the module, and two more
+  // whole partial does not fit beside two Q/dO stages) in 64-column pieces (kDqBuffers below).
+  // Enumerators, not static members: NVRTC emits those as globals of the module, and more
   // globals move the addresses other kernels of the module load (the pack plan's).
-  enum : int { kDqPieces = kSwapped ? kColBlocks : 1, kDqBuffers = kSwapped ? 1 : kStages };
+  enum : int { kDqPieces = kSwapped ? kColBlocks : 1 };
   static constexpr int kDqBytes = kBlockM * kHeadDim * 4 / kDqPieces;
   // dS goes to shared memory through transposing stmatrix (docs/design.md, `ds-stmatrix`). With
   // 128-row tasks (head_dim 64) each 16 query rows of dS are stored as soon as the softmax loop
@@ -166,6 +166,14 @@ struct AttnBwdSm90 {
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kQBytes;
   static constexpr int kOffDq = kOffDs + kDsStages * kDsBytes;
+  // Swapped: a buffer per piece where they fit beside the rest (192: the 4 KB reserve covers
+  // statistics, barriers, slots and slack; kSmemBytes is checked below), else one buffer the
+  // pieces take in turn (256). kDqBars: the full/empty pairs.
+  enum : int {
+    kDqBuffers = !kSwapped ? kStages
+                 : kOffDq + kDqPieces * kDqBytes + 4096 <= kSm90MaxSmemBytes ? kDqPieces : 1,
+    kDqBars = kDqBuffers > kStages ? kDqBuffers : kStages
+  };
   // The task's softmax statistics (kBlockM lse rows as log2, then kBlockM D rows): one copy per
   // stage, loaded with the stage's Q and dO.
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
@@ -173,7 +181,7 @@ struct AttnBwdSm90 {
   static constexpr int kOffBar = kOffStats + kStages * kStatsBytes;  // a copy a stage
   // The scheduler lane's ring of tasks: kRing slots, each read by the producer and the writer.
   static constexpr int kRing = 8;
-  static constexpr int kNumBars = 2 + 4 * kStages + 2 * kRing;
+  static constexpr int kNumBars = 2 + 2 * kStages + 2 * kDqBars + 2 * kRing;
   // The producer hands each stage's task to the MMA warpgroups here, so they never see the
   // schedule (its state stays out of their registers); after the slots, this worker's task
   // count, which thread 0 counts on the scheduler's walk before the roles start.
@@ -203,7 +211,7 @@ struct AttnBwdSm90 {
   struct Bars {
     u64 kv_full, kv_empty;
     u64 q_full[kStages], q_empty[kStages];
-    u64 dq_full[kStages], dq_empty[kStages];
+    u64 dq_full[kDqBars], dq_empty[kDqBars];
     u64 ring_full[kRing], ring_empty[kRing];
   };
 
@@ -268,6 +276,10 @@ struct AttnBwdSm90 {
       mbarrier_init(&bars->q_empty[s], kMmaThreads);
       // Swapped: each piece is one warpgroup's stores.
       mbarrier_init(&bars->dq_full[s], kSwapped ? 128 : kMmaThreads);
+      mbarrier_init(&bars->dq_empty[s], 1);
+    }
+    for (int s = kStages; s < kDqBars; ++s) {  // swapped, a buffer a piece: one warpgroup's
+      mbarrier_init(&bars->dq_full[s], 128);
       mbarrier_init(&bars->dq_empty[s], 1);
     }
     for (int k = 0; k < kRing; ++k) {
