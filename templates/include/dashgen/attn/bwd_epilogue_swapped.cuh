@@ -14,12 +14,20 @@
 namespace dashgen {
 
 template <class K>
+struct BwdMainloopSwapped;  // attn/bwd_mainloop_swapped.cuh: the ownership read below
+
+template <class K>
 struct BwdEpilogueSwapped {
   using T = typename K::T;
   using Task = sched::Task;
   using MmaThread = typename K::MmaThread;
   static constexpr int kHeadDim = K::kHeadDim, kBlockN = K::kBlockN;
-  static constexpr int kColBlocks = K::kColBlocks, kKeys = kBlockN / 2, kAcc = kKeys / 2;
+  static constexpr int kColBlocks = K::kColBlocks, kKeys = kBlockN / 2;
+  // The mainloop's ownership (BwdMainloopSwapped): kOwnBlocks blocks over kDkvN keys each.
+  using Mainloop = BwdMainloopSwapped<K>;
+  static constexpr bool kSplit = Mainloop::kSplit;
+  static constexpr int kOwnBlocks = Mainloop::kOwnBlocks, kAcc = Mainloop::kDkvAcc;
+  static constexpr int kOwnKeys = Mainloop::kDkvN;
   static constexpr bool kVarlen = K::kVarlen, kDeterministic = K::kDeterministic;
 
   // Element e of block j's fragment goes to (key, column) = (keys0 + 8 (e / 4) + 2 t4 + e % 2,
@@ -27,16 +35,17 @@ struct BwdEpilogueSwapped {
   // and takes its neighbour's column + 1 of it; an odd-g lane keeps key e + 1 and takes its
   // neighbour's column - 1. Calls f(key_in_warpgroup, column, value_lo, value_hi) per pair.
   template <class F>
-  __device__ static __forceinline__ void pairs(const float (&acc)[kColBlocks][kAcc],
+  __device__ static __forceinline__ void pairs(const float (&acc)[kOwnBlocks][kAcc],
                                                const MmaThread& me, F&& f) {
     const bool odd = me.g & 1;
 #pragma unroll
-    for (int j = 0; j < kColBlocks; ++j) {
+    for (int jj = 0; jj < kOwnBlocks; ++jj) {
+      const int j = kSplit ? kOwnBlocks * me.wg + jj : jj;  // the head_dim block
 #pragma unroll
       for (int e = 0; e < kAcc; e += 2) {
         // Even lanes send key e + 1, odd lanes key e: what the neighbour keeps.
-        const float mine = odd ? acc[j][e + 1] : acc[j][e];
-        const float send = odd ? acc[j][e] : acc[j][e + 1];
+        const float mine = odd ? acc[jj][e + 1] : acc[jj][e];
+        const float send = odd ? acc[jj][e] : acc[jj][e + 1];
         const float got = __shfl_xor_sync(0xffffffffu, send, 4);
         const int key = 8 * (e / 4) + 2 * me.t4 + (odd ? 1 : 0);
         const int col = 64 * j + 16 * me.warp + (me.g & ~1) + 8 * ((e / 2) % 2);
@@ -46,8 +55,8 @@ struct BwdEpilogueSwapped {
   }
 
   __device__ static __forceinline__ void store_dkv(const BwdParams& p, const Task& t,
-                                                   const float (&dkt)[kColBlocks][kAcc],
-                                                   const float (&dvt)[kColBlocks][kAcc],
+                                                   const float (&dkt)[kOwnBlocks][kAcc],
+                                                   const float (&dvt)[kOwnBlocks][kAcc],
                                                    int group, const MmaThread& me) {
     const int hk = t.h / group;
     i64 row0 = static_cast<i64>(t.b) * p.seqlen_k;
@@ -58,7 +67,7 @@ struct BwdEpilogueSwapped {
     }
     T* dk_out = static_cast<T*>(p.dk) + (row0 * p.heads_kv + hk) * kHeadDim;
     T* dv_out = static_cast<T*>(p.dv) + (row0 * p.heads_kv + hk) * kHeadDim;
-    const int keys0 = t.n * kBlockN + kKeys * me.wg;
+    const int keys0 = t.n * kBlockN + (kSplit ? 0 : kKeys * me.wg);
     const i64 stride = p.k_row_stride;
     pairs(dkt, me, [&](int key, int col, float lo, float hi) {
       if (keys0 + key < seqlen_k) {
@@ -75,8 +84,8 @@ struct BwdEpilogueSwapped {
   // Under GQA: the KV head's fp32 tile (rows of kHeadDim, row-major, as the convert kernel reads
   // it), this segment's turn taken and passed as in BwdEpilogue::add_dkv_in_rank_order.
   __device__ static void add_dkv_in_rank_order(const BwdParams& p, const Task& t,
-                                               const float (&dkt)[kColBlocks][kAcc],
-                                               const float (&dvt)[kColBlocks][kAcc],
+                                               const float (&dkt)[kOwnBlocks][kAcc],
+                                               const float (&dvt)[kOwnBlocks][kAcc],
                                                const MmaThread& me) {
     const int hk = t.h / (p.heads_q / p.heads_kv);
     u32* counter = p.dkv_counters + (t.b * p.heads_kv + hk) * p.num_n_blocks + t.n;
@@ -89,8 +98,8 @@ struct BwdEpilogueSwapped {
     }
     if (kDeterministic && me.tid == 0) wait_counter_equals(counter, static_cast<u32>(t.dkv_rank));
     K::sync_mma_warpgroups();
-    float* dk_acc = p.dk_accum + (tile + kKeys * me.wg) * kHeadDim;
-    float* dv_acc = p.dv_accum + (tile + kKeys * me.wg) * kHeadDim;
+    float* dk_acc = p.dk_accum + (tile + (kSplit ? 0 : kKeys * me.wg)) * kHeadDim;
+    float* dv_acc = p.dv_accum + (tile + (kSplit ? 0 : kKeys * me.wg)) * kHeadDim;
     pairs(dkt, me, [&](int key, int col, float lo, float hi) {
       red_add_v2_f32(dk_acc + key * kHeadDim + col, lo, hi);
     });

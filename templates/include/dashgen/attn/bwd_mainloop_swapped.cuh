@@ -72,6 +72,11 @@ struct BwdMainloopSwapped {
   static constexpr int kOffDq = K::kOffDq, kOffStats = K::kOffStats;
   static_assert(kBlockM == 64 && kBlockN == 64, "64 query rows against 64 KV rows a task");
   static_assert(kHeadDim == 192 || kHeadDim == 256, "head_dim 192 or 256");
+  // Who owns what of dK^T/dV^T (K::kSplitHeadDim): kOwnBlocks column blocks each, N = kDkvN
+  // keys a wgmma (all the task's keys when split, the warpgroup's own otherwise).
+  static constexpr bool kSplit = K::kSplitHeadDim != 0;
+  static constexpr int kOwnBlocks = kSplit ? kColBlocks / 2 : kColBlocks;
+  static constexpr int kDkvN = kSplit ? kBlockN : kKeys, kDkvAcc = kDkvN / 2;
 
   __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
                                  int wg, int tid) {
@@ -79,7 +84,7 @@ struct BwdMainloopSwapped {
     const MmaThread me{wg, tid, warp, lane, lane >> 2, lane & 3};
     const int group = p.heads_q / p.heads_kv;
     int seq_k = p.seqlen_k, seq_offset = p.seqlen_k - p.seqlen_q;
-    float dkt[kColBlocks][kAcc], dvt[kColBlocks][kAcc];  // dK^T, dV^T of this warpgroup's keys
+    float dkt[kOwnBlocks][kDkvAcc], dvt[kOwnBlocks][kDkvAcc];  // this warpgroup's dK^T, dV^T
     int segment = 0;
 
     for (int i = begin; i < end; ++i) {
@@ -94,9 +99,9 @@ struct BwdMainloopSwapped {
       if (t.seg_start) {
         mbarrier_wait_parity(&bars->kv_full, segment & 1);
 #pragma unroll
-        for (int j = 0; j < kColBlocks; ++j) {
+        for (int j = 0; j < kOwnBlocks; ++j) {
 #pragma unroll
-          for (int e = 0; e < kAcc; ++e) dkt[j][e] = dvt[j][e] = 0.f;
+          for (int e = 0; e < kDkvAcc; ++e) dkt[j][e] = dvt[j][e] = 0.f;
         }
       }
       const char* q_tile = smem + kOffQ + s * kQBytes;
@@ -123,14 +128,22 @@ struct BwdMainloopSwapped {
       wgmma_wait_group<0>();
       recompute(sc, dp, stats, pk, dsk, p, t, seq_k, seq_offset, me);
 
-      // 3. P^T for this warpgroup's dV^T: its own rows of the tile, its own barrier.
+      // 3. P^T for dV^T: its own rows of the tile behind its own barrier, or (kSplit: dV^T reads
+      // every key's) behind both warpgroups'.
       store_transposed(smem + kOffPt, pk, me);
       fence_proxy_async_shared();
-      named_barrier_sync(static_cast<u32>(K::Barrier::kWarpgroup0) + wg, 128);
+      if constexpr (kSplit) {
+        K::sync_mma_warpgroups();
+      } else {
+        named_barrier_sync(static_cast<u32>(K::Barrier::kWarpgroup0) + wg, 128);
+      }
       wgmma_fence();
       transposed_gemm(dvt, do_tile, smem + kOffPt, wg);
 
       // 4. dS^T: the previous task's dQ reads of the tile are done once both warpgroups pass.
+      // kSplit: dV^T retired first, so past this barrier no warpgroup reads P^T, which the next
+      // task rewrites.
+      if constexpr (kSplit) wgmma_wait_group<0>();
       K::sync_mma_warpgroups();
       store_transposed(smem + kOffDst, dsk, me);
       fence_proxy_async_shared();
@@ -157,7 +170,7 @@ struct BwdMainloopSwapped {
   // takes is serialized by ptxas. Where warpgroup 1 has fewer pieces (192) it recomputes its
   // last and hands it over once. Q/dO stage s (and K/V at a segment's end) are released with
   // the last wgmmas that read them.
-  __device__ static __forceinline__ void dk_and_dq(float (&dkt)[kColBlocks][kAcc],
+  __device__ static __forceinline__ void dk_and_dq(float (&dkt)[kOwnBlocks][kDkvAcc],
                                                    float (&dq)[32], char* smem,
                                                    const char* q_tile, Bars* bars, int task,
                                                    int s, bool seg_end, const MmaThread& me) {
@@ -254,20 +267,24 @@ struct BwdMainloopSwapped {
   }
 
   // acc^T += A^T B over the task's query rows, one commit group: dV^T += dO^T P (a_tile = dO,
-  // b_tile = P^T) or dK^T += Q^T dS (Q, dS^T). Per 64-column block j of the head_dim: A is the
-  // block of the Q/dO tile read MN-major (M = 64 columns, one swizzle block), B this
-  // warpgroup's 32 rows of the transposed tile, K-major.
-  __device__ static __forceinline__ void transposed_gemm(float (&acc)[kColBlocks][kAcc],
+  // b_tile = P^T) or dK^T += Q^T dS (Q, dS^T). Per owned 64-column block of the head_dim: A is
+  // the block of the Q/dO tile read MN-major (M = 64 columns, one swizzle block), B the
+  // transposed tile's rows of the keys owned (all 64 when kSplit, else this warpgroup's 32),
+  // K-major.
+  __device__ static __forceinline__ void transposed_gemm(float (&acc)[kOwnBlocks][kDkvAcc],
                                                          const char* a_tile, const char* b_tile,
                                                          int wg) {
 #pragma unroll
-    for (int j = 0; j < kColBlocks; ++j) {
-      const u64 a_desc = wgmma_desc_mn_major_sw128(a_tile + j * kBlockM * 128, kBlockM * 128);
+    for (int j = 0; j < kOwnBlocks; ++j) {
+      const int block = kSplit ? kOwnBlocks * wg + j : j;
+      const u64 a_desc =
+          wgmma_desc_mn_major_sw128(a_tile + block * kBlockM * 128, kBlockM * 128);
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        wgmma_ss<kIn, kKeys, 1, 0>(acc[j],
+        wgmma_ss<kIn, kDkvN, 1, 0>(acc[j],
                                    wgmma_desc_advance(a_desc, kk * kSw128MnMajorKStepBytes),
-                                   tile_desc_k_major(b_tile, kBlockN, kKeys * wg, kk), true);
+                                   tile_desc_k_major(b_tile, kBlockN, kSplit ? 0 : kKeys * wg, kk),
+                                   true);
       }
     }
     wgmma_commit_group();

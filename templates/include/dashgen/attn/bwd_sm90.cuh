@@ -75,6 +75,9 @@ struct AttnBwdSm90 {
   // The swapped mainloop (attn/bwd_mainloop_swapped.cuh): head dims whose dK/dV accumulators
   // over 64 KV rows do not fit a warpgroup (256). Its own tiles, dQ in pieces.
   enum : int { kSwapped = dkv_swapped<Cfg>(0) };
+  // Swapped at 256: each warpgroup owns half the head_dim's column blocks of dK^T/dV^T over all
+  // the task's keys (FA3's split there), not all the blocks over half the keys.
+  enum : int { kSplitHeadDim = kSwapped && kHeadDim == 256 };
   static constexpr bool kTable = Cfg::kTable;
   // A pack of sequences of their own lengths (BwdParams::cu_seqlens_q/k): the walk is the
   // policy's pack deal (sched::PackWalk over the plan AttnPackPlan wrote), and every address
