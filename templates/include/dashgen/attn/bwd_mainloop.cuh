@@ -8,6 +8,7 @@
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/fragment.cuh"
+#include "dashgen/attn/head_dim.cuh"
 #include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/attn/softcap.cuh"
@@ -34,6 +35,9 @@ struct BwdMainloop {
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv, kDqLast = K::kDqLast;
   static constexpr bool kDsInLoop = K::kDsInLoop;
+  // S^T's and dP^T's k16 steps: the tensors' columns only (attn/head_dim.cuh); past them Q, K,
+  // V and dO hold zeros, whose steps would add exactly 0.
+  enum : int { kScoreSteps = tensor_head_dim<typename K::Config, K::kHeadDim>(0) / 16 };
   // Soft-capped (attn/softcap.cuh): S^T holds t = tanh(score * scale / softcap) from stage 3 on.
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
   // A sliding window (attn/mask.cuh): both its bounds per element on edge tasks.
@@ -143,12 +147,12 @@ struct BwdMainloop {
                                                       int wg) {
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kHeadDim / 16; ++k) {
+    for (int k = 0; k < kScoreSteps; ++k) {
       wgmma_ss<kIn, kBlockM>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),
                              tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);
     }
 #pragma unroll
-    for (int k = 0; k < kHeadDim / 16; ++k) {
+    for (int k = 0; k < kScoreSteps; ++k) {
       wgmma_ss<kIn, kBlockM>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),
                              tile_desc_k_major(do_tile, kBlockM, 0, k), k > 0);
     }

@@ -7,6 +7,7 @@
 // the row statistics. K supplies the kernel's constants, its shared layout and its turns.
 #pragma once
 #include "dashgen/attn/element.cuh"
+#include "dashgen/attn/head_dim.cuh"
 #include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/attn/softcap.cuh"
@@ -26,6 +27,9 @@ struct FwdMainloop {
   enum : int {
     kHeadDim = K::kHeadDim,
     kHeadDimV = K::kHeadDimV,
+    // S's k16 steps: Q's and K's columns in the tensors (attn/head_dim.cuh); past them both hold
+    // zeros, whose steps would add exactly 0.
+    kScoreSteps = tensor_head_dim<typename K::Config, K::kHeadDim>(0) / 16,
     kSoftcap = has_softcap<typename K::Config>(0),  // attn/softcap.cuh
     kWindow = K::kWindow,                           // a sliding window (attn/mask.cuh)
     kBlockM = K::kBlockM,
@@ -59,7 +63,7 @@ struct FwdMainloop {
     const char* k_tile = smem + kOffK + (g % kStages) * kKBytes;
     wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kHeadDim / 16; ++k) {
+    for (int k = 0; k < kScoreSteps; ++k) {
       wgmma_ss<K::kIn, kBlockN>(sc, tile_desc_k_major(q_tile, 64, 0, k),
                                 tile_desc_k_major(k_tile, kBlockN, 0, k), k > 0);
     }
