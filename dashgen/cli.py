@@ -465,6 +465,9 @@ def cmd_emit(args: argparse.Namespace) -> None:
     from .schedule.verify import VerificationError
 
     if args.varlen:
+        if args.hdim_v not in (None, args.hdim):
+            raise CliError(f"--hdim-v {args.hdim_v}: a pack runs v as wide as q and k (--hdim "
+                           f"{args.hdim})")
         _emit_pack(args)
         return
     if args.golden:
@@ -496,7 +499,7 @@ def cmd_emit(args: argparse.Namespace) -> None:
     with _emit_errors(out):
         try:
             emission = emit(schedule, out, dtype=args.dtype,
-                            deterministic=not args.nondeterministic)
+                            deterministic=not args.nondeterministic, head_dim_v=args.hdim_v)
         except VerificationError as exc:
             print(f"dashgen emit: schedule failed verification:\n{exc}", file=sys.stderr)
             raise SystemExit(1) from None
@@ -612,6 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--mask (default causal), --gqa, --dtype, --nondeterministic")
     p.add_argument("--golden", action="store_true",
                    help="rewrite the golden renders in generated/ (the other options are ignored)")
+    p.add_argument("--hdim-v", type=int, default=None, metavar="D",
+                   help="V's head_dim where it differs from --hdim: 128 with --hdim 192 "
+                        "(DeepSeek's MLA; MHA, not --varlen)")
     _problem_options(p, helps={
         "mask": "full or causal (default: the mask the schedule serves: causal for "
                 "symmetric_shift, full otherwise)",

@@ -462,3 +462,25 @@ def test_windowed_models_run_each_layer_with_its_window_softcap_and_sinks(on_cpu
     assert windowed == {"gemma2": 1, "gemma3": 5, "gpt_oss": 1}[family]
     if family == "gpt_oss":
         assert all(layer.self_attn.sinks.grad is not None for layer in layers)
+
+
+def test_a_deepseek_v3_runs_mla_layers_with_v_narrower_than_q(on_cpu, kernels, registered):
+    """DeepSeek-V3's MLA hands the attention q/k of 192 columns (128 + 64 rotary) and v of 128:
+    each layer reaches dashgen.attention with them as they are, its backward prepared in V's
+    width, and the output (128 a head) feeds o_proj."""
+    torch.manual_seed(0)
+    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        num_hidden_layers=LAYERS, hidden_size=256, intermediate_size=256,
+        moe_intermediate_size=64, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None,
+        kv_lora_rank=64, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        vocab_size=128, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=LAYERS,
+        n_group=1, topk_group=1, attn_implementation="dashgen")).to(BF16)
+    ids = torch.randint(0, 128, (2, 100))
+    logits = model(ids, use_cache=False).logits
+    assert logits.shape == (2, 100, 128)
+    assert forwards(kernels) == [dict(causal=True, softmax_scale=192 ** -0.5)] * LAYERS
+    logits.float().sum().backward()
+    assert [launch.selection.backward.kernel_name.split("_")[3] for launch in
+            kernels.backward_launches] == ["d192v128"]  # one signature, both layers
+    assert all(layer.self_attn.kv_b_proj.weight.grad.abs().sum() > 0
+               for layer in model.model.layers)

@@ -144,8 +144,18 @@ EXTRA_VARIANTS = [
     B("bf16", 192, True, "table", trace=True),
     B("bf16", 192, False, "spt_listed", window=True, softcap=True),
     B("bf16", 192, True, "spt", varlen=True, gqa=True),
+    # q/k 192 with V 128 (MLA): V's and dO's two column blocks, each schedule kind and mode,
+    # the modifiers (MHA, fixed length: BackwardVariant refuses GQA and packs there)
+    B("bf16", 192, True, "spt_listed", head_dim_v=128),
+    B("bf16", 192, True, "symmetric_shift", head_dim_v=128),
+    B("bf16", 192, False, "shift", head_dim_v=128),
+    B("bf16", 192, False, "fa3", deterministic=False, head_dim_v=128),
+    B("fp16", 192, True, "spt", head_dim_v=128),
+    B("bf16", 192, True, "table", trace=True, head_dim_v=128),
+    B("bf16", 192, False, "spt_listed", window=True, softcap=True, head_dim_v=128),
+    B("bf16", 192, True, "descending", early_kv=True, head_dim_v=128),
 ]
-# The forwards past head_dim 128 (192, 256, and 192 with V 128 wide, which has no backward):
+# The forwards past head_dim 128 (192, 256, and 192 with V 128 wide):
 # every dtype, mask and kind. Not golden: the benchmark's sweep runs 64 and 128.
 WIDE_FORWARD_VARIANTS = [
     F(dtype, head_dim, causal, persistent=kind == "persistent", varlen=kind == "varlen",

@@ -25,8 +25,12 @@ BF16 = torch.bfloat16
 # -- the faked driver boundary -------------------------------------------------------------------
 
 def fake_gradients(do, q, k, v):
-    """dq = 2 dO, dk = 3, dv = 5: which gradient reached which input is plain to see."""
-    return ((do.float() * 2).to(q.dtype), torch.full_like(k, 3.0), torch.full_like(v, 5.0))
+    """dq = 2 dO, dk = 3, dv = 5: which gradient reached which input is plain to see. Where v
+    (so dO) is narrower than q (MLA), dq's columns past dO's are 7."""
+    dq = (do.float() * 2).to(q.dtype)
+    if do.shape[-1] < q.shape[-1]:
+        dq = torch.cat((dq, torch.full_like(q[..., do.shape[-1]:], 7.0)), -1)
+    return dq, torch.full_like(k, 3.0), torch.full_like(v, 5.0)
 
 
 class FakeKernels:
@@ -57,7 +61,8 @@ class FakeKernels:
         self._check_ready(q, k, v)
         self.calls.append(("forward", self._options(softcap, window, causal=causal,
                                                     softmax_scale=softmax_scale)))
-        o = (q.float() * softmax_scale + float(causal) + v.float().mean() + softcap).to(q.dtype)
+        q_part = q.float()[..., :v.shape[-1]]  # o has v's width (q/k 192, v 128: MLA)
+        o = (q_part * softmax_scale + float(causal) + v.float().mean() + softcap).to(q.dtype)
         lse = q.float().sum(-1).transpose(1, 2).contiguous()  # (batch, heads_q, seqlen_q)
         return o, lse
 
@@ -79,7 +84,7 @@ class FakeKernels:
         return FakeCall(self, (q, k, v, o, lse))
 
     def forward_call(self, q_shape, k_shape, dtype, causal, softmax_scale, device, overrides,
-                     softcap=0.0, window=(-1, -1)):
+                     softcap=0.0, window=(-1, -1), head_dim_v=None):
         self.forward_calls.append((q_shape, k_shape, dtype, causal, softmax_scale, device,
                                    overrides))
         return lambda q, k, v: self.forward(q, k, v, causal=causal, softmax_scale=softmax_scale,
@@ -231,6 +236,32 @@ def test_k_and_v_shapes_must_match():
     q, k, _ = qkv()
     with pytest.raises(ValueError, match=r"^v has shape .* but k has shape"):
         op.check_inputs(q, k, meta(2, 71, 2, 64))
+
+
+def test_a_narrower_v_is_served_only_as_mla_without_grouped_heads():
+    """q/k 192 with v 128 (HEAD_DIM_V_PAIRS) passes the shape checks; another width, or the
+    pair under GQA, is refused naming v."""
+    q, k = meta(2, 100, 8, 192), meta(2, 70, 8, 192)
+    with pytest.raises(ValueError, match=r"needs CUDA tensors"):  # past every shape check
+        op.check_inputs(q, k, meta(2, 70, 8, 128))
+    with pytest.raises(ValueError, match=r"^v has head_dim 64 but q and k have 192.*192/128"):
+        op.check_inputs(q, k, meta(2, 70, 8, 64))
+    with pytest.raises(ValueError, match=r"^v has head_dim 128 under q's 192: .*GQA"):
+        op.check_inputs(q, meta(2, 70, 2, 192), meta(2, 70, 2, 128))
+
+
+def test_the_eager_node_prepares_the_backward_with_vs_width(on_cpu, kernels):
+    """The prepared backward's kernels are V's width: the launch the node hands over is the
+    selection's with head_dim_v (the kernels' loads of V and dO, dV's stores)."""
+    torch.manual_seed(0)
+    q, k = (torch.randn(1, 64, 4, 192, dtype=BF16, requires_grad=True) for _ in range(2))
+    v = torch.randn(1, 64, 4, 128, dtype=BF16, requires_grad=True)
+    op.attention(q, k, v, causal=True).sum().backward()
+    (launch,) = kernels.backward_launches
+    assert launch.selection.backward.head_dim_v == 128
+    assert launch.selection.forward.head_dim_v == 128
+    assert launch.selection.backward.kernel_name.startswith("dashgen_bwd_bf16_d192v128_causal")
+    assert v.grad.shape == v.shape
 
 
 def test_heads_q_must_be_a_multiple_of_heads_kv():
@@ -712,7 +743,7 @@ def test_the_runtime_takes_what_the_op_passes(monkeypatch):
     assert {"causal", "softmax_scale"} <= set(inspect.signature(real.forward).parameters)
     assert list(inspect.signature(real.forward_call.fn).parameters) == [
         "q_shape", "k_shape", "dtype", "causal", "softmax_scale", "device", "overrides",
-        "softcap", "window"]
+        "softcap", "window", "head_dim_v"]
     assert list(inspect.signature(real.backward_launch.fn).parameters) == ["sel", "device"]
     options = set(op._backward_options(op.Options(True, 0.1, True, "fa3", 3)))
     assert options <= set(inspect.signature(real.backward).parameters)

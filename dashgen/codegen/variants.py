@@ -123,6 +123,21 @@ FORWARD_TILES = {
 }
 
 
+# q/k and v of different widths: (head_dim, head_dim_v) pairs with a forward and a backward.
+# DeepSeek-V3/R1's MLA: q/k 192 (128 + 64 rotary), v 128, in the swapped backward
+# (docs/design.md, `mla-head-dims`).
+HEAD_DIM_V_PAIRS = ((192, 128),)
+
+
+def check_head_dim_v(head_dim: int, head_dim_v: int) -> None:
+    """Raise ValueError naming head_dim_v where v's width differs from q's and k's without a
+    kernel for the pair (HEAD_DIM_V_PAIRS)."""
+    if head_dim_v != head_dim and (head_dim, head_dim_v) not in HEAD_DIM_V_PAIRS:
+        pairs = ", ".join(f"{d}/{dv}" for d, dv in HEAD_DIM_V_PAIRS)
+        raise ValueError(f"v has head_dim {head_dim_v} but q and k have {head_dim}: kernels "
+                         f"exist for q/k and v of equal widths and for {pairs}")
+
+
 def check_dtype_head_dim(dtype: str, head_dim: int,
                          head_dims: tuple[int, ...] | None = None) -> None:
     """Raise ValueError naming dtype or head_dim where no kernel runs for them (or, given
@@ -317,9 +332,18 @@ class BackwardVariant(_Variant):
     dq_last: bool = False
     softcap: bool = False  # scores soft-capped (attn/softcap.cuh; the cap is a parameter)
     window: bool = False  # a sliding window (attn/mask.cuh, sched::WindowTiling; bounds: params)
+    head_dim_v: int | None = None  # V's, O's and dO's columns (None: head_dim's)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.head_dim_v is None:
+            object.__setattr__(self, "head_dim_v", self.head_dim)  # one variant, one name
+        if self.head_dim_v != self.head_dim:
+            check_head_dim_v(self.head_dim, self.head_dim_v)
+            if self.gqa or self.varlen:
+                raise ValueError(f"head_dim_v {self.head_dim_v} under head_dim {self.head_dim} "
+                                 f"runs without GQA and packs (the grouped dK/dV sums and the "
+                                 f"packed preprocess take one width)")
         if self.varlen and (self.schedule == "table" or self.fused_convert or self.trace):
             raise ValueError("a varlen backward runs a named schedule without fused_convert "
                              "or trace")
@@ -383,7 +407,8 @@ class BackwardVariant(_Variant):
     @property
     def kernel_name(self) -> str:
         mode = "det" if self.deterministic else "nondet"
-        name = (f"dashgen_bwd_{self.dtype}_d{self.head_dim}_"
+        width = "" if self.head_dim_v == self.head_dim else f"v{self.head_dim_v}"
+        name = (f"dashgen_bwd_{self.dtype}_d{self.head_dim}{width}_"
                 f"{_mask_name(self.causal, self.window)}_"
                 f"{SCHEDULE_POLICIES[self.schedule][2]}_{mode}")
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),

@@ -94,14 +94,14 @@ def chunk_pack(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
 def _chunked(q, k, v, chunk: int, causal: bool, **options):
     """(out, lse) of FA3's chunked attention through dashgen.attention_varlen (chunk_pack)."""
     from ..runtime.op_varlen import attention_varlen
-    batch, seqlen_q, heads_q, head_dim = q.shape
+    batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     cu_q, cu_k, max_q, max_k = chunk_pack(batch, seqlen_q, seqlen_k, chunk)
     flat = lambda t, n, h: t.reshape(batch * n, h, t.shape[-1])
     out, lse = attention_varlen(flat(q, seqlen_q, heads_q), flat(k, seqlen_k, heads_kv),
                                 flat(v, seqlen_k, heads_kv), cu_q, cu_k, max_q, max_k,
                                 causal=causal, return_lse=True, **options)
-    return (out.view(batch, seqlen_q, heads_q, head_dim),
+    return (out.view(batch, seqlen_q, heads_q, v.shape[-1]),
             lse.view(heads_q, batch, seqlen_q).transpose(0, 1).contiguous())
 
 

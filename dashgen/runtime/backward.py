@@ -95,9 +95,11 @@ class BackwardLaunch(BackwardMaps):
         # The parameter blocks with what the signature fixes; a BackwardCall copies them and
         # fills in its pointers. Every tensor is contiguous, so its shape gives its row stride.
         q_stride, k_stride = p.heads_q * p.head_dim, p.heads_kv * p.head_dim
+        # O and dO, which the preprocess reads, are V's width (MLA: 128 under 192).
+        o_stride = p.heads_q * variant.head_dim_v
         self.prep_template = PrepParams(
             zero_vec4s=(self.layout.floats - self.layout.zeroed_offset) // 4, batch=p.batch,
-            heads=p.heads_q, seqlen=p.seqlen_q, row_stride=q_stride, padded_rows=padded_m,
+            heads=p.heads_q, seqlen=p.seqlen_q, row_stride=o_stride, padded_rows=padded_m,
             zero_dq=not self.first_dq_store)
         self.params_template = BwdParams(
             tasks=tasks_ptr, worker_offsets=offsets_ptr,
@@ -161,11 +163,12 @@ class BackwardCall:
             launch = backward_launch(
                 plan(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype], bool(causal),
                      bool(deterministic), bool(trace), schedule, num_workers, sm_count(dev),
-                     overrides, *window_arg(window)).selection.soft_capped(bool(softcap)), dev)
+                     overrides, *window_arg(window)).selection.soft_capped(
+                         bool(softcap)).with_head_dim_v(v.shape[-1]), dev)
         bl = self.bl = launch
         self.device_index = dev.index or 0
         self.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
-        self.q_shape, self.k_shape, self.dtype = q.shape, k.shape, q.dtype
+        self.q_shape, self.k_shape, self.v_shape, self.dtype = q.shape, k.shape, v.shape, q.dtype
         self.trace = trace
         prep = self.prep = PrepParams.from_buffer_copy(bl.prep_template)
         prep.o = self.pointers[3]
@@ -218,7 +221,7 @@ class BackwardCall:
         # unless the main kernel writes dQ itself.
         gqa = p.gqa
         dk, dv = ((None, None) if gqa else
-                  (empty(self.k_shape, self.dtype, dev), empty(self.k_shape, self.dtype, dev)))
+                  (empty(self.k_shape, self.dtype, dev), empty(self.v_shape, self.dtype, dev)))
         dq = empty(self.q_shape, self.dtype, dev) if bl.converts_dq else None
         trace_buf = (torch.full((bl.num_tasks, TRACE_COLUMNS), -1, dtype=torch.int32,
                                 device=dev) if self.trace else None)
@@ -240,7 +243,7 @@ class BackwardCall:
         if dq is None:
             dq = empty(self.q_shape, self.dtype, dev)
         if gqa:
-            dk, dv = (empty(self.k_shape, self.dtype, dev), empty(self.k_shape, self.dtype, dev))
+            dk, dv = (empty(self.k_shape, self.dtype, dev), empty(self.v_shape, self.dtype, dev))
         if bl.runs_convert_q:
             convert = self.convert_q
             convert.src, convert.dst = dq_accum, dq.data_ptr()
@@ -271,7 +274,7 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
              overrides: Overrides = Overrides(), softcap: float = 0.0,
              window: tuple[int, int] = NO_WINDOW):
     """dq, dk, dv (and the trace buffer if `trace`: a row of TRACE_COLUMNS int32 per task, in
-    the IR's order). q, k, v, do and o are contiguous; do and o are shaped like q. softcap and
+    the IR's order). q, k, v, do and o are contiguous; do and o are q's shape with v's head_dim. softcap and
     window: the forward's (0 uncapped; (-1, -1) no window)."""
     return BackwardCall(q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers,

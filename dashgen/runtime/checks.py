@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from ..codegen.variants import served_head_dims
+from ..codegen.variants import check_head_dim_v, served_head_dims
 from ..schedule.builders import get_builder
 from .op_common import constant_for_compile
 from .tables import is_table, table_of
@@ -56,6 +56,18 @@ def same_dtype(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
 def same_head_dim(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
     if t.shape[-1] != q.shape[-1]:
         raise ValueError(f"{name} has head_dim {t.shape[-1]} but q has head_dim {q.shape[-1]}")
+
+
+def head_dim_v(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """v as wide as q and k, or a pair with kernels (HEAD_DIM_V_PAIRS: MLA's 192/128), whose
+    backward sums dK/dV per query head: no GQA there."""
+    if v.shape[-1] == q.shape[-1]:
+        return
+    check_head_dim_v(q.shape[-1], v.shape[-1])
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"v has head_dim {v.shape[-1]} under q's {q.shape[-1]}: served with "
+                         f"as many k/v heads as q heads (got {k.shape[2]} and {q.shape[2]}); "
+                         f"grouped (GQA/MQA) heads need v as wide as q")
 
 
 def heads_divide(heads_q: int, heads_kv: int) -> None:

@@ -12,7 +12,7 @@ from ..codegen.variants import THREADS, FwdParams, FwdWindowParams, ForwardVaria
 from ..schedule.builders.base import fewest_workers
 from . import launch
 from .device import DTYPE_NAMES, kernels, sm_count, stream, tensor_map
-from .select import NO_WINDOW, Overrides, mask_of, problem_of_shapes, select_forward
+from .select import NO_WINDOW, Overrides, mask_of, problem_of_shapes, select_forward, v_width
 from .workspace import allocator
 
 
@@ -96,15 +96,18 @@ class ForwardCall:
     def __init__(self, q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype,
                  causal: bool, softmax_scale: float, device: torch.device,
                  overrides: Overrides, softcap: float = 0.0,
-                 window: tuple[int, int] = NO_WINDOW):
+                 window: tuple[int, int] = NO_WINDOW, head_dim_v: int | None = None):
         variant = forward_variant(tuple(q_shape), tuple(k_shape), DTYPE_NAMES[dtype],
                                   bool(causal), sm_count(device), overrides, window)
         if softcap:
             variant = dataclasses.replace(variant, softcap=True)  # the same tiles and grid
+        if head_dim_v is not None and head_dim_v != q_shape[-1]:
+            variant = dataclasses.replace(variant, head_dim_v=head_dim_v)  # MLA: V, O narrower
         self.launch = forward_launch(variant, tuple(q_shape),
                                      forward_grid(variant, q_shape, device), device)
         batch, seqlen_q, heads_q, head_dim = q_shape
         self.lse_shape = (batch, heads_q, seqlen_q)
+        self.o_shape = (batch, seqlen_q, heads_q, variant.head_dim_v)
         self.device_index = device.index or 0
         block = FwdWindowParams if variant.window else FwdParams
         self.template = block(batch=batch, heads_q=heads_q, heads_kv=k_shape[2],
@@ -117,7 +120,7 @@ class ForwardCall:
 
     def __call__(self, q, k, v):
         empty = allocator()
-        o = empty(q.shape, q.dtype, q.device)  # q is contiguous: o is laid out like it
+        o = empty(self.o_shape, q.dtype, q.device)  # contiguous, V's width
         lse = empty(self.lse_shape, torch.float32, q.device)
         params = type(self.template).from_buffer_copy(self.template)
         params.q, params.k, params.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -134,15 +137,17 @@ class ForwardCall:
 def forward_call(q_shape: torch.Size, k_shape: torch.Size, dtype: torch.dtype, causal: bool,
                  softmax_scale: float, device: torch.device,
                  overrides: Overrides = Overrides(), softcap: float = 0.0,
-                 window: tuple[int, int] = NO_WINDOW) -> ForwardCall:
+                 window: tuple[int, int] = NO_WINDOW,
+                 head_dim_v: int | None = None) -> ForwardCall:
     return ForwardCall(q_shape, k_shape, dtype, causal, softmax_scale, device, overrides,
-                       softcap, window)
+                       softcap, window, head_dim_v)
 
 
 def forward(q, k, v, *, causal: bool, softmax_scale: float,
             overrides: Overrides = Overrides(), softcap: float = 0.0,
             window: tuple[int, int] = NO_WINDOW):
-    """o and lse; q, k and v are contiguous. softcap: FlashAttention's (0: uncapped); window:
-    a sliding window's (left, right), runtime.checks.window's (-1, -1: none)."""
+    """o (V's width) and lse; q, k and v are contiguous. softcap: FlashAttention's (0:
+    uncapped); window: a sliding window's (left, right), runtime.checks.window's (-1, -1:
+    none)."""
     return forward_call(q.shape, k.shape, q.dtype, causal, softmax_scale, q.device,
-                        overrides, softcap, tuple(window))(q, k, v)
+                        overrides, softcap, tuple(window), v_width(q, v))(q, k, v)

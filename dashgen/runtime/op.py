@@ -19,7 +19,7 @@ from ..schedule.ir import Schedule
 from . import checks
 from .op_common import (Options, Validated, constant_for_compile, gradients_like, ready,
                         register_autograd, traced)
-from .select import NO_WINDOW, Overrides, Plan, plan, window_arg
+from .select import NO_WINDOW, Overrides, Plan, plan, v_width, window_arg
 from .tables import register
 
 
@@ -63,10 +63,11 @@ def _check_tensors(q, k, v) -> None:
     for name, t in (("k", k), ("v", v)):
         if t.shape[0] != q.shape[0]:
             raise ValueError(f"{name} has batch {t.shape[0]} but q has batch {q.shape[0]}")
-        checks.same_head_dim(name, t, q)
-    if v.shape != k.shape:
+    checks.same_head_dim("k", k, q)
+    checks.head_dim_v(q, k, v)
+    if v.shape[:3] != k.shape[:3]:
         raise ValueError(f"v has shape {tuple(v.shape)} but k has shape {tuple(k.shape)}; "
-                         f"k and v must have the same shape")
+                         f"k and v must have the same batch, seqlen and heads")
     checks.heads_divide(q.shape[2], k.shape[2])
     checks.head_dim(q)
     checks.last_dim_contiguous(q, k, v)
@@ -96,16 +97,17 @@ class _Validated(Validated):
 
     __slots__ = ()
 
-    def prepare_forward(self, q, k):
+    def prepare_forward(self, q, k, v):
         opts = self.options
         call = self.forward = _kernels().forward_call(
             q.shape, k.shape, q.dtype, opts.causal, opts.softmax_scale, q.device, Overrides(),
-            opts.softcap, opts.window)
+            opts.softcap, opts.window, v_width(q, v))
         return call
 
-    def prepare_backward(self, device):
+    def prepare_backward(self, device, head_dim_v: int):
+        selection = self.plan.selection.soft_capped(bool(self.options.softcap))
         launch = self.backward = _kernels().backward_launch(
-            self.plan.selection.soft_capped(bool(self.options.softcap)), device)
+            selection.with_head_dim_v(head_dim_v), device)
         if self.key is not None:
             # Its tables on the GPU (a schedule file's) count against the memo's bytes from now.
             _VALIDATED.refile(self.key, self)
@@ -215,7 +217,7 @@ def _run_forward(q, k, v, opts: Options):
 
 def _eager_forward(q, k, v, entry: _Validated):
     """o and lse from the signature's prepared forward (q, k and v ready)."""
-    return (entry.forward or entry.prepare_forward(q, k))(q, k, v)
+    return (entry.forward or entry.prepare_forward(q, k, v))(q, k, v)
 
 
 def _backward_options(opts: Options) -> dict:
@@ -248,7 +250,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
 def _attention_fwd_fake(q, k, v, causal, softmax_scale, deterministic, schedule, num_workers,
                         softcap=0.0, window_left=-1, window_right=-1):
     batch, seqlen_q, heads_q, _ = q.shape
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    o = q.new_empty((batch, seqlen_q, heads_q, v.shape[-1]))  # contiguous, V's width
     return o, q.new_empty((batch, heads_q, seqlen_q), dtype=torch.float32)
 
 
@@ -289,7 +291,7 @@ class _EagerAttention(torch.autograd.Function):
         ctx.opts = opts = entry.options
         ctx.call = _kernels().BackwardCall(
             q, k, v, o, lse, **_backward_options(opts),
-            launch=entry.backward or entry.prepare_backward(q.device))
+            launch=entry.backward or entry.prepare_backward(q.device, v.shape[-1]))
         ctx.mark_non_differentiable(lse)
         # lse takes no gradient: without this, autograd would fill a zero tensor for it in every
         # backward (an allocation and a kernel launch, host time a short backward waits for).

@@ -30,7 +30,11 @@ def _check_tensors(q, k, v) -> None:
     checks.dtype(q)
     for name, t in (("k", k), ("v", v)):
         checks.same_dtype(name, t, q)
-        checks.same_head_dim(name, t, q)
+    checks.same_head_dim("k", k, q)
+    if v.dim() == 3 and k.dim() == 3 and v.shape[-1] != q.shape[-1]:
+        raise ValueError(f"v has head_dim {v.shape[-1]} but q has head_dim {q.shape[-1]}: a pack "
+                         f"runs v as wide as q and k (dashgen.attention serves q/k 192 with v "
+                         f"128 for fixed-length batches)")
     if v.shape != k.shape:
         raise ValueError(f"v has shape {tuple(v.shape)} but k has shape {tuple(k.shape)}")
     for name, t in (("q", q), ("k", k)):

@@ -101,6 +101,21 @@ class Selection:
         return replace(self, forward=replace(self.forward, softcap=True),
                        backward=replace(self.backward, softcap=True))
 
+    def with_head_dim_v(self, head_dim_v: int) -> Selection:
+        """This selection with V, O and dO `head_dim_v` wide (HEAD_DIM_V_PAIRS: 128 under 192,
+        MLA): V's width changes neither the tiles nor the schedule, only the kernels' loads of
+        V and dO and the dV they store. ValueError naming head_dim_v where no kernel has it."""
+        if head_dim_v == self.problem.head_dim:
+            return self
+        return replace(self, forward=replace(self.forward, head_dim_v=head_dim_v),
+                       backward=replace(self.backward, head_dim_v=head_dim_v))
+
+
+def v_width(q, v) -> int | None:
+    """V's head_dim where it differs from q's (MLA's 128 under 192), else None: the argument
+    forward_call takes, so that a signature has one memo entry."""
+    return None if v.shape[-1] == q.shape[-1] else v.shape[-1]
+
 
 def mask_of(causal: bool, window: tuple[int, int] = NO_WINDOW) -> Mask:
     """The mask of a call's resolved causal and window (checks.window: FlashAttention's

@@ -125,12 +125,14 @@ def is_policy(schedule: Schedule) -> bool:
 
 
 def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
-         deterministic: bool = True, compile: bool = True) -> Emission:
+         deterministic: bool = True, compile: bool = True,
+         head_dim_v: int | None = None) -> Emission:
     """Verify `schedule`, write the sources of the kernels that run it (dashgen.runtime.select)
     to `out_dir`, then compile them (through the cache) and write the cubins. A schedule that is
     its name's policy (what build_schedule gives) runs that policy's backward; any other (a
     schedule file) the table backward, and its lowered task table is written too.
 
+    head_dim_v: V's head_dim where it differs (128 under 192, MLA; Selection.with_head_dim_v).
     Sources are written before compiling, so a CompileError leaves them on disk to read.
     Raises VerificationError, ValueError (a problem the kernels cannot run) or CompileError.
     """
@@ -140,6 +142,8 @@ def emit(schedule: Schedule, out_dir: Path, *, dtype: str = GOLDEN_DTYPE,
                  schedule=schedule.name if policy else schedule,
                  num_workers=schedule.num_workers,
                  sm_count=max(DEFAULT_SM_COUNT, schedule.num_workers))
+    if head_dim_v is not None:
+        sel = sel.with_head_dim_v(head_dim_v)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = tasks_path = None

@@ -76,15 +76,17 @@ class Case:
     """Fresh randn inputs for one problem plus the float64 and input-dtype references."""
 
     def __init__(self, batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim, causal,
-                 dtype=torch.bfloat16, softmax_scale=None):
+                 dtype=torch.bfloat16, softmax_scale=None, head_dim_v=None):
         self.causal = causal
         self.head_dim = head_dim
         self.scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
         self.softmax_scale = softmax_scale
-        make = lambda s, h: torch.randn(batch, s, h, head_dim, device="cuda", dtype=dtype)
+        width_v = head_dim if head_dim_v is None else head_dim_v  # V's, O's and dO's
+        make = lambda s, h, d=head_dim: torch.randn(batch, s, h, d, device="cuda",  # noqa: E731
+                                                    dtype=dtype)
         self.q, self.k, self.v = make(seqlen_q, heads_q), make(seqlen_k, heads_kv), \
-            make(seqlen_k, heads_kv)
-        self.do = make(seqlen_q, heads_q)
+            make(seqlen_k, heads_kv, width_v)
+        self.do = make(seqlen_q, heads_q, width_v)
         # The problem in the tiles of the backward that runs (schedules are built in them).
         self.problem = problem_for(batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim,
                                    causal)

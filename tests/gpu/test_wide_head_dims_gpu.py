@@ -92,3 +92,54 @@ def test_a_pack_gives_each_sequence_its_bits_alone(head_dim, heads_kv, seed):
         for name, x, y in zip(("o", "dq", "dk", "dv"), (o.detach(), *grads), alone):
             assert torch.equal(x[rows], y[0]), f"{name} of the sequence of {n}"
         start += n
+
+
+# -- q/k 192 with v 128 (DeepSeek-V3/R1's MLA): the swapped backward with V's 2 column blocks ---
+
+MLA = dict(head_dim=192, head_dim_v=128)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(257, 257), (1000, 1000), (100, 257), (257, 100)],
+                         ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_mla_matches_float64_under_every_schedule(causal, seqlen_q, seqlen_k, sm_count, seed):
+    case = Case(2, 4, 4, seqlen_q, seqlen_k, 192, causal, head_dim_v=128)
+    plans = serving_plans(case.problem, sm_count) + [dict(deterministic=False)]
+    bad = [msg for plan in plans for msg in case.failures(**plan)]
+    assert case.v.shape[-1] == 128 and not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_mla_fp16_matches_float64(causal, sm_count, seed):
+    case = Case(1, 8, 8, 700, 333, 192, causal, dtype=torch.float16, head_dim_v=128)
+    bad = [msg for plan in serving_plans(case.problem, sm_count) for msg in case.failures(**plan)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("causal, schedule", [(False, "shift"), (True, "spt_listed"),
+                                              (True, "symmetric_shift")])
+def test_mla_backward_is_bitwise_reproducible_beside_a_busy_stream(causal, schedule, sm_count,
+                                                                    seed):
+    q, k = (torch.randn(2, 1000, 8, 192, device="cuda", dtype=torch.bfloat16,
+                        requires_grad=True) for _ in range(2))
+    v = torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16)
+    o = dashgen.attention(q, k, v, causal=causal, schedule=schedule, deterministic=True,
+                          num_workers=sm_count if schedule == "shift" else None)
+    assert o.shape == do.shape
+    grad = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
+    mismatches = busy_mismatches(grad, grad(), REPEATS)
+    assert not mismatches, f"{len(mismatches)} of {REPEATS} calls differed, first {mismatches[:5]}"
+
+
+def test_mla_through_fa3s_interface_matches_dashgen_attention(seed):
+    from dashgen.interfaces.flash_attn_interface import flash_attn_func
+    q, k = (torch.randn(2, 513, 4, 192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(2, 513, 4, 128, device="cuda", dtype=torch.bfloat16)
+    do = torch.randn(2, 513, 4, 128, device="cuda", dtype=torch.bfloat16)
+    ours = out_and_grads(lambda *t: flash_attn_func(*t, causal=True, deterministic=True),
+                         q, k, v, do)
+    direct = out_and_grads(lambda *t: dashgen.attention(*t, causal=True, deterministic=True),
+                           q, k, v, do)
+    for name, x, y in zip(("o", "dq", "dk", "dv"), ours, direct):
+        assert torch.equal(x, y), name

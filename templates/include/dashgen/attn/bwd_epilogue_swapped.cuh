@@ -27,6 +27,8 @@ struct BwdEpilogueSwapped {
   using Mainloop = BwdMainloopSwapped<K>;
   static constexpr bool kSplit = Mainloop::kSplit;
   static constexpr int kOwnBlocks = Mainloop::kOwnBlocks, kAcc = Mainloop::kDkvAcc;
+  // dV's columns and blocks: V's width (128 under 192, MLA; no GQA there: AttnBwdSm90).
+  enum : int { kHeadDimV = K::kHeadDimV, kOwnBlocksV = Mainloop::kOwnBlocksV };
   static constexpr int kOwnKeys = Mainloop::kDkvN;
   static constexpr bool kVarlen = K::kVarlen, kDeterministic = K::kDeterministic;
 
@@ -34,13 +36,13 @@ struct BwdEpilogueSwapped {
   // 64 j + 16 warp + g + 8 ((e / 2) % 2)). The pair exchange: an even-g lane keeps key e (even e)
   // and takes its neighbour's column + 1 of it; an odd-g lane keeps key e + 1 and takes its
   // neighbour's column - 1. Calls f(key_in_warpgroup, column, value_lo, value_hi) per pair.
-  template <class F>
-  __device__ static __forceinline__ void pairs(const float (&acc)[kOwnBlocks][kAcc],
+  template <int kBlocks, class F>
+  __device__ static __forceinline__ void pairs(const float (&acc)[kBlocks][kAcc],
                                                const MmaThread& me, F&& f) {
     const bool odd = me.g & 1;
 #pragma unroll
-    for (int jj = 0; jj < kOwnBlocks; ++jj) {
-      const int j = kSplit ? kOwnBlocks * me.wg + jj : jj;  // the head_dim block
+    for (int jj = 0; jj < kBlocks; ++jj) {
+      const int j = kSplit ? kBlocks * me.wg + jj : jj;  // the head_dim block
 #pragma unroll
       for (int e = 0; e < kAcc; e += 2) {
         // Even lanes send key e + 1, odd lanes key e: what the neighbour keeps.
@@ -56,7 +58,7 @@ struct BwdEpilogueSwapped {
 
   __device__ static __forceinline__ void store_dkv(const BwdParams& p, const Task& t,
                                                    const float (&dkt)[kOwnBlocks][kAcc],
-                                                   const float (&dvt)[kOwnBlocks][kAcc],
+                                                   const float (&dvt)[kOwnBlocksV][kAcc],
                                                    int group, const MmaThread& me) {
     const int hk = t.h / group;
     i64 row0 = static_cast<i64>(t.b) * p.seqlen_k;
@@ -66,9 +68,12 @@ struct BwdEpilogueSwapped {
       seqlen_k = p.cu_seqlens_k[t.b + 1] - p.cu_seqlens_k[t.b];
     }
     T* dk_out = static_cast<T*>(p.dk) + (row0 * p.heads_kv + hk) * kHeadDim;
-    T* dv_out = static_cast<T*>(p.dv) + (row0 * p.heads_kv + hk) * kHeadDim;
+    T* dv_out = static_cast<T*>(p.dv) + (row0 * p.heads_kv + hk) * kHeadDimV;
     const int keys0 = t.n * kBlockN + (kSplit ? 0 : kKeys * me.wg);
     const i64 stride = p.k_row_stride;
+    // dv is allocated contiguous (the runtime's): its rows are heads_kv V widths apart.
+    const i64 v_stride =
+        kHeadDimV == kHeadDim ? stride : static_cast<i64>(p.heads_kv) * kHeadDimV;
     pairs(dkt, me, [&](int key, int col, float lo, float hi) {
       if (keys0 + key < seqlen_k) {
         *reinterpret_cast<u32*>(dk_out + (keys0 + key) * stride + col) = Element<T>::pack(lo, hi);
@@ -76,7 +81,7 @@ struct BwdEpilogueSwapped {
     });
     pairs(dvt, me, [&](int key, int col, float lo, float hi) {
       if (keys0 + key < seqlen_k) {
-        *reinterpret_cast<u32*>(dv_out + (keys0 + key) * stride + col) = Element<T>::pack(lo, hi);
+        *reinterpret_cast<u32*>(dv_out + (keys0 + key) * v_stride + col) = Element<T>::pack(lo, hi);
       }
     });
   }
@@ -85,7 +90,7 @@ struct BwdEpilogueSwapped {
   // it), this segment's turn taken and passed as in BwdEpilogue::add_dkv_in_rank_order.
   __device__ static void add_dkv_in_rank_order(const BwdParams& p, const Task& t,
                                                const float (&dkt)[kOwnBlocks][kAcc],
-                                               const float (&dvt)[kOwnBlocks][kAcc],
+                                               const float (&dvt)[kOwnBlocksV][kAcc],
                                                const MmaThread& me) {
     const int hk = t.h / (p.heads_q / p.heads_kv);
     u32* counter = p.dkv_counters + (t.b * p.heads_kv + hk) * p.num_n_blocks + t.n;

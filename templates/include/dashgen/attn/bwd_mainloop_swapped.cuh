@@ -53,6 +53,7 @@ struct BwdMainloopSwapped {
   static constexpr WgmmaInput kIn = K::kIn;
   static constexpr int kHeadDim = K::kHeadDim, kBlockM = K::kBlockM, kBlockN = K::kBlockN;
   static constexpr int kColBlocks = K::kColBlocks;
+  enum : int { kHeadDimV = K::kHeadDimV, kColBlocksV = K::kColBlocksV, kDoBytes = K::kDoBytes };
   static constexpr int kKeys = kBlockN / 2;        // a warpgroup's KV rows
   static constexpr int kAcc = kKeys / 2;           // registers of one m64n32 accumulator
   // dQ's 64-column pieces (column blocks): warpgroup 0 computes the first kPieces0, warpgroup 1
@@ -76,6 +77,7 @@ struct BwdMainloopSwapped {
   // keys a wgmma (all the task's keys when split, the warpgroup's own otherwise).
   static constexpr bool kSplit = K::kSplitHeadDim != 0;
   static constexpr int kOwnBlocks = kSplit ? kColBlocks / 2 : kColBlocks;
+  enum : int { kOwnBlocksV = kSplit ? kColBlocksV / 2 : kColBlocksV };  // dV^T's (V's columns)
   static constexpr int kDkvN = kSplit ? kBlockN : kKeys, kDkvAcc = kDkvN / 2;
 
   __device__ static void consume(const BwdParams& p, char* smem, Bars* bars, int begin, int end,
@@ -84,7 +86,7 @@ struct BwdMainloopSwapped {
     const MmaThread me{wg, tid, warp, lane, lane >> 2, lane & 3};
     const int group = p.heads_q / p.heads_kv;
     int seq_k = p.seqlen_k, seq_offset = p.seqlen_k - p.seqlen_q;
-    float dkt[kOwnBlocks][kDkvAcc], dvt[kOwnBlocks][kDkvAcc];  // this warpgroup's dK^T, dV^T
+    float dkt[kOwnBlocks][kDkvAcc], dvt[kOwnBlocksV][kDkvAcc];  // this warpgroup's dK^T, dV^T
     int segment = 0;
 
     for (int i = begin; i < end; ++i) {
@@ -98,14 +100,27 @@ struct BwdMainloopSwapped {
       }
       if (t.seg_start) {
         mbarrier_wait_parity(&bars->kv_full, segment & 1);
+        if constexpr (kOwnBlocksV == kOwnBlocks) {
 #pragma unroll
-        for (int j = 0; j < kOwnBlocks; ++j) {
+          for (int j = 0; j < kOwnBlocks; ++j) {
 #pragma unroll
-          for (int e = 0; e < kDkvAcc; ++e) dkt[j][e] = dvt[j][e] = 0.f;
+            for (int e = 0; e < kDkvAcc; ++e) dkt[j][e] = dvt[j][e] = 0.f;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kOwnBlocks; ++j) {
+#pragma unroll
+            for (int e = 0; e < kDkvAcc; ++e) dkt[j][e] = 0.f;
+          }
+#pragma unroll
+          for (int j = 0; j < kOwnBlocksV; ++j) {
+#pragma unroll
+            for (int e = 0; e < kDkvAcc; ++e) dvt[j][e] = 0.f;
+          }
         }
       }
       const char* q_tile = smem + kOffQ + s * kQBytes;
-      const char* do_tile = smem + kOffDo + s * kQBytes;
+      const char* do_tile = smem + kOffDo + s * kDoBytes;
 
       // 1. S and dP of this warpgroup's keys.
       float sc[kAcc], dp[kAcc];
@@ -116,7 +131,7 @@ struct BwdMainloopSwapped {
                              tile_desc_k_major(smem + kOffK, kBlockN, kKeys * wg, k), k > 0);
       }
 #pragma unroll
-      for (int k = 0; k < kHeadDim / 16; ++k) {
+      for (int k = 0; k < kHeadDimV / 16; ++k) {
         wgmma_ss<kIn, kKeys>(dp, tile_desc_k_major(do_tile, kBlockM, 0, k),
                              tile_desc_k_major(smem + kOffV, kBlockN, kKeys * wg, k), k > 0);
       }
@@ -271,12 +286,13 @@ struct BwdMainloopSwapped {
   // the block of the Q/dO tile read MN-major (M = 64 columns, one swizzle block), B the
   // transposed tile's rows of the keys owned (all 64 when kSplit, else this warpgroup's 32),
   // K-major.
-  __device__ static __forceinline__ void transposed_gemm(float (&acc)[kOwnBlocks][kDkvAcc],
+  template <int kBlocks>
+  __device__ static __forceinline__ void transposed_gemm(float (&acc)[kBlocks][kDkvAcc],
                                                          const char* a_tile, const char* b_tile,
                                                          int wg) {
 #pragma unroll
-    for (int j = 0; j < kOwnBlocks; ++j) {
-      const int block = kSplit ? kOwnBlocks * wg + j : j;
+    for (int j = 0; j < kBlocks; ++j) {
+      const int block = kSplit ? kBlocks * wg + j : j;
       const u64 a_desc =
           wgmma_desc_mn_major_sw128(a_tile + block * kBlockM * 128, kBlockM * 128);
 #pragma unroll

@@ -23,6 +23,8 @@ struct BwdProducer {
   static constexpr int kStatsBytes = K::kStatsBytes, kOffTask = K::kOffTask;
   static constexpr int kOffQ = K::kOffQ, kOffDo = K::kOffDo, kOffK = K::kOffK, kOffV = K::kOffV;
   static constexpr int kOffStats = K::kOffStats;
+  // V's and dO's column blocks and tiles (narrower than K's and Q's under MLA's 192/128).
+  enum : int { kColBlocksV = K::kColBlocksV, kVBytes = K::kVBytes, kDoBytes = K::kDoBytes };
 
   __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k,
                              const TensorMap* tm_v, const TensorMap* tm_do,
@@ -61,7 +63,7 @@ struct BwdProducer {
     mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
     // Published by the arrive below (release), read after the consumers' wait (acquire).
     reinterpret_cast<Task*>(smem + kOffTask)[s] = t;
-    mbarrier_arrive_expect_tx(&bars->q_full[s], 2 * kQBytes + kStatsBytes);
+    mbarrier_arrive_expect_tx(&bars->q_full[s], kQBytes + kDoBytes + kStatsBytes);
     // The preprocess kernel laid the statistics out per query tile (BwdParams::stats).
     if constexpr (kVarlen) {
       bulk_load(smem + kOffStats + s * kStatsBytes,
@@ -73,7 +75,17 @@ struct BwdProducer {
                               (2 * kBlockM),
                 kStatsBytes, &bars->q_full[s]);
     }
-    if constexpr (kVarlen) {
+    if constexpr (kColBlocksV != kColBlocks) {
+      // V narrower than K (fixed-length only, AttnBwdSm90): Q's blocks, then dO's.
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
+                    cb * 64, t.h, t.m * kBlockM, t.b);
+      }
+      for (int cb = 0; cb < kColBlocksV; ++cb) {
+        tma_load_4d(smem + kOffDo + s * kDoBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
+                    cb * 64, t.h, t.m * kBlockM, t.b);
+      }
+    } else if constexpr (kVarlen) {
       const int row = p.cu_seqlens_q[t.b] + t.m * kBlockM;  // the sequence's rows, batch 0
       for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
@@ -96,12 +108,23 @@ struct BwdProducer {
                                                  Bars* bars, char* smem, int segment, int head,
                                                  int row, int batch) {
     mbarrier_wait_parity(&bars->kv_empty, (segment & 1) ^ 1);
-    mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kKBytes);
-    for (int cb = 0; cb < kColBlocks; ++cb) {
-      tma_load_4d(smem + kOffK + cb * kBlockN * 128, tm_k, &bars->kv_full, cb * 64, head, row,
-                  batch);
-      tma_load_4d(smem + kOffV + cb * kBlockN * 128, tm_v, &bars->kv_full, cb * 64, head, row,
-                  batch);
+    mbarrier_arrive_expect_tx(&bars->kv_full, kKBytes + kVBytes);
+    if constexpr (kColBlocksV != kColBlocks) {
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        tma_load_4d(smem + kOffK + cb * kBlockN * 128, tm_k, &bars->kv_full, cb * 64, head, row,
+                    batch);
+      }
+      for (int cb = 0; cb < kColBlocksV; ++cb) {
+        tma_load_4d(smem + kOffV + cb * kBlockN * 128, tm_v, &bars->kv_full, cb * 64, head, row,
+                    batch);
+      }
+    } else {
+      for (int cb = 0; cb < kColBlocks; ++cb) {
+        tma_load_4d(smem + kOffK + cb * kBlockN * 128, tm_k, &bars->kv_full, cb * 64, head, row,
+                    batch);
+        tma_load_4d(smem + kOffV + cb * kBlockN * 128, tm_v, &bars->kv_full, cb * 64, head, row,
+                    batch);
+      }
     }
   }
 };

@@ -36,6 +36,7 @@
 #include "dashgen/attn/bwd_producer.cuh"
 #include "dashgen/attn/bwd_scheduler.cuh"
 #include "dashgen/attn/element.cuh"
+#include "dashgen/attn/head_dim.cuh"
 #include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/attn/tiles_sm90.cuh"
@@ -125,6 +126,13 @@ struct AttnBwdSm90 {
   // ---- pipeline and shared memory -------------------------------------------------------------
   static constexpr int kStages = 2;
   static constexpr int kColBlocks = kHeadDim / 64;  // 128-byte swizzle column blocks per row
+  // V's, O's and dO's columns (attn/head_dim.cuh): 128 under 192 (DeepSeek's MLA), in the
+  // swapped mainloop only; its column blocks. Enumerators: no module globals.
+  enum : int { kHeadDimV = head_dim_v<Cfg>(0), kColBlocksV = kHeadDimV / 64 };
+  static_assert(kHeadDimV == kHeadDim || (kSwapped && kHeadDim == 192 && kHeadDimV == 128 &&
+                                          !kGqa && !kVarlen),
+                "V as wide as Q and K, or 128 under 192 in the swapped mainloop (MHA, fixed "
+                "length)");
   static_assert(kHeadDim == 64 || kHeadDim == 128 ||
                     (kSwapped && (kHeadDim == 192 || kHeadDim == 256)),
                 "head_dim 64 or 128, 192 or 256 swapped");
@@ -140,6 +148,7 @@ struct AttnBwdSm90 {
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;   // one Q or dO tile
   static constexpr int kKBytes = kBlockN * kHeadDim * 2;   // one K or V tile
+  enum : int { kVBytes = kBlockN * kHeadDimV * 2, kDoBytes = kBlockM * kHeadDimV * 2 };
   static constexpr int kDsBytes = kBlockM * kBlockN * 2;
   // dQ's fp32 partial goes to the writer whole through kStages buffers, or (swapped: the
   // whole partial does not fit beside two Q/dO stages) in 64-column pieces (kDqBuffers below).
@@ -165,9 +174,9 @@ struct AttnBwdSm90 {
   // Every tile starts 1024-byte aligned (128B swizzle atoms).
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
-  static constexpr int kOffQ = kOffV + kKBytes;
+  static constexpr int kOffQ = kOffV + kVBytes;
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
-  static constexpr int kOffDs = kOffDo + kStages * kQBytes;
+  static constexpr int kOffDs = kOffDo + kStages * kDoBytes;
   static constexpr int kOffDq = kOffDs + kDsStages * kDsBytes;
   // Swapped: a buffer per piece where they fit beside the rest (192: the 4 KB reserve covers
   // statistics, barriers, slots and slack; kSmemBytes is checked below), else one buffer the

@@ -23,6 +23,7 @@
 #pragma once
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/fragment.cuh"
+#include "dashgen/attn/head_dim.cuh"
 #include "dashgen/attn/mask.cuh"
 #include "dashgen/attn/pack_check.cuh"
 #include "dashgen/attn/params.cuh"
@@ -48,17 +49,6 @@ enum class FwdBarrier : u32 { kTurnWg0 = 1, kTurnWg1 = 2 };
 static_assert(static_cast<u32>(FwdBarrier::kTurnWg1) == static_cast<u32>(FwdBarrier::kTurnWg0) + 1,
               "turn_barrier adds the warpgroup to kTurnWg0");
 
-// The columns of V and O: Cfg::kHeadDimV where the entry template renders one (V narrower than Q
-// and K), else Cfg::kHeadDim. Call with 0.
-template <class Cfg>
-__host__ __device__ constexpr auto fwd_head_dim_v(int) -> decltype(Cfg::kHeadDimV + 0) {
-  return Cfg::kHeadDimV;
-}
-template <class Cfg>
-__host__ __device__ constexpr int fwd_head_dim_v(long) {
-  return Cfg::kHeadDim;
-}
-
 // Cfg: the configuration the entry template renders (attn_fwd_sm90.cu.j2); its members are
 // named here as the kernel uses them.
 template <class Cfg>
@@ -79,7 +69,7 @@ struct AttnFwdSm90 {
   // code.
   enum : int {
     kWindow = has_window<Cfg>(0),        // a sliding window (attn/mask.cuh)
-    kHeadDimV = fwd_head_dim_v<Cfg>(0),  // columns of V and O
+    kHeadDimV = head_dim_v<Cfg>(0),  // columns of V and O (attn/head_dim.cuh)
     kColBlocksV = kHeadDimV / 64,
     kVBytes = kBlockN * kHeadDimV * 2,   // a V stage
     kOBytes = kBlockM * kHeadDimV * 2,   // O's staging tile (kStagedO)

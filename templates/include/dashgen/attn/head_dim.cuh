@@ -19,6 +19,17 @@ __host__ __device__ constexpr int tensor_head_dim(long) {
   return kKernel;
 }
 
+// The columns of V, O and dO: Cfg::kHeadDimV where the entry template renders one (V narrower
+// than Q and K: 128 under 192, DeepSeek's MLA), else Cfg::kHeadDim. Call with 0.
+template <class Cfg>
+__host__ __device__ constexpr auto head_dim_v(int) -> decltype(Cfg::kHeadDimV + 0) {
+  return Cfg::kHeadDimV;
+}
+template <class Cfg>
+__host__ __device__ constexpr int head_dim_v(long) {
+  return Cfg::kHeadDim;
+}
+
 // Cfg::kDkvSwapped where the entry template renders one, else 0: the backward at a head_dim
 // whose dK/dV over 64 KV rows do not fit a warpgroup's registers (256) runs the swapped
 // mainloop (attn/bwd_mainloop_swapped.cuh), and its fp32 dQ sum is column-block-major per tile

@@ -36,8 +36,9 @@ struct AttnPreprocess : RowLanes<Cfg::kHeadDim> {
   using L = RowLanes<Cfg::kHeadDim>;
   using T = typename Cfg::Element;
   static constexpr int kHeadDim = Cfg::kHeadDim;
-  // O's and dO's columns (attn/head_dim.cuh): lanes past them add nothing to D.
-  enum : int { kTensorHeadDim = tensor_head_dim<Cfg, Cfg::kHeadDim>(0) };
+  // O's and dO's columns (attn/head_dim.cuh: the tensors' width, or V's, 128 under MLA's 192):
+  // lanes past them add nothing to D.
+  enum : int { kTensorHeadDim = tensor_head_dim<Cfg, head_dim_v<Cfg>(0)>(0) };
   static constexpr int kStatsBlockM = Cfg::kBlockM;
   static constexpr int kBlockM = Cfg::kBlockM;  // the backward's query tiles
 
