@@ -3,7 +3,7 @@ the unordered one, d128 and d64 causal at 131k and 262k tokens (hidden 2048), th
 alternated, each the median of the calls after the first. A tree is imported from TREE, so two
 checkouts can be compared one process each (docs/bench/2026-12-06-long/after-parts).
 
-python3 lab/long_dq_orders.py TREE OUT.json [--without-default] [--repeats 4]
+python3 lab/long_dq_orders.py TREE OUT.json [--without-default] [--repeats 4] [--shapes 128:131072,...]
 --without-default: only dq_last and the unordered kernel (the default order is the slowest).
 """
 import argparse
@@ -17,6 +17,8 @@ ap.add_argument("tree")
 ap.add_argument("out")
 ap.add_argument("--without-default", action="store_true")
 ap.add_argument("--repeats", type=int, default=4)
+ap.add_argument("--shapes", default="128:131072,128:262144,64:131072,64:262144",
+                help="head_dim:seqlen,... (one sequence each, hidden 2048)")
 a = ap.parse_args()
 sys.path.insert(0, a.tree)
 import torch  # noqa: E402
@@ -25,7 +27,7 @@ from dashgen.runtime.forward import forward  # noqa: E402
 from dashgen.runtime.select import Overrides  # noqa: E402
 
 res = []
-for d, seqlen in ((128, 131072), (128, 262144), (64, 131072), (64, 262144)):
+for d, seqlen in (map(int, shape.split(":")) for shape in a.shapes.split(",")):
     heads = 2048 // d
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(1, seqlen, heads, d, device="cuda", dtype=torch.bfloat16,
