@@ -33,9 +33,8 @@ def kernel_head_dim(head_dim: int) -> int:
     return KERNEL_HEAD_DIMS.get(head_dim, head_dim)
 
 
-# The head dims the forward's variant compiles for: HEAD_DIMS. 192 with V 128 wide compiles too
-# (FORWARD_TILES) and matched float64 on an H100 through runtime.forward (docs/design.md,
-# `fwd-head-dims`), but q/k and v of different widths have no backward yet.
+# The head dims the forward's variant compiles for: HEAD_DIMS, and 192 with V 128 wide
+# (FORWARD_TILES, HEAD_DIM_V_PAIRS: docs/design.md, `fwd-head-dims`, `mla-head-dims`).
 FORWARD_HEAD_DIMS = (64, 96, 128, 192, 256)
 SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
 THREADS = 384  # both main kernels: a producer warpgroup and two MMA warpgroups
