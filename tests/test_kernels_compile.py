@@ -145,7 +145,7 @@ EXTRA_VARIANTS = [
     B("bf16", 192, False, "spt_listed", window=True, softcap=True),
     B("bf16", 192, True, "spt", varlen=True, gqa=True),
     # q/k 192 with V 128 (MLA): V's and dO's two column blocks, each schedule kind and mode,
-    # the modifiers (MHA, fixed length: BackwardVariant refuses GQA and packs there)
+    # the modifiers (MHA: BackwardVariant refuses GQA there)
     B("bf16", 192, True, "spt_listed", head_dim_v=128),
     B("bf16", 192, True, "symmetric_shift", head_dim_v=128),
     B("bf16", 192, False, "shift", head_dim_v=128),
@@ -154,6 +154,10 @@ EXTRA_VARIANTS = [
     B("bf16", 192, True, "table", trace=True, head_dim_v=128),
     B("bf16", 192, False, "spt_listed", window=True, softcap=True, head_dim_v=128),
     B("bf16", 192, True, "descending", early_kv=True, head_dim_v=128),
+    # ... and packed (built; attention_varlen serves it once PACKED_HEAD_DIM_V_PAIRS has it)
+    B("bf16", 192, True, "hybrid", varlen=True, early_kv=True, head_dim_v=128),
+    B("bf16", 192, False, "hybrid", varlen=True, early_kv=True, head_dim_v=128),
+    B("bf16", 192, True, "spt", varlen=True, early_kv=True, deterministic=False, head_dim_v=128),
 ]
 # The forwards past head_dim 128 (192, 256, and 192 with V 128 wide):
 # every dtype, mask and kind. Not golden: the benchmark's sweep runs 64 and 128.

@@ -127,6 +127,25 @@ def test_k_and_v_shapes_must_match():
         check_varlen_inputs(q, k, torch.empty(5, 1, 64, dtype=BF16), *rest)
 
 
+def test_a_narrower_v_in_a_pack_is_refused_until_its_packs_are_served(monkeypatch):
+    """q/k 192 with v 128: the packed kernels are built, attention_varlen refuses them by name
+    until PACKED_HEAD_DIM_V_PAIRS holds the pair; then only MHA passes; another width never."""
+    from dashgen.codegen import variants
+    q, k, _, *rest = pack(heads_q=4, heads_kv=4, head_dim=192)
+    narrow = torch.empty(5, 4, 128, dtype=BF16)
+    with pytest.raises(ValueError, match=r"^v has head_dim 128 under q's 192: packs of this "
+                                         r"pair are built but not yet served"):
+        check_varlen_inputs(q, k, narrow, *rest)
+    with pytest.raises(ValueError, match=r"^v has head_dim 64 but q and k have 192"):
+        check_varlen_inputs(q, k, torch.empty(5, 4, 64, dtype=BF16), *rest)
+    monkeypatch.setattr(variants, "PACKED_HEAD_DIM_V_PAIRS", ((192, 128),))
+    with pytest.raises(ValueError, match=r"^q, k and v are on cpu"):  # past every shape check
+        check_varlen_inputs(q, k, narrow, *rest)
+    q2, k2, _, *rest2 = pack(heads_q=4, heads_kv=2, head_dim=192)
+    with pytest.raises(ValueError, match=r"as many k/v heads as q heads"):
+        check_varlen_inputs(q2, k2, torch.empty(5, 2, 128, dtype=BF16), *rest2)
+
+
 def test_heads_q_must_be_a_multiple_of_heads_kv():
     with pytest.raises(ValueError, match=r"^k has 3 heads, which does not divide q's 4 heads"):
         check_varlen_inputs(*pack(heads_q=4, heads_kv=3))
@@ -816,6 +835,24 @@ def test_torch_compile_traces_a_pack_through_its_custom_ops(on_cpu, monkeypatch)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
     torch._dynamo.reset()
+
+
+def test_a_pack_with_a_narrower_v_prepares_its_calls_in_vs_width(on_cpu, monkeypatch):
+    """With the pair's packs served, the eager node's prepared forward and backward are the
+    pack selection's variants with head_dim_v (V's and dO's loads, dV's stores, O's width)."""
+    from dashgen.codegen import variants
+    monkeypatch.setattr(variants, "PACKED_HEAD_DIM_V_PAIRS", ((192, 128),))
+    runtime = FakePackRuntime()
+    monkeypatch.setattr(op_varlen, "_runtime", lambda: runtime)
+    clear_caches()
+    q, k, _, cu, _, longest, _ = pack([300, 7], heads_q=4, heads_kv=4, head_dim=192)
+    v = torch.empty(q.shape[0], 4, 128, dtype=BF16)
+    leaves = [torch.randn_like(t).requires_grad_() for t in (q, k, v)]
+    o = attention_varlen(*leaves, cu, cu, longest, longest, causal=True, deterministic=True)
+    o.sum().backward()
+    (_, forward), (_, backward) = runtime.calls
+    assert forward.head_dim_v == backward.head_dim_v == 128
+    assert backward.varlen and backward.kernel_name.startswith("dashgen_bwd_bf16_d192v128_causal")
 
 
 @pytest.mark.parametrize("device", ["meta", "fake"])

@@ -14,6 +14,7 @@ import math
 import torch
 
 from ..caches import Memo
+from ..codegen import variants
 from . import checks
 from .op_common import Options, Validated, gradients_like, ready, register_autograd, traced
 from .select import PACK_SCHEDULES, Selection, pack_selection, pack_workers, select_pack
@@ -31,11 +32,16 @@ def _check_tensors(q, k, v) -> None:
     for name, t in (("k", k), ("v", v)):
         checks.same_dtype(name, t, q)
     checks.same_head_dim("k", k, q)
-    if v.dim() == 3 and k.dim() == 3 and v.shape[-1] != q.shape[-1]:
-        raise ValueError(f"v has head_dim {v.shape[-1]} but q has head_dim {q.shape[-1]}: a pack "
-                         f"runs v as wide as q and k (dashgen.attention serves q/k 192 with v "
-                         f"128 for fixed-length batches)")
-    if v.shape != k.shape:
+    if v.shape[-1] != q.shape[-1]:
+        variants.check_head_dim_v(q.shape[-1], v.shape[-1])
+        if (q.shape[-1], v.shape[-1]) not in variants.PACKED_HEAD_DIM_V_PAIRS:
+            raise ValueError(f"v has head_dim {v.shape[-1]} under q's {q.shape[-1]}: packs of "
+                             f"this pair are built but not yet served (dashgen.attention serves "
+                             f"it for fixed-length batches)")
+        if k.shape[1] != q.shape[1]:
+            raise ValueError(f"v has head_dim {v.shape[-1]} under q's {q.shape[-1]}: served with "
+                             f"as many k/v heads as q heads (got {k.shape[1]} and {q.shape[1]})")
+    if v.shape[:2] != k.shape[:2]:
         raise ValueError(f"v has shape {tuple(v.shape)} but k has shape {tuple(k.shape)}")
     for name, t in (("q", q), ("k", k)):
         if t.shape[1] == 0:
@@ -187,7 +193,8 @@ def _check_all(args, options, flag) -> tuple[Options, Selection | None]:
     chosen = ("bf16" if q.dtype == torch.bfloat16 else "fp16", q.shape[2], bool(causal),
               schedule, ordered, q.shape[1] != k.shape[1], window != (-1, -1))
     sel = (select_pack(*chosen[:4], deterministic=chosen[4], gqa=chosen[5], window=chosen[6])
-           if torch.compiler.is_compiling() else pack_selection(*chosen)).soft_capped(cap > 0)
+           if torch.compiler.is_compiling() else pack_selection(*chosen)).soft_capped(
+               cap > 0).with_head_dim_v(v.shape[-1])
     sm_count = checks.device(q, k, v)
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu.device != q.device and cu.device.type != "cpu":
@@ -252,7 +259,7 @@ def attention_varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
               softmax_scale, deterministic, schedule, num_workers, softcap=0.0, window_left=-1,
               window_right=-1):
-    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    o = q.new_empty((q.shape[0], q.shape[1], v.shape[-1]))  # contiguous, V's width
     return o, q.new_empty((q.shape[0] * q.shape[1],), dtype=torch.float32)
 
 

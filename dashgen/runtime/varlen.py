@@ -59,6 +59,7 @@ class PackForwardCall:
         total_q, heads_q, _ = q_shape
         total_k, heads_kv = k_shape[:2]
         self.lse_shape = (heads_q * total_q,)
+        self.o_shape = (total_q, heads_q, variant.head_dim_v)  # V's width (MLA: 128 under 192)
         self.device_index = device.index or 0
         self.launch = None
         no_rows = total_q == 0 or max_seqlen_q == 0
@@ -84,7 +85,7 @@ class PackForwardCall:
     def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k):
         pack_faults.check()
         empty = allocator()
-        o = empty(q.shape, q.dtype, q.device)
+        o = empty(self.o_shape, q.dtype, q.device)
         lse = empty(self.lse_shape, torch.float32, q.device)
         if self.launch is None:
             return (o.zero_(), lse.fill_(-math.inf)) if self.no_keys else (o, lse)
@@ -112,13 +113,14 @@ def pack_forward_call(variant: ForwardVariant, q_shape: torch.Size, k_shape: tor
 def forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
             causal: bool, softmax_scale: float, softcap: float = 0.0,
             window: tuple[int, int] = NO_WINDOW):
-    """o (total_q, heads_q, head_dim) and lse (heads_q * total_q floats, sequence b's
+    """o (total_q, heads_q, v's head_dim) and lse (heads_q * total_q floats, sequence b's
     (heads_q, seqlen) block from heads_q * cu_seqlens_q[b]); q, k, v contiguous. Through the
     memo of prepared calls (dashgen.attention_varlen's eager calls keep theirs)."""
     # The forward is the same for every schedule and mode.
     window = tuple(window)
     selection = pack_selection(DTYPE_NAMES[q.dtype], q.shape[2], bool(causal), "auto", True,
-                               False, window != NO_WINDOW).soft_capped(bool(softcap))
+                               False, window != NO_WINDOW).soft_capped(
+                                   bool(softcap)).with_head_dim_v(v.shape[-1])
     return pack_forward_call(selection.forward, q.shape, k.shape, cu_seqlens_q.numel() - 1,
                              max_seqlen_q, max_seqlen_k, float(softmax_scale), q.device,
                              float(softcap), window)(
@@ -192,6 +194,7 @@ class PackBackwardLaunch(BackwardMaps):
             loaded.convert, (layout.k_tiles * bn // PREP_ROWS_PER_BLOCK, heads_kv, 1),
             AUX_THREADS, 0)
         q_stride, k_stride = heads_q * head_dim, heads_kv * head_dim
+        o_stride = heads_q * variant.head_dim_v  # O and dO, which the preprocess reads
         self.params_template = BwdParams(
             stall=watchdog.record(device, workers), batch=batch, heads_q=heads_q,
             heads_kv=heads_kv, q_row_stride=q_stride, k_row_stride=k_stride,
@@ -199,7 +202,7 @@ class PackBackwardLaunch(BackwardMaps):
             pack_fault=pack_faults.record(device), total_q=total_q, total_k=total_k)
         self.prep_template = PrepParams(
             zero_vec4s=(layout.words - layout.zeroed) // 4, batch=batch, heads=heads_q,
-            row_stride=q_stride, zero_dq=not deterministic)
+            row_stride=o_stride, zero_dq=not deterministic)
         self.convert_q_template = ConvertParams(batch=batch, heads=heads_q, row_stride=q_stride,
                                                 swizzled=True, block_m=bm)
         self.convert_kv_template = ConvertParams(batch=batch, heads=heads_kv,
@@ -320,7 +323,8 @@ def backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
     window = tuple(window)
     selection = pack_selection(DTYPE_NAMES[q.dtype], q.shape[2], bool(causal), schedule,
                                bool(deterministic), q.shape[1] != k.shape[1],
-                               window != NO_WINDOW).soft_capped(bool(softcap))
+                               window != NO_WINDOW).soft_capped(
+                                   bool(softcap)).with_head_dim_v(v.shape[-1])
     return pack_backward_call(selection.backward, q.shape, k.shape, cu_seqlens_q.numel() - 1,
                               max_seqlen_q, max_seqlen_k, float(softmax_scale),
                               bool(deterministic), workers, q.device, float(softcap), window)(

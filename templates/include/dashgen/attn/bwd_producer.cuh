@@ -76,14 +76,17 @@ struct BwdProducer {
                 kStatsBytes, &bars->q_full[s]);
     }
     if constexpr (kColBlocksV != kColBlocks) {
-      // V narrower than K (fixed-length only, AttnBwdSm90): Q's blocks, then dO's.
+      // V narrower than K (MLA): Q's blocks, then dO's; a pack's rows are the sequence's, in
+      // a batch of one.
+      const int row = (kVarlen ? p.cu_seqlens_q[t.b] : 0) + t.m * kBlockM;
+      const int batch = kVarlen ? 0 : t.b;
       for (int cb = 0; cb < kColBlocks; ++cb) {
         tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
-                    cb * 64, t.h, t.m * kBlockM, t.b);
+                    cb * 64, t.h, row, batch);
       }
       for (int cb = 0; cb < kColBlocksV; ++cb) {
         tma_load_4d(smem + kOffDo + s * kDoBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
-                    cb * 64, t.h, t.m * kBlockM, t.b);
+                    cb * 64, t.h, row, batch);
       }
     } else if constexpr (kVarlen) {
       const int row = p.cu_seqlens_q[t.b] + t.m * kBlockM;  // the sequence's rows, batch 0

@@ -130,9 +130,9 @@ struct AttnBwdSm90 {
   // swapped mainloop only; its column blocks. Enumerators: no module globals.
   enum : int { kHeadDimV = head_dim_v<Cfg>(0), kColBlocksV = kHeadDimV / 64 };
   static_assert(kHeadDimV == kHeadDim || (kSwapped && kHeadDim == 192 && kHeadDimV == 128 &&
-                                          !kGqa && !kVarlen),
-                "V as wide as Q and K, or 128 under 192 in the swapped mainloop (MHA, fixed "
-                "length)");
+                                          !kGqa),
+                "V as wide as Q and K, or 128 under 192 in the swapped mainloop (MHA: the GQA "
+                "dK/dV sums are converted at one width)");
   static_assert(kHeadDim == 64 || kHeadDim == 128 ||
                     (kSwapped && (kHeadDim == 192 || kHeadDim == 256)),
                 "head_dim 64 or 128, 192 or 256 swapped");
