@@ -675,6 +675,24 @@ def test_torch_compile_traces_the_custom_ops_and_matches_eager_bitwise(on_cpu, k
     torch._dynamo.reset()
 
 
+def test_torch_compile_traces_mla_with_vs_width(on_cpu, kernels):
+    """q/k 192 with v 128 through the custom ops: the fake kernels' o is v's width, so the
+    traced graph's shapes are the eager call's, and so are its values and gradients."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    q, k = (torch.randn(1, 64, 4, 192, dtype=BF16, requires_grad=True) for _ in range(2))
+    v = torch.randn(1, 64, 4, 128, dtype=BF16, requires_grad=True)
+    do = torch.randn(1, 64, 4, 128, dtype=BF16)
+    eager = op.attention(q, k, v, causal=True, deterministic=True)
+    eager_grads = torch.autograd.grad(eager, (q, k, v), do)
+    compiled = torch.compile(op.attention, backend="aot_eager", fullgraph=True)
+    out = compiled(q, k, v, causal=True, deterministic=True)
+    grads = torch.autograd.grad(out, (q, k, v), do)
+    assert out.shape == (1, 64, 4, 128) and torch.equal(out, eager)
+    assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))
+    torch._dynamo.reset()
+
+
 def test_torch_compile_still_raises_value_errors(on_cpu, kernels):
     torch._dynamo.reset()
     q, k, v = cpu_leaves()
