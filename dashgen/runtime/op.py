@@ -339,9 +339,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     """Scaled dot-product attention whose backward is bitwise reproducible on Hopper.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), bf16
-    or fp16 CUDA tensors on an sm_90 GPU, heads_q a multiple of heads_kv (GQA/MQA). causal masks
+    or fp16 CUDA tensors on an sm_90 GPU, heads_q a multiple of heads_kv (GQA/MQA); v may be 128
+    wide under q and k of 192 (DeepSeek's MLA) with heads_q == heads_kv. causal masks
     bottom-right aligned: query row i sees key j iff j <= i + seqlen_k - seqlen_q (a row that sees
-    no key gets o = 0). softmax_scale defaults to 1/sqrt(head_dim). Returns o, shaped like q;
+    no key gets o = 0). softmax_scale defaults to 1/sqrt(head_dim). Returns o, shaped like q
+    with v's head_dim;
     with return_lse=True, (o, lse): lse is float32 (batch, heads_q, seqlen_q), the natural-log
     logsumexp of each row's scaled scores (-inf for a row that sees no key), not differentiable.
 
