@@ -274,8 +274,8 @@ def backward(do, q, k, v, o, lse, *, causal: bool, softmax_scale: float, determi
              overrides: Overrides = Overrides(), softcap: float = 0.0,
              window: tuple[int, int] = NO_WINDOW):
     """dq, dk, dv (and the trace buffer if `trace`: a row of TRACE_COLUMNS int32 per task, in
-    the IR's order). q, k, v, do and o are contiguous; do and o are q's shape with v's head_dim. softcap and
-    window: the forward's (0 uncapped; (-1, -1) no window)."""
+    the IR's order). q, k, v, do and o are contiguous; do and o are q's shape with v's head_dim.
+    softcap and window: the forward's (0 uncapped; (-1, -1) no window)."""
     return BackwardCall(q, k, v, o, lse, causal=causal, softmax_scale=softmax_scale,
                         deterministic=deterministic, schedule=schedule, num_workers=num_workers,
                         trace=trace, overrides=overrides, softcap=softcap, window=window)(do)

@@ -60,13 +60,14 @@ def same_head_dim(name: str, t: torch.Tensor, q: torch.Tensor) -> None:
 
 def head_dim_v(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """v as wide as q and k, or a pair with kernels (HEAD_DIM_V_PAIRS: MLA's 192/128), whose
-    backward sums dK/dV per query head: no GQA there."""
+    backward sums dK/dV per query head: no GQA there. Heads are the next-to-last dimension in
+    both ops' layouts ((batch, seqlen, heads, head_dim) and a pack's (tokens, heads, head_dim))."""
     if v.shape[-1] == q.shape[-1]:
         return
     check_head_dim_v(q.shape[-1], v.shape[-1])
-    if k.shape[2] != q.shape[2]:
+    if k.shape[-2] != q.shape[-2]:
         raise ValueError(f"v has head_dim {v.shape[-1]} under q's {q.shape[-1]}: served with "
-                         f"as many k/v heads as q heads (got {k.shape[2]} and {q.shape[2]}); "
+                         f"as many k/v heads as q heads (got {k.shape[-2]} and {q.shape[-2]}); "
                          f"grouped (GQA/MQA) heads need v as wide as q")
 
 

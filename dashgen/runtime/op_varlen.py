@@ -32,15 +32,12 @@ def _check_tensors(q, k, v) -> None:
     for name, t in (("k", k), ("v", v)):
         checks.same_dtype(name, t, q)
     checks.same_head_dim("k", k, q)
-    if v.shape[-1] != q.shape[-1]:
-        variants.check_head_dim_v(q.shape[-1], v.shape[-1])
-        if (q.shape[-1], v.shape[-1]) not in variants.PACKED_HEAD_DIM_V_PAIRS:
-            raise ValueError(f"v has head_dim {v.shape[-1]} under q's {q.shape[-1]}: packs of "
-                             f"this pair are built but not yet served (dashgen.attention serves "
-                             f"it for fixed-length batches)")
-        if k.shape[1] != q.shape[1]:
-            raise ValueError(f"v has head_dim {v.shape[-1]} under q's {q.shape[-1]}: served with "
-                             f"as many k/v heads as q heads (got {k.shape[1]} and {q.shape[1]})")
+    checks.head_dim_v(q, k, v)
+    if (v.shape[-1] != q.shape[-1]
+            and (q.shape[-1], v.shape[-1]) not in variants.PACKED_HEAD_DIM_V_PAIRS):
+        raise ValueError(f"v has head_dim {v.shape[-1]} under q's {q.shape[-1]}: packs of this "
+                         f"pair are built but not yet served (dashgen.attention serves it for "
+                         f"fixed-length batches)")
     if v.shape[:2] != k.shape[:2]:
         raise ValueError(f"v has shape {tuple(v.shape)} but k has shape {tuple(k.shape)}")
     for name, t in (("q", q), ("k", k)):

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..caches import memo
-from ..codegen.variants import (BACKWARD_CONSTANTS, DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
-                                BackwardVariant, ForwardVariant, backward_tiles,
-                                check_dtype_head_dim, kernel_head_dim)
+from ..codegen.variants import (BACKWARD_CONSTANTS, DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M,
+                                FORWARD_BLOCK_N, BackwardVariant, ForwardVariant,
+                                backward_tiles, check_dtype_head_dim, kernel_head_dim)
 from ..schedule.builders import (HYBRID_MAX_TILES, hybrid_need, Tiling, get_builder, schedule_loads,
                                  unsupported_reason)
 from ..schedule.builders.base import fewest_workers
