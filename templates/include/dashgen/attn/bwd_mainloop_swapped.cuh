@@ -100,23 +100,15 @@ struct BwdMainloopSwapped {
       }
       if (t.seg_start) {
         mbarrier_wait_parity(&bars->kv_full, segment & 1);
-        if constexpr (kOwnBlocksV == kOwnBlocks) {
 #pragma unroll
-          for (int j = 0; j < kOwnBlocks; ++j) {
+        for (int j = 0; j < kOwnBlocks; ++j) {
 #pragma unroll
-            for (int e = 0; e < kDkvAcc; ++e) dkt[j][e] = dvt[j][e] = 0.f;
-          }
-        } else {
+          for (int e = 0; e < kDkvAcc; ++e) dkt[j][e] = 0.f;
+        }
 #pragma unroll
-          for (int j = 0; j < kOwnBlocks; ++j) {
+        for (int j = 0; j < kOwnBlocksV; ++j) {
 #pragma unroll
-            for (int e = 0; e < kDkvAcc; ++e) dkt[j][e] = 0.f;
-          }
-#pragma unroll
-          for (int j = 0; j < kOwnBlocksV; ++j) {
-#pragma unroll
-            for (int e = 0; e < kDkvAcc; ++e) dvt[j][e] = 0.f;
-          }
+          for (int e = 0; e < kDkvAcc; ++e) dvt[j][e] = 0.f;
         }
       }
       const char* q_tile = smem + kOffQ + s * kQBytes;
