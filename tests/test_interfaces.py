@@ -176,3 +176,52 @@ def test_flash_attn_func_passes_softcap_to_the_kernels(on_cpu, kernels, monkeypa
     dashgen.flash_attn_func(q, k, v, softcap=0.0)
     assert "softcap" not in kernels.calls[0][1]
 
+
+
+# -- q/k 192 with v 128 (DeepSeek's MLA) through each entry point ---------------------------------
+
+def mla_bhsd_leaves(seqlen=64):
+    """SDPA-layout q, k of 192 columns and v of 128 (MHA: the pair is refused under GQA)."""
+    q, k, _ = bhsd_leaves(heads_kv=8, seqlen_q=seqlen, seqlen_k=seqlen, head_dim=192)
+    v = bhsd_leaves(heads_kv=8, seqlen_q=seqlen, seqlen_k=seqlen, head_dim=128)[2]
+    return q, k, v
+
+
+def test_sdpa_hands_v_narrower_than_q_to_the_kernels_as_it_is(on_cpu, kernels):
+    q, k, v = mla_bhsd_leaves()
+    out = dashgen.sdpa(q, k, v, is_causal=True)
+    assert out.shape == (2, 8, 64, 128)  # o has v's width
+    do = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
+    want = fake_gradients(do.transpose(1, 2), *(t.transpose(1, 2) for t in (q, k, v)))
+    for got, ref in zip((dq, dk, dv), want):
+        assert got.shape == ref.transpose(1, 2).shape and torch.equal(got, ref.transpose(1, 2))
+    (launch,) = kernels.backward_launches
+    assert launch.selection.backward.kernel_name.startswith("dashgen_bwd_bf16_d192v128_causal")
+
+
+def test_flash_backend_runs_v_narrower_than_q(on_cpu, kernels, restore_determinism):
+    torch.use_deterministic_algorithms(True)
+    q, k, v = (t.detach() for t in mla_bhsd_leaves())
+    out, lse, *_ = sdpa_mod._flash_forward(q, k, v, 0.0, True, False)
+    ref_o, ref_lse = kernels.forward(*(t.transpose(1, 2).contiguous() for t in (q, k, v)),
+                                     causal=True, softmax_scale=192 ** -0.5)
+    assert out.shape == (2, 8, 64, 128) and torch.equal(out, ref_o.transpose(1, 2))
+    do = torch.randn_like(out)
+    grads = sdpa_mod._flash_backward(do, q, k, v, out, lse, None, None, 64, 64, 0.0, True,
+                                     torch.zeros(2), torch.zeros(()))
+    want = fake_gradients(*(t.transpose(1, 2) for t in (do, q, k, v)))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert all(torch.equal(g, w.transpose(1, 2)) for g, w in zip(grads, want))
+
+
+def test_flash_attn_func_runs_v_narrower_than_q(on_cpu, kernels):
+    q, k, v = (t.detach().transpose(1, 2).contiguous().requires_grad_()
+               for t in mla_bhsd_leaves())
+    out = dashgen.flash_attn_func(q, k, v, causal=True)
+    assert out.shape == (2, 64, 8, 128)
+    out.float().sum().backward()
+    assert v.grad.shape == v.shape and q.grad.shape == q.shape
+    assert torch.equal(v.grad, torch.full_like(v, 5.0))  # fake_gradients' dv reached v
+    (launch,) = kernels.backward_launches
+    assert launch.selection.backward.head_dim_v == 128
