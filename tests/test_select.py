@@ -184,6 +184,23 @@ def test_auto_falls_back_where_a_sequence_does_not_fit_the_sms():
         resolve_schedule(long, "symmetric_shift", None, 132)
 
 
+def test_auto_passes_over_a_dash_order_that_leaves_the_workers_idle():
+    """head_dim 192 (64x96 tiles), causal: at 16k a sequence has 171 KV tiles, so
+    symmetric_shift's 86 units hold one sequence a wave, 86 of 132 workers: auto takes the
+    listed spt on all of them. At 8k its 43 units fill 129 of 132 and it stays."""
+    long = problem_for(1, 10, 10, 16384, 16384, 192, True)
+    assert BUILDERS["symmetric_shift"].workers_used(long, 132) == 86
+    assert resolve_schedule(long, "auto", None, 132) == ("spt_listed", 132)
+    assert resolve_schedule(long, "auto", None, 132, deterministic=False) == ("spt", 132)
+    # Asked by name it runs, on its 86.
+    assert resolve_schedule(long, "symmetric_shift", None, 132) == ("symmetric_shift", 86)
+    half = problem_for(2, 10, 10, 8192, 8192, 192, True)
+    assert resolve_schedule(half, "auto", None, 132)[0] == "symmetric_shift"
+    # Fewer units than workers fill what they can: the rule counts against the units.
+    small = problem_for(1, 2, 2, 1000, 1000, 192, True)
+    assert resolve_schedule(small, "auto", None, 132)[0] == "symmetric_shift"
+
+
 def test_auto_takes_fa3_where_one_d64_full_head_fills_a_wave():
     """Head_dim 64, full mask: past half the workers' KV tiles a sequence (shift would run one
     head a wave) fa3 on every worker; head_dim 128 and causal masks keep the DASH orders."""

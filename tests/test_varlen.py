@@ -127,18 +127,13 @@ def test_k_and_v_shapes_must_match():
         check_varlen_inputs(q, k, torch.empty(5, 1, 64, dtype=BF16), *rest)
 
 
-def test_a_narrower_v_in_a_pack_is_refused_until_its_packs_are_served(monkeypatch):
-    """q/k 192 with v 128: the packed kernels are built, attention_varlen refuses them by name
-    until PACKED_HEAD_DIM_V_PAIRS holds the pair; then only MHA passes; another width never."""
-    from dashgen.codegen import variants
+def test_a_narrower_v_in_a_pack_passes_for_mha_only():
+    """q/k 192 with v 128 in a pack: MHA passes every shape check; GQA and another width are
+    refused by name."""
     q, k, _, *rest = pack(heads_q=4, heads_kv=4, head_dim=192)
     narrow = torch.empty(5, 4, 128, dtype=BF16)
-    with pytest.raises(ValueError, match=r"^v has head_dim 128 under q's 192: packs of this "
-                                         r"pair are built but not yet served"):
-        check_varlen_inputs(q, k, narrow, *rest)
     with pytest.raises(ValueError, match=r"^v has head_dim 64 but q and k have 192"):
         check_varlen_inputs(q, k, torch.empty(5, 4, 64, dtype=BF16), *rest)
-    monkeypatch.setattr(variants, "PACKED_HEAD_DIM_V_PAIRS", ((192, 128),))
     with pytest.raises(ValueError, match=r"^q, k and v are on cpu"):  # past every shape check
         check_varlen_inputs(q, k, narrow, *rest)
     q2, k2, _, *rest2 = pack(heads_q=4, heads_kv=2, head_dim=192)
@@ -838,10 +833,8 @@ def test_torch_compile_traces_a_pack_through_its_custom_ops(on_cpu, monkeypatch)
 
 
 def test_a_pack_with_a_narrower_v_prepares_its_calls_in_vs_width(on_cpu, monkeypatch):
-    """With the pair's packs served, the eager node's prepared forward and backward are the
-    pack selection's variants with head_dim_v (V's and dO's loads, dV's stores, O's width)."""
-    from dashgen.codegen import variants
-    monkeypatch.setattr(variants, "PACKED_HEAD_DIM_V_PAIRS", ((192, 128),))
+    """The eager node's prepared forward and backward are the pack selection's variants with
+    head_dim_v (V's and dO's loads, dV's stores, O's width)."""
     runtime = FakePackRuntime()
     monkeypatch.setattr(op_varlen, "_runtime", lambda: runtime)
     clear_caches()

@@ -72,12 +72,13 @@ BACKWARD_CONSTANTS = {
     (64, True): BackwardConstants(block_m=128, block_n=128),
     (128, False): BackwardConstants(block_m=64, block_n=128),
     (128, True): BackwardConstants(block_m=64, block_n=128),
-    # 64x64 tasks, 32 keys a warpgroup: dK^T + dV^T take 96 (192) and 128 (256) registers a
-    # thread, the data's peak 160 and 192 (lab/notes/backward-head-dims-plan.md, 192-D and
-    # 256-B'); Q/dO keep two stages and dQ's 16 KB pieces share one buffer: 182,816 and 231,968
-    # bytes of shared memory.
-    (192, False): BackwardConstants(block_m=64, block_n=64, swapped=True),
-    (192, True): BackwardConstants(block_m=64, block_n=64, swapped=True),
+    # 192: 64x96 tasks, 48 keys a warpgroup (dK^T + dV^T 144 registers a thread, 120 under
+    # V 128); 1.09-1.42x the 64x64 tasks at full masks (docs/design.md, `swapped-mainloop`).
+    # 256: 64x64, each warpgroup half the head_dim's column blocks over all 64 keys. dQ's 16 KB
+    # pieces take one buffer in turns where a buffer a piece does not fit: 215,584 (192),
+    # 219,696 (192/128, a buffer a piece) and 231,968 (256) bytes of shared memory.
+    (192, False): BackwardConstants(block_m=64, block_n=96, swapped=True),
+    (192, True): BackwardConstants(block_m=64, block_n=96, swapped=True),
     (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True),
     (256, True): BackwardConstants(block_m=64, block_n=64, swapped=True),
 }
@@ -127,10 +128,6 @@ FORWARD_TILES = {
 # (docs/design.md, `mla-head-dims`).
 HEAD_DIM_V_PAIRS = ((192, 128),)
 
-
-# The pairs packs (attention_varlen) serve: the packed kernels of HEAD_DIM_V_PAIRS compile
-# without spills, but serve only once tests/gpu's MLA pack test has passed on a GPU.
-PACKED_HEAD_DIM_V_PAIRS: tuple[tuple[int, int], ...] = ()
 
 
 def check_head_dim_v(head_dim: int, head_dim_v: int) -> None:

@@ -14,7 +14,6 @@ import math
 import torch
 
 from ..caches import Memo
-from ..codegen import variants
 from . import checks
 from .op_common import Options, Validated, gradients_like, ready, register_autograd, traced
 from .select import PACK_SCHEDULES, Selection, pack_selection, pack_workers, select_pack
@@ -33,11 +32,6 @@ def _check_tensors(q, k, v) -> None:
         checks.same_dtype(name, t, q)
     checks.same_head_dim("k", k, q)
     checks.head_dim_v(q, k, v)
-    if (v.shape[-1] != q.shape[-1]
-            and (q.shape[-1], v.shape[-1]) not in variants.PACKED_HEAD_DIM_V_PAIRS):
-        raise ValueError(f"v has head_dim {v.shape[-1]} under q's {q.shape[-1]}: packs of this "
-                         f"pair are built but not yet served (dashgen.attention serves it for "
-                         f"fixed-length batches)")
     if v.shape[:2] != k.shape[:2]:
         raise ValueError(f"v has shape {tuple(v.shape)} but k has shape {tuple(k.shape)}")
     for name, t in (("q", q), ("k", k)):

@@ -43,6 +43,9 @@ AUTO_UNORDERED_SCHEDULES: dict[str, tuple[str, ...]] = {
     "causal": ("symmetric_shift", "spt"),
     "window": ("spt",),
 }
+# The least share of the workers a schedule whose units run together may leave busy under
+# auto; below it the next candidate runs (`uses_the_workers`).
+AUTO_MIN_WORKER_USE = 0.7
 # No sliding window: FlashAttention's window_size of a full or a causal mask.
 NO_WINDOW = (-1, -1)
 # Head dims whose full masks take fa3 where one sequence's KV tiles exceed half the workers
@@ -177,7 +180,8 @@ def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
                 and problem.num_n_blocks > workers // 2):
             candidates = ("fa3",)
         schedule = next(s for s in candidates if unsupported_reason(s, problem) is None
-                        and get_builder(s).min_workers(problem) <= workers)
+                        and get_builder(s).min_workers(problem) <= workers
+                        and (s == candidates[-1] or uses_the_workers(problem, s, workers)))
     reason = unsupported_reason(schedule, problem)
     if reason is not None:
         raise ValueError(f"schedule={schedule!r} cannot serve this problem: {reason}")
@@ -191,6 +195,19 @@ def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
         if policy.runs_together(tiling):
             used = balanced_workers(problem, policy.units(tiling), used)
     return schedule, used
+
+
+def uses_the_workers(problem: Problem, schedule: str, workers: int) -> bool:
+    """Whether `schedule` keeps at least AUTO_MIN_WORKER_USE of `workers` busy. A schedule whose
+    sequence's units run together holds whole sequences a wave: where they fill the SMs badly
+    (one sequence of 86 units on 132 SMs) the launch-ordered fallback, live on every worker,
+    is faster despite its rank waits (docs/design.md, `auto-worker-use`)."""
+    policy = get_builder(schedule)
+    tiling = Tiling(problem)
+    if not policy.runs_together(tiling):
+        return True
+    units = problem.batch * problem.heads_q * policy.units(tiling)  # one a worker at most
+    return policy.workers_used(problem, workers) >= AUTO_MIN_WORKER_USE * min(workers, units)
 
 
 def balanced_workers(problem: Problem, per_seq: int, workers: int) -> int:

@@ -153,12 +153,9 @@ def test_mla_through_fa3s_interface_matches_dashgen_attention(seed):
         assert torch.equal(x, y), name
 
 
-def test_mla_pack_gives_each_sequence_its_bits_alone(monkeypatch, seed):
-    """The packed MLA kernels (built, refused by attention_varlen until this passes: then
-    PACKED_HEAD_DIM_V_PAIRS takes (192, 128)): each sequence's o, dq, dk, dv are its own
-    fixed-length call's, bit for bit, whose accuracy the tests above hold."""
-    from dashgen.codegen import variants
-    monkeypatch.setattr(variants, "PACKED_HEAD_DIM_V_PAIRS", ((192, 128),))
+def test_mla_pack_gives_each_sequence_its_bits_alone(seed):
+    """The packed MLA kernels: each sequence's o, dq, dk, dv are its own fixed-length call's,
+    bit for bit, whose accuracy the tests above hold."""
     make = lambda d: torch.randn(sum(PACK_LENGTHS), 8, d, device="cuda",  # noqa: E731
                                  dtype=torch.bfloat16)
     q, k, v, do = make(192), make(192), make(128), make(128)

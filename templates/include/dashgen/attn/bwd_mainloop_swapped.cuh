@@ -1,20 +1,21 @@
 // dashgen/attn/bwd_mainloop_swapped.cuh: the backward's MMA mainloop where a warpgroup cannot
 // hold dK and dV of 64 KV rows over the whole head_dim (at 256 the two accumulators alone would
-// take 256 registers a thread). The operands are swapped: a task is 64 query rows against 64 KV
-// rows, each MMA warpgroup owns 32 of the KV rows and accumulates dV^T = dO^T P and
-// dK^T = Q^T dS (M = 64 head_dim columns a wgmma, N = its 32 keys) over every 64-column block of
-// the head_dim: head_dim / 4 registers each (64 at 256). Per task:
-//   1 S = Q K^T and dP = dO V^T over this warpgroup's keys (SS, N = 32, K-major);
+// take 256 registers a thread). The operands are swapped: a task is 64 query rows against
+// kBlockN KV rows (96 at 192, 64 at 256), each MMA warpgroup owns half of them and accumulates
+// dV^T = dO^T P and dK^T = Q^T dS (M = 64 head_dim columns a wgmma, N = its kKeys keys) over
+// every 64-column block of the head_dim (at 256 instead half the blocks over all the keys:
+// kSplit). Per task:
+//   1 S = Q K^T and dP = dO V^T over this warpgroup's keys (SS, N = kKeys, K-major);
 //   2 P and dS recomputed per query row (its lse and D from the stage's statistics);
 //   3 P^T into shared memory ([key][query], transposing stmatrix), then dV^T (A = dO MN-major,
 //     B = P^T K-major), read by this warpgroup alone;
 //   4 dS^T likewise, behind both warpgroups' barriers: dQ reads every key's dS;
 //   5 dK^T (A = Q), then dQ = dS K over this warpgroup's half of the columns (A = dS^T, B = K,
 //     both MN-major), the stage and (kEarlyKv) K/V released once they retire;
-//   6 dQ to the dQ writer one 64-column piece at a time through one buffer: shared memory holds
-//     no more (attn/bwd_dq_writer.cuh adds the pieces of a task under one dq_rank turn). The
-//     fp32 dQ sum is column-block-major per tile ([tile][column block][row][64]) so that each
-//     piece is one contiguous bulk add (AttnConvert reads it so).
+//   6 dQ to the dQ writer one 64-column piece at a time, through a buffer a piece or one buffer
+//     in turns (K::kDqBuffers; attn/bwd_dq_writer.cuh adds the pieces of a task under one
+//     dq_rank turn). The fp32 dQ sum is column-block-major per tile ([tile][column block][row]
+//     [64]) so that each piece is one contiguous bulk add (AttnConvert reads it so).
 // At a segment's end BwdEpilogueSwapped stores (or under GQA adds) the transposed dK/dV.
 #pragma once
 #include "dashgen/attn/bwd_epilogue_swapped.cuh"
@@ -71,7 +72,8 @@ struct BwdMainloopSwapped {
   static constexpr int kOffK = K::kOffK, kOffV = K::kOffV, kOffQ = K::kOffQ, kOffDo = K::kOffDo;
   static constexpr int kOffPt = K::kOffDs, kOffDst = K::kOffDs + K::kDsBytes;
   static constexpr int kOffDq = K::kOffDq, kOffStats = K::kOffStats;
-  static_assert(kBlockM == 64 && kBlockN == 64, "64 query rows against 64 KV rows a task");
+  static_assert(kBlockM == 64 && (kBlockN == 64 || kBlockN == 96),
+                "64 query rows against 64 or 96 KV rows a task");
   static_assert(kHeadDim == 192 || kHeadDim == 256, "head_dim 192 or 256");
   // Who owns what of dK^T/dV^T (K::kSplitHeadDim): kOwnBlocks column blocks each, N = kDkvN
   // keys a wgmma (all the task's keys when split, the warpgroup's own otherwise).

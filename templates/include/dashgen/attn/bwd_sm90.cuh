@@ -21,7 +21,8 @@
 //                        rows (dK/dV in registers, wgmma), and at each segment's end BwdEpilogue
 //                        (attn/bwd_epilogue.cuh): dK/dV to global memory. At head_dim 192 and
 //                        256 (kSwapped) BwdMainloopSwapped (attn/bwd_mainloop_swapped.cuh)
-//                        instead: 64x64 tasks, dK^T/dV^T of 32 keys a warpgroup, dQ in pieces.
+//                        instead: 64x96 tasks at 192 and 64x64 at 256, dK^T/dV^T of half the
+//                        keys a warpgroup (192) or of half the head_dim (256), dQ in pieces.
 // S^T = K Q^T and dP^T = V dO^T come out KV-row-major, so P^T and dS^T feed dV += P^T dO and
 // dK += dS^T Q straight from registers; dQ = dS K reads dS from shared memory, each MMA
 // warpgroup computing half of it (BwdMainloop::kDqSplit). The schedule's state lives in the
@@ -136,8 +137,9 @@ struct AttnBwdSm90 {
   static_assert(kHeadDim == 64 || kHeadDim == 128 ||
                     (kSwapped && (kHeadDim == 192 || kHeadDim == 256)),
                 "head_dim 64 or 128, 192 or 256 swapped");
-  static_assert(kBlockN == (kSwapped ? 64 : 128),
-                "128 KV rows: 64 per MMA warpgroup; swapped, 64: 32 per warpgroup");
+  static_assert(kSwapped ? kBlockN == 64 || (kBlockN == 96 && kHeadDim == 192) : kBlockN == 128,
+                "128 KV rows: 64 per MMA warpgroup; swapped, 64 (32 per warpgroup) or at "
+                "head_dim 192 96 (48 per warpgroup)");
   static_assert(!kSwapped || (kBlockM == 64 && !kFusedConvert && !kDqLast),
                 "the swapped mainloop: 64 query rows, dQ converted by the convert kernel");
   // 128 query rows hold 64 more S^T/dP^T accumulators per thread: room for them only beside

@@ -179,19 +179,22 @@ enum class WgmmaInput : u32 { kBf16, kF16 };
     DASHGEN_WGMMA_RS(N, "bf16", R, A4, B, P, TB);  \
   }
 
-// The shapes the kernels use: SS N 32, 64 and 128, and 80 and 112 (the forward's S = Q K^T
-// over its key tiles at head_dim 256 and 192, B K-major: like 32, they are no whole number of
-// MN-major 64-element blocks); RS N 64, 128, 192 and 256 (the forward's P V at each head_dim,
+// The shapes the kernels use: SS N 32, 64 and 128, 48 (the swapped backward's 48 keys a
+// warpgroup at head_dim 192), and 80 and 112 (the forward's S = Q K^T over its key tiles at
+// head_dim 256 and 192); 32, 48, 80 and 112 read B K-major: they are no whole number of
+// MN-major 64-element blocks. RS N 64, 128, 192 and 256 (the forward's P V at each head_dim,
 // B MN-major).
 template <WgmmaInput kIn, int N, u32 kTransA = 0, u32 kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], u64 desc_a, u64 desc_b,
                                          bool accumulate) {
-  static_assert(N == 32 || N == 64 || N == 80 || N == 112 || N == 128,
-                "N is 32, 64, 80, 112 or 128");
+  static_assert(N == 32 || N == 48 || N == 64 || N == 80 || N == 112 || N == 128,
+                "N is 32, 48, 64, 80, 112 or 128");
   static_assert(kTransA <= 1 && kTransB <= 1, "transpose flags are 0 (K-major) or 1 (MN-major)");
   constexpr bool kF16 = kIn == WgmmaInput::kF16;
   if constexpr (N == 32) {
     DASHGEN_WGMMA_SS_16BIT(32, 16, "%16", "%17", "%18", "%19", "%20")
+  } else if constexpr (N == 48) {
+    DASHGEN_WGMMA_SS_16BIT(48, 24, "%24", "%25", "%26", "%27", "%28")
   } else if constexpr (N == 64) {
     DASHGEN_WGMMA_SS_16BIT(64, 32, "%32", "%33", "%34", "%35", "%36")
   } else if constexpr (N == 80) {
