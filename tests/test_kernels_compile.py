@@ -45,8 +45,8 @@ HYBRID_PACK_SPILL_BYTES = 192
 # At 192 (64x96 tasks, 48 keys a warpgroup) dK^T + dV^T (144) and S + dP (48) fill 192 of the
 # 240 registers: ptxas keeps one or two words in local memory, most stored once before the task
 # loop and reloaded once after it (nvdisasm): 40 bytes ordered, 60 unordered, 120 with a window
-# and soft-capping; q/k 192 with v 128 (dV^T 48) none. Measured 1.10-1.43x the 64x64 tasks that
-# spilled none (docs/design.md, `swapped-mainloop`).
+# and soft-capping; q/k 192 with v 128 (dV^T 48) none. Measured 0.92-1.42x the 64x64 tasks that
+# spilled none, faster in 19 of 20 configurations (docs/design.md, `swapped-mainloop`).
 MMA_SPILL_BYTES = {64: 0, 128: 16, 192: 96, 256: 0}
 # Under GQA at 192 the epilogue's fp32 adds of dK^T/dV^T keep their addresses across the adds,
 # once a segment: up to 144 bytes more (240 in all; nvdisasm).

@@ -75,8 +75,8 @@ BACKWARD_CONSTANTS = {
     # 192: 64x96 tasks, 48 keys a warpgroup (dK^T + dV^T 144 registers a thread, 120 under
     # V 128); 1.09-1.42x the 64x64 tasks at full masks (docs/design.md, `swapped-mainloop`).
     # 256: 64x64, each warpgroup half the head_dim's column blocks over all 64 keys. dQ's 16 KB
-    # pieces take one buffer in turns where a buffer a piece does not fit: 215,584 (192),
-    # 219,696 (192/128, a buffer a piece) and 231,968 (256) bytes of shared memory.
+    # pieces take two buffers (192) or one (256) in turns where a buffer a piece (192/128) does
+    # not fit: 231,968 (192), 219,696 (192/128) and 231,968 (256) bytes of shared memory.
     (192, False): BackwardConstants(block_m=64, block_n=96, swapped=True),
     (192, True): BackwardConstants(block_m=64, block_n=96, swapped=True),
     (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True),

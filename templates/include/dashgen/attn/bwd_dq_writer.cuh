@@ -93,10 +93,10 @@ struct BwdDqWriter {
   __device__ static __forceinline__ void land_pieces(const BwdParams& p, const Task& t,
                                                      const char* smem, typename K::Bars* bars,
                                                      int i) {
-    constexpr bool kShared = K::kDqBuffers == 1;  // one buffer the pieces take in turn
+    constexpr bool kShared = K::kDqBuffers < K::kDqPieces;  // buffers the pieces take in turns
     float* dst = dq_tile(p, t);
     for (int b = 0; b < K::kDqPieces; ++b) {
-      const int buffer = kShared ? 0 : b;
+      const int buffer = K::dq_buffer(b);
       if (b > 0) mbarrier_wait_parity(&bars->dq_full[buffer], piece_parity(i, b));
       const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + buffer * K::kDqBytes);
       float* piece = dst + b * K::kBlockM * 64;
@@ -108,7 +108,7 @@ struct BwdDqWriter {
       bulk_commit_group();
       if (kShared) {
         bulk_wait_group_read<0>();
-        mbarrier_arrive(&bars->dq_empty[0]);
+        mbarrier_arrive(&bars->dq_empty[buffer]);
       }
     }
     if (!kShared) {
@@ -118,10 +118,9 @@ struct BwdDqWriter {
     bulk_wait_group<0>();
   }
 
-  // The phase of piece b of this worker's task i on its full barrier: one buffer fills
-  // kDqPieces times a task, a buffer a piece once.
+  // The phase of piece b of this worker's task i on its buffer's full barrier (K::dq_use).
   __device__ static __forceinline__ u32 piece_parity(int i, int b) {
-    return K::kDqBuffers == 1 ? (i * K::kDqPieces + b) & 1 : i & 1;
+    return K::dq_use(i, b) & 1;
   }
 
   // The tile's counter moves on to the next rank (Scheduler::signal_rank). Tracing records the

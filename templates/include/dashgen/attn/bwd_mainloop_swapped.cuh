@@ -61,8 +61,9 @@ struct BwdMainloopSwapped {
   // the other kPieces1 (at 192 two and one: 96 columns would start an MN-major B operand in the
   // middle of a swizzle block).
   static constexpr int kPieces0 = (kColBlocks + 1) / 2, kPieces1 = kColBlocks - kPieces0;
-  // One dQ buffer the pieces take in turn (256), or one a piece (192): K::kDqBuffers.
-  static constexpr bool kSharedBuffer = K::kDqBuffers == 1;
+  // Fewer dQ buffers than pieces, taken in turns (192/192: two, 256: one), or one a piece
+  // (192/128): K::kDqBuffers.
+  static constexpr bool kSharedBuffer = K::kDqBuffers < kColBlocks;
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
@@ -323,18 +324,19 @@ struct BwdMainloopSwapped {
     mbarrier_arrive(&bars->q_empty[s]);
   }
 
-  // dQ's piece of column block cb of this walk's task number `task` to the writer. Through one
-  // buffer the pieces go in the writer's order, column block by column block: warpgroup 0's,
-  // then warpgroup 1's; piece n = task * kColBlocks + cb waits for n reads of the buffer. The
-  // parity of one barrier tells only consecutive phases apart, so the warpgroups take turns:
-  // warpgroup 1 starts after warpgroup 0's last store (kHandOff, in consume); warpgroup 0's
-  // next task starts after both passed that task's stage-4 barrier, which warpgroup 1 reaches
-  // only after its stores. With a buffer a piece, each is filled once a task.
+  // dQ's piece of column block cb of this walk's task number `task` to the writer. Through
+  // shared buffers the pieces go in the writer's order, column block by column block:
+  // warpgroup 0's, then warpgroup 1's; the piece that is use n of its buffer (K::dq_use) waits
+  // for n reads of it. The parity of one barrier tells only consecutive phases apart, so the
+  // warpgroups take turns: warpgroup 1 starts after warpgroup 0's last store (kHandOff, in
+  // consume); warpgroup 0's next task starts after both passed that task's stage-4 barrier,
+  // which warpgroup 1 reaches only after its stores. With a buffer a piece, each is filled once
+  // a task.
   __device__ static __forceinline__ void hand_off_piece(const float (&dq)[32], char* smem,
                                                         Bars* bars, int task, int cb,
                                                         const MmaThread& me) {
-    const int buffer = kSharedBuffer ? 0 : cb;
-    const int n = kSharedBuffer ? task * kColBlocks + cb : task;
+    const int buffer = K::dq_buffer(cb);
+    const int n = K::dq_use(task, cb);
     float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
     mbarrier_wait_parity(&bars->dq_empty[buffer], (n & 1) ^ 1);
 #pragma unroll

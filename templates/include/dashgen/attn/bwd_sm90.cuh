@@ -180,14 +180,30 @@ struct AttnBwdSm90 {
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kStages * kDoBytes;
   static constexpr int kOffDq = kOffDs + kDsStages * kDsBytes;
-  // Swapped: a buffer per piece where they fit beside the rest (192: the 4 KB reserve covers
-  // statistics, barriers, slots and slack; kSmemBytes is checked below), else one buffer the
-  // pieces take in turn (256). kDqBars: the full/empty pairs.
+  // Swapped: a buffer per piece where they fit beside the rest (192/128), else two (192/192)
+  // or one (256) the pieces take in turns, piece cb in buffer cb % kDqBuffers (dq_buffer,
+  // dq_use). kDqTail: what follows the buffers (statistics, barriers, slots, ring, alignment
+  // slack: 2,592 bytes at most; kSmemBytes is checked below). kDqBars: the full/empty pairs.
   enum : int {
+    kDqTail = 3072,
     kDqBuffers = !kSwapped ? kStages
-                 : kOffDq + kDqPieces * kDqBytes + 4096 <= kSm90MaxSmemBytes ? kDqPieces : 1,
+                 : kOffDq + kDqPieces * kDqBytes + kDqTail <= kSm90MaxSmemBytes ? kDqPieces
+                 : kOffDq + 2 * kDqBytes + kDqTail <= kSm90MaxSmemBytes ? 2 : 1,
     kDqBars = kDqBuffers > kStages ? kDqBuffers : kStages
   };
+  // Swapped: the buffer of dQ's piece cb, and which use of that buffer piece cb of a worker's
+  // task number `task` is (a buffer takes its pieces in column-block order, task after task).
+  // (A buffer a piece spelled out: cb is not known at compile time where a warpgroup's first
+  // piece depends on the warpgroup.)
+  __device__ static constexpr int dq_buffer(int cb) {
+    return kDqBuffers == kDqPieces ? cb : cb % kDqBuffers;
+  }
+  __device__ static constexpr int dq_use(int task, int cb) {
+    return kDqBuffers == kDqPieces
+               ? task
+               : task * ((kDqPieces - cb % kDqBuffers + kDqBuffers - 1) / kDqBuffers) +
+                     cb / kDqBuffers;
+  }
   // The task's softmax statistics (kBlockM lse rows as log2, then kBlockM D rows): one copy per
   // stage, loaded with the stage's Q and dO.
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
