@@ -43,9 +43,10 @@ HYBRID_PACK_SPILL_BYTES = 192
 # (docs/design.md, `dkv-16-byte-stores`) only the GQA backward without the dQ order spills
 # there (16 bytes; 0-56 by variant before, most of it reloads). head_dim 64 spills none.
 # At 192 (64x96 tasks, 48 keys a warpgroup) dK^T + dV^T (144) and S + dP (48) fill 192 of the
-# 240 registers: ptxas keeps one or two words in local memory, most stored once before the task
-# loop and reloaded once after it (nvdisasm): 40 bytes ordered, 60 unordered, 120 with a window
-# and soft-capping; q/k 192 with v 128 (dV^T 48) none. Measured 0.92-1.42x the 64x64 tasks that
+# 240 registers: ptxas keeps one or two words in local memory (nvdisasm: a word the roles share,
+# stored before setmaxnreg, and the task's seg_end flag, stored once a task as its slot is read
+# and reloaded at dQ's last piece): 40 bytes ordered, 60 unordered, 120 with a window and
+# soft-capping; q/k 192 with v 128 (dV^T 48) none. Measured 0.92-1.42x the 64x64 tasks that
 # spilled none, faster in 19 of 20 configurations (docs/design.md, `swapped-mainloop`).
 MMA_SPILL_BYTES = {64: 0, 128: 16, 192: 96, 256: 0}
 # Under GQA at 192 the epilogue's fp32 adds of dK^T/dV^T keep their addresses across the adds,
