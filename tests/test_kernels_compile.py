@@ -459,3 +459,40 @@ def test_a_listed_schedule_is_refused_for_packs():
     with pytest.raises(ValueError, match=r"^schedule='spt_listed' deals one fixed shape's units"):
         B("bf16", 128, True, "spt_listed", varlen=True, early_kv=True)
     assert B("bf16", 128, True, "spt_listed").listed and not B("bf16", 128, True, "spt").listed
+
+
+# The candidate tiles (variants.CANDIDATE_BACKWARD_CONSTANTS, not yet served): 256 at 64x80
+# keeps one or two words more than 64x64 in local memory (56-84 bytes; under GQA the epilogue's
+# adds up to 240 more), bounds a GPU run weighs against its speed.
+CANDIDATE_SPILL_BYTES = {256: 96}
+CANDIDATE_GQA_SPILL_BYTES = {256: 240}
+CANDIDATE_VARIANTS = [
+    B("bf16", 256, True, "spt_listed"),
+    B("bf16", 256, False, "shift"),
+    B("bf16", 256, False, "fa3", deterministic=False),
+    B("fp16", 256, True, "symmetric_shift", gqa=True),
+    B("bf16", 256, True, "descending", early_kv=True),
+    B("bf16", 256, True, "table", trace=True),
+    B("bf16", 256, False, "spt_listed", window=True),
+    B("bf16", 256, True, "spt", softcap=True, gqa=True),
+    B("bf16", 256, True, "spt", varlen=True, gqa=True),
+    B("bf16", 256, False, "spt", varlen=True, deterministic=False),
+]
+
+
+@pytest.mark.parametrize("variant", CANDIDATE_VARIANTS, ids=lambda v: v.kernel_name)
+def test_candidate_tiles_compile_and_fit(variant, monkeypatch):
+    for key, constants in variants.CANDIDATE_BACKWARD_CONSTANTS.items():
+        monkeypatch.setitem(BACKWARD_CONSTANTS, key, constants)
+    want = variants.CANDIDATE_BACKWARD_CONSTANTS[variant.kernel_head_dim, variant.causal]
+    assert (variant.block_m, variant.block_n) == (want.block_m, want.block_n)
+    cubin = get_or_compile(render_variant(variant))[0]
+    main = cubin.resources[variant.kernel_name]
+    allowed = CANDIDATE_SPILL_BYTES[variant.kernel_head_dim] + SCHEDULER_SPILL_BYTES
+    allowed += CANDIDATE_GQA_SPILL_BYTES[variant.kernel_head_dim] if variant.gqa else 0
+    allowed += SWAPPED_LANE_SPILL_BYTES if variant.varlen or variant.trace else 0
+    assert main.spill_bytes <= allowed, cubin.log
+    assert not any(main.has_warning(code) for code in SLOW_PATHS), main.warnings
+    assert main.registers == ENTRY_REGISTERS, cubin.log
+    smem = cubin.constant(variant.smem_symbol)
+    assert smem == 219_696 <= SM90_MAX_SMEM_BYTES

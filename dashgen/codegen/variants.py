@@ -82,6 +82,15 @@ BACKWARD_CONSTANTS = {
     (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True),
     (256, True): BackwardConstants(block_m=64, block_n=64, swapped=True),
 }
+# Tiles built and compiled, not yet run on a GPU: the runtime keeps BACKWARD_CONSTANTS' until
+# tests/gpu/test_candidate_tiles_gpu.py passes and the anchor kit times them beside those.
+# 256 at 64x80 (FA3's tile there): 1.25x the FLOPs a byte of L2 traffic of 64x64, which at
+# 0.76 of FA3's unordered backward moves ~5 TB/s; two dO stages do not fit beside two Q stages,
+# so dO takes one of its own (AttnBwdSm90::kDoStages). 219,696 bytes of shared memory.
+CANDIDATE_BACKWARD_CONSTANTS = {
+    (256, False): BackwardConstants(block_m=64, block_n=80, swapped=True),
+    (256, True): BackwardConstants(block_m=64, block_n=80, swapped=True),
+}
 # The head dims with a dq_last order. At 64 it spills 56 bytes (the dS tiles in the softmax
 # loop beside dK's accumulators) and is still 1.14-1.26x faster at 128k-256k tokens, where the
 # Q/dO stage it frees before the dQ hand-off is what the long sequences wait on

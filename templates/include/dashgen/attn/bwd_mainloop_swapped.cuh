@@ -73,8 +73,9 @@ struct BwdMainloopSwapped {
   static constexpr int kOffK = K::kOffK, kOffV = K::kOffV, kOffQ = K::kOffQ, kOffDo = K::kOffDo;
   static constexpr int kOffPt = K::kOffDs, kOffDst = K::kOffDs + K::kDsBytes;
   static constexpr int kOffDq = K::kOffDq, kOffStats = K::kOffStats;
-  static_assert(kBlockM == 64 && (kBlockN == 64 || kBlockN == 96),
-                "64 query rows against 64 or 96 KV rows a task");
+  static_assert(kBlockM == 64 && (kBlockN == 64 || kBlockN == 80 || kBlockN == 96),
+                "64 query rows against 64, 80 or 96 KV rows a task");
+  enum : int { kOwnDo = K::kOwnDo };  // dO on a stage of its own (AttnBwdSm90::kDoStages)
   static_assert(kHeadDim == 192 || kHeadDim == 256, "head_dim 192 or 256");
   // Who owns what of dK^T/dV^T (K::kSplitHeadDim): kOwnBlocks column blocks each, N = kDkvN
   // keys a wgmma (all the task's keys when split, the warpgroup's own otherwise).
@@ -115,7 +116,8 @@ struct BwdMainloopSwapped {
         }
       }
       const char* q_tile = smem + kOffQ + s * kQBytes;
-      const char* do_tile = smem + kOffDo + s * kDoBytes;
+      const char* do_tile = smem + kOffDo + (kOwnDo != 0 ? 0 : s * kDoBytes);
+      if constexpr (kOwnDo != 0) mbarrier_wait_parity(&bars->do_full, (i - begin) & 1);
 
       // 1. S and dP of this warpgroup's keys.
       float sc[kAcc], dp[kAcc];
@@ -154,6 +156,7 @@ struct BwdMainloopSwapped {
       // kSplit: dV^T retired first, so past this barrier no warpgroup reads P^T, which the next
       // task rewrites.
       if constexpr (kSplit) wgmma_wait_group<0>();
+      if constexpr (kOwnDo != 0) mbarrier_arrive(&bars->do_empty);  // dV^T read it last
       K::sync_mma_warpgroups();
       store_transposed(smem + kOffDst, dsk, me);
       fence_proxy_async_shared();
@@ -259,10 +262,12 @@ struct BwdMainloopSwapped {
                    : masked<false>(key, qrow, seq_k, diagonal);
   }
 
-  // A packed m64n32 tile (pairs of adjacent keys of one query row) stored transposed into this
-  // warpgroup's 32 rows of a [64 keys][64 queries] tile (128-byte rows, swizzled): stmatrix h
-  // takes pk[4h..4h+3], its matrices (query half m % 2, key block 2h + m / 2); lane l addresses
-  // key row 8 (2h + (l / 8) / 2) + l % 8 at query 16 warp + 8 ((l / 8) % 2).
+  // A packed m64nK tile (K = kKeys: pairs of adjacent keys of one query row) stored transposed
+  // into this warpgroup's K rows of a [kBlockN keys][64 queries] tile (128-byte rows,
+  // swizzled): stmatrix h takes pk[4h..4h+3], its matrices (query half m % 2, key block
+  // 2h + m / 2); lane l addresses key row 8 (2h + (l / 8) / 2) + l % 8 at query
+  // 16 warp + 8 ((l / 8) % 2). Where K is an odd number of 8-key blocks (40), the last block's
+  // two matrices (pk[4h], pk[4h + 1]) go by one x2 store (lanes 0-15 address them).
   __device__ static __forceinline__ void store_transposed(char* tile, const u32 (&pk)[kAcc / 2],
                                                           const MmaThread& me) {
     const int m = me.lane / 8;
@@ -273,6 +278,15 @@ struct BwdMainloopSwapped {
                       sw128_byte_offset(key_row, (16 * me.warp + 8 * (m % 2)) * 2);
       const u32 r[4] = {pk[4 * h], pk[4 * h + 1], pk[4 * h + 2], pk[4 * h + 3]};
       stmatrix_x4_trans(dst, r);
+    }
+    if constexpr (kAcc % 8 != 0) {
+      static_assert(kAcc % 8 == 4, "whole 8-key blocks");
+      constexpr int h = kAcc / 8;
+      const u32 key_row = kKeys * me.wg + 8 * (2 * h) + me.lane % 8;
+      const u32 dst = shared_address(tile) +
+                      sw128_byte_offset(key_row, (16 * me.warp + 8 * (m % 2)) * 2);
+      const u32 r[2] = {pk[4 * h], pk[4 * h + 1]};
+      stmatrix_x2_trans(dst, r);
     }
   }
 

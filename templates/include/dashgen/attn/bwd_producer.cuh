@@ -25,6 +25,7 @@ struct BwdProducer {
   static constexpr int kOffStats = K::kOffStats;
   // V's and dO's column blocks and tiles (narrower than K's and Q's under MLA's 192/128).
   enum : int { kColBlocksV = K::kColBlocksV, kVBytes = K::kVBytes, kDoBytes = K::kDoBytes };
+  enum : int { kOwnDo = K::kOwnDo };  // dO on a stage of its own (AttnBwdSm90::kDoStages)
 
   __device__ static void run(const TensorMap* tm_q, const TensorMap* tm_k,
                              const TensorMap* tm_v, const TensorMap* tm_do,
@@ -40,7 +41,11 @@ struct BwdProducer {
         load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, kv_row(p, t), kv_batch(t));
       }
       const int s = i % kStages, use = i / kStages;
-      load_task(tm_q, tm_do, p, t, bars, smem, s, use);
+      if constexpr (kOwnDo != 0) {
+        load_task_own_do(tm_q, tm_do, p, t, bars, smem, s, use, i);
+      } else {
+        load_task(tm_q, tm_do, p, t, bars, smem, s, use);
+      }
       if (kEarlyKv && t.seg_start) {
         load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, kv_row(p, t), kv_batch(t));
       }
@@ -103,6 +108,34 @@ struct BwdProducer {
         tma_load_4d(smem + kOffDo + s * kQBytes + cb * kBlockM * 128, tm_do, &bars->q_full[s],
                     cb * 64, t.h, t.m * kBlockM, t.b);
       }
+    }
+  }
+
+  // The same with dO on its own stage: Q and the statistics into stage s, then dO (the task
+  // number `i`'s) once the previous task's dV^T has freed it.
+  __device__ static __forceinline__ void load_task_own_do(const TensorMap* tm_q,
+                                                          const TensorMap* tm_do,
+                                                          const BwdParams& p, const Task& t,
+                                                          Bars* bars, char* smem, int s, int use,
+                                                          int i) {
+    mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
+    reinterpret_cast<Task*>(smem + kOffTask)[s] = t;  // published as in load_task
+    mbarrier_arrive_expect_tx(&bars->q_full[s], kQBytes + kStatsBytes);
+    i64 stats_tile = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m;
+    if constexpr (kVarlen) stats_tile = Scheduler::q_tile(p, t);
+    bulk_load(smem + kOffStats + s * kStatsBytes, p.stats + stats_tile * (2 * kBlockM),
+              kStatsBytes, &bars->q_full[s]);
+    const int row = (kVarlen ? p.cu_seqlens_q[t.b] : 0) + t.m * kBlockM;
+    const int batch = kVarlen ? 0 : t.b;
+    for (int cb = 0; cb < kColBlocks; ++cb) {
+      tma_load_4d(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q, &bars->q_full[s],
+                  cb * 64, t.h, row, batch);
+    }
+    mbarrier_wait_parity(&bars->do_empty, (i & 1) ^ 1);
+    mbarrier_arrive_expect_tx(&bars->do_full, kDoBytes);
+    for (int cb = 0; cb < kColBlocksV; ++cb) {
+      tma_load_4d(smem + kOffDo + cb * kBlockM * 128, tm_do, &bars->do_full, cb * 64, t.h, row,
+                  batch);
     }
   }
 

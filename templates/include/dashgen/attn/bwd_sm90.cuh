@@ -49,6 +49,15 @@
 
 namespace dashgen {
 
+// dO's own stage barriers (AttnBwdSm90::kOwnDo), first in Bars where it has them; an empty
+// base (no bytes, no offsets moved) elsewhere.
+template <bool kOwn>
+struct OwnDoBars {};
+template <>
+struct OwnDoBars<true> {
+  u64 do_full, do_empty;
+};
+
 // Cfg: the configuration the entry template renders (attn_bwd_sm90.cu.j2); its members are
 // named here as the kernel uses them.
 template <class Cfg>
@@ -137,9 +146,11 @@ struct AttnBwdSm90 {
   static_assert(kHeadDim == 64 || kHeadDim == 128 ||
                     (kSwapped && (kHeadDim == 192 || kHeadDim == 256)),
                 "head_dim 64 or 128, 192 or 256 swapped");
-  static_assert(kSwapped ? kBlockN == 64 || (kBlockN == 96 && kHeadDim == 192) : kBlockN == 128,
-                "128 KV rows: 64 per MMA warpgroup; swapped, 64 (32 per warpgroup) or at "
-                "head_dim 192 96 (48 per warpgroup)");
+  static_assert(kSwapped ? kBlockN == 64 || (kBlockN == 96 && kHeadDim == 192) ||
+                               (kBlockN == 80 && kHeadDim == 256)
+                         : kBlockN == 128,
+                "128 KV rows: 64 per MMA warpgroup; swapped, 64 (32 per warpgroup), at head_dim "
+                "192 96 (48 per warpgroup), at 256 80");
   static_assert(!kSwapped || (kBlockM == 64 && !kFusedConvert && !kDqLast),
                 "the swapped mainloop: 64 query rows, dQ converted by the convert kernel");
   // 128 query rows hold 64 more S^T/dP^T accumulators per thread: room for them only beside
@@ -177,8 +188,14 @@ struct AttnBwdSm90 {
   static constexpr int kOffK = 0;
   static constexpr int kOffV = kOffK + kKBytes;
   static constexpr int kOffQ = kOffV + kVBytes;
+  // dO's stages: the Q/dO stages, or at 64x80 tasks of head_dim 256 (where two dO tiles do not
+  // fit beside two Q tiles, FA3's dO stages there) one of its own (do_full/do_empty), freed
+  // once dV^T, its last reader, has retired, so the next task's dO loads under this one's dK^T
+  // and dQ.
+  enum : int { kDoStages = kSwapped && kBlockN == 80 ? 1 : kStages, kOwnDo = kDoStages == 1 };
+  static_assert(!kOwnDo || kSplitHeadDim, "dO's own stage: dV^T retires before dS^T's stores");
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
-  static constexpr int kOffDs = kOffDo + kStages * kDoBytes;
+  static constexpr int kOffDs = kOffDo + kDoStages * kDoBytes;
   static constexpr int kOffDq = kOffDs + kDsStages * kDsBytes;
   // Swapped: a buffer per piece where they fit beside the rest (192/128), else two (192/192)
   // or one (256) the pieces take in turns, piece cb in buffer cb % kDqBuffers (dq_buffer,
@@ -211,7 +228,7 @@ struct AttnBwdSm90 {
   static constexpr int kOffBar = kOffStats + kStages * kStatsBytes;  // a copy a stage
   // The scheduler lane's ring of tasks: kRing slots, each read by the producer and the writer.
   static constexpr int kRing = 8;
-  static constexpr int kNumBars = 2 + 2 * kStages + 2 * kDqBars + 2 * kRing;
+  static constexpr int kNumBars = 2 + 2 * kStages + 2 * kDqBars + 2 * kRing + 2 * kOwnDo;
   // The producer hands each stage's task to the MMA warpgroups here, so they never see the
   // schedule (its state stays out of their registers); after the slots, this worker's task
   // count, which thread 0 counts on the scheduler's walk before the roles start.
@@ -238,7 +255,7 @@ struct AttnBwdSm90 {
   static_assert(kSmemBytes <= kSm90MaxSmemBytes,
                 "shared memory exceeds what an sm_90 block may use");
 
-  struct Bars {
+  struct Bars : OwnDoBars<kOwnDo != 0> {
     u64 kv_full, kv_empty;
     u64 q_full[kStages], q_empty[kStages];
     u64 dq_full[kDqBars], dq_empty[kDqBars];
@@ -321,6 +338,10 @@ struct AttnBwdSm90 {
       // full: the issuing lane's arrive (plus the copy's bytes); empty: every converting lane
       // arrives for its own reads of the buffer and slot (docs/design.md, `fused-convert`).
       for (int i = 0; i < 4; ++i) mbarrier_init(&conv_bars[i], i < 2 ? 1 : 32);
+    }
+    if constexpr (kOwnDo != 0) {
+      mbarrier_init(&bars->do_full, 1);
+      mbarrier_init(&bars->do_empty, kMmaThreads);  // every MMA thread, as q_empty
     }
     fence_barrier_init();
   }

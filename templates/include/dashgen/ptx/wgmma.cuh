@@ -113,6 +113,7 @@ enum class WgmmaInput : u32 { kBf16, kF16 };
 // their operands, d[0..R-1]. The inputs' operand numbers follow, from %<R>.
 #define DASHGEN_REGS8 "%0, %1, %2, %3, %4, %5, %6, %7"
 #define DASHGEN_REGS16 DASHGEN_REGS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define DASHGEN_REGS20 DASHGEN_REGS16 ", %16, %17, %18, %19"
 #define DASHGEN_REGS24 DASHGEN_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23"
 #define DASHGEN_REGS32 DASHGEN_REGS24 ", %24, %25, %26, %27, %28, %29, %30, %31"
 #define DASHGEN_REGS40 DASHGEN_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39"
@@ -131,6 +132,8 @@ enum class WgmmaInput : u32 { kBf16, kF16 };
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
   "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define DASHGEN_F32X16(d) DASHGEN_F32X8(d, 0), DASHGEN_F32X8(d, 8)
+#define DASHGEN_F32X20(d) \
+  DASHGEN_F32X16(d), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19])
 #define DASHGEN_F32X24(d) DASHGEN_F32X16(d), DASHGEN_F32X8(d, 16)
 #define DASHGEN_F32X32(d) DASHGEN_F32X24(d), DASHGEN_F32X8(d, 24)
 #define DASHGEN_F32X40(d) DASHGEN_F32X32(d), DASHGEN_F32X8(d, 32)
@@ -179,20 +182,22 @@ enum class WgmmaInput : u32 { kBf16, kF16 };
     DASHGEN_WGMMA_RS(N, "bf16", R, A4, B, P, TB);  \
   }
 
-// The shapes the kernels use: SS N 32, 64 and 128, 48 (the swapped backward's 48 keys a
-// warpgroup at head_dim 192), and 80 and 112 (the forward's S = Q K^T over its key tiles at
-// head_dim 256 and 192); 32, 48, 80 and 112 read B K-major: they are no whole number of
-// MN-major 64-element blocks. RS N 64, 128, 192 and 256 (the forward's P V at each head_dim,
+// The shapes the kernels use: SS N 32, 64 and 128, 48 and 40 (the swapped backward's keys a
+// warpgroup at 64x96 and 64x80 tasks), and 80 and 112 (the forward's S = Q K^T over its key
+// tiles at head_dim 256 and 192); 32, 40, 48, 80 and 112 read B K-major: they are no whole
+// number of MN-major 64-element blocks. RS N 64, 128, 192 and 256 (the forward's P V at each head_dim,
 // B MN-major).
 template <WgmmaInput kIn, int N, u32 kTransA = 0, u32 kTransB = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], u64 desc_a, u64 desc_b,
                                          bool accumulate) {
-  static_assert(N == 32 || N == 48 || N == 64 || N == 80 || N == 112 || N == 128,
-                "N is 32, 48, 64, 80, 112 or 128");
+  static_assert(N == 32 || N == 40 || N == 48 || N == 64 || N == 80 || N == 112 || N == 128,
+                "N is 32, 40, 48, 64, 80, 112 or 128");
   static_assert(kTransA <= 1 && kTransB <= 1, "transpose flags are 0 (K-major) or 1 (MN-major)");
   constexpr bool kF16 = kIn == WgmmaInput::kF16;
   if constexpr (N == 32) {
     DASHGEN_WGMMA_SS_16BIT(32, 16, "%16", "%17", "%18", "%19", "%20")
+  } else if constexpr (N == 40) {
+    DASHGEN_WGMMA_SS_16BIT(40, 20, "%20", "%21", "%22", "%23", "%24")
   } else if constexpr (N == 48) {
     DASHGEN_WGMMA_SS_16BIT(48, 24, "%24", "%25", "%26", "%27", "%28")
   } else if constexpr (N == 64) {
