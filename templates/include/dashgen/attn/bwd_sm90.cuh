@@ -200,7 +200,7 @@ struct AttnBwdSm90 {
   // Swapped: a buffer per piece where they fit beside the rest (192/128), else two (192/192)
   // or one (256) the pieces take in turns, piece cb in buffer cb % kDqBuffers (dq_buffer,
   // dq_use). kDqTail: what follows the buffers (statistics, barriers, slots, ring, alignment
-  // slack: 2,592 bytes at most; kSmemBytes is checked below). kDqBars: the full/empty pairs.
+  // slack: 2,608 bytes at most; kSmemBytes is checked below). kDqBars: the full/empty pairs.
   enum : int {
     kDqTail = 3072,
     kDqBuffers = !kSwapped ? kStages
