@@ -212,9 +212,11 @@ def test_auto_takes_fa3_where_one_d64_full_head_fills_a_wave():
             assert name == expect, seqlen
             if name == "fa3":
                 assert workers == sms  # every worker, not shift's balanced count
-        wide = problem_for(1, 16, 16, 12800, 12800, 128, False)  # 100 KV tiles
+        # sms - 8 KV tiles: one head a wave on all but 8 workers (auto-worker-use keeps it)
+        seqlen = (sms - 8) * 128
+        wide = problem_for(1, 16, 16, seqlen, seqlen, 128, False)
         assert resolve_schedule(wide, "auto", None, sms)[0] == "shift"
-        causal = problem_for(1, 32, 32, 12800, 12800, 64, True)
+        causal = problem_for(1, 32, 32, seqlen, seqlen, 64, True)
         assert resolve_schedule(causal, "auto", None, sms)[0] == "symmetric_shift"
 
 

@@ -45,7 +45,7 @@ AUTO_UNORDERED_SCHEDULES: dict[str, tuple[str, ...]] = {
 }
 # The least share of the workers a schedule whose units run together may leave busy under
 # auto; below it the next candidate runs (`uses_the_workers`).
-AUTO_MIN_WORKER_USE = 0.7
+AUTO_MIN_WORKER_USE = 0.85
 # No sliding window: FlashAttention's window_size of a full or a causal mask.
 NO_WINDOW = (-1, -1)
 # Head dims whose full masks take fa3 where one sequence's KV tiles exceed half the workers
