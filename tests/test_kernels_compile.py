@@ -74,6 +74,20 @@ SWAPPED_LANE_SPILL_BYTES = 40
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
 
 B, F = BackwardVariant, ForwardVariant
+# head_dim 256, the swapped mainloop (attn/bwd_mainloop_swapped.cuh): each schedule kind, mode,
+# GQA, fp16, the modifiers, packs, early_kv (also compiled at the candidate tiles, below)
+VARIANTS_256 = [
+    B("bf16", 256, True, "spt_listed"),
+    B("bf16", 256, False, "shift"),
+    B("bf16", 256, False, "fa3", deterministic=False),
+    B("fp16", 256, True, "symmetric_shift", gqa=True),
+    B("bf16", 256, True, "descending", early_kv=True),
+    B("bf16", 256, True, "table", trace=True),
+    B("bf16", 256, False, "spt_listed", window=True),
+    B("bf16", 256, True, "spt", softcap=True, gqa=True),
+    B("bf16", 256, True, "spt", varlen=True, gqa=True),
+    B("bf16", 256, False, "spt", varlen=True, deterministic=False),
+]
 EXTRA_VARIANTS = [
     # trace=True (the GPU tests' trace = IR check), with and without the per-problem options
     B("bf16", 128, True, "symmetric_shift", trace=True),
@@ -133,18 +147,7 @@ EXTRA_VARIANTS = [
     B("bf16", 128, False, "spt", window=True, varlen=True, early_kv=True, gqa=True),
     B("fp16", 96, False, "descending", window=True, varlen=True, early_kv=True),
     F("bf16", 128, False, window=True, varlen=True),
-    # head_dim 256, the swapped mainloop (attn/bwd_mainloop_swapped.cuh): each schedule kind,
-    # mode, GQA, fp16, the modifiers, packs, early_kv
-    B("bf16", 256, True, "spt_listed"),
-    B("bf16", 256, False, "shift"),
-    B("bf16", 256, False, "fa3", deterministic=False),
-    B("fp16", 256, True, "symmetric_shift", gqa=True),
-    B("bf16", 256, True, "descending", early_kv=True),
-    B("bf16", 256, True, "table", trace=True),
-    B("bf16", 256, False, "spt_listed", window=True),
-    B("bf16", 256, True, "spt", softcap=True, gqa=True),
-    B("bf16", 256, True, "spt", varlen=True, gqa=True),
-    B("bf16", 256, False, "spt", varlen=True, deterministic=False),
+    *VARIANTS_256,
     # head_dim 192 in the same mainloop: dQ's three pieces split two and one
     B("bf16", 192, True, "spt_listed"),
     B("bf16", 192, False, "shift", gqa=True),
@@ -466,21 +469,7 @@ def test_a_listed_schedule_is_refused_for_packs():
 # adds up to 240 more), bounds a GPU run weighs against its speed.
 CANDIDATE_SPILL_BYTES = {256: 96}
 CANDIDATE_GQA_SPILL_BYTES = {256: 240}
-CANDIDATE_VARIANTS = [
-    B("bf16", 256, True, "spt_listed"),
-    B("bf16", 256, False, "shift"),
-    B("bf16", 256, False, "fa3", deterministic=False),
-    B("fp16", 256, True, "symmetric_shift", gqa=True),
-    B("bf16", 256, True, "descending", early_kv=True),
-    B("bf16", 256, True, "table", trace=True),
-    B("bf16", 256, False, "spt_listed", window=True),
-    B("bf16", 256, True, "spt", softcap=True, gqa=True),
-    B("bf16", 256, True, "spt", varlen=True, gqa=True),
-    B("bf16", 256, False, "spt", varlen=True, deterministic=False),
-]
-
-
-@pytest.mark.parametrize("variant", CANDIDATE_VARIANTS, ids=lambda v: v.kernel_name)
+@pytest.mark.parametrize("variant", VARIANTS_256, ids=lambda v: v.kernel_name)
 def test_candidate_tiles_compile_and_fit(variant, monkeypatch):
     for key, constants in variants.CANDIDATE_BACKWARD_CONSTANTS.items():
         monkeypatch.setitem(BACKWARD_CONSTANTS, key, constants)

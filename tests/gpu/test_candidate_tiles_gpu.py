@@ -40,10 +40,9 @@ def test_the_candidates_are_in_place():
         assert (problem.block_m, problem.block_n) == (constants.block_m, constants.block_n)
 
 
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(257, 257), (1000, 1000), (100, 257), (257, 100)],
-                         ids=str)
-@pytest.mark.parametrize("heads_q, heads_kv", [(4, 4), (8, 2)], ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@wide.LENGTHS
+@wide.HEADS
+@wide.MASKS
 @pytest.mark.parametrize("head_dim", CANDIDATE_HEAD_DIMS)
 def test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seqlen_q, seqlen_k,
                                         sm_count, seed):
@@ -51,7 +50,7 @@ def test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seq
                                              seqlen_k, sm_count, seed)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@wide.MASKS
 @pytest.mark.parametrize("head_dim", CANDIDATE_HEAD_DIMS)
 def test_fp16_and_mqa_match_float64(head_dim, causal, sm_count, seed):
     wide.test_fp16_and_mqa_match_float64(head_dim, causal, sm_count, seed)

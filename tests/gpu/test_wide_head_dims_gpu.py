@@ -22,10 +22,15 @@ pytestmark = pytest.mark.gpu
 WIDE = (192, 256)  # the swapped backward's head dims
 
 
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(257, 257), (1000, 1000), (100, 257), (257, 100)],
-                         ids=str)
-@pytest.mark.parametrize("heads_q, heads_kv", [(4, 4), (8, 2)], ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+LENGTHS = pytest.mark.parametrize("seqlen_q, seqlen_k",
+                                  [(257, 257), (1000, 1000), (100, 257), (257, 100)], ids=str)
+HEADS = pytest.mark.parametrize("heads_q, heads_kv", [(4, 4), (8, 2)], ids=str)
+MASKS = pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+
+
+@LENGTHS
+@HEADS
+@MASKS
 @pytest.mark.parametrize("head_dim", WIDE)
 def test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seqlen_q, seqlen_k,
                                         sm_count, seed):
@@ -35,7 +40,7 @@ def test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seq
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@MASKS
 @pytest.mark.parametrize("head_dim", WIDE)
 def test_fp16_and_mqa_match_float64(head_dim, causal, sm_count, seed):
     case = Case(1, 8, 1, 700, 333, head_dim, causal, dtype=torch.float16)
@@ -107,9 +112,8 @@ def test_a_pack_gives_each_sequence_its_bits_alone(head_dim, heads_kv, seed):
 # -- q/k 192 with v 128 (DeepSeek-V3/R1's MLA): the swapped backward with V's 2 column blocks ---
 
 
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(257, 257), (1000, 1000), (100, 257), (257, 100)],
-                         ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@LENGTHS
+@MASKS
 def test_mla_matches_float64_under_every_schedule(causal, seqlen_q, seqlen_k, sm_count, seed):
     case = Case(2, 4, 4, seqlen_q, seqlen_k, 192, causal, head_dim_v=128)
     plans = serving_plans(case.problem, sm_count) + [dict(deterministic=False)]
@@ -117,7 +121,7 @@ def test_mla_matches_float64_under_every_schedule(causal, seqlen_q, seqlen_k, sm
     assert case.v.shape[-1] == 128 and not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@MASKS
 def test_mla_fp16_matches_float64(causal, sm_count, seed):
     case = Case(1, 8, 8, 700, 333, 192, causal, dtype=torch.float16, head_dim_v=128)
     bad = [msg for plan in serving_plans(case.problem, sm_count) for msg in case.failures(**plan)]
