@@ -456,7 +456,7 @@ def _emit_pack(args: argparse.Namespace) -> None:
     with _emit_errors(out):
         kernels = emit_pack(out, schedule=schedule, head_dim=args.hdim, causal=mask == "causal",
                             dtype=args.dtype, deterministic=not args.nondeterministic,
-                            gqa=args.gqa)
+                            gqa=args.gqa, head_dim_v=args.hdim_v)
     _print_emitted(kernels)
 
 
@@ -465,9 +465,6 @@ def cmd_emit(args: argparse.Namespace) -> None:
     from .schedule.verify import VerificationError
 
     if args.varlen:
-        if args.hdim_v not in (None, args.hdim):
-            raise CliError(f"--hdim-v {args.hdim_v}: a pack runs v as wide as q and k (--hdim "
-                           f"{args.hdim})")
         _emit_pack(args)
         return
     if args.golden:
@@ -617,7 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rewrite the golden renders in generated/ (the other options are ignored)")
     p.add_argument("--hdim-v", type=int, default=None, metavar="D",
                    help="V's head_dim where it differs from --hdim: 128 with --hdim 192 "
-                        "(DeepSeek's MLA; MHA, not --varlen)")
+                        "(DeepSeek's MLA; MHA)")
     _problem_options(p, helps={
         "mask": "full or causal (default: the mask the schedule serves: causal for "
                 "symmetric_shift, full otherwise)",

@@ -904,6 +904,22 @@ def test_emit_varlen_writes_and_compiles_the_packed_pair(tmp_path, capsys):
     assert all(len(line) <= 104 for line in report), out  # the paths aside, compiled or cached
 
 
+def test_emit_varlen_takes_vs_width(tmp_path, capsys):
+    """--hdim-v 128 under --hdim 192 (MLA) emits the packed pair at V's width; under GQA it is
+    refused by name."""
+    from dashgen.cli import main
+    main(["emit", "--varlen", "--hdim", "192", "--hdim-v", "128", "--out", str(tmp_path)])
+    capsys.readouterr()
+    names = sorted(p.name for p in tmp_path.glob("*.cu"))
+    assert names == ["dashgen_bwd_bf16_d192v128_causal_hybrid_det_ekv_varlen.cu",
+                     "dashgen_fwd_bf16_d192v128_causal_varlen.cu"]
+    with pytest.raises(SystemExit) as exit_:
+        main(["emit", "--varlen", "--hdim", "192", "--hdim-v", "128", "--gqa",
+              "--out", str(tmp_path / "gqa")])
+    assert exit_.value.code == 2
+    assert "runs without GQA" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, pattern", [
     (["--schedule", "symmetric_shift", "--mask", "full"], r"serves the causal mask"),
     (["--schedule", "shift", "--mask", "causal"], r"serves the full mask"),

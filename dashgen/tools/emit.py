@@ -174,11 +174,15 @@ def write_kernels(variants, out_dir: Path, compile: bool = True) -> tuple[Emitte
 
 def emit_pack(out_dir: Path, *, schedule: str = "auto", head_dim: int = 128,
               causal: bool = True, dtype: str = GOLDEN_DTYPE, deterministic: bool = True,
-              gqa: bool = False, compile: bool = True) -> tuple[EmittedKernel, ...]:
+              gqa: bool = False, compile: bool = True,
+              head_dim_v: int | None = None) -> tuple[EmittedKernel, ...]:
     """The varlen forward and backward a packed batch runs (dashgen.runtime.select.select_pack):
     one pair for every pack of that head_dim, mask and schedule, since they read the lengths at
-    run time. Raises ValueError (a schedule no pack runs) or CompileError."""
+    run time. head_dim_v as in emit. Raises ValueError (a schedule no pack runs, a V width
+    without kernels) or CompileError."""
     sel = select_pack(dtype, head_dim, causal, schedule, deterministic=deterministic, gqa=gqa)
+    if head_dim_v is not None:
+        sel = sel.with_head_dim_v(head_dim_v)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     return write_kernels((sel.forward, sel.backward), out_dir, compile)
