@@ -138,7 +138,6 @@ FORWARD_TILES = {
 HEAD_DIM_V_PAIRS = ((192, 128),)
 
 
-
 def check_head_dim_v(head_dim: int, head_dim_v: int) -> None:
     """Raise ValueError naming head_dim_v where v's width differs from q's and k's without a
     kernel for the pair (HEAD_DIM_V_PAIRS)."""

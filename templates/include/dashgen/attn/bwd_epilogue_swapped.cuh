@@ -29,7 +29,6 @@ struct BwdEpilogueSwapped {
   static constexpr int kOwnBlocks = Mainloop::kOwnBlocks, kAcc = Mainloop::kDkvAcc;
   // dV's columns and blocks: V's width (128 under 192, MLA; no GQA there: AttnBwdSm90).
   enum : int { kHeadDimV = K::kHeadDimV, kOwnBlocksV = Mainloop::kOwnBlocksV };
-  static constexpr int kOwnKeys = Mainloop::kDkvN;
   static constexpr bool kVarlen = K::kVarlen, kDeterministic = K::kDeterministic;
 
   // Element e of block j's fragment goes to (key, column) = (keys0 + 8 (e / 4) + 2 t4 + e % 2,

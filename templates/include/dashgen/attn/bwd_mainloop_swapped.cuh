@@ -63,7 +63,7 @@ struct BwdMainloopSwapped {
   static constexpr int kPieces0 = (kColBlocks + 1) / 2, kPieces1 = kColBlocks - kPieces0;
   // Fewer dQ buffers than pieces, taken in turns (192/192: two, 256: one), or one a piece
   // (192/128): K::kDqBuffers.
-  static constexpr bool kSharedBuffer = K::kDqBuffers < kColBlocks;
+  static constexpr bool kSharedBuffer = K::kDqBuffers < K::kDqPieces;
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };

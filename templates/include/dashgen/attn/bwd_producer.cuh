@@ -69,17 +69,7 @@ struct BwdProducer {
     // Published by the arrive below (release), read after the consumers' wait (acquire).
     reinterpret_cast<Task*>(smem + kOffTask)[s] = t;
     mbarrier_arrive_expect_tx(&bars->q_full[s], kQBytes + kDoBytes + kStatsBytes);
-    // The preprocess kernel laid the statistics out per query tile (BwdParams::stats).
-    if constexpr (kVarlen) {
-      bulk_load(smem + kOffStats + s * kStatsBytes,
-                p.stats + static_cast<i64>(Scheduler::q_tile(p, t)) * (2 * kBlockM),
-                kStatsBytes, &bars->q_full[s]);
-    } else {
-      bulk_load(smem + kOffStats + s * kStatsBytes,
-                p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *
-                              (2 * kBlockM),
-                kStatsBytes, &bars->q_full[s]);
-    }
+    load_stats(p, t, bars, smem, s);
     if constexpr (kColBlocksV != kColBlocks) {
       // V narrower than K (MLA): Q's blocks, then dO's; a pack's rows are the sequence's, in
       // a batch of one.
@@ -111,6 +101,22 @@ struct BwdProducer {
     }
   }
 
+  // The task's softmax statistics into stage s, with its Q: the preprocess kernel laid them
+  // out per query tile (BwdParams::stats).
+  __device__ static __forceinline__ void load_stats(const BwdParams& p, const Task& t,
+                                                    Bars* bars, char* smem, int s) {
+    if constexpr (kVarlen) {
+      bulk_load(smem + kOffStats + s * kStatsBytes,
+                p.stats + static_cast<i64>(Scheduler::q_tile(p, t)) * (2 * kBlockM),
+                kStatsBytes, &bars->q_full[s]);
+    } else {
+      bulk_load(smem + kOffStats + s * kStatsBytes,
+                p.stats + ((static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m) *
+                              (2 * kBlockM),
+                kStatsBytes, &bars->q_full[s]);
+    }
+  }
+
   // The same with dO on its own stage: Q and the statistics into stage s, then dO (the task
   // number `i`'s) once the previous task's dV^T has freed it.
   __device__ static __forceinline__ void load_task_own_do(const TensorMap* tm_q,
@@ -121,10 +127,7 @@ struct BwdProducer {
     mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
     reinterpret_cast<Task*>(smem + kOffTask)[s] = t;  // published as in load_task
     mbarrier_arrive_expect_tx(&bars->q_full[s], kQBytes + kStatsBytes);
-    i64 stats_tile = (static_cast<i64>(t.b) * p.heads_q + t.h) * p.num_m_blocks + t.m;
-    if constexpr (kVarlen) stats_tile = Scheduler::q_tile(p, t);
-    bulk_load(smem + kOffStats + s * kStatsBytes, p.stats + stats_tile * (2 * kBlockM),
-              kStatsBytes, &bars->q_full[s]);
+    load_stats(p, t, bars, smem, s);
     const int row = (kVarlen ? p.cu_seqlens_q[t.b] : 0) + t.m * kBlockM;
     const int batch = kVarlen ? 0 : t.b;
     for (int cb = 0; cb < kColBlocks; ++cb) {
