@@ -189,6 +189,11 @@ def main() -> None:
                            dq_err_per_row=[float((dq[0, r, 0].double() - rdq[i]).norm()
                                                  / rdq.norm().clamp_min(1e-30))
                                            for i, r in enumerate(rows)],
+                           # PyTorch's bf16 error row by row on the same scale: whether a row
+                           # past the bound is dashgen's alone or the row's
+                           dq_err_torch_bf16_per_row=[float((ldq[i] - rdq[i]).norm()
+                                                            / rdq.norm().clamp_min(1e-30))
+                                                      for i in range(len(rows))],
                            dk_err=dk_err, dk_err_torch_bf16=dk_torch,
                            dv_err=dv_err, dv_err_torch_bf16=dv_torch,
                            within_2x=bool(o_err <= 2 * o_torch + 1e-7
