@@ -464,24 +464,43 @@ def test_a_listed_schedule_is_refused_for_packs():
     assert B("bf16", 128, True, "spt_listed").listed and not B("bf16", 128, True, "spt").listed
 
 
-# The candidate tiles (variants.CANDIDATE_BACKWARD_CONSTANTS, not yet served): 256 at 64x80
-# keeps one or two words more than 64x64 in local memory (56-84 bytes; under GQA the epilogue's
-# adds up to 240 more), bounds a GPU run weighs against its speed.
-CANDIDATE_SPILL_BYTES = {256: 96}
-CANDIDATE_GQA_SPILL_BYTES = {256: 240}
-@pytest.mark.parametrize("variant", VARIANTS_256, ids=lambda v: v.kernel_name)
-def test_candidate_tiles_compile_and_fit(variant, monkeypatch):
-    for key, constants in variants.CANDIDATE_BACKWARD_CONSTANTS.items():
+# The candidates (variants.BACKWARD_CANDIDATES, not yet served), each over the 256 variants it
+# can build (dq_direct refuses trace, whose rows the writer stamps): (local-memory bytes allowed
+# in the main kernel, more under GQA, shared memory). 64x80 keeps one or two words more than
+# 64x64 in local memory (56-84 bytes; under GQA the epilogue's adds up to 240 more); dq_direct
+# spills none but 16 bytes in two GQA kernels. Bounds a GPU run weighs against their speed.
+CANDIDATE_BOUNDS = {"256-64x80": (96, 240, 219_696), "256-dq-direct": (0, 16, 215_584)}
+CANDIDATE_CASES = [(name, v) for name in sorted(variants.BACKWARD_CANDIDATES)
+                   for v in VARIANTS_256
+                   if not (v.trace and variants.BACKWARD_CANDIDATES[name][256, v.causal].dq_direct)]
+
+
+@pytest.mark.parametrize("name, variant", CANDIDATE_CASES,
+                         ids=[f"{n}-{v.kernel_name}" for n, v in CANDIDATE_CASES])
+def test_candidates_compile_and_fit(name, variant, monkeypatch):
+    for key, constants in variants.BACKWARD_CANDIDATES[name].items():
         monkeypatch.setitem(BACKWARD_CONSTANTS, key, constants)
-    want = variants.CANDIDATE_BACKWARD_CONSTANTS[variant.kernel_head_dim, variant.causal]
-    assert (variant.block_m, variant.block_n) == (want.block_m, want.block_n)
+    want = variants.BACKWARD_CANDIDATES[name][variant.kernel_head_dim, variant.causal]
+    assert variant.constants == want
     cubin = get_or_compile(render_variant(variant))[0]
     main = cubin.resources[variant.kernel_name]
-    allowed = CANDIDATE_SPILL_BYTES[variant.kernel_head_dim] + SCHEDULER_SPILL_BYTES
-    allowed += CANDIDATE_GQA_SPILL_BYTES[variant.kernel_head_dim] if variant.gqa else 0
+    mma, gqa, smem_bytes = CANDIDATE_BOUNDS[name]
+    allowed = mma + SCHEDULER_SPILL_BYTES + (gqa if variant.gqa else 0)
     allowed += SWAPPED_LANE_SPILL_BYTES if variant.varlen or variant.trace else 0
     assert main.spill_bytes <= allowed, cubin.log
     assert not any(main.has_warning(code) for code in SLOW_PATHS), main.warnings
     assert main.registers == ENTRY_REGISTERS, cubin.log
     smem = cubin.constant(variant.smem_symbol)
-    assert smem == 219_696 <= SM90_MAX_SMEM_BYTES
+    assert smem == smem_bytes <= SM90_MAX_SMEM_BYTES
+
+
+def test_dq_direct_refuses_trace_and_the_rows_mainloop(monkeypatch):
+    """dq_direct: the swapped mainloop only (its pieces), and no trace (the writer stamps it)."""
+    monkeypatch.setitem(BACKWARD_CONSTANTS, (256, True),
+                        variants.BACKWARD_CANDIDATES["256-dq-direct"][256, True])
+    with pytest.raises(ValueError, match=r"^head_dim 256: dq_direct .* without trace"):
+        B("bf16", 256, True, "table", trace=True)
+    monkeypatch.setitem(BACKWARD_CONSTANTS, (128, True),
+                        dataclasses.replace(BACKWARD_CONSTANTS[128, True], dq_direct=True))
+    with pytest.raises(ValueError, match=r"^head_dim 128: dq_direct .* serves the swapped"):
+        B("bf16", 128, True, "spt")

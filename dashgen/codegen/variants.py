@@ -53,6 +53,10 @@ class BackwardConstants:
     # dK^T/dV^T of half the task's keys, where dK/dV of 64 KV rows over the whole head_dim
     # outgrow a warpgroup's registers; dQ goes to its writer in 64-column pieces.
     swapped: bool = False
+    # Swapped only: the MMA warpgroups add dQ's pieces to global memory straight from their
+    # registers under the tile's dq_rank turn (red.global.add.v2.f32), with no shared-memory
+    # staging and no writer (FA3's dQ path at 256, there unordered).
+    dq_direct: bool = False
 
 
 # The head dims the backward's variant compiles for beyond HEAD_DIMS (none now): kernels that
@@ -82,14 +86,24 @@ BACKWARD_CONSTANTS = {
     (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True),
     (256, True): BackwardConstants(block_m=64, block_n=64, swapped=True),
 }
-# Tiles built and compiled, not yet run on a GPU: the runtime keeps BACKWARD_CONSTANTS' until
-# tests/gpu/test_candidate_tiles_gpu.py passes and the anchor kit times them beside those.
-# 256 at 64x80 (FA3's tile there): 1.25x the FLOPs a byte of L2 traffic of 64x64, which at
-# 0.76 of FA3's unordered backward moves ~5 TB/s; two dO stages do not fit beside two Q stages,
-# so dO takes one of its own (AttnBwdSm90::kDoStages). 219,696 bytes of shared memory.
-CANDIDATE_BACKWARD_CONSTANTS = {
-    (256, False): BackwardConstants(block_m=64, block_n=80, swapped=True),
-    (256, True): BackwardConstants(block_m=64, block_n=80, swapped=True),
+# Candidates, by name: BACKWARD_CONSTANTS entries built and compiled (tests/test_kernels_compile.py)
+# that the runtime does not serve until tests/gpu/test_candidate_tiles_gpu.py passes with them in
+# place and the anchor kit times them beside the served ones (docs/design.md, `swapped-mainloop`).
+# - 256-64x80: FA3's tile at 256, dO on a stage of its own (AttnBwdSm90::kDoStages; two dO stages
+#   do not fit beside two Q stages), 219,696 bytes. On an H200 its GPU tests passed and one sweep
+#   gave 1.053 (full) and 1.012 (causal) of 64x64's ordered backward.
+# - 256-dq-direct: 64x64 with dQ added from the MMA warpgroups' registers under the tile's turn
+#   (BackwardConstants.dq_direct): a task's shared-memory traffic 528 -> 400 KB, 215,584 bytes.
+#   Not yet run on a GPU.
+BACKWARD_CANDIDATES = {
+    "256-64x80": {
+        (256, False): BackwardConstants(block_m=64, block_n=80, swapped=True),
+        (256, True): BackwardConstants(block_m=64, block_n=80, swapped=True),
+    },
+    "256-dq-direct": {
+        (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True, dq_direct=True),
+        (256, True): BackwardConstants(block_m=64, block_n=64, swapped=True, dq_direct=True),
+    },
 }
 # The head dims with a dq_last order. At 64 it spills 56 bytes (the dS tiles in the softmax
 # loop beside dK's accumulators) and is still 1.14-1.26x faster at 128k-256k tokens, where the
@@ -371,6 +385,9 @@ class BackwardVariant(_Variant):
         if self.swapped and self.fused_convert:  # (dq_last is refused above: DQ_LAST_HEAD_DIMS)
             raise ValueError(f"head_dim {self.head_dim} runs the swapped mainloop, whose dQ the "
                              f"convert kernel converts: no fused_convert")
+        if self.dq_direct and (self.trace or not self.swapped):
+            raise ValueError(f"head_dim {self.head_dim}: dq_direct (dQ added from the MMA "
+                             f"warpgroups' registers) serves the swapped mainloop without trace")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
@@ -395,6 +412,10 @@ class BackwardVariant(_Variant):
     @property
     def swapped(self) -> bool:
         return self.constants.swapped
+
+    @property
+    def dq_direct(self) -> bool:
+        return self.constants.dq_direct
 
     @property
     def table(self) -> bool:

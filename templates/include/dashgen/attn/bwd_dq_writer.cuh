@@ -23,6 +23,9 @@ struct BwdDqWriter {
     const int first_row = K::kTrace ? p.worker_offsets[blockIdx.x] : 0;
     for (int i = 0; i < count; ++i) {
       const Task t = Scheduler::take_task(smem, bars, i);
+      // K::kDqDirect: the MMA warpgroups add dQ themselves; the ring's slots still need this
+      // reader's release.
+      if constexpr (K::kDqDirect != 0) continue;
       const int s = i % K::kStages, use = i / K::kStages;
       if constexpr (K::kDqPieces > 1) {
         mbarrier_wait_parity(&bars->dq_full[0], piece_parity(i, 0));  // the first piece
