@@ -464,15 +464,23 @@ def test_a_listed_schedule_is_refused_for_packs():
     assert B("bf16", 128, True, "spt_listed").listed and not B("bf16", 128, True, "spt").listed
 
 
-# The candidates (variants.BACKWARD_CANDIDATES, not yet served), each over the 256 variants it
-# can build (dq_direct refuses trace, whose rows the writer stamps): (local-memory bytes allowed
-# in the main kernel, more under GQA, shared memory). 64x80 keeps one or two words more than
-# 64x64 in local memory (56-84 bytes; under GQA the epilogue's adds up to 240 more); dq_direct
-# spills none but 16 bytes in two GQA kernels. Bounds a GPU run weighs against their speed.
-CANDIDATE_BOUNDS = {"256-64x80": (96, 240, 219_696), "256-dq-direct": (0, 16, 215_584)}
-CANDIDATE_CASES = [(name, v) for name in sorted(variants.BACKWARD_CANDIDATES)
-                   for v in VARIANTS_256
-                   if not (v.trace and variants.BACKWARD_CANDIDATES[name][256, v.causal].dq_direct)]
+# The candidates (variants.BACKWARD_CANDIDATES, not yet served), each over the variants of the
+# head dims it covers (dq_direct refuses trace, whose rows the writer stamps): local-memory bytes
+# allowed in the main kernel, more under GQA, more in a pack, and shared memory by V's width.
+# 64x80 keeps one or two words more than 64x64 (56-84 bytes; under GQA the epilogue's adds up
+# to 240 more); dq_direct at 256 none but 16 bytes in two GQA kernels; at 192 none outside the
+# modifiers (32), GQA (208) and packs (up to 148 at 192/128, which spills none staged). Bounds a
+# GPU run weighs against their speed.
+CANDIDATE_BOUNDS = {
+    "256-64x80": (96, 240, 0, {256: 219_696}),
+    "256-dq-direct": (0, 16, 0, {256: 215_584}),
+    "192-dq-direct": (32, 208, 80, {192: 199_200, 128: 170_528}),
+}
+CANDIDATE_CASES = [
+    (name, v) for name, table in sorted(variants.BACKWARD_CANDIDATES.items())
+    for v in VARIANTS
+    if isinstance(v, BackwardVariant) and (v.kernel_head_dim, v.causal) in table
+    and not (v.trace and table[v.kernel_head_dim, v.causal].dq_direct)]
 
 
 @pytest.mark.parametrize("name, variant", CANDIDATE_CASES,
@@ -484,14 +492,15 @@ def test_candidates_compile_and_fit(name, variant, monkeypatch):
     assert variant.constants == want
     cubin = get_or_compile(render_variant(variant))[0]
     main = cubin.resources[variant.kernel_name]
-    mma, gqa, smem_bytes = CANDIDATE_BOUNDS[name]
+    mma, gqa, pack, smem_bytes = CANDIDATE_BOUNDS[name]
     allowed = mma + SCHEDULER_SPILL_BYTES + (gqa if variant.gqa else 0)
+    allowed += pack if variant.varlen else 0
     allowed += SWAPPED_LANE_SPILL_BYTES if variant.varlen or variant.trace else 0
     assert main.spill_bytes <= allowed, cubin.log
     assert not any(main.has_warning(code) for code in SLOW_PATHS), main.warnings
     assert main.registers == ENTRY_REGISTERS, cubin.log
     smem = cubin.constant(variant.smem_symbol)
-    assert smem == smem_bytes <= SM90_MAX_SMEM_BYTES
+    assert smem == smem_bytes[variant.head_dim_v or variant.head_dim] <= SM90_MAX_SMEM_BYTES
 
 
 def test_dq_direct_refuses_trace_and_the_rows_mainloop(monkeypatch):

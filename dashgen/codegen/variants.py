@@ -95,10 +95,17 @@ BACKWARD_CONSTANTS = {
 # - 256-dq-direct: 64x64 with dQ added from the MMA warpgroups' registers under the tile's turn
 #   (BackwardConstants.dq_direct): a task's shared-memory traffic 528 -> 400 KB, 215,584 bytes.
 #   Not yet run on a GPU.
+# - 192-dq-direct: the same at 192's 64x96 tasks (192/192 and 192/128): 199,200 and 170,528
+#   bytes; 192/192 then keeps nothing in local memory outside GQA, packs and the modifiers.
+#   Not yet run on a GPU.
 BACKWARD_CANDIDATES = {
     "256-64x80": {
         (256, False): BackwardConstants(block_m=64, block_n=80, swapped=True),
         (256, True): BackwardConstants(block_m=64, block_n=80, swapped=True),
+    },
+    "192-dq-direct": {
+        (192, False): BackwardConstants(block_m=64, block_n=96, swapped=True, dq_direct=True),
+        (192, True): BackwardConstants(block_m=64, block_n=96, swapped=True, dq_direct=True),
     },
     "256-dq-direct": {
         (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True, dq_direct=True),
