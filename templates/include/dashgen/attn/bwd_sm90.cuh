@@ -220,10 +220,10 @@ struct AttnBwdSm90 {
   // (A buffer a piece spelled out: cb is not known at compile time where a warpgroup's first
   // piece depends on the warpgroup.)
   __device__ static constexpr int dq_buffer(int cb) {
-    return kDqBuffers == kDqPieces || kDqBuffers == 0 ? cb : cb % kDqBuffers;
+    return kDqBuffers == kDqPieces ? cb : cb % kDqBuffers;
   }
   __device__ static constexpr int dq_use(int task, int cb) {
-    return kDqBuffers == kDqPieces || kDqBuffers == 0
+    return kDqBuffers == kDqPieces
                ? task
                : task * ((kDqPieces - cb % kDqBuffers + kDqBuffers - 1) / kDqBuffers) +
                      cb / kDqBuffers;
