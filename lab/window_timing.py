@@ -4,6 +4,11 @@ the same shapes. FLOPs count the kept (query, key) pairs only (4 * head_dim a pa
 head_dim backward, FlashAttention's convention), so a window's TFLOP/s compare with causal's.
 CUDA events, median of --repeats after a warm-up; a JSON line per row and a table last.
 
+Each row also gets its byte ceiling: the TFLOP/s a backward could reach if it moved only the
+bytes no kernel avoids (q, k, v, o, dO read, dq, dk, dv written, 16-bit each) at the bandwidth a
+device-to-device copy reaches in the same call. A narrow window's pairs are few against those
+bytes, so its rate is bounded by memory well below the causal mask's (the ceiling column).
+
 PYTHONPATH=. python3 lab/window_timing.py [--seqlens 8192,16384] [--windows 4095,1023]
 """
 from __future__ import annotations
@@ -25,12 +30,14 @@ from dashgen.tools.timing import median_ms  # noqa: E402  (the protocol's CUDA-e
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqlens", default="8192,16384")
-    parser.add_argument("--windows", default="4095,1023", help="left bounds (right 0)")
+    parser.add_argument("--windows", default="4095,1023,127", help="left bounds (right 0)")
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()
     heads = args.hidden // args.head_dim
+    copy_gbs = copy_bandwidth_gbs()
+    print(json.dumps({"copy_GBps": round(copy_gbs, 1)}), flush=True)
     rows = []
     for seqlen in map(int, args.seqlens.split(",")):
         batch = max(1, 16384 // seqlen)
@@ -52,14 +59,26 @@ def main() -> None:
                            mask="causal" if left is None else f"window:{left},0",
                            deterministic=det, bwd_ms=bwd, fwd_ms=fwd,
                            bwd_tflops=pairs * 10 * args.head_dim / bwd / 1e9,
+                           bwd_ceiling_tflops=pairs * 10 * args.head_dim / (
+                               8 * q.numel() * q.element_size() / copy_gbs / 1e6) / 1e9,
                            fwd_tflops=pairs * 4 * args.head_dim / fwd / 1e9)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print("| seqlen | mask | det | bwd ms | bwd TFLOP/s | fwd ms | fwd TFLOP/s |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"device-to-device copy: {copy_gbs:.0f} GB/s")
+    print("| seqlen | mask | det | bwd ms | bwd TFLOP/s | byte ceiling | fwd ms | fwd TFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['seqlen']} | {r['mask']} | {r['deterministic']} | {r['bwd_ms']:.3f} | "
-              f"{r['bwd_tflops']:.1f} | {r['fwd_ms']:.3f} | {r['fwd_tflops']:.1f} |")
+              f"{r['bwd_tflops']:.1f} | {r['bwd_ceiling_tflops']:.0f} | {r['fwd_ms']:.3f} | "
+              f"{r['fwd_tflops']:.1f} |")
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """GB/s (read + write) of one device-to-device copy of nbytes, median of 10."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), 2, 10)
+    return 2 * nbytes / ms / 1e6
 
 
 if __name__ == "__main__":
