@@ -34,7 +34,13 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--early-kv", choices=["on", "off"], default=None,
+                        help="replace select's early-K/V policy for every row (default: it decides)")
     args = parser.parse_args()
+    if args.early_kv is not None:
+        # A lab switch: the policy function itself, so that dashgen.attention's own plan takes it.
+        import dashgen.runtime.select as select
+        select.early_kv_pays = lambda problem, on=args.early_kv == "on": on
     heads = args.hidden // args.head_dim
     copy_gbs = copy_bandwidth_gbs()
     print(json.dumps({"copy_GBps": round(copy_gbs, 1)}), flush=True)
