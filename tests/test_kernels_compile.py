@@ -465,22 +465,17 @@ def test_a_listed_schedule_is_refused_for_packs():
 
 
 # The candidates (variants.BACKWARD_CANDIDATES, not yet served), each over the variants of the
-# head dims it covers (dq_direct refuses trace, whose rows the writer stamps): local-memory bytes
-# allowed in the main kernel, more under GQA, more in a pack, and shared memory by V's width.
-# 64x80 keeps one or two words more than 64x64 (56-84 bytes; under GQA the epilogue's adds up
-# to 240 more); dq_direct at 256 none but 16 bytes in two GQA kernels; at 192 none outside the
-# modifiers (32), GQA (208) and packs (up to 148 at 192/128, which spills none staged). Bounds a
-# GPU run weighs against their speed.
+# head dims it covers: local-memory bytes allowed in the main kernel, more under GQA, more in a
+# pack, and shared memory by V's width. 64x80 keeps one or two words more than 64x64 (56-84
+# bytes; under GQA the epilogue's adds up to 240 more). Bounds a GPU run weighs against their
+# speed.
 CANDIDATE_BOUNDS = {
     "256-64x80": (96, 240, 0, {256: 219_696}),
-    "256-dq-direct": (0, 16, 0, {256: 215_584}),
-    "192-dq-direct": (32, 208, 80, {192: 199_200, 128: 170_528}),
 }
 CANDIDATE_CASES = [
     (name, v) for name, table in sorted(variants.BACKWARD_CANDIDATES.items())
     for v in VARIANTS
-    if isinstance(v, BackwardVariant) and (v.kernel_head_dim, v.causal) in table
-    and not (v.trace and table[v.kernel_head_dim, v.causal].dq_direct)]
+    if isinstance(v, BackwardVariant) and (v.kernel_head_dim, v.causal) in table]
 
 
 @pytest.mark.parametrize("name, variant", CANDIDATE_CASES,
@@ -502,14 +497,3 @@ def test_candidates_compile_and_fit(name, variant, monkeypatch):
     smem = cubin.constant(variant.smem_symbol)
     assert smem == smem_bytes[variant.head_dim_v or variant.head_dim] <= SM90_MAX_SMEM_BYTES
 
-
-def test_dq_direct_refuses_trace_and_the_rows_mainloop(monkeypatch):
-    """dq_direct: the swapped mainloop only (its pieces), and no trace (the writer stamps it)."""
-    monkeypatch.setitem(BACKWARD_CONSTANTS, (256, True),
-                        variants.BACKWARD_CANDIDATES["256-dq-direct"][256, True])
-    with pytest.raises(ValueError, match=r"^head_dim 256: dq_direct .* without trace"):
-        B("bf16", 256, True, "table", trace=True)
-    monkeypatch.setitem(BACKWARD_CONSTANTS, (128, True),
-                        dataclasses.replace(BACKWARD_CONSTANTS[128, True], dq_direct=True))
-    with pytest.raises(ValueError, match=r"^head_dim 128: dq_direct .* serves the swapped"):
-        B("bf16", 128, True, "spt")

@@ -53,10 +53,6 @@ class BackwardConstants:
     # dK^T/dV^T of half the task's keys, where dK/dV of 64 KV rows over the whole head_dim
     # outgrow a warpgroup's registers; dQ goes to its writer in 64-column pieces.
     swapped: bool = False
-    # Swapped only: the MMA warpgroups add dQ's pieces to global memory straight from their
-    # registers under the tile's dq_rank turn (red.global.add.v2.f32), with no shared-memory
-    # staging and no writer (FA3's dQ path at 256, there unordered).
-    dq_direct: bool = False
 
 
 # The head dims the backward's variant compiles for beyond HEAD_DIMS (none now): kernels that
@@ -92,24 +88,12 @@ BACKWARD_CONSTANTS = {
 # - 256-64x80: FA3's tile at 256, dO on a stage of its own (AttnBwdSm90::kDoStages; two dO stages
 #   do not fit beside two Q stages), 219,696 bytes. On an H200 its GPU tests passed and one sweep
 #   gave 1.053 (full) and 1.012 (causal) of 64x64's ordered backward.
-# - 256-dq-direct: 64x64 with dQ added from the MMA warpgroups' registers under the tile's turn
-#   (BackwardConstants.dq_direct): a task's shared-memory traffic 528 -> 400 KB, 215,584 bytes.
-#   Not yet run on a GPU.
-# - 192-dq-direct: the same at 192's 64x96 tasks (192/192 and 192/128): 199,200 and 170,528
-#   bytes; 192/192 then keeps nothing in local memory outside GQA, packs and the modifiers.
-#   Not yet run on a GPU.
+# (dQ added from the MMA registers, FA3's path at 256, measured 0.66-0.68x the staged dQ ordered
+# and 0.75-0.76x unordered: lab/notes/tried-and-dropped.md, `dq-direct`.)
 BACKWARD_CANDIDATES = {
     "256-64x80": {
         (256, False): BackwardConstants(block_m=64, block_n=80, swapped=True),
         (256, True): BackwardConstants(block_m=64, block_n=80, swapped=True),
-    },
-    "192-dq-direct": {
-        (192, False): BackwardConstants(block_m=64, block_n=96, swapped=True, dq_direct=True),
-        (192, True): BackwardConstants(block_m=64, block_n=96, swapped=True, dq_direct=True),
-    },
-    "256-dq-direct": {
-        (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True, dq_direct=True),
-        (256, True): BackwardConstants(block_m=64, block_n=64, swapped=True, dq_direct=True),
     },
 }
 # The head dims with a dq_last order. At 64 it spills 56 bytes (the dS tiles in the softmax
@@ -392,9 +376,6 @@ class BackwardVariant(_Variant):
         if self.swapped and self.fused_convert:  # (dq_last is refused above: DQ_LAST_HEAD_DIMS)
             raise ValueError(f"head_dim {self.head_dim} runs the swapped mainloop, whose dQ the "
                              f"convert kernel converts: no fused_convert")
-        if self.dq_direct and (self.trace or not self.swapped):
-            raise ValueError(f"head_dim {self.head_dim}: dq_direct (dQ added from the MMA "
-                             f"warpgroups' registers) serves the swapped mainloop without trace")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
@@ -419,10 +400,6 @@ class BackwardVariant(_Variant):
     @property
     def swapped(self) -> bool:
         return self.constants.swapped
-
-    @property
-    def dq_direct(self) -> bool:
-        return self.constants.dq_direct
 
     @property
     def table(self) -> bool:

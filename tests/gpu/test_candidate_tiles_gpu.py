@@ -4,7 +4,7 @@ against float64 under every schedule that serves the problem, both masks, GQA/MQ
 window and soft-capping; bits across repeats beside a busy stream; a pack gives each sequence
 its bits alone. Passing here is what lets a candidate replace its BACKWARD_CONSTANTS entry.
 
-Run: PYTHONPATH=. python3 -m pytest tests/gpu/test_candidate_tiles_gpu.py -q [-k 256-dq-direct]
+Run: PYTHONPATH=. python3 -m pytest tests/gpu/test_candidate_tiles_gpu.py -q [-k 256-64x80]
 """
 from __future__ import annotations
 
@@ -94,9 +94,8 @@ def test_a_pack_gives_each_sequence_its_bits_alone(candidate, head_dim, heads_kv
 @pytest.mark.parametrize("head_dim", CANDIDATE_HEAD_DIMS)
 def test_a_candidate_with_the_served_tiles_gives_the_served_bits(candidate, head_dim, causal,
                                                                  schedule, monkeypatch, seed):
-    """Where a candidate keeps the served tiles (dq_direct: the same adds in the same rank
-    order, from registers instead of a staging buffer), o, dQ, dK and dV equal the served
-    kernel's bit for bit, GQA included."""
+    """Where a candidate keeps the served tiles (a change of how, not what, it adds), o, dQ,
+    dK and dV equal the served kernel's bit for bit, GQA included."""
     import dashgen
     from test_attention_gpu import out_and_grads
     covered(candidate, head_dim)

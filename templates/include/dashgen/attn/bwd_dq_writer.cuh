@@ -19,18 +19,6 @@ struct BwdDqWriter {
   using Scheduler = typename K::Scheduler;
 
   __device__ static void run(const BwdParams& p, char* smem, typename K::Bars* bars, int count) {
-    if constexpr (K::kDqDirect != 0) {
-      // The MMA warpgroups add dQ themselves (BwdMainloopSwapped::add_piece); the ring's
-      // slots still need this reader's release.
-      for (int i = 0; i < count; ++i) Scheduler::take_task(smem, bars, i);
-    } else {
-      land_tasks(p, smem, bars, count);
-    }
-  }
-
-  // Each task's staged partial, in the walk's order, under its dq_rank turn.
-  __device__ static void land_tasks(const BwdParams& p, char* smem, typename K::Bars* bars,
-                                    int count) {
     // Tracing: this worker's rows start at its offset in the IR's order (p.worker_offsets).
     const int first_row = K::kTrace ? p.worker_offsets[blockIdx.x] : 0;
     for (int i = 0; i < count; ++i) {

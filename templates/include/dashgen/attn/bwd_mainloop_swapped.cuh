@@ -18,7 +18,6 @@
 //     [64]) so that each piece is one contiguous bulk add (AttnConvert reads it so).
 // At a segment's end BwdEpilogueSwapped stores (or under GQA adds) the transposed dK/dV.
 #pragma once
-#include "dashgen/attn/bwd_dq_writer.cuh"
 #include "dashgen/attn/bwd_epilogue_swapped.cuh"
 #include "dashgen/attn/bwd_mainloop.cuh"
 #include "dashgen/attn/element.cuh"
@@ -65,8 +64,6 @@ struct BwdMainloopSwapped {
   // Fewer dQ buffers than pieces, taken in turns (192/192: two, 256: one), or one a piece
   // (192/128): K::kDqBuffers.
   static constexpr bool kSharedBuffer = K::kDqBuffers < K::kDqPieces;
-  // No buffers: add_piece. (Enumerators: NVRTC emits static members as module globals.)
-  enum : int { kDqDirect = K::kDqDirect != 0, kDeterministic = K::kDeterministic };
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
@@ -167,7 +164,7 @@ struct BwdMainloopSwapped {
 
       // 5 and 6.
       float dq[32];
-      dk_and_dq(p, t, dkt, dq, smem, q_tile, bars, i - begin, s, me);
+      dk_and_dq(dkt, dq, smem, q_tile, bars, i - begin, s, t.seg_end, me);
       if (t.seg_end) {
         if constexpr (kGqa) {
           Epilogue::add_dkv_in_rank_order(p, t, dkt, dvt, me);
@@ -186,44 +183,28 @@ struct BwdMainloopSwapped {
   // takes is serialized by ptxas. Where warpgroup 1 has fewer pieces (192) it recomputes its
   // last and hands it over once. Q/dO stage s (and K/V at a segment's end) are released with
   // the last wgmmas that read them.
-  // K::kDqDirect: each piece added from the registers instead (add_piece), under the turn
-  // both warpgroups take before their first piece and pass together after their last.
-  __device__ static __forceinline__ void dk_and_dq(const BwdParams& p, const Task& t,
-                                                   float (&dkt)[kOwnBlocks][kDkvAcc],
+  __device__ static __forceinline__ void dk_and_dq(float (&dkt)[kOwnBlocks][kDkvAcc],
                                                    float (&dq)[32], char* smem,
                                                    const char* q_tile, Bars* bars, int task,
-                                                   int s, const MmaThread& me) {
+                                                   int s, bool seg_end, const MmaThread& me) {
     const int wg = me.wg;
     const int first = wg == 0 ? 0 : kPieces0, pieces = wg == 0 ? kPieces0 : kPieces1;
     dq_mma(dq, smem, first);
     transposed_gemm(dkt, q_tile, smem + kOffDst, wg);
-    if constexpr (kDqDirect != 0) take_turn(p, t, me);  // under dK^T's wgmmas
     wgmma_wait_group<1>();  // the first piece retired
-    if (kDqDirect == 0 && kSharedBuffer && wg == 1) {
+    if (kSharedBuffer && wg == 1) {
       named_barrier_sync(static_cast<u32>(K::Barrier::kHandOff), 256);
     }
-    piece_out(dq, p, t, smem, bars, task, first, me);
+    hand_off_piece(dq, smem, bars, task, first, me);
 #pragma unroll
     for (int b = 1; b < kPieces0; ++b) {
       dq_mma(dq, smem, first + (b < pieces ? b : pieces - 1));
       wgmma_wait_group<0>();
-      if (b == kPieces0 - 1) release_stage(bars, s, t.seg_end, me);
-      if (b < pieces) piece_out(dq, p, t, smem, bars, task, first + b, me);
+      if (b == kPieces0 - 1) release_stage(bars, s, seg_end, me);
+      if (b < pieces) hand_off_piece(dq, smem, bars, task, first + b, me);
     }
-    if constexpr (kDqDirect != 0) {
-      pass_turn(p, t, me);
-    } else if (kSharedBuffer && wg == 0) {
+    if (kSharedBuffer && wg == 0) {
       named_barrier_arrive(static_cast<u32>(K::Barrier::kHandOff), 256);
-    }
-  }
-
-  __device__ static __forceinline__ void piece_out(const float (&dq)[32], const BwdParams& p,
-                                                   const Task& t, char* smem, Bars* bars,
-                                                   int task, int cb, const MmaThread& me) {
-    if constexpr (kDqDirect != 0) {
-      add_piece(dq, p, t, cb, me);
-    } else {
-      hand_off_piece(dq, smem, bars, task, cb, me);
     }
   }
 
@@ -379,54 +360,6 @@ struct BwdMainloopSwapped {
     }
     fence_proxy_async_shared();
     mbarrier_arrive(&bars->dq_full[buffer]);
-  }
-
-  // K::kDqDirect. The tile's dq_rank turn, before a warpgroup's first add: one thread of each
-  // warpgroup waits for the counter (bounded by the watchdog, as the writer's wait), its
-  // warpgroup behind it. Unordered: nothing to wait for.
-  __device__ static __forceinline__ void take_turn(const BwdParams& p, const Task& t,
-                                                   const MmaThread& me) {
-    if constexpr (kDeterministic != 0) {
-      if (me.tid % 128 == 0) {
-        using Scheduler = typename K::Scheduler;
-        const u32* counter = p.dq_counters + Scheduler::q_tile(p, t);
-        Scheduler::wait_rank(p, Scheduler::kStallDq, p.dq_counters, counter,
-                             static_cast<u32>(t.dq_rank));
-      }
-      named_barrier_sync(static_cast<u32>(K::Barrier::kWarpgroup0) + me.wg, 128);
-    }
-  }
-
-  // Column block cb of the task's dQ partial onto the fp32 tile in global memory from this
-  // thread's fragment, at the places the staged path's bulk add puts it (column-block-major,
-  // rows swizzled by accum_col): stored by the first rank (the tile holds nothing yet; see
-  // BwdDqWriter::land_partial), added by the others, 8 bytes a reduction.
-  __device__ static __forceinline__ void add_piece(const float (&dq)[32], const BwdParams& p,
-                                                   const Task& t, int cb, const MmaThread& me) {
-    float* piece = BwdDqWriter<K>::dq_tile(p, t) + cb * kBlockM * 64;
-    const bool store = kDeterministic != 0 && t.dq_rank == 0;
-#pragma unroll
-    for (int e = 0; e < 32; e += 2) {
-      float* at = piece + row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
-      if (store) {
-        *reinterpret_cast<float2*>(at) = make_float2(dq[e], dq[e + 1]);
-      } else {
-        red_add_v2_f32(at, dq[e], dq[e + 1]);
-      }
-    }
-  }
-
-  // The turn passes once both warpgroups' adds are visible at gpu scope (as the GQA dK/dV
-  // adds pass theirs: BwdEpilogueSwapped::add_dkv_in_rank_order).
-  __device__ static __forceinline__ void pass_turn(const BwdParams& p, const Task& t,
-                                                   const MmaThread& me) {
-    if constexpr (kDeterministic != 0) {
-      __threadfence();
-      K::sync_mma_warpgroups();
-      if (me.tid == 0) {
-        atomic_fetch_add_relaxed_gpu(p.dq_counters + K::Scheduler::q_tile(p, t), 1u);
-      }
-    }
   }
 };
 

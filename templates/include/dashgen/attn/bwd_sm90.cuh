@@ -85,14 +85,10 @@ struct AttnBwdSm90 {
   using Tiling = typename sched::TilingOf<kBlockM, kBlockN, kCausal, kWindow != 0>::type;
   // The swapped mainloop (attn/bwd_mainloop_swapped.cuh): head dims whose dK/dV accumulators
   // over 64 KV rows do not fit a warpgroup (256). Its own tiles, dQ in pieces.
-  enum : int { kSwapped = dkv_swapped<Cfg>(0) != 0 };
+  enum : int { kSwapped = dkv_swapped<Cfg>(0) };
   // Swapped at 256: each warpgroup owns half the head_dim's column blocks of dK^T/dV^T over all
   // the task's keys (FA3's split there), not all the blocks over half the keys.
   enum : int { kSplitHeadDim = kSwapped && kHeadDim == 256 };
-  // Swapped, a candidate (kDkvSwapped 2): the MMA warpgroups add dQ's pieces from their
-  // registers under the tile's turn (BwdMainloopSwapped::add_piece); no staging buffer, the
-  // writer lane idle.
-  enum : int { kDqDirect = dkv_swapped<Cfg>(0) == 2 };
   static constexpr bool kTable = Cfg::kTable;
   // A pack of sequences of their own lengths (BwdParams::cu_seqlens_q/k): the walk is the
   // policy's pack deal (sched::PackWalk over the plan AttnPackPlan wrote), and every address
@@ -155,8 +151,6 @@ struct AttnBwdSm90 {
                          : kBlockN == 128,
                 "128 KV rows: 64 per MMA warpgroup; swapped, 64 (32 per warpgroup), at head_dim "
                 "192 96 (48 per warpgroup), at 256 80");
-  static_assert(!kDqDirect || (kSwapped && !kTrace),
-                "dQ from the MMA registers: the swapped mainloop, untraced (the writer stamps)");
   static_assert(!kSwapped || (kBlockM == 64 && !kFusedConvert && !kDqLast),
                 "the swapped mainloop: 64 query rows, dQ converted by the convert kernel");
   // 128 query rows hold 64 more S^T/dP^T accumulators per thread: room for them only beside
@@ -210,7 +204,6 @@ struct AttnBwdSm90 {
   enum : int {
     kDqTail = 3072,
     kDqBuffers = !kSwapped ? kStages
-                 : kDqDirect != 0 ? 0
                  : kOffDq + kDqPieces * kDqBytes + kDqTail <= kSm90MaxSmemBytes ? kDqPieces
                  : kOffDq + 2 * kDqBytes + kDqTail <= kSm90MaxSmemBytes ? 2 : 1,
     kDqBars = kDqBuffers > kStages ? kDqBuffers : kStages

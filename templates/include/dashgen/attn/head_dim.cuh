@@ -33,8 +33,7 @@ __host__ __device__ constexpr int head_dim_v(long) {
 // Cfg::kDkvSwapped where the entry template renders one, else 0: the backward at a head_dim
 // whose dK/dV over 64 KV rows do not fit a warpgroup's registers (256) runs the swapped
 // mainloop (attn/bwd_mainloop_swapped.cuh), and its fp32 dQ sum is column-block-major per tile
-// (AttnConvert); 2: swapped with dQ added from the MMA warpgroups' registers (kDqDirect).
-// Call with 0.
+// (AttnConvert). Call with 0.
 template <class Cfg>
 __host__ __device__ constexpr auto dkv_swapped(int) -> decltype(Cfg::kDkvSwapped + 0) {
   return Cfg::kDkvSwapped;
