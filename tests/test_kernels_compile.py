@@ -139,6 +139,9 @@ EXTRA_VARIANTS = [
     B("fp16", 96, False, "fa3", window=True),
     B("bf16", 64, False, "descending", window=True, gqa=True),
     B("bf16", 128, False, "spt_listed", window=True, softcap=True),
+    # The fused dQ converter under a window (WindowTiling's receiving tiles and counts).
+    B("bf16", 128, False, "spt_listed", window=True, fused_convert=True),
+    B("fp16", 64, False, "spt", window=True, fused_convert=True, gqa=True),
     F("bf16", 64, False, window=True),
     F("bf16", 128, False, window=True, softcap=True),
     F("fp16", 96, False, window=True),
@@ -237,7 +240,7 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
             allowed += HYBRID_PACK_SPILL_BYTES if hybrid_pack else SCHEDULER_SPILL_BYTES
             # A pack has no table walk; its twin without the dQ order (the same walk, no rank
             # waits) spills no more than the MMA warpgroups' bytes either.
-            twin = (dataclasses.replace(variant, deterministic=False)
+            twin = (dataclasses.replace(variant, deterministic=False, fused_convert=False)
                     if variant.varlen or variant.window
                     else dataclasses.replace(variant, schedule="table"))
             assert compiled(twin).resources[twin.kernel_name].spill_bytes <= mma + lane + (

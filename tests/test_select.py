@@ -305,20 +305,37 @@ def test_tiles_other_than_the_backwards_are_refused(head_dim, block_m, block_n, 
 
 def test_a_window_runs_the_window_kernels():
     """A sliding window: its own kernels (bounds as parameters) under the launch-ordered
-    schedules, spt on the listed deal by default (spt unordered), the dQ converted by the
-    convert kernel, the one-tile forward; the shift orders and fused_convert refused."""
+    schedules, spt on the listed deal by default (spt unordered), the dQ converted in the main
+    kernel where that pays as for the other masks, the one-tile forward; the shift orders
+    refused."""
     problem = Problem(seqlen_q=2048, heads_q=4, mask=Mask.window(255, 0), block_m=64,
                       block_n=128)
     sel = select(problem, "bf16")
     assert sel.schedule == "spt_listed" and sel.backward.window and not sel.backward.causal
-    assert not sel.backward.fused_convert and sel.forward.window and not sel.forward.persistent
+    assert sel.forward.window and not sel.forward.persistent
     assert sel.backward.kernel_name.startswith("dashgen_bwd_bf16_d128_window_sptl_det")
     assert select(problem, "bf16", deterministic=False).schedule == "spt"
     assert select(problem, "bf16", schedule="fa3").backward.window
     with pytest.raises(ValueError, match=r"^schedule='shift' cannot serve this problem"):
         select(problem, "bf16", schedule="shift")
-    with pytest.raises(ValueError, match=r"^fused_convert: a window's backward"):
-        select(problem, "bf16", overrides=Overrides(fused_convert=True))
+    for fused in (True, False):
+        assert select(problem, "bf16", overrides=Overrides(fused_convert=fused)
+                      ).backward.fused_convert is fused
+
+
+def test_a_window_converts_dq_in_the_main_kernel_where_that_pays():
+    """The deterministic windowed backward takes the fused converter by the masks' rule
+    (`fuses_convert`): at 16,384 tokens of 16 heads it pays at 128 and 1,024 keys, not at
+    4,096. deterministic=False keeps the unordered kernel and the convert kernel."""
+    def picked(left, deterministic=True):
+        problem = Problem(seqlen_q=16384, heads_q=16, mask=Mask.window(left, 0), block_m=64,
+                          block_n=128)
+        return select(problem, "bf16", deterministic=deterministic).backward
+    assert picked(127).fused_convert and picked(1023).fused_convert
+    assert picked(1023).kernel_name == "dashgen_bwd_bf16_d128_window_sptl_det_fconv"
+    assert not picked(4095).fused_convert
+    unordered = picked(1023, deterministic=False)
+    assert not unordered.fused_convert and not unordered.deterministic
     assert mask_of(False, (100, -1)) == Mask.window(100, None)
     assert mask_of(True) == Mask.causal() and mask_of(False) == Mask.full()
 

@@ -370,9 +370,8 @@ class BackwardVariant(_Variant):
         if self.dq_last and self.kernel_head_dim not in DQ_LAST_HEAD_DIMS:
             raise ValueError(f"dq_last serves head_dim {DQ_LAST_HEAD_DIMS}, got head_dim "
                              f"{self.head_dim}")
-        if self.window and (self.fused_convert or self.schedule not in WINDOW_SCHEDULES):
-            raise ValueError(f"a window backward runs one of the schedules {WINDOW_SCHEDULES}, "
-                             f"without fused_convert")
+        if self.window and self.schedule not in WINDOW_SCHEDULES:
+            raise ValueError(f"a window backward runs one of the schedules {WINDOW_SCHEDULES}")
         if self.swapped and self.fused_convert:  # (dq_last is refused above: DQ_LAST_HEAD_DIMS)
             raise ValueError(f"head_dim {self.head_dim} runs the swapped mainloop, whose dQ the "
                              f"convert kernel converts: no fused_convert")

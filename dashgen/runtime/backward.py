@@ -71,8 +71,9 @@ class BackwardLaunch(BackwardMaps):
         # for the non-deterministic one, and the convert kernel zeroes the tiles nobody wrote.
         self.first_dq_store = variant.deterministic
         # fused_convert: the main kernel writes dQ as each tile's sum becomes final. A query
-        # tile no KV tile reaches (causal, more query rows than keys) gets no contribution: then
-        # the convert kernel still runs, and writes its zeros or the same bits again.
+        # tile no KV tile reaches (causal or a window, more query rows than keys) gets no
+        # contribution: then the convert kernel still runs, and writes its zeros or the same
+        # bits again.
         self.converts_dq = variant.fused_convert
         self.runs_convert_q = not self.converts_dq or Tiling(p).count(0) == 0
         self.layout = WorkspaceLayout(p)

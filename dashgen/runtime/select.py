@@ -314,12 +314,12 @@ class Plan:
         if early_kv is None:
             early_kv = early_kv_pays(problem)
         fused = overrides.fused_convert
-        if window and fused:
-            raise ValueError("fused_convert: a window's backward converts dQ in the convert "
-                             "kernel (its Q tiles without a KV tile are not a run the "
-                             "converter deals)")
-        if window or BACKWARD_CONSTANTS[kernel_head_dim(problem.head_dim), causal].swapped:
+        if BACKWARD_CONSTANTS[kernel_head_dim(problem.head_dim), causal].swapped:
             fused = False  # the swapped mainloop's dQ is converted by the convert kernel
+        elif window and fused is None and not self.deterministic:
+            # Under a window the converter was timed in the deterministic backward only (its
+            # ordered spt_listed kernel); deterministic=False keeps the unordered one.
+            fused = False
         if fused is None:
             # The busiest worker carries at least the mean: where even that rules the converter
             # out (long sequences), the per-worker loads, O(units), are never counted.

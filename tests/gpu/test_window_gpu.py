@@ -180,3 +180,26 @@ def test_a_windowed_pack_gives_each_sequence_its_bits_alone(head_dim, heads_kv, 
         elif nk:  # keys without queries: zero gradients
             assert torch.equal(grads[1][k0:k0 + nk], torch.zeros_like(grads[1][k0:k0 + nk]))
         q0, k0 = q0 + nq, k0 + nk
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k, window", [
+    (1000, 1000, (127, 0)), (1000, 1000, (200, 33)), (900, 300, (64, 0)), (300, 900, (100, 0))])
+@pytest.mark.parametrize("heads_kv", [8, 2])
+def test_the_fused_converter_under_a_window_changes_no_bits(seqlen_q, seqlen_k, window,
+                                                           heads_kv, seed):
+    """A window's dQ converted in the main kernel (the fused converter over WindowTiling's
+    receiving tiles, the convert kernel zeroing the rows no key reaches: (900, 300) with
+    (64, 0)) gives the convert kernel's bits, under spt_listed and fa3."""
+    from dashgen.runtime.backward import backward
+    from dashgen.runtime.forward import forward
+    from dashgen.runtime.select import Overrides
+    q, k, v, do = inputs(2, seqlen_q, seqlen_k, 8, heads_kv, 128)
+    scale = 128 ** -0.5
+    o, lse = forward(q, k, v, causal=False, softmax_scale=scale, window=window)
+    for schedule in ("spt_listed", "fa3"):
+        runs = [backward(do, q, k, v, o, lse, causal=False, softmax_scale=scale,
+                         deterministic=True, schedule=schedule, num_workers=None,
+                         overrides=Overrides(fused_convert=fused), window=window)
+                for fused in (False, True)]
+        differ = [name for name, a, b in zip(("dq", "dk", "dv"), *runs) if not torch.equal(a, b)]
+        assert not differ, f"{schedule} window={window}: {differ} differ with the converter"

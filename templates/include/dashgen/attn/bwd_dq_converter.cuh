@@ -54,12 +54,22 @@ struct BwdDqConverter {
     ConvSlot* slots;
     float* buf;
   };
+  // The kernel's tiling: a sliding window's reads its bounds (its receiving Q tiles are still
+  // a run, first_receiving() .. num_m - 1, and count(m) its KV tiles).
+  __device__ static __forceinline__ Tiling tiling(const BwdParams& p) {
+    if constexpr (K::kWindow != 0) {
+      return Tiling(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right);
+    } else {
+      return Tiling(p.seqlen_q, p.seqlen_k);
+    }
+  }
+
   __device__ static void run(const BwdParams& p, char* smem, int tid) {
     u64* full = reinterpret_cast<u64*>(smem + kOffConv);
     const ConvBuffers c{full, full + 2, reinterpret_cast<ConvSlot*>(smem + kOffConv + 32),
                         reinterpret_cast<float*>(smem + kOffConv + 128)};
-    const int chunks = Deal::share(Tiling(p.seqlen_q, p.seqlen_k), p.batch * p.heads_q,
-                                   blockIdx.x, gridDim.x) * kConvChunks;
+    const int chunks = Deal::share(tiling(p), p.batch * p.heads_q, blockIdx.x, gridDim.x) *
+                       kConvChunks;
     if (tid == 32) issue_conv_copies(p, c, chunks);
     if (tid >= 32) return;
     convert_chunks(p, c, chunks, tid);
@@ -69,7 +79,7 @@ struct BwdDqConverter {
   // final and the buffer is empty.
   __device__ static __forceinline__ void issue_conv_copies(const BwdParams& p, const ConvBuffers& c,
                                                            int chunks) {
-    const Tiling t(p.seqlen_q, p.seqlen_k);
+    const Tiling t = tiling(p);
 #pragma unroll 1
     for (int j = 0; j < chunks; ++j) {
       if (j >= 2) mbarrier_wait_parity(&c.empty[j % 2], (j / 2 - 1) & 1);

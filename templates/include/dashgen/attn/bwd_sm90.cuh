@@ -96,8 +96,7 @@ struct AttnBwdSm90 {
   static constexpr bool kVarlen = Cfg::kVarlen;
   static_assert(!kVarlen || (!kTable && !kFusedConvert),
                 "a pack runs a named policy, its dQ converted by the convert kernel");
-  static_assert(kWindow == 0 || (!kTable && !kFusedConvert && !kCausal),
-                "a window runs a named policy, its dQ converted by the convert kernel");
+  static_assert(kWindow == 0 || (!kTable && !kCausal), "a window runs a named policy");
 
   // ---- warps ----------------------------------------------------------------------------------
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
