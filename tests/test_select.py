@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dashgen import Mask, Problem
-from dashgen.codegen.variants import BackwardVariant, ForwardVariant
+from dashgen.codegen.variants import BackwardVariant, ForwardVariant, backward_tiles
 from dashgen.runtime.select import (AUTO_SCHEDULES, DEFAULT_SM_COUNT, DQ_LAST_FROM_KV_TILES,
                                     Overrides, Plan,
                                     check_kernel_problem, early_kv_pays,
@@ -424,3 +424,16 @@ def test_head_dim_96_selects_the_128_kernels_policies():
     assert picked.backward.dq_last and picked.backward.kernel_head_dim == 128
     assert picked.backward.kernel_name.startswith("dashgen_bwd_bf16_d96_causal_")
     assert picked.forward.head_dim == 96 and picked.forward.kernel_head_dim == 128
+
+
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_fused_convert_asked_of_the_swapped_mainloop_is_refused_by_name(head_dim):
+    """Its dQ is converted by the convert kernel: an explicit fused_convert=True is refused,
+    not dropped; the policy's choice there is False."""
+    problem = Problem(seqlen_q=1024, heads_q=4, head_dim=head_dim, block_m=64,
+                      block_n=backward_tiles(head_dim)[1])
+    with pytest.raises(ValueError, match=rf"^fused_convert: head_dim {head_dim} runs the swapped"):
+        select(problem, "bf16", overrides=Overrides(fused_convert=True))
+    assert not select(problem, "bf16").backward.fused_convert
+    assert not select(problem, "bf16", overrides=Overrides(fused_convert=False)
+                      ).backward.fused_convert

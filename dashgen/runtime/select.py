@@ -315,7 +315,11 @@ class Plan:
             early_kv = early_kv_pays(problem)
         fused = overrides.fused_convert
         if BACKWARD_CONSTANTS[kernel_head_dim(problem.head_dim), causal].swapped:
-            fused = False  # the swapped mainloop's dQ is converted by the convert kernel
+            # The swapped mainloop's dQ is converted by the convert kernel.
+            if fused:
+                raise ValueError(f"fused_convert: head_dim {problem.head_dim} runs the swapped "
+                                 f"mainloop, whose dQ the convert kernel converts")
+            fused = False
         elif window and fused is None and not self.deterministic:
             # Under a window the converter was timed in the deterministic backward only (its
             # ordered spt_listed kernel); deterministic=False keeps the unordered one.
