@@ -43,6 +43,10 @@ MODIFIER_CASES = [
     (1, 200, 500, 2, 2, 64, dict(window_size=(50, 20)), torch.float16, "fa3"),
     (1, 257, 130, 6, 2, 96, dict(window_size=(-1, 40)), torch.bfloat16, "descending"),
     (1, 257, 257, 4, 1, 128, dict(softcap=20.0, causal=True), torch.bfloat16, "auto"),
+    # Long enough that select fuses the dQ converter into the window kernels (GQA; rows no key
+    # reaches, which the convert kernel still zeroes).
+    (1, 1000, 1000, 4, 2, 128, dict(window_size=(127, 0)), torch.bfloat16, "spt_listed"),
+    (1, 900, 500, 4, 4, 64, dict(window_size=(64, 0)), torch.float16, "spt_listed"),
 ]
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Packs (lengths, heads_q, heads_kv, head_dim, causal, dtype, schedule): empty and one-token
