@@ -1,8 +1,8 @@
 """Where a windowed backward call's GPU time goes, kernel by kernel: the preprocess, main and
 convert kernels of one deterministic backward, 16,384 tokens of 16 heads at head_dim 128, at
 windows (127, 0), (1023, 0) and the causal mask (torch.profiler, device time per call, mean of 5
-after 3 warm-ups). Their sum against the call's CUDA-event time (lab/window_timing.py) is the
-time the GPU waits for the host.
+after 3 warm-ups). Their sum set against a call's CUDA-event time (lab/window_timing.py)
+bounds what the host path and launches add, once both run in the same process.
 
 PYTHONPATH=. python3 lab/window_kernels.py
 """
