@@ -142,6 +142,8 @@ EXTRA_VARIANTS = [
     # The fused dQ converter under a window (WindowTiling's receiving tiles and counts).
     B("bf16", 128, False, "spt_listed", window=True, fused_convert=True),
     B("fp16", 64, False, "spt", window=True, fused_convert=True, gqa=True),
+    B("bf16", 128, False, "spt_listed", window=True, softcap=True, fused_convert=True, gqa=True),
+    B("fp16", 96, False, "spt_listed", window=True, fused_convert=True, early_kv=True),
     F("bf16", 64, False, window=True),
     F("bf16", 128, False, window=True, softcap=True),
     F("fp16", 96, False, window=True),
