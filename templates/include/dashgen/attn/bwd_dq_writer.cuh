@@ -53,17 +53,7 @@ struct BwdDqWriter {
       if (K::kTrace) trace_stamp(row, kTraceReady);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
       if constexpr (K::kVarlen) counter = p.dq_counters + Scheduler::q_tile(p, t);
-      if (K::kDeterministic && kTurnFirst == 0) {
-        if constexpr (K::kTrace) {
-          // Traced builds (the tests' trace = IR check) wait unbounded: their trace row holds
-          // the registers the watchdog would take.
-          wait_counter_equals(counter, static_cast<u32>(t.dq_rank));
-        } else {
-          Scheduler::wait_rank(p, Scheduler::kStallDq, p.dq_counters, counter,
-                               static_cast<u32>(t.dq_rank));
-        }
-        fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
-      }
+      if (K::kDeterministic && kTurnFirst == 0) wait_turn(p, t, counter);
       if (K::kTrace) trace_stamp(row, kTraceAcquired);
       if constexpr (K::kDqPieces > 1) {
         land_pieces(p, t, smem, bars, i);
@@ -76,17 +66,24 @@ struct BwdDqWriter {
     }
   }
 
-  // kTurnFirst: the rank wait of the loop above, before the partial (the trace's acquired stamp
-  // then still follows its ready one).
-  __device__ static __forceinline__ void take_turn_first(const BwdParams& p, const Task& t) {
-    u32* counter = p.dq_counters + Scheduler::q_tile(p, t);
+  // Until the tile's counter reaches the task's dq_rank.
+  __device__ static __forceinline__ void wait_turn(const BwdParams& p, const Task& t,
+                                                   u32* counter) {
     if constexpr (K::kTrace) {
+      // Traced builds (the tests' trace = IR check) wait unbounded: their trace row holds
+      // the registers the watchdog would take.
       wait_counter_equals(counter, static_cast<u32>(t.dq_rank));
     } else {
       Scheduler::wait_rank(p, Scheduler::kStallDq, p.dq_counters, counter,
                            static_cast<u32>(t.dq_rank));
     }
     fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
+  }
+
+  // kTurnFirst: the wait before the partial (the trace's acquired stamp then still follows its
+  // ready one).
+  __device__ static __forceinline__ void take_turn_first(const BwdParams& p, const Task& t) {
+    wait_turn(p, t, p.dq_counters + Scheduler::q_tile(p, t));
   }
 
   // Stage s's dQ partial onto the task's fp32 tile in global memory, returning once it has
