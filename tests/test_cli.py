@@ -135,6 +135,17 @@ def test_plan_kernel_model_column(capsys):
         assert float(rows[name][-1]) <= float(rows[name][2])
 
 
+def test_plan_kernel_model_says_where_it_leaves_the_dq_pieces_out(capsys):
+    """At 192 and 256 the kernel hands dQ over in pieces, which the kernel model leaves out:
+    plan says so under its table; at 128 it says nothing."""
+    args = ["plan", "--heads", "2", "--seqlen", "512", "--mask", "causal", "--workers", "16",
+            "--kernel-model"]
+    for head_dim, noted in (("256", True), ("192", True), ("128", False)):
+        main([*args, "--hdim", head_dim])
+        out = capsys.readouterr().out
+        assert (f"at head_dim {head_dim} the kernel hands it over in pieces" in out) is noted
+
+
 # -- --version and the defaults that follow the kernels ------------------------------------------
 
 def test_version():
