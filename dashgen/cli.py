@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .version import __version__
-from .codegen.variants import HEAD_DIMS, backward_tiles
+from .codegen.variants import HEAD_DIMS, backward_tiles, runs_swapped
 from .runtime.select import DEFAULT_SM_COUNT
 from .schedule.builders import (BUILDERS, UnsupportedProblem, build_schedule, list_schedules,
                                 min_workers)
@@ -268,7 +268,7 @@ def _print_plan(args: argparse.Namespace, problem: Problem, cost,
         if args.kernel_model:
             row += f" {_kernel_model_makespan(schedule, args):>13}"
         print(row)
-    if args.kernel_model and _hands_dq_in_pieces(problem):
+    if args.kernel_model and runs_swapped(problem.head_dim, problem.mask.kind == "causal"):
         print(f"kernel model: a task's dQ goes to the writer after its compute, through 2 "
               f"buffers; at head_dim {problem.head_dim} the kernel hands it over in pieces during "
               f"the task's dQ MMAs, which the model leaves out, so its figure is optimistic there "
@@ -320,15 +320,6 @@ def _print_plan_summary(args: argparse.Namespace, problem: Problem, workers: int
               f"{s.busiest:>9} {s.min_load:>10} {s.mean_load:>11.1f}")
     print(f"busiest: the tasks of the busiest worker; bound: ceil(tasks / {workers} workers); "
           f"ratio: busiest / bound")
-
-
-def _hands_dq_in_pieces(problem: Problem) -> bool:
-    """Whether the backward serving the problem's head_dim runs the swapped mainloop, whose
-    dQ the writer takes in 64-column pieces (docs/design.md, `swapped-mainloop`)."""
-    from .codegen.variants import BACKWARD_CONSTANTS, kernel_head_dim
-
-    key = kernel_head_dim(problem.head_dim), problem.mask.kind == "causal"
-    return key in BACKWARD_CONSTANTS and BACKWARD_CONSTANTS[key].swapped
 
 
 def _kernel_model_makespan(schedule: Schedule, args: argparse.Namespace) -> str:

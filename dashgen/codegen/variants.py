@@ -180,6 +180,14 @@ def check_dtype_head_dim(dtype: str, head_dim: int,
         raise ValueError(f"head_dim must be one of {head_dims}, got {head_dim!r}")
 
 
+def runs_swapped(head_dim: int, causal: bool) -> bool:
+    """Whether the backward at head_dim (a window: causal False) runs the swapped mainloop,
+    whose dQ goes to the writer in pieces and is converted by the convert kernel; False for a
+    head_dim without a backward."""
+    constants = BACKWARD_CONSTANTS.get((kernel_head_dim(head_dim), causal))
+    return constants is not None and constants.swapped
+
+
 def backward_tiles(head_dim: int) -> tuple[int, int]:
     """(block_m, block_n) of the backward at a head_dim the runtime serves: the tiles its
     schedules are built in."""

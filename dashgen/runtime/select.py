@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..caches import memo
-from ..codegen.variants import (BACKWARD_CONSTANTS, DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M,
-                                FORWARD_BLOCK_N, BackwardVariant, ForwardVariant,
-                                backward_tiles, check_dtype_head_dim, kernel_head_dim)
+from ..codegen.variants import (DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
+                                BackwardVariant, ForwardVariant, backward_tiles,
+                                check_dtype_head_dim, kernel_head_dim, runs_swapped)
 from ..schedule.builders import (HYBRID_MAX_TILES, hybrid_need, Tiling, get_builder, schedule_loads,
                                  unsupported_reason)
 from ..schedule.builders.base import fewest_workers
@@ -314,7 +314,7 @@ class Plan:
         if early_kv is None:
             early_kv = early_kv_pays(problem)
         fused = overrides.fused_convert
-        if BACKWARD_CONSTANTS[kernel_head_dim(problem.head_dim), causal].swapped:
+        if runs_swapped(problem.head_dim, causal):
             # The swapped mainloop's dQ is converted by the convert kernel.
             if fused:
                 raise ValueError(f"fused_convert: head_dim {problem.head_dim} runs the swapped "
