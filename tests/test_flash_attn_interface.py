@@ -103,13 +103,6 @@ def test_seqused_is_checked(used, error):
         fa3.used_pack(cu_q, cu_k, used, None)
 
 
-def test_attention_chunk_refuses_a_window():
-    q, k, v = (torch.zeros(1, 64, 2, 64, dtype=torch.bfloat16) for _ in range(3))
-    with pytest.raises(ValueError, match=r"^window_size: attention_chunk takes no sliding "
-                                         r"window, got \(16, 16\)$"):
-        fa3.flash_attn_func(q, k, v, window_size=(16, 16), attention_chunk=16)
-
-
 def fa3_chunked_reference(q, k, v, causal, chunk, scale):
     """FA3's test reference for attention_chunk (hopper/test_util.py, construct_chunk_mask):
     row i keeps keys [p - p % chunk, p - p % chunk + chunk), p = i + seqlen_k - seqlen_q, and
@@ -156,7 +149,7 @@ def packed_reference(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, softmax_scale
 
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k, chunk", [(64, 64, 16), (50, 50, 16), (21, 70, 16),
-                                                       (64, 64, 128), (1, 70, 32)])
+                                                       (64, 64, 128), (1, 70, 32), (70, 21, 16)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_chunked_attention_is_fa3s_chunk_mask(monkeypatch, seqlen_q, seqlen_k, chunk, causal):
     """attention_chunk runs as a pack of the chunks (chunk_pack): with attention_varlen's
@@ -174,21 +167,6 @@ def test_chunked_attention_is_fa3s_chunk_mask(monkeypatch, seqlen_q, seqlen_k, c
     assert torch.allclose(out, ref_out, atol=1e-12)
     assert torch.equal(lse.isinf(), ref_lse.isinf())
     assert torch.allclose(lse[~lse.isinf()], ref_lse[~ref_lse.isinf()], atol=1e-12)
-
-
-def test_a_chunk_needs_as_many_keys_as_queries_and_fits_a_pack():
-    with pytest.raises(ValueError, match=r"^attention_chunk: dashgen chunks queries against at "
-                                         r"least as many keys; got seqlen_q 9 > seqlen_k 8$"):
-        fa3.chunk_pack(1, 9, 8, 4)
-    with pytest.raises(ValueError, match=r"^attention_chunk=1: 2 x 40000 chunks exceed"):
-        fa3.chunk_pack(2, 40000, 40000, 1)
-    assert [t.tolist() if torch.is_tensor(t) else t for t in fa3.chunk_pack(1, 3, 10, 4)] == [
-        [0, 0, 1, 3], [0, 4, 8, 10], 2, 4]
-
-
-def test_the_packed_function_names_attention_chunk():
-    with pytest.raises(ValueError, match=r"^attention_chunk: dashgen chunks fixed-length"):
-        fa3.flash_attn_varlen_func(*pack(), attention_chunk=64)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -235,5 +213,3 @@ def test_learnable_sink_reaches_the_sinks(on_cpu, kernels):
     sinks = torch.zeros(q.shape[2], requires_grad=True)
     fa3.flash_attn_func(q, k, v, causal=True, learnable_sink=sinks).sum().backward()
     assert sinks.grad is not None and sinks.grad.shape == sinks.shape
-    with pytest.raises(ValueError, match=r"^learnable_sink: attention_chunk takes no sinks$"):
-        fa3.flash_attn_func(q, k, v, attention_chunk=16, learnable_sink=sinks)

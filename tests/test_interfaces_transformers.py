@@ -65,6 +65,8 @@ def varlen(monkeypatch):
                 qs, ks.repeat_interleave(group, 0), vs.repeat_interleave(group, 0),
                 is_causal=causal, scale=softmax_scale)
             out.append(o.transpose(0, 1).to(q.dtype))
+        if options.get("return_lse"):  # lse is not computed here
+            return torch.cat(out), None
         return torch.cat(out)
 
     monkeypatch.setattr(op_varlen, "attention_varlen", fake)
@@ -315,8 +317,11 @@ def test_a_sliding_window_over_the_causal_mask_is_left_to_the_attention(on_cpu, 
 
 
 @pytest.mark.parametrize("kwargs, pattern", [
-    (dict(mask_function=masking_utils.chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long))),
+    (dict(mask_function=masking_utils.and_masks(CAUSAL, lambda b, h, q, k: q - k < 7)),
      r"mask_function: the model asks for a mask other than plain causal or full attention"),
+    (dict(mask_function=masking_utils.chunked_causal_mask_function(
+        4, torch.zeros(1, dtype=torch.long)), q_offset=6, kv_offset=6),
+     r"chunked attention over keys from position 6 \(a sliding cache\)"),
     (dict(mask_function=CAUSAL, allow_is_causal_skip=False), r"allow_is_causal_skip=False"),
     (dict(mask_function=FULL, allow_is_bidirectional_skip=False),
      r"allow_is_bidirectional_skip=False"),
@@ -484,3 +489,43 @@ def test_a_deepseek_v3_runs_mla_layers_with_v_narrower_than_q(on_cpu, kernels, r
             kernels.backward_launches] == ["d192v128"]  # one signature, both layers
     assert all(layer.self_attn.kv_b_proj.weight.grad.abs().sum() > 0
                for layer in model.model.layers)
+
+
+def test_llama4s_chunked_layers_take_their_chunks(on_cpu, kernels, varlen, registered):
+    """Llama 4 (attention_chunk_size 32, three chunked layers of four, as its config lays
+    them): dashgen_mask takes the chunked causal mask, each chunked layer runs its chunks as a
+    pack (chunk_pack: 32-key chunks of each row), the full layer dashgen.attention causal; with
+    the chunked layers' attention computed per chunk, the logits are eager attention's."""
+    config = transformers.Llama4TextConfig(
+        num_hidden_layers=3, hidden_size=256, intermediate_size=256, intermediate_size_mlp=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=128,
+        num_local_experts=2, attention_chunk_size=32, attn_implementation="dashgen")
+    assert config.layer_types == ["chunked_attention"] * 3
+    torch.manual_seed(0)
+    model = transformers.Llama4ForCausalLM(config).to(BF16)
+    ids = torch.randint(0, 128, (2, 100))
+    logits = model(ids, use_cache=False).logits
+    chunks = [0, 32, 64, 96, 100, 132, 164, 196, 200]
+    assert [(c["cu_q"], c["cu_k"], c["max_q"], c["causal"]) for c in varlen] == [
+        (chunks, chunks, 32, True)] * 3
+    model.config._attn_implementation = "eager"
+    for layer in model.model.layers:
+        layer.self_attn.config._attn_implementation = "eager"
+    eager = model(ids, use_cache=False).logits
+    apart = lambda a, b: (a.float() - b.float()).abs().max().item()  # noqa: E731
+    assert apart(logits, eager) < 0.1  # bf16 rounding through three layers
+    # Row 32 opens the second chunk: it sees only its own key, as row 0 does.
+    assert apart(logits[:, 32], eager[:, 32]) == 0.0
+    # The control: without chunks (the same weights) the rows past the first chunk move.
+    model.config.layer_types = ["full_attention"] * 3
+    unchunked = model(ids, use_cache=False).logits
+    assert apart(unchunked[:, 32:], eager[:, 32:]) > 0.3
+    assert apart(unchunked[:, :32], eager[:, :32]) < 0.1
+    # A layer that is not chunked takes no chunk: the full layer of a four-layer model.
+    hf.dashgen_attention(SimpleNamespace(is_causal=True, training=False, layer_idx=3,
+                                         config=SimpleNamespace(layer_types=["chunked_attention"] * 3
+                                                                + ["full_attention"],
+                                                                attention_chunk_size=32,
+                                                                _attn_implementation="dashgen")),
+                         *bhsd_leaves(), None)
+    assert forwards(kernels)[-1] == dict(causal=True, softmax_scale=1 / 8)

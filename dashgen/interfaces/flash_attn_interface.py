@@ -8,27 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..caches import memo
 from ..runtime import op
+from ..runtime.chunks import check_chunk
 from ..runtime.device import sm_count
-
-
-def _window_is_causal(window_size, causal: bool) -> bool:
-    """For attention_chunk (its pack of chunks takes no window): the mask of FA3's window_size
-    and causal where it is full, (-1, -1), or causal, (-1, 0) (FA3 reads a negative bound as
-    none, and causal=True as a right bound of 0); any other window is refused."""
-    try:
-        left, right = (int(w) for w in window_size)
-    except (TypeError, ValueError):
-        raise TypeError(f"window_size must be a pair of ints, got {window_size!r}") from None
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    if causal:
-        right = 0
-    if left < 0 and right <= 0:
-        return right == 0
-    raise ValueError(f"window_size: attention_chunk takes no sliding window, got "
-                     f"{tuple(window_size)}{' with causal=True' if causal else ''}")
 
 
 def _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk,
@@ -40,9 +22,7 @@ def _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk,
                         ("v_descale", v_descale)):
         if value is not None:
             raise ValueError(f"{name}: dashgen has no fp8 inputs")
-    if not isinstance(attention_chunk, int) or isinstance(attention_chunk, bool) \
-            or attention_chunk < 0:
-        raise ValueError(f"attention_chunk must be a non-negative int, got {attention_chunk!r}")
+    check_chunk(attention_chunk)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"num_splits must be a non-negative int, got {num_splits!r}")
 
@@ -66,45 +46,6 @@ def _options(q: torch.Tensor, deterministic, sm_margin) -> dict:
     return dict(deterministic=True if deterministic else None, num_workers=workers)
 
 
-@memo(max_entries=64)  # a training loop asks for the same shapes every step
-def chunk_pack(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
-    """FA3's attention_chunk as a pack: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-    max_seqlen_k) over the (batch * seqlen, heads, head_dim) tensors. FA3 gives query row i the
-    keys of its chunk, [p - p % chunk, p - p % chunk + chunk) with p = i + seqlen_k - seqlen_q
-    (under causal also no key after p). So chunk c is one sequence: keys [c * chunk, (c + 1) *
-    chunk) and the queries whose p falls among them, and dashgen's causal mask, bottom-right in
-    each sequence, is FA3's there. Each chunk's bits are then its own, as a pack's are."""
-    if seqlen_q > seqlen_k:
-        raise ValueError(f"attention_chunk: dashgen chunks queries against at least as many "
-                         f"keys; got seqlen_q {seqlen_q} > seqlen_k {seqlen_k}")
-    shift, chunks = seqlen_k - seqlen_q, -(-seqlen_k // chunk)
-    from ..runtime.op_varlen import MAX_SEQUENCES
-    if batch * chunks > MAX_SEQUENCES:
-        raise ValueError(f"attention_chunk={chunk}: {batch} x {chunks} chunks exceed the "
-                         f"{MAX_SEQUENCES} sequences a pack takes")
-    k_bounds = [min(c * chunk, seqlen_k) for c in range(chunks + 1)]
-    q_bounds = [min(max(c * chunk - shift, 0), seqlen_q) for c in range(chunks + 1)]
-    cu_q = [b * seqlen_q + x for b in range(batch) for x in q_bounds[:-1]] + [batch * seqlen_q]
-    cu_k = [b * seqlen_k + x for b in range(batch) for x in k_bounds[:-1]] + [batch * seqlen_k]
-    longest = lambda bounds: max(b - a for a, b in zip(bounds, bounds[1:]))
-    return (torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32),
-            longest(q_bounds), longest(k_bounds))
-
-
-def _chunked(q, k, v, chunk: int, causal: bool, **options):
-    """(out, lse) of FA3's chunked attention through dashgen.attention_varlen (chunk_pack)."""
-    from ..runtime.op_varlen import attention_varlen
-    batch, seqlen_q, heads_q, _ = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    cu_q, cu_k, max_q, max_k = chunk_pack(batch, seqlen_q, seqlen_k, chunk)
-    flat = lambda t, n, h: t.reshape(batch * n, h, t.shape[-1])
-    out, lse = attention_varlen(flat(q, seqlen_q, heads_q), flat(k, seqlen_k, heads_kv),
-                                flat(v, seqlen_k, heads_kv), cu_q, cu_k, max_q, max_k,
-                                causal=causal, return_lse=True, **options)
-    return (out.view(batch, seqlen_q, heads_q, v.shape[-1]),
-            lse.view(heads_q, batch, seqlen_q).transpose(0, 1).contiguous())
-
-
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
                     k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
                     softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
@@ -113,27 +54,18 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     heads_kv, head_dim), causal bottom-right; window_size=(-1, 0) is the causal mask. Returns
     out, or (out, softmax_lse) with softmax_lse (batch, heads_q, seqlen_q) float32. num_splits
     and pack_gqa decide only how FA3 launches its forward. softcap and window_size as in
-    dashgen.attention (a window with attention_chunk is refused).
-    attention_chunk (Llama 4's chunked attention): each query sees only the keys of its chunk,
-    run as a pack of the chunks (chunk_pack), forward and backward (FA3 itself has no chunked
-    backward), with the pack's bit contract. learnable_sink (newer FlashAttention interfaces'
-    name for GPT-OSS's sinks): dashgen.attention's sinks, one logit per query head."""
+    dashgen.attention. attention_chunk (Llama 4's chunked attention): each query sees only the
+    keys of its chunk (within its window), run as a pack of the chunks, forward and backward
+    (FA3 itself has no chunked backward), each chunk's bits its own. learnable_sink (newer
+    FlashAttention interfaces' name for GPT-OSS's sinks): dashgen.attention's sinks, one logit
+    per query head."""
     _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits)
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
-    options = dict(softmax_scale=softmax_scale, softcap=softcap,
-                   **_options(q, deterministic, sm_margin))
-    if attention_chunk:
-        causal = _window_is_causal(window_size, causal)
-        if learnable_sink is not None:
-            raise ValueError("learnable_sink: attention_chunk takes no sinks")
-        if not (torch.is_tensor(q) and torch.is_tensor(k) and q.dim() == k.dim() == 4):
-            raise ValueError("attention_chunk: q and k must be (batch, seqlen, heads, head_dim) "
-                             "tensors")
-        out, lse = _chunked(q, k, v, attention_chunk, causal, **options)
-    else:
-        out, lse = op.attention(q, k, v, causal=causal, return_lse=True,
-                                window_size=window_size, sinks=learnable_sink, **options)
+    out, lse = op.attention(q, k, v, causal=causal, return_lse=True, softmax_scale=softmax_scale,
+                            softcap=softcap, window_size=window_size, sinks=learnable_sink,
+                            attention_chunk=attention_chunk,
+                            **_options(q, deterministic, sm_margin))
     return (out, lse) if return_attn_probs else out
 
 
@@ -181,10 +113,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     seqused_k: the tokens of each sequence that count (used_pack); the others get o = 0 and
     zero gradients."""
     _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits)
-    if attention_chunk:
-        raise ValueError(f"attention_chunk: dashgen chunks fixed-length batches "
-                         f"(flash_attn_func); a pack's chunks are not supported yet, got "
-                         f"{attention_chunk}")
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
     if seqused_q is not None or seqused_k is not None:
@@ -193,5 +121,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                 max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
                                 return_lse=True, softcap=softcap, window_size=window_size,
-                                sinks=learnable_sink, **_options(q, deterministic, sm_margin))
+                                sinks=learnable_sink, attention_chunk=attention_chunk,
+                                **_options(q, deterministic, sm_margin))
     return (out, lse) if return_attn_probs else out

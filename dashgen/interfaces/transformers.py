@@ -10,9 +10,9 @@ keep their own heads), a layer's sliding window (Mistral, Gemma, GPT-OSS), soft-
 2) and sinks (GPT-OSS's s_aux), and the padding-free path: documents packed into one row, as
 transformers' DataCollatorWithFlattening hands them over (the cu_seq_lens_q/k and max_length_q/k
 kwargs, or position_ids that restart at each document), run on dashgen.attention_varlen, each
-document's bits its own (a window there is built but not yet served). What it cannot serve raises
-ValueError naming the argument, never a silent change: padding, chunked attention, position
-biases, dropout, seq_idx. The mask function is what makes padding visible:
+document's bits its own, and Llama 4's chunked layers (config.layer_types and
+attention_chunk_size). What it cannot serve raises ValueError naming the argument, never a
+silent change: padding, position biases, dropout, seq_idx. The mask function is what makes padding visible:
 transformers builds no mask at all for an implementation without one, and the padding would go
 unseen. torch.compile works (the custom ops trace); pass the cu_seq_lens kwargs there, since
 offsets found from position_ids read them on the host.
@@ -192,6 +192,7 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # Gemma 2's attention-logit cap arrives as softcap (None or 0: none), flash_attn's meaning.
     softcap = kwargs.get("softcap") or 0.0
     window = _window_of(module, kwargs)
+    chunk = _chunk_of(module)
     # GPT-OSS's learned sinks arrive as s_aux (one logit per query head).
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
     pack = _pack_of(query, key, kwargs)
@@ -200,12 +201,29 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         out = attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1),
                                value[0].transpose(0, 1), *pack, causal=bool(is_causal),
                                softmax_scale=scaling, softcap=softcap, window_size=window,
-                               sinks=sinks)
+                               sinks=sinks, attention_chunk=chunk)
         return out[None], None
     out = op.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                        causal=causal, softmax_scale=scaling, softcap=softcap,
-                       window_size=window, sinks=sinks)
+                       window_size=window, sinks=sinks, attention_chunk=chunk)
     return out, None
+
+
+def _chunk_of(module) -> int:
+    """The layer's attention chunk (Llama 4's chunked layers: config.layer_types names the
+    layer "chunked_attention", config.attention_chunk_size the chunk), 0 for any other layer:
+    the rule by which the model picks the chunked mask for a layer, so the attention and the
+    mask dashgen_mask accepted agree."""
+    config = getattr(module, "config", None)
+    types, index = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
+    if not isinstance(index, int) or not types or index >= len(types) \
+            or types[index] != "chunked_attention":
+        return 0
+    chunk = getattr(config, "attention_chunk_size", None)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise _refuse(f"attention_chunk_size must be a positive int for a chunked_attention "
+                      f"layer, got {chunk!r}")
+    return chunk
 
 
 def _window_of(module, kwargs) -> tuple[int, int]:
@@ -231,14 +249,15 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
                  **kwargs) -> torch.Tensor | None:
     """transformers' mask function for "dashgen" (AttentionMaskInterface), called once per
     forward by create_causal_mask and its siblings. Returns None where dashgen's own masks serve
-    the model: plain causal attention whose last query meets the last key, or plain full
-    attention, with no padding among the keys; that None reaches dashgen_attention, which
-    takes causality from the module. Returns the (batch, kv_length) boolean padding mask where
-    some key is padding, so that dashgen_attention refuses the batch. Raises ValueError for a
-    pattern dashgen has no kernel for: a mask function other than transformers' plain causal or
-    bidirectional one (sliding windows, chunks, sequences packed by position_ids, a model's
-    overlays), a caller that needs a mask tensor, or a cache whose keys run past the queries
-    (a static cache's unfilled slots)."""
+    the model: plain causal attention whose last query meets the last key (under a sliding
+    window or Llama 4's chunks too, which dashgen_attention takes from the layer; documents
+    packed by position_ids as well), or plain full attention, with no padding among the keys;
+    that None reaches dashgen_attention, which takes causality from the module. Returns the
+    (batch, kv_length) boolean padding mask where some key is padding, so that
+    dashgen_attention refuses the batch. Raises ValueError for a pattern dashgen has no kernel
+    for: any other mask function (a bidirectional pack, a model's overlays), a caller that
+    needs a mask tensor, or a cache whose keys run past the queries (a static cache's unfilled
+    slots) or, under chunks, start past position 0."""
     if _packed_causal(mask_function):
         # Documents packed by position_ids (found by transformers, or under torch.compile
         # assumed, since it cannot look while tracing): causal within each document, which
@@ -248,6 +267,15 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     if _sliding_causal(mask_function):
         # A sliding window over the causal mask: dashgen_attention takes the window from the
         # layer (its sliding_window), so the mask's checks are the causal one's.
+        mask_function = masking_utils.causal_mask_function
+    if _chunked_causal(mask_function):
+        # Llama 4's chunks over the causal mask: dashgen_attention takes the chunk from the
+        # layer (_chunk_of). transformers counts chunks from position 0 of the keys, dashgen
+        # from the first key it is given, so the keys must start there.
+        if kv_offset != 0:
+            raise _refuse(f"chunked attention over keys from position {kv_offset} (a sliding "
+                          f"cache): dashgen counts chunks from the first key it is given; run "
+                          f"the whole sequence, or use a DynamicCache")
         mask_function = masking_utils.causal_mask_function
     if mask_function is None or mask_function is masking_utils.causal_mask_function:
         if not allow_is_causal_skip:
@@ -267,9 +295,9 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     else:
         raise _refuse(f"mask_function: the model asks for a mask other than plain causal or "
                       f"full attention ({getattr(mask_function, '__name__', mask_function)}: a "
-                      f"sliding window, chunked attention, a bidirectional pack or a "
-                      f"model-specific pattern); dashgen serves causal or full attention, and "
-                      f"causal documents packed into one row")
+                      f"bidirectional pack or a model-specific pattern); dashgen serves causal "
+                      f"(with a layer's sliding window or chunks) or full attention, and causal "
+                      f"documents packed into one row")
     if attention_mask is None:
         return None
     # Keys past the end of the 2-D mask count as padding, as in transformers' own masks.
@@ -294,12 +322,22 @@ def _sliding_causal(mask_function) -> bool:
             and getattr(parts[0], "__qualname__", "").startswith("sliding_window_overlay."))
 
 
+def _chunked_causal(mask_function) -> bool:
+    """Whether mask_function is transformers' chunked_causal_mask_function(C, left_padding):
+    and_masks(chunked_overlay(C, left_padding), causal_mask_function). Left padding shows as
+    padding in the mask, which dashgen_attention refuses."""
+    parts = _and_mask_parts(mask_function)
+    return (len(parts) == 2 and parts[1] is masking_utils.causal_mask_function
+            and getattr(parts[0], "__qualname__", "").startswith("chunked_overlay."))
+
+
 def _packed_causal(mask_function) -> bool:
     """Whether mask_function is what transformers builds for a causal model whose position_ids
     pack documents: and_masks(causal, packed_sequence_mask_function(...)), the causal part
     causal_mask_function, or since transformers 5.2x that function with its indices remapped to
-    each document's positions (remap_positions_for_packed_sequence). A sliding window's causal
-    part counts too: dashgen_attention then refuses the window in a pack, naming it."""
+    each document's positions (remap_positions_for_packed_sequence). A sliding window's or a
+    chunked causal part counts too (each document's window and chunks from its own start, as
+    attention_varlen's)."""
     parts = _and_mask_parts(mask_function)
     if len(parts) != 2 or not getattr(parts[1], "__qualname__", "").startswith(
             "packed_sequence_mask_function."):
@@ -308,7 +346,8 @@ def _packed_causal(mask_function) -> bool:
     if getattr(causal, "__qualname__", "").startswith("remap_positions_for_packed_sequence."):
         causal = next((cell.cell_contents for cell in causal.__closure__ or ()
                        if callable(cell.cell_contents)), None)
-    return causal is masking_utils.causal_mask_function or _sliding_causal(causal)
+    return (causal is masking_utils.causal_mask_function or _sliding_causal(causal)
+            or _chunked_causal(causal))
 
 
 def register() -> str:

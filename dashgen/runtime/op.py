@@ -17,6 +17,7 @@ import torch
 from ..caches import Memo
 from ..schedule.ir import Schedule
 from . import checks
+from .chunks import check_chunk, chunked_attention
 from .op_common import (Options, Validated, constant_for_compile, gradients_like, ready,
                         register_autograd, traced)
 from .select import NO_WINDOW, Overrides, Plan, plan, v_width, window_arg
@@ -334,8 +335,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               softmax_scale: float | None = None, deterministic: bool | None = None,
               schedule: str | Schedule = "auto", num_workers: int | None = None,
               return_lse: bool = False, softcap: float = 0.0,
-              window_size: tuple[int, int] = NO_WINDOW, sinks: torch.Tensor | None = None
-              ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+              window_size: tuple[int, int] = NO_WINDOW, sinks: torch.Tensor | None = None,
+              attention_chunk: int = 0) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention whose backward is bitwise reproducible on Hopper.
 
     q: (batch, seqlen_q, heads_q, head_dim); k, v: (batch, seqlen_k, heads_kv, head_dim), bf16
@@ -385,7 +386,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     head: each row's softmax takes exp(sinks[h]) into its denominator with no value behind it
     (o and lse are the sunk attention's); differentiable, its gradient deterministic too
     (dashgen/runtime/sinks.py).
+
+    attention_chunk: chunked attention (Llama 4's; FlashAttention-3's attention_chunk): 0 (the
+    default) none; a positive chunk C gives query row i the keys of its chunk, [p - p % C,
+    p - p % C + C) with p = i + seqlen_k - seqlen_q (a row with p < 0 sees none), intersected
+    with causal and window_size. The chunks run as a pack (dashgen.attention_varlen: a pack's
+    schedules, "auto" by default), forward and backward, each chunk's bits its own.
     """
+    if check_chunk(attention_chunk):
+        return chunked_attention(q, k, v, attention_chunk, causal=causal,
+                                 softmax_scale=softmax_scale, deterministic=deterministic,
+                                 schedule=schedule, num_workers=num_workers,
+                                 return_lse=return_lse, softcap=softcap,
+                                 window_size=window_size, sinks=sinks)
     if isinstance(schedule, Schedule):
         schedule = register(schedule)  # the op carries a key string
     if not isinstance(return_lse, bool):

@@ -15,6 +15,7 @@ import torch
 
 from ..caches import Memo
 from . import checks
+from .chunks import check_chunk, chunk_varlen_pack
 from .op_common import Options, Validated, gradients_like, ready, register_autograd, traced
 from .select import PACK_SCHEDULES, Selection, pack_selection, pack_workers, select_pack
 
@@ -361,7 +362,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      softmax_scale: float | None = None, deterministic: bool | None = None,
                      schedule: str = "auto", return_lse: bool = False,
                      num_workers: int | None = None, softcap: float = 0.0,
-                     window_size: tuple[int, int] = (-1, -1), sinks: torch.Tensor | None = None):
+                     window_size: tuple[int, int] = (-1, -1), sinks: torch.Tensor | None = None,
+                     attention_chunk: int = 0):
     """Attention over a packed batch of sequences of their own lengths, bitwise reproducible
     and batch-invariant: each sequence's o, dq, dk, dv are the bits dashgen.attention gives it
     alone (batch 1), wherever it sits in the pack and whatever else is packed with it.
@@ -384,10 +386,22 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     softcap, window_size and sinks: as in dashgen.attention, per sequence (0: uncapped; (-1, -1):
     no window, a window takes spt, fa3 or descending, "auto" spt; sinks one logit per query
     head).
+    attention_chunk: as in dashgen.attention, per sequence (0: no chunks). The chunks run as a
+    pack of their own (dashgen/runtime/chunks.py), formed on the offsets' device: each sequence
+    becomes ceil(max_seqlen_k / chunk) chunks and ceil(max_seqlen_q / chunk) leading sequences
+    for rows that see no key (empty unless seqlen_q > seqlen_k), so a call launches for that
+    many sequences.
     Returns o, or (o, lse) with lse float32 (heads_q, total_q), not differentiable.
     """
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
+    if check_chunk(attention_chunk):
+        # The pack as given is checked (errors name its offsets), then its chunks run.
+        _check_tensors(q, k, v)
+        _check_lengths(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        _check_cpu_offsets(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = chunk_varlen_pack(
+            cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), attention_chunk)
     entry = _resolve((q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
                      (causal, softmax_scale, deterministic, schedule, num_workers, softcap,
                       window_size))

@@ -27,37 +27,50 @@ def rel_err(x, ref) -> float:
     return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-6)).item()
 
 
-def chunk_masked(q, k, v, causal, chunk, scale):
-    """FA3's chunk mask (its test_util.construct_chunk_mask) in q's dtype: row i keeps keys
-    [p - p % chunk, p - p % chunk + chunk), p = i + seqlen_k - seqlen_q; causal: none after p."""
+def chunk_masked(q, k, v, causal, chunk, scale, window=(-1, -1), sinks=None):
+    """FA3's chunk mask (its hopper/mask.h) in q's dtype: row i keeps keys [p - p % chunk,
+    p - p % chunk + chunk), p = i + seqlen_k - seqlen_q (floor division: none where p < 0);
+    causal: none after p; window (left, right): p - left .. p + right; sinks: one logit per
+    query head in each row's denominator."""
     sq, sk = q.shape[1], k.shape[1]
     group = q.shape[2] // k.shape[2]
     kt, vt = (t.repeat_interleave(group, 2).transpose(1, 2) for t in (k, v))
     scores = (q.transpose(1, 2) @ kt.transpose(-1, -2)) * scale
     p = torch.arange(sq, device=q.device)[:, None] + sk - sq
     j = torch.arange(sk, device=q.device)[None, :]
-    start = p - p % chunk
+    start = torch.div(p, chunk, rounding_mode="floor") * chunk
     keep = (j >= start) & (j < start + chunk)
-    if causal:
-        keep &= j <= p
-    probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1)
+    left, right = window[0], 0 if causal else window[1]
+    if left >= 0:
+        keep &= j >= p - left
+    if right >= 0:
+        keep &= j <= p + right
+    scores = scores.masked_fill(~keep, float("-inf"))
+    if sinks is not None:
+        sink = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:3], 1)
+        probs = torch.softmax(torch.cat((scores, sink), -1), -1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, -1)
     return (probs.masked_fill(~keep.any(-1, keepdim=True), 0.0) @ vt).transpose(1, 2)
 
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k, chunk", [(1000, 1000, 256), (700, 1000, 384),
-                                                       (513, 513, 128)], ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+                                                       (513, 513, 128), (1000, 600, 256)],
+                         ids=str)
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)),
+                                            (False, (100, 50)), (True, (127, -1))], ids=str)
 def test_attention_chunk_is_fa3s_chunk_mask_with_gradients(seqlen_q, seqlen_k, chunk, causal,
-                                                           seed):
+                                                           window, seed):
     q = torch.randn(2, seqlen_q, 8, 128, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(2, seqlen_k, 2, 128, device="cuda", dtype=torch.bfloat16)
             for _ in range(2))
     do = torch.randn_like(q)
-    ours = [grads(lambda *t: fa3.flash_attn_func(*t, causal=causal, attention_chunk=chunk,
-                                                 deterministic=True), (q, k, v), do)
+    ours = [grads(lambda *t: fa3.flash_attn_func(*t, causal=causal, window_size=window,
+                                                 attention_chunk=chunk, deterministic=True),
+                  (q, k, v), do)
             for _ in range(3)]
     assert all(torch.equal(a, b) for r in ours[1:] for a, b in zip(r, ours[0]))
-    ref_fn = lambda *t: chunk_masked(*t, causal, chunk, 128 ** -0.5)  # noqa: E731
+    ref_fn = lambda *t: chunk_masked(*t, causal, chunk, 128 ** -0.5, window)  # noqa: E731
     ref = grads(ref_fn, [t.double() for t in (q, k, v)], do.double())
     theirs = grads(ref_fn, (q, k, v), do)
     for name, x, t, r in zip(("o", "dq", "dk", "dv"), ours[0], theirs, ref):
@@ -99,3 +112,42 @@ def test_seqused_tokens_have_their_used_sequences_bits(causal, seed):
                              (dk, lengths_k, used_k), (dv, lengths_k, used_k)):
         rest = unused(t, lengths, used)
         assert rest.numel() and torch.equal(rest, torch.zeros_like(rest))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_packs_chunks_have_each_sequences_bits_alone(causal, seed):
+    """flash_attn_varlen_func's attention_chunk (with sinks and a window): each sequence's o and
+    gradients are bitwise those of flash_attn_func's chunked call on it alone, and within 2x
+    PyTorch's bf16 error of the float64 chunk mask."""
+    lengths_q, lengths_k, chunk = [700, 1, 513, 300], [700, 300, 513, 900], 256
+    cu = lambda n: torch.tensor([0] + torch.tensor(n).cumsum(0).tolist(), dtype=torch.int32,
+                                device="cuda")
+    q = torch.randn(sum(lengths_q), 8, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(sum(lengths_k), 2, 128, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    sinks = torch.randn(8, device="cuda")
+    do = torch.randn_like(q)
+    options = dict(causal=causal, window_size=(200, 100), attention_chunk=chunk,
+                   deterministic=True, learnable_sink=sinks)
+    packed = grads(lambda *t: fa3.flash_attn_varlen_func(
+        *t, cu(lengths_q), cu(lengths_k), max(lengths_q), max(lengths_k), **options),
+        (q, k, v), do)
+    q0 = k0 = 0
+    for lq, lk in zip(lengths_q, lengths_k):
+        piece = lambda t, a, n: t[a:a + n][None]  # noqa: E731
+        alone = grads(lambda *t: fa3.flash_attn_func(*t, **options),
+                      (piece(q, q0, lq), piece(k, k0, lk), piece(v, k0, lk)), piece(do, q0, lq))
+        for name, x, y, a, n in (("o", packed[0], alone[0], q0, lq),
+                                 ("dq", packed[1], alone[1], q0, lq),
+                                 ("dk", packed[2], alone[2], k0, lk),
+                                 ("dv", packed[3], alone[3], k0, lk)):
+            assert torch.equal(x[a:a + n], y[0]), f"{name} of sequence ({lq}, {lk})"
+        ref_fn = lambda *t: chunk_masked(*t, causal, chunk, 128 ** -0.5, (200, 100),  # noqa
+                                         sinks)
+        args = (piece(q, q0, lq), piece(k, k0, lk), piece(v, k0, lk))
+        ref = grads(ref_fn, [t.double() for t in args], piece(do, q0, lq).double())
+        theirs = grads(ref_fn, args, piece(do, q0, lq))
+        for name, x, t, r in zip(("o", "dq", "dk", "dv"), alone, theirs, ref):
+            err, limit = rel_err(x, r), rel_err(t, r)
+            assert err <= 2 * limit + 1e-6, f"{name}: error {err:.3e} > 2 x {limit:.3e}"
+        q0, k0 = q0 + lq, k0 + lk
