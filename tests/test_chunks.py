@@ -19,6 +19,7 @@ from dashgen.interfaces import flash_attn_interface as fa3  # noqa: E402
 from dashgen.runtime import op_varlen  # noqa: E402
 from dashgen.runtime.chunks import chunk_pack, chunk_varlen_pack  # noqa: E402
 from test_op_errors import cpu_leaves, h200, on_cpu  # noqa: E402,F401  (fixtures by name)
+from test_varlen import FakePackRuntime  # noqa: E402
 
 BF16 = torch.bfloat16
 
@@ -92,7 +93,8 @@ def test_a_batchs_chunks_are_fa3s_chunk_mask(batch, seqlen_q, seqlen_k, chunk, c
     cu_q, cu_k, max_q, max_k = chunk_pack(batch, seqlen_q, seqlen_k, chunk)
     assert torch.equal(pack_mask(cu_q, cu_k, causal, window),
                        fa3_mask([seqlen_q] * batch, [seqlen_k] * batch, chunk, causal, window))
-    assert max_q == int(cu_q.diff().max()) and max_k == int(cu_k.diff().max())
+    assert int(cu_q.diff().max()) <= max_q <= min(chunk, seqlen_q)
+    assert int(cu_k.diff().max()) == max_k == min(chunk, seqlen_k)
     # Leading sequences only where rows see no key: ceil(seqlen_k / chunk) chunks otherwise.
     lead = -(-max(seqlen_q - seqlen_k, 0) // chunk)
     assert cu_q.numel() - 1 == batch * (lead + max(-(-seqlen_k // chunk), 1))
@@ -235,3 +237,26 @@ def test_a_chunked_call_takes_a_schedules_name(reference_runtime):
     with pytest.raises(ValueError, match=r"^schedule: with attention_chunk the chunks run as a "
                                          r"pack"):
         dashgen.attention(q, k, v, attention_chunk=16, schedule=schedule)
+
+
+def test_torch_compile_traces_a_chunked_call(on_cpu, monkeypatch):
+    """dashgen.attention with attention_chunk under torch.compile (fullgraph): the chunk pack
+    formed in the graph (not read from its memo), the eager call's results, at two lengths.
+    As for attention_varlen, the eager call of a head_dim and mask fills the selection memo
+    the trace reads."""
+    runtime = FakePackRuntime()
+    monkeypatch.setattr(op_varlen, "_runtime", lambda: runtime)
+    clear_caches()
+
+    def call(q, k, v):
+        return dashgen.attention(q, k, v, causal=True, attention_chunk=32, deterministic=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(call, backend="aot_eager", fullgraph=True)
+    for seqlen in (100, 77):
+        q, k, v = cpu_leaves(seqlen_q=seqlen, seqlen_k=seqlen)
+        want = call(q, k, v)
+        (want_dq,) = torch.autograd.grad(want.float().sum(), (q,))
+        out = compiled(q, k, v)
+        assert torch.equal(out, want)
+        assert torch.equal(torch.autograd.grad(out.float().sum(), (q,))[0], want_dq)
+    torch._dynamo.reset()

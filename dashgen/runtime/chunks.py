@@ -63,17 +63,24 @@ def chunk_varlen_pack(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
     return cu_q, cu_k, min(max_seqlen_q, chunk), min(max_seqlen_k, chunk)
 
 
-@memo(max_entries=64)  # a training loop asks for the same shapes every step
-def chunk_pack(batch: int, seqlen_q: int, seqlen_k: int, chunk: int):
-    """A fixed-length batch's chunks as a pack over its (batch * seqlen, heads, head_dim)
-    tensors: chunk_varlen_pack's on the host, with only the leading sequences seqlen_q -
-    seqlen_k needs, and the maxima exact. int32 offsets on the host."""
-    cu = lambda n: torch.arange(batch + 1, dtype=torch.int32) * n  # noqa: E731
+def _batch_pack(batch: int, seqlen_q: int, seqlen_k: int, chunk: int, device=None):
+    cu = lambda n: torch.arange(batch + 1, dtype=torch.int32, device=device) * n  # noqa: E731
     lead = -(-max(seqlen_q - seqlen_k, 0) // chunk)
-    cu_q, cu_k, _, _ = chunk_varlen_pack(cu(seqlen_q), cu(seqlen_k), seqlen_q, seqlen_k, chunk,
-                                         lead_chunks=lead)
-    longest = lambda offsets: int(offsets.diff().max()) if offsets.numel() > 1 else 0  # noqa
-    return cu_q, cu_k, longest(cu_q), longest(cu_k)
+    return chunk_varlen_pack(cu(seqlen_q), cu(seqlen_k), seqlen_q, seqlen_k, chunk,
+                             lead_chunks=lead)
+
+
+_batch_packs = memo(max_entries=64)(_batch_pack)  # a training loop asks for the same every step
+
+
+def chunk_pack(batch: int, seqlen_q: int, seqlen_k: int, chunk: int, device=None):
+    """A fixed-length batch's chunks as a pack over its (batch * seqlen, heads, head_dim)
+    tensors: chunk_varlen_pack's with only the leading sequences seqlen_q - seqlen_k needs,
+    int32 offsets on `device` (None: the host), memoized (so a call neither forms nor copies
+    them again) except while torch.compile traces, which cannot enter the memo's lock."""
+    if torch.compiler.is_compiling():
+        return _batch_pack(batch, seqlen_q, seqlen_k, chunk, device)
+    return _batch_packs(batch, seqlen_q, seqlen_k, chunk, device)
 
 
 def chunked_attention(q, k, v, chunk: int, *, schedule, return_lse: bool, **options):
@@ -94,7 +101,7 @@ def chunked_attention(q, k, v, chunk: int, *, schedule, return_lse: bool, **opti
     if k.shape[0] != batch or v.shape[0] != batch:
         raise ValueError(f"q, k and v must have the same batch, got {q.shape[0]}, {k.shape[0]} "
                          f"and {v.shape[0]}")
-    cu_q, cu_k, max_q, max_k = chunk_pack(batch, seqlen_q, seqlen_k, chunk)
+    cu_q, cu_k, max_q, max_k = chunk_pack(batch, seqlen_q, seqlen_k, chunk, q.device)
     flat = lambda t, n, h: t.reshape(batch * n, h, t.shape[-1])  # noqa: E731
     out, lse = attention_varlen(flat(q, seqlen_q, heads_q), flat(k, seqlen_k, heads_kv),
                                 flat(v, seqlen_k, heads_kv), cu_q, cu_k, max_q, max_k,
