@@ -111,7 +111,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     head_dim), k and v (total_k, heads_kv, head_dim), int32 cu_seqlens. Returns out, or
     (out, softmax_lse) with softmax_lse (heads_q, total_q) float32, FA3's layout. seqused_q /
     seqused_k: the tokens of each sequence that count (used_pack); the others get o = 0 and
-    zero gradients."""
+    zero gradients. attention_chunk: each sequence's chunks, as in flash_attn_func (of its
+    used tokens where seqused is given)."""
     _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits)
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
