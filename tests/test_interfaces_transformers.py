@@ -529,3 +529,40 @@ def test_llama4s_chunked_layers_take_their_chunks(on_cpu, kernels, varlen, regis
                                                                 _attn_implementation="dashgen")),
                          *bhsd_leaves(), None)
     assert forwards(kernels)[-1] == dict(causal=True, softmax_scale=1 / 8)
+
+
+def test_llama4_with_packed_documents_is_refused_by_name(on_cpu, kernels, registered):
+    """Llama 4's decoder layers do not hand position_ids to the attention, so documents packed
+    by them cannot reach attention_varlen: the chunked layers' mask refuses the pack rather than
+    chunk the row as one sequence."""
+    config = transformers.Llama4TextConfig(
+        num_hidden_layers=1, hidden_size=256, intermediate_size=256, intermediate_size_mlp=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=128,
+        num_local_experts=2, attention_chunk_size=32, attn_implementation="dashgen")
+    model = transformers.Llama4ForCausalLM(config).to(BF16)
+    packed = torch.cat([torch.arange(60), torch.arange(40)])[None]
+    with pytest.raises(ValueError, match=r'^attn_implementation="dashgen": chunked attention over '
+                                         r"documents packed by position_ids"):
+        model(torch.randint(0, 128, (1, 100)), position_ids=packed, use_cache=False)
+    assert kernels.calls == []
+
+
+def test_packed_documents_the_attention_cannot_see_are_refused(on_cpu, kernels, registered):
+    """A model whose decoder layers keep position_ids from the attention (Llama 4's, here
+    without chunked layers): transformers' mask marks the documents packed, the attention gets
+    no pack, and dashgen refuses rather than run the row as one sequence. The same model
+    unpacked runs."""
+    config = transformers.Llama4TextConfig(
+        num_hidden_layers=1, hidden_size=256, intermediate_size=256, intermediate_size_mlp=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=128,
+        num_local_experts=2, attention_chunk_size=None, attn_implementation="dashgen")
+    assert config.layer_types == ["full_attention"]
+    model = transformers.Llama4ForCausalLM(config).to(BF16)
+    ids = torch.randint(0, 128, (1, 100))
+    packed = torch.cat([torch.arange(60), torch.arange(40)])[None]
+    with pytest.raises(ValueError, match=r'^attn_implementation="dashgen": position_ids pack '
+                                         r"documents into this row"):
+        model(ids, position_ids=packed, use_cache=False)
+    assert kernels.calls == []
+    model(ids, use_cache=False)
+    assert forwards(kernels) == [dict(causal=True, softmax_scale=1 / 8)]

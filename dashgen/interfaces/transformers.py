@@ -11,7 +11,7 @@ keep their own heads), a layer's sliding window (Mistral, Gemma, GPT-OSS), soft-
 transformers' DataCollatorWithFlattening hands them over (the cu_seq_lens_q/k and max_length_q/k
 kwargs, or position_ids that restart at each document), run on dashgen.attention_varlen, each
 document's bits its own, and Llama 4's chunked layers (config.layer_types and
-attention_chunk_size). What it cannot serve raises ValueError naming the argument, never a
+attention_chunk_size) over whole sequences. What it cannot serve raises ValueError naming the argument, never a
 silent change: padding, position biases, dropout, seq_idx. The mask function is what makes padding visible:
 transformers builds no mask at all for an implementation without one, and the padding would go
 unseen. torch.compile works (the custom ops trace); pass the cu_seq_lens kwargs there, since
@@ -59,6 +59,24 @@ def _require_transformers() -> None:
 # Every layer of a forward gets the same position_ids tensor; checking it costs a device sync, so
 # the last tensor found consecutive (and its version, for in-place changes) is remembered.
 _CONSECUTIVE: tuple[weakref.ref, int] | None = None
+
+# Whether the last mask dashgen_mask made, for the config it was made for, marked documents
+# packed by position_ids (transformers saw them restart; not while torch.compile traces, where
+# it marks every row so). A model whose layers keep position_ids from the attention (Llama 4's)
+# would otherwise run the row as one sequence.
+_PACKED_MASK: tuple[weakref.ref, bool] | None = None
+
+
+def _note_packed_mask(config, packed: bool) -> None:
+    global _PACKED_MASK
+    if config is not None and not torch.compiler.is_compiling():
+        _PACKED_MASK = (weakref.ref(config), packed)
+
+
+def _packed_mask_for(module) -> bool:
+    config = getattr(module, "config", None)
+    return (_PACKED_MASK is not None and config is not None and _PACKED_MASK[0]() is config
+            and _PACKED_MASK[1])
 
 
 def _positions_restart(position_ids: torch.Tensor) -> bool:
@@ -196,6 +214,11 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # GPT-OSS's learned sinks arrive as s_aux (one logit per query head).
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
     pack = _pack_of(query, key, kwargs)
+    if pack is None and _packed_mask_for(module):
+        raise _refuse("position_ids pack documents into this row (transformers' mask says so), "
+                      "but the model's layers do not hand them to the attention; pass "
+                      "cu_seq_lens_q/k with max_length_q/k (DataCollatorWithFlattening("
+                      "return_flash_attn_kwargs=True)), or unpacked sequences")
     if pack is not None:
         from ..runtime.op_varlen import attention_varlen
         out = attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1),
@@ -258,7 +281,9 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     for: any other mask function (a bidirectional pack, a model's overlays), a caller that
     needs a mask tensor, or a cache whose keys run past the queries (a static cache's unfilled
     slots) or, under chunks, start past position 0."""
-    if _packed_causal(mask_function):
+    packed = _packed_causal(mask_function)
+    _note_packed_mask(kwargs.get("config"), packed)
+    if packed:
         # Documents packed by position_ids (found by transformers, or under torch.compile
         # assumed, since it cannot look while tracing): causal within each document, which
         # dashgen_attention serves from the position_ids (or the cu_seq_lens kwargs) itself.
@@ -335,9 +360,9 @@ def _packed_causal(mask_function) -> bool:
     """Whether mask_function is what transformers builds for a causal model whose position_ids
     pack documents: and_masks(causal, packed_sequence_mask_function(...)), the causal part
     causal_mask_function, or since transformers 5.2x that function with its indices remapped to
-    each document's positions (remap_positions_for_packed_sequence). A sliding window's or a
-    chunked causal part counts too (each document's window and chunks from its own start, as
-    attention_varlen's)."""
+    each document's positions (remap_positions_for_packed_sequence). A sliding window's causal
+    part counts too (each document's window from its own start, as attention_varlen's); a
+    chunked one is refused (ValueError)."""
     parts = _and_mask_parts(mask_function)
     if len(parts) != 2 or not getattr(parts[1], "__qualname__", "").startswith(
             "packed_sequence_mask_function."):
@@ -346,8 +371,13 @@ def _packed_causal(mask_function) -> bool:
     if getattr(causal, "__qualname__", "").startswith("remap_positions_for_packed_sequence."):
         causal = next((cell.cell_contents for cell in causal.__closure__ or ()
                        if callable(cell.cell_contents)), None)
-    return (causal is masking_utils.causal_mask_function or _sliding_causal(causal)
-            or _chunked_causal(causal))
+    if _chunked_causal(causal):
+        # Llama 4's decoder layers keep position_ids from the attention, so dashgen_attention
+        # could not see the documents and would chunk the row as one sequence.
+        raise _refuse("chunked attention over documents packed by position_ids: the model's "
+                      "layers do not hand position_ids to the attention (Llama 4's do not), "
+                      "so dashgen cannot see the documents; run unpacked sequences")
+    return causal is masking_utils.causal_mask_function or _sliding_causal(causal)
 
 
 def register() -> str:
