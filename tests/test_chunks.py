@@ -107,6 +107,11 @@ def test_the_chunk_count_is_bounded_by_name():
     with pytest.raises(ValueError, match=r"^attention_chunk must be a non-negative int, got "
                                          r"-3$"):
         dashgen.attention(*cpu_leaves(), attention_chunk=-3)
+    # q, k and v are named in dashgen.attention's layout, before the chunks flatten them.
+    q, k, v = cpu_leaves()
+    with pytest.raises(ValueError, match=r"^v has shape .* k and v must have the same batch, "
+                                         r"seqlen and heads"):
+        dashgen.attention(q, k, v[:, :-1], attention_chunk=16)
 
 
 # -- the entry points, through a float64 reference in place of the kernels ----------------------

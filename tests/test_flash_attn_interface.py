@@ -155,14 +155,17 @@ def test_chunked_attention_is_fa3s_chunk_mask(monkeypatch, seqlen_q, seqlen_k, c
     """attention_chunk runs as a pack of the chunks (chunk_pack): with attention_varlen's
     contract computed in float64, o and lse are FA3's reference with its chunk mask."""
     from dashgen.runtime import op_varlen
-    monkeypatch.setattr(op_varlen, "attention_varlen", packed_reference)
+    # dashgen.attention checks bf16 inputs; the pack's attention is then taken in float64.
+    monkeypatch.setattr(op_varlen, "attention_varlen", lambda q, k, v, *args, **kwargs:
+                        packed_reference(q.double(), k.double(), v.double(), *args, **kwargs))
     monkeypatch.setattr(fa3, "_options", lambda q, deterministic, sm_margin: {})
     g = torch.Generator().manual_seed(seqlen_q * 1000 + chunk)
-    q = torch.randn(2, seqlen_q, 4, 8, dtype=torch.float64, generator=g)
-    k, v = (torch.randn(2, seqlen_k, 2, 8, dtype=torch.float64, generator=g) for _ in range(2))
+    q = torch.randn(2, seqlen_q, 4, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(2, seqlen_k, 2, 64, generator=g).to(torch.bfloat16) for _ in range(2))
     out, lse = fa3.flash_attn_func(q, k, v, softmax_scale=0.3, causal=causal,
                                    attention_chunk=chunk, return_attn_probs=True)
-    ref_out, ref_lse = fa3_chunked_reference(q, k, v, causal, chunk, 0.3)
+    ref_out, ref_lse = fa3_chunked_reference(q.double(), k.double(), v.double(), causal, chunk,
+                                             0.3)
     assert out.shape == q.shape and lse.shape == (2, 4, seqlen_q)
     assert torch.allclose(out, ref_out, atol=1e-12)
     assert torch.equal(lse.isinf(), ref_lse.isinf())

@@ -522,12 +522,9 @@ def test_llama4s_chunked_layers_take_their_chunks(on_cpu, kernels, varlen, regis
     assert apart(unchunked[:, 32:], eager[:, 32:]) > 0.3
     assert apart(unchunked[:, :32], eager[:, :32]) < 0.1
     # A layer that is not chunked takes no chunk: the full layer of a four-layer model.
-    hf.dashgen_attention(SimpleNamespace(is_causal=True, training=False, layer_idx=3,
-                                         config=SimpleNamespace(layer_types=["chunked_attention"] * 3
-                                                                + ["full_attention"],
-                                                                attention_chunk_size=32,
-                                                                _attn_implementation="dashgen")),
-                         *bhsd_leaves(), None)
+    four = SimpleNamespace(layer_types=["chunked_attention"] * 3 + ["full_attention"],
+                           attention_chunk_size=32, _attn_implementation="dashgen")
+    hf.dashgen_attention(attention_module(layer_idx=3, config=four), *bhsd_leaves(), None)
     assert forwards(kernels)[-1] == dict(causal=True, softmax_scale=1 / 8)
 
 

@@ -11,11 +11,11 @@ keep their own heads), a layer's sliding window (Mistral, Gemma, GPT-OSS), soft-
 transformers' DataCollatorWithFlattening hands them over (the cu_seq_lens_q/k and max_length_q/k
 kwargs, or position_ids that restart at each document), run on dashgen.attention_varlen, each
 document's bits its own, and Llama 4's chunked layers (config.layer_types and
-attention_chunk_size) over whole sequences. What it cannot serve raises ValueError naming the argument, never a
-silent change: padding, position biases, dropout, seq_idx. The mask function is what makes padding visible:
-transformers builds no mask at all for an implementation without one, and the padding would go
-unseen. torch.compile works (the custom ops trace); pass the cu_seq_lens kwargs there, since
-offsets found from position_ids read them on the host.
+attention_chunk_size) over whole sequences. What it cannot serve raises ValueError naming the
+argument, never a silent change: padding, position biases, dropout, seq_idx. The mask function
+is what makes padding visible: transformers builds no mask at all for an implementation without
+one, and the padding would go unseen. torch.compile works (the custom ops trace); pass the
+cu_seq_lens kwargs there, since offsets found from position_ids read them on the host.
 """
 from __future__ import annotations
 
@@ -339,21 +339,23 @@ def _and_mask_parts(mask_function) -> tuple:
                  if isinstance(cell.cell_contents, tuple)), ())
 
 
-def _sliding_causal(mask_function) -> bool:
-    """Whether mask_function is transformers' sliding_window_causal_mask_function(W):
-    and_masks(sliding_window_overlay(W), causal_mask_function)."""
+def _overlay_on_causal(mask_function, overlay: str) -> bool:
+    """Whether mask_function is and_masks(overlay(...), causal_mask_function), the overlay
+    named by its function's name in transformers' masking_utils."""
     parts = _and_mask_parts(mask_function)
     return (len(parts) == 2 and parts[1] is masking_utils.causal_mask_function
-            and getattr(parts[0], "__qualname__", "").startswith("sliding_window_overlay."))
+            and getattr(parts[0], "__qualname__", "").startswith(overlay + "."))
+
+
+def _sliding_causal(mask_function) -> bool:
+    """Whether mask_function is transformers' sliding_window_causal_mask_function(W)."""
+    return _overlay_on_causal(mask_function, "sliding_window_overlay")
 
 
 def _chunked_causal(mask_function) -> bool:
-    """Whether mask_function is transformers' chunked_causal_mask_function(C, left_padding):
-    and_masks(chunked_overlay(C, left_padding), causal_mask_function). Left padding shows as
-    padding in the mask, which dashgen_attention refuses."""
-    parts = _and_mask_parts(mask_function)
-    return (len(parts) == 2 and parts[1] is masking_utils.causal_mask_function
-            and getattr(parts[0], "__qualname__", "").startswith("chunked_overlay."))
+    """Whether mask_function is transformers' chunked_causal_mask_function(C, left_padding).
+    Left padding shows as padding in the mask, which dashgen_attention refuses."""
+    return _overlay_on_causal(mask_function, "chunked_overlay")
 
 
 def _packed_causal(mask_function) -> bool:

@@ -85,12 +85,9 @@ def chunk_pack(batch: int, seqlen_q: int, seqlen_k: int, chunk: int, device=None
 
 def chunked_attention(q, k, v, chunk: int, *, schedule, return_lse: bool, **options):
     """dashgen.attention with attention_chunk: the batch's chunks (chunk_pack) through
-    dashgen.attention_varlen, o and lse in the fixed-length layouts."""
-    from . import checks
+    dashgen.attention_varlen, o and lse in the fixed-length layouts; q, k and v checked by
+    dashgen.attention."""
     from .op_varlen import attention_varlen
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        checks.tensor(name, t)
-        checks.rank(name, t, 4, "batch, seqlen, heads, head_dim")
     if not isinstance(schedule, str):
         raise ValueError(f"schedule: with attention_chunk the chunks run as a pack, which takes "
                          f"a schedule's name or 'auto', got {type(schedule).__name__}")
@@ -98,9 +95,6 @@ def chunked_attention(q, k, v, chunk: int, *, schedule, return_lse: bool, **opti
         raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    if k.shape[0] != batch or v.shape[0] != batch:
-        raise ValueError(f"q, k and v must have the same batch, got {q.shape[0]}, {k.shape[0]} "
-                         f"and {v.shape[0]}")
     cu_q, cu_k, max_q, max_k = chunk_pack(batch, seqlen_q, seqlen_k, chunk, q.device)
     flat = lambda t, n, h: t.reshape(batch * n, h, t.shape[-1])  # noqa: E731
     out, lse = attention_varlen(flat(q, seqlen_q, heads_q), flat(k, seqlen_k, heads_kv),

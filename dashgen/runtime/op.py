@@ -394,6 +394,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     schedules, "auto" by default), forward and backward, each chunk's bits its own.
     """
     if check_chunk(attention_chunk):
+        _check_tensors(q, k, v)  # named in this layout, before the chunks flatten it
         return chunked_attention(q, k, v, attention_chunk, causal=causal,
                                  softmax_scale=softmax_scale, deterministic=deterministic,
                                  schedule=schedule, num_workers=num_workers,
