@@ -272,7 +272,7 @@ def _print_plan(args: argparse.Namespace, problem: Problem, cost,
         print(f"kernel model: a task's dQ goes to the writer after its compute, through 2 "
               f"buffers; at head_dim {problem.head_dim} the kernel hands it over in pieces during "
               f"the task's dQ MMAs, which the model leaves out, so its figure is optimistic there "
-              f"(lab/pieces_model.py in a checkout models the pieces)")
+              f"(docs/design.md, `swapped-mainloop`)")
     if args.text:
         from .schedule.gantt import text_gantt
 

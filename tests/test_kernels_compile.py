@@ -472,16 +472,10 @@ def test_a_listed_schedule_is_refused_for_packs():
 # The candidates (variants.BACKWARD_CANDIDATES, not yet served), each over the variants of the
 # head dims it covers: local-memory bytes allowed in the main kernel, more under GQA, more in a
 # pack, and shared memory by V's width. 64x80 keeps one or two words more than 64x64 (56-84
-# bytes; under GQA the epilogue's adds up to 240 more). The turn-first writers keep the served
-# kernels' bounds (MMA_SPILL_BYTES with soft-capping's, GQA_SPILL_BYTES, a hybrid pack's) and
-# shared memory.
-# Bounds a GPU run weighs against their speed.
+# bytes; under GQA the epilogue's adds up to 240 more). Bounds a GPU run weighs against their
+# speed.
 CANDIDATE_BOUNDS = {
     "256-64x80": (96, 240, 0, {256: 219_696}),
-    "192-turn-first": (MMA_SPILL_BYTES[192] + SOFTCAP_SPILL_BYTES, GQA_SPILL_BYTES[192],
-                       HYBRID_PACK_SPILL_BYTES, {192: 231_968, 128: 219_696}),
-    "256-turn-first": (MMA_SPILL_BYTES[256] + SOFTCAP_SPILL_BYTES, 0, HYBRID_PACK_SPILL_BYTES,
-                       {256: 231_968}),
 }
 CANDIDATE_CASES = [
     (name, v) for name, table in sorted(variants.BACKWARD_CANDIDATES.items())
@@ -507,17 +501,3 @@ def test_candidates_compile_and_fit(name, variant, monkeypatch):
     assert main.registers == ENTRY_REGISTERS, cubin.log
     smem = cubin.constant(variant.smem_symbol)
     assert smem == smem_bytes[variant.head_dim_v or variant.head_dim] <= SM90_MAX_SMEM_BYTES
-
-
-
-def test_the_turn_first_writer_is_rendered_only_where_its_constants_ask(monkeypatch):
-    """BackwardConstants.dq_turn_first renders Cfg::kDqTurnFirst (attn/bwd_dq_writer.cuh); the
-    served kernels render none, so their code is unchanged."""
-    assert not any(c.dq_turn_first for c in BACKWARD_CONSTANTS.values())
-    served = render_variant(B("bf16", 256, False, "fa3")).text
-    assert "kDqTurnFirst" not in served
-    monkeypatch.setitem(BACKWARD_CONSTANTS, (256, False),
-                        variants.BACKWARD_CANDIDATES["256-turn-first"][256, False])
-    variant = B("bf16", 256, False, "fa3")
-    assert variant.dq_turn_first
-    assert "static constexpr int kDqTurnFirst = 1;" in render_variant(variant).text

@@ -53,10 +53,6 @@ class BackwardConstants:
     # dK^T/dV^T of half the task's keys, where dK/dV of 64 KV rows over the whole head_dim
     # outgrow a warpgroup's registers; dQ goes to its writer in 64-column pieces.
     swapped: bool = False
-    # The dQ writer waits for the tile's dq_rank before the task's partial arrives, not after
-    # (FA3's and FA4's order; attn/bwd_dq_writer.cuh kTurnFirst): the same adds in the same
-    # order, so the same bits.
-    dq_turn_first: bool = False
 
 
 # The head dims the backward's variant compiles for beyond HEAD_DIMS (none now): kernels that
@@ -94,23 +90,10 @@ BACKWARD_CONSTANTS = {
 #   gave 1.053 (full) and 1.012 (causal) of 64x64's ordered backward.
 # (dQ added from the MMA registers, FA3's path at 256, measured 0.66-0.68x the staged dQ ordered
 # and 0.75-0.76x unordered: lab/notes/tried-and-dropped.md, `dq-direct`.)
-# - 192-turn-first, 256-turn-first: the served tiles with the dQ writer's turn taken before the
-#   task's partial (BackwardConstants.dq_turn_first; not under GQA): the ordered 256 backward
-#   ran 0.83-0.90 of the unordered one at 1k-16k full (H100), where the kernel model of its
-#   schedule puts the order's cost at 0.5%; one staging buffer stalls the MMA warpgroups for
-#   every rank wait taken after the first piece. Not yet run on a GPU.
 BACKWARD_CANDIDATES = {
     "256-64x80": {
         (256, False): BackwardConstants(block_m=64, block_n=80, swapped=True),
         (256, True): BackwardConstants(block_m=64, block_n=80, swapped=True),
-    },
-    "192-turn-first": {
-        (192, False): BackwardConstants(block_m=64, block_n=96, swapped=True, dq_turn_first=True),
-        (192, True): BackwardConstants(block_m=64, block_n=96, swapped=True, dq_turn_first=True),
-    },
-    "256-turn-first": {
-        (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True, dq_turn_first=True),
-        (256, True): BackwardConstants(block_m=64, block_n=64, swapped=True, dq_turn_first=True),
     },
 }
 # The head dims with a dq_last order. At 64 it spills 56 bytes (the dS tiles in the softmax
@@ -424,10 +407,6 @@ class BackwardVariant(_Variant):
     @property
     def swapped(self) -> bool:
         return self.constants.swapped
-
-    @property
-    def dq_turn_first(self) -> bool:
-        return self.constants.dq_turn_first
 
     @property
     def table(self) -> bool:

@@ -13,27 +13,10 @@
 
 namespace dashgen {
 
-// Cfg::kDqTurnFirst where the entry template renders one (BackwardConstants.dq_turn_first),
-// else 0. Call with 0.
-template <class Cfg>
-__host__ __device__ constexpr auto dq_turn_first(int) -> decltype(Cfg::kDqTurnFirst + 0) {
-  return Cfg::kDqTurnFirst;
-}
-template <class Cfg>
-__host__ __device__ constexpr int dq_turn_first(long) {
-  return 0;
-}
-
 template <class K>
 struct BwdDqWriter {
   using Task = sched::Task;
   using Scheduler = typename K::Scheduler;
-  // The tile's turn taken before the task's partial arrives (FA3's and FA4's order): a rank
-  // wait then runs under the MMA warpgroups' work on the task, not after its first piece, where
-  // one staging buffer (256) stalls them; the turn is held from then until the add has landed.
-  // Not under GQA: there the MMA warpgroups wait at a segment's end for the dK/dV turn, and a
-  // writer holding a dQ turn meanwhile would add a wait-for edge no schedule's liveness covers.
-  enum : int { kTurnFirst = dq_turn_first<typename K::Config>(0) != 0 && !K::kGqa };
 
   __device__ static void run(const BwdParams& p, char* smem, typename K::Bars* bars, int count) {
     // Tracing: this worker's rows start at its offset in the IR's order (p.worker_offsets).
@@ -41,9 +24,6 @@ struct BwdDqWriter {
     for (int i = 0; i < count; ++i) {
       const Task t = Scheduler::take_task(smem, bars, i);
       const int s = i % K::kStages, use = i / K::kStages;
-      if constexpr (kTurnFirst != 0) {
-        if (K::kDeterministic) take_turn_first(p, t);
-      }
       if constexpr (K::kDqPieces > 1) {
         mbarrier_wait_parity(&bars->dq_full[0], piece_parity(i, 0));  // the first piece
       } else {
@@ -53,7 +33,7 @@ struct BwdDqWriter {
       if (K::kTrace) trace_stamp(row, kTraceReady);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
       if constexpr (K::kVarlen) counter = p.dq_counters + Scheduler::q_tile(p, t);
-      if (K::kDeterministic && kTurnFirst == 0) wait_turn(p, t, counter);
+      if (K::kDeterministic) wait_turn(p, t, counter);
       if (K::kTrace) trace_stamp(row, kTraceAcquired);
       if constexpr (K::kDqPieces > 1) {
         land_pieces(p, t, smem, bars, i);
@@ -78,12 +58,6 @@ struct BwdDqWriter {
                            static_cast<u32>(t.dq_rank));
     }
     fence_proxy_async_global();  // the acquired counter orders our async-proxy add after theirs
-  }
-
-  // kTurnFirst: the wait before the partial (the trace's acquired stamp then still follows its
-  // ready one).
-  __device__ static __forceinline__ void take_turn_first(const BwdParams& p, const Task& t) {
-    wait_turn(p, t, p.dq_counters + Scheduler::q_tile(p, t));
   }
 
   // Stage s's dQ partial onto the task's fp32 tile in global memory, returning once it has
