@@ -3,11 +3,12 @@ cases dashgen serves, and whether every served one passes.
 
 FA3's hopper/test_flash_attn.py (with its test_util.py and padding.py) is extracted from the
 anchor kit's source tarball into a scratch folder beside a `flash_attn_interface` module that is
-dashgen.interfaces.flash_attn_interface (the functions FA3's tests import that dashgen has no
-counterpart for raise ValueError naming themselves). pytest runs there with the arguments given
-(e.g. -k "test_flash_attn_output and not fp8"); each case is then counted as passed, refused
-(a ValueError naming an argument or function dashgen lacks, before any kernel) or failed (any
-other error or a wrong result), per test function, with the refusals' reasons counted.
+dashgen.interfaces.flash_attn_interface (FA3's decoding functions, which its tests import, raise
+NotImplementedError naming themselves there). pytest runs there with the arguments given (e.g.
+-k "test_flash_attn_output and not fp8"); each case is then counted as passed, refused (a
+ValueError naming an argument dashgen lacks, before any kernel, or a decoding function's
+refusal) or failed (any other error or a wrong result), per test function, with the refusals'
+reasons counted.
 
 PYTHONPATH=. python3 lab/fa3_suite.py --tarball ../shared/anchors/src/fa3.tar.gz \\
     --out fa3_suite -- -k "test_flash_attn_output" -x
@@ -32,23 +33,16 @@ from pathlib import Path
 FILES = ("hopper/test_flash_attn.py", "hopper/test_util.py", "hopper/padding.py")
 
 SHIM = '''"""FA3's interface module, served by dashgen (lab/fa3_suite.py)."""
-from dashgen.interfaces.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
-
-
-def _lacks(name):
-    def refuse(*args, **kwargs):
-        raise ValueError(f"{name}: dashgen has no counterpart (FA3 inference entry point)")
-    return refuse
-
-
-flash_attn_combine = _lacks("flash_attn_combine")
-flash_attn_with_kvcache = _lacks("flash_attn_with_kvcache")
-get_scheduler_metadata = _lacks("get_scheduler_metadata")
+from dashgen.interfaces.flash_attn_interface import (  # noqa: F401
+    flash_attn_combine, flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
+    flash_attn_with_kvcache, get_scheduler_metadata)
 '''
 
 # A refusal: dashgen's ValueError naming what it lacks, raised before any kernel (the interface
-# and dashgen.attention's checks word them so).
-REFUSAL = re.compile(r"ValueError: (\w+(?: must be one of| must be| has|:)|.*dashgen has no)")
+# and dashgen.attention's checks word them so), or the NotImplementedError of FA3's decoding
+# functions, which the interface imports and refuses by name.
+REFUSAL = re.compile(r"ValueError: (\w+(?: must be one of| must be| has|:)|.*dashgen has no)"
+                     r"|NotImplementedError: \w+: dashgen serves attention for training")
 
 
 def classify(message: str | None) -> str:

@@ -216,3 +216,90 @@ def test_learnable_sink_reaches_the_sinks(on_cpu, kernels):
     sinks = torch.zeros(q.shape[2], requires_grad=True)
     fa3.flash_attn_func(q, k, v, causal=True, learnable_sink=sinks).sum().backward()
     assert sinks.grad is not None and sinks.grad.shape == sinks.shape
+
+
+# FA3's flash_attn_qkvpacked_func, its parameters in order.
+FA3_QKVPACKED = ["qkv", "softmax_scale", "causal", "q_descale", "k_descale", "v_descale",
+                 "window_size", "attention_chunk", "softcap", "deterministic", "num_heads_q",
+                 "sm_margin", "return_attn_probs"]
+
+
+def dense_reference(q, k, v, *, causal, softmax_scale, return_lse, **options):
+    """dashgen.attention's contract in float64 with autograd, causal bottom-right, GQA."""
+    assert return_lse
+    group = q.shape[2] // k.shape[2]
+    qt = q.transpose(1, 2)
+    kt, vt = (t.repeat_interleave(group, 2).transpose(1, 2) for t in (k, v))
+    scores = (qt @ kt.transpose(-1, -2)) * softmax_scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        keep = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + sk - sq
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return (torch.softmax(scores, -1) @ vt).transpose(1, 2), torch.logsumexp(scores, -1)
+
+
+@pytest.fixture
+def float64_attention(monkeypatch):
+    """op.attention replaced by dense_reference; FA3's launch options left out."""
+    monkeypatch.setattr(op, "attention", lambda q, k, v, softmax_scale=None, **kwargs:
+                        dense_reference(q, k, v, softmax_scale=softmax_scale
+                                        or q.shape[-1] ** -0.5, **kwargs))
+    monkeypatch.setattr(fa3, "_options", lambda q, deterministic, sm_margin: {})
+
+
+def test_the_qkvpacked_signature_is_fa3s():
+    assert list(inspect.signature(fa3.flash_attn_qkvpacked_func).parameters) == FA3_QKVPACKED
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ["stacked", "heads"])
+def test_qkvpacked_is_flash_attn_func_on_its_parts(float64_attention, causal, layout):
+    """o and lse are flash_attn_func's on q, k and v taken apart; the gradient arrives in qkv's
+    own layout: dq, dk, dv where q, k and v lay (stacked on dim 2, or the query heads, then key
+    heads, then value heads with num_heads_q, GQA)."""
+    g = torch.Generator().manual_seed(7 + causal)
+    if layout == "stacked":
+        qkv = torch.randn(2, 11, 3, 4, 8, dtype=torch.float64, generator=g)
+        parts, extra = (lambda t: t.unbind(2)), {}
+    else:
+        qkv = torch.randn(2, 11, 4 + 2 * 2, 8, dtype=torch.float64, generator=g)
+        parts, extra = (lambda t: t.split([4, 2, 2], 2)), dict(num_heads_q=4)
+    qkv.requires_grad_()
+    out, lse = fa3.flash_attn_qkvpacked_func(qkv, causal=causal, return_attn_probs=True,
+                                             softmax_scale=0.3, **extra)
+    q, k, v = (t.detach().clone().requires_grad_() for t in parts(qkv))
+    ref, ref_lse = fa3.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True,
+                                       softmax_scale=0.3)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    do = torch.randn(out.shape, dtype=torch.float64, generator=g)
+    out.backward(do)
+    ref.backward(do)
+    for got, want in zip(parts(qkv.grad), (q.grad, k.grad, v.grad)):
+        assert torch.equal(got, want)
+    assert torch.is_tensor(fa3.flash_attn_qkvpacked_func(qkv.detach(), **extra))
+
+
+@pytest.mark.parametrize("qkv, kwargs, error, pattern", [
+    ([1.0], {}, TypeError, r"^qkv must be a tensor, got list$"),
+    (torch.zeros(2, 5, 2, 4, 8), {}, ValueError,
+     r"^qkv of 5 dims must be \(batch, seqlen, 3, heads, head_dim\), got \(2, 5, 2, 4, 8\)$"),
+    (torch.zeros(2, 5, 8), {}, ValueError, r"^qkv must be \(batch, seqlen, 3, heads, head_dim\)"),
+    (torch.zeros(2, 5, 8, 8), {}, ValueError,
+     r"^num_heads_q must be a positive int with a 4-dim qkv .*got None$"),
+    (torch.zeros(2, 5, 8, 8), dict(num_heads_q=3), ValueError,
+     r"^qkv's 8 heads are not num_heads_q=3 query heads and two equal groups"),
+    (torch.zeros(2, 5, 8, 8), dict(num_heads_q=8), ValueError, r"^qkv's 8 heads are not"),
+])
+def test_qkvpacked_layouts_are_checked(qkv, kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        fa3.flash_attn_qkvpacked_func(qkv, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["flash_attn_with_kvcache", "flash_attn_combine",
+                                  "get_scheduler_metadata"])
+def test_fa3s_decoding_functions_import_and_refuse_by_name(name):
+    function = getattr(fa3, name)
+    assert function.__name__ == name
+    with pytest.raises(NotImplementedError, match=rf"^{name}: dashgen serves attention for "
+                                                  r"training; .* is not served"):
+        function(torch.zeros(1), k_cache=None)

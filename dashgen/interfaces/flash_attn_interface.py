@@ -3,6 +3,9 @@ module names and signatures, so `from flash_attn_interface import flash_attn_fun
 `from dashgen.interfaces.flash_attn_interface import flash_attn_func`. Return values are FA3's
 (out, or (out, softmax_lse) with return_attn_probs=True). What dashgen cannot do raises
 ValueError naming the argument; the knobs that only decide FA3's own launch are taken as such.
+The training functions: flash_attn_func, flash_attn_varlen_func, flash_attn_qkvpacked_func. FA3's
+decoding functions (flash_attn_with_kvcache, flash_attn_combine, get_scheduler_metadata) import
+and raise NotImplementedError naming themselves.
 """
 from __future__ import annotations
 
@@ -125,3 +128,61 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                 sinks=learnable_sink, attention_chunk=attention_chunk,
                                 **_options(q, deterministic, sm_margin))
     return (out, lse) if return_attn_probs else out
+
+
+def _unpack_qkv(qkv, num_heads_q):
+    """q, k, v of FA3's packed layouts: (batch, seqlen, 3, heads, head_dim), or with num_heads_q
+    (batch, seqlen, heads_q + 2 * heads_kv, head_dim), the query heads first, then the key
+    heads, then the value heads (GQA/MQA)."""
+    if not torch.is_tensor(qkv):
+        raise TypeError(f"qkv must be a tensor, got {type(qkv).__name__}")
+    if qkv.dim() == 5:
+        if qkv.shape[2] != 3:
+            raise ValueError(f"qkv of 5 dims must be (batch, seqlen, 3, heads, head_dim), got "
+                             f"{tuple(qkv.shape)}")
+        return qkv.unbind(dim=2)  # num_heads_q is not read here, as in FA3
+    if qkv.dim() != 4:
+        raise ValueError("qkv must be (batch, seqlen, 3, heads, head_dim) or, with num_heads_q, "
+                         f"(batch, seqlen, heads_q + 2 * heads_kv, head_dim); got "
+                         f"{tuple(qkv.shape)}")
+    if not isinstance(num_heads_q, int) or isinstance(num_heads_q, bool) or num_heads_q < 1:
+        raise ValueError("num_heads_q must be a positive int with a 4-dim qkv (its query heads "
+                         f"come first along dim 2), got {num_heads_q!r}")
+    heads_kv, rest = divmod(qkv.shape[2] - num_heads_q, 2)
+    if heads_kv < 1 or rest:
+        raise ValueError(f"qkv's {qkv.shape[2]} heads are not num_heads_q={num_heads_q} query "
+                         "heads and two equal groups of key and value heads")
+    return qkv.split([num_heads_q, heads_kv, heads_kv], dim=2)
+
+
+def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None,
+                              k_descale=None, v_descale=None, window_size=(-1, -1),
+                              attention_chunk=0, softcap=0.0, deterministic=False,
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False):
+    """FA3's flash_attn_qkvpacked_func: q, k and v stacked in one tensor (_unpack_qkv's
+    layouts), otherwise flash_attn_func. The gradient arrives in qkv's layout; dashgen's kernels
+    read each of q, k and v contiguous, so the stacked layout costs a copy of each (FA3 reads the
+    strided views directly)."""
+    q, k, v = _unpack_qkv(qkv, num_heads_q)
+    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                           q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                           window_size=window_size, attention_chunk=attention_chunk,
+                           softcap=softcap, deterministic=deterministic, sm_margin=sm_margin,
+                           return_attn_probs=return_attn_probs)
+
+
+def _not_served(name: str, what: str):
+    """FA3's inference-only functions: importable, so that a model file naming them beside the
+    training functions still loads, and refused by name when called."""
+    def refuse(*args, **kwargs):
+        raise NotImplementedError(f"{name}: dashgen serves attention for training; {what} is "
+                                  "not served (use FlashAttention-3's own for it)")
+    refuse.__name__ = refuse.__qualname__ = name
+    refuse.__doc__ = f"FA3's {name}: {what}, not served by dashgen (raises NotImplementedError)."
+    return refuse
+
+
+flash_attn_with_kvcache = _not_served("flash_attn_with_kvcache", "decoding against a KV cache")
+flash_attn_combine = _not_served("flash_attn_combine", "combining split-KV partial outputs")
+get_scheduler_metadata = _not_served("get_scheduler_metadata",
+                                     "FA3's split-KV decoding scheduler")

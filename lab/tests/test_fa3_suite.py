@@ -22,7 +22,7 @@ JUNIT = """<?xml version="1.0"?>
   <failure message="AssertionError: assert 0.25 &lt;= 0.01">trace</failure>
 </testcase>
 <testcase classname="test_flash_attn" name="test_flash_attn_kvcache[1]">
-  <error message="ValueError: flash_attn_with_kvcache: dashgen has no counterpart">trace</error>
+  <error message="NotImplementedError: flash_attn_with_kvcache: dashgen serves attention for training; decoding against a KV cache is not served">trace</error>
 </testcase>
 <testcase classname="test_flash_attn" name="test_flash_attn_combine[2]"><skipped/></testcase>
 </testsuite></testsuites>
@@ -47,3 +47,4 @@ def test_a_wrong_result_is_never_counted_as_a_refusal():
     assert fa3_suite.classify("AssertionError: dashgen has no chance") == "failed"
     assert fa3_suite.classify("RuntimeError: CUDA error") == "failed"
     assert fa3_suite.classify("ValueError: softcap must be 0 (no capping)") == "refused"
+    assert fa3_suite.classify("NotImplementedError: a kernel for this") == "failed"

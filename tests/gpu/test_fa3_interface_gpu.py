@@ -1,5 +1,6 @@
 """FA3's interface over dashgen on an sm_90 GPU, the parts that reshape the call: attention_chunk
-(a pack of the chunks) and seqused_q / seqused_k (a pack of used and unused parts). Accuracy
+(a pack of the chunks), seqused_q / seqused_k (a pack of used and unused parts) and
+flash_attn_qkvpacked_func (q, k and v taken apart from one tensor). Accuracy
 against float64 within 2x PyTorch's own bf16 error, gradients included; bits across repeats; a
 used token's bits are those of its used sequence run alone.
 
@@ -151,3 +152,26 @@ def test_a_packs_chunks_have_each_sequences_bits_alone(causal, seed):
             err, limit = rel_err(x, r), rel_err(t, r)
             assert err <= 2 * limit + 1e-6, f"{name}: error {err:.3e} > 2 x {limit:.3e}"
         q0, k0 = q0 + lq, k0 + lk
+
+
+@pytest.mark.parametrize("num_heads_q", [None, 8], ids=["stacked", "gqa-heads"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_qkvpacked_has_flash_attn_funcs_bits(causal, num_heads_q):
+    """flash_attn_qkvpacked_func, deterministic: o and dqkv bitwise flash_attn_func's o, dq,
+    dk, dv on the same q, k and v, in qkv's layout (stacked, or query, key and value heads
+    along one dim under GQA)."""
+    torch.manual_seed(3 + causal)
+    heads = (3, 8) if num_heads_q is None else (8 + 2 * 2,)
+    qkv = torch.randn(2, 777, *heads, 128, device="cuda", dtype=torch.bfloat16)
+    parts = ((lambda t: t.unbind(2)) if num_heads_q is None else
+             (lambda t: t.split([8, 2, 2], 2)))
+    do = torch.randn(2, 777, 8, 128, device="cuda", dtype=torch.bfloat16)
+    packed = qkv.clone().requires_grad_()
+    o = fa3.flash_attn_qkvpacked_func(packed, causal=causal, deterministic=True,
+                                      num_heads_q=num_heads_q)
+    (dqkv,) = torch.autograd.grad(o, packed, do)
+    ref = grads(lambda q, k, v: fa3.flash_attn_func(q, k, v, causal=causal, deterministic=True),
+                parts(qkv), do)
+    assert torch.equal(o, ref[0])
+    for got, want in zip(parts(dqkv), ref[1:]):
+        assert torch.equal(got, want)
