@@ -19,6 +19,12 @@ _TORCH_ENTRY_POINTS = {
     "flash_attn_func": ("interfaces.flash_attn", "flash_attn_func"),
     "attention_varlen": ("runtime.op_varlen", "attention_varlen"),
     "flash_attn_varlen_func": ("interfaces.flash_attn", "flash_attn_varlen_func"),
+    "flash_attn_qkvpacked_func": ("interfaces.flash_attn", "flash_attn_qkvpacked_func"),
+    "flash_attn_kvpacked_func": ("interfaces.flash_attn", "flash_attn_kvpacked_func"),
+    "flash_attn_varlen_qkvpacked_func": ("interfaces.flash_attn",
+                                         "flash_attn_varlen_qkvpacked_func"),
+    "flash_attn_varlen_kvpacked_func": ("interfaces.flash_attn",
+                                        "flash_attn_varlen_kvpacked_func"),
     "ulysses_attention": ("interfaces.ulysses", "ulysses_attention"),
     "ulysses_attention_varlen": ("interfaces.ulysses", "ulysses_attention_varlen"),
 }
@@ -42,7 +48,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "Cost", "Mask", "attention", "attention_varlen", "flash_attn_func",
-    "flash_attn_varlen_func", "sdpa", "Problem", "Schedule", "ScheduleFormatError", "SimResult",
+    "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "sdpa", "Problem", "Schedule", "ScheduleFormatError", "SimResult",
     "SimulationDeadlock", "Task", "UnsupportedProblem", "VerificationError",
     "VerificationReport", "Violation", "build_schedule", "clear_caches", "list_schedules",
     "load_schedule", "simulate", "verify",

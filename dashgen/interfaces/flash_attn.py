@@ -67,3 +67,71 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 deterministic=deterministic, return_lse=True, softcap=softcap,
                                 window_size=window_size)
     return (out, lse, None) if return_attn_probs else out
+
+
+def _unstack(packed, count: int, name: str, dim: int, layout: str):
+    """The `count` tensors stacked along `dim` of flash_attn's packed layouts (q, k, v: 3; k, v:
+    2), as views; the gradient of each arrives in the packed tensor's layout through autograd."""
+    if not torch.is_tensor(packed):
+        raise TypeError(f"{name} must be a tensor, got {type(packed).__name__}")
+    if packed.dim() != len(layout.split(",")) or packed.shape[dim] != count:
+        raise ValueError(f"{name} must be ({layout}), got {tuple(packed.shape)}")
+    return packed.unbind(dim=dim)
+
+
+def flash_attn_qkvpacked_func(qkv: torch.Tensor, dropout_p: float = 0.0,
+                              softmax_scale: float | None = None, causal: bool = False,
+                              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: torch.Tensor | None = None,
+                              deterministic: bool | None = None, return_attn_probs: bool = False):
+    """flash_attn 2.x's flash_attn_qkvpacked_func: qkv (batch, seqlen, 3, heads, head_dim),
+    otherwise flash_attn_func. dashgen's kernels read q, k and v contiguous, so the stacked
+    layout costs a copy of each."""
+    q, k, v = _unstack(qkv, 3, "qkv", 2, "batch, seqlen, 3, heads, head_dim")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0,
+                             softmax_scale: float | None = None, causal: bool = False,
+                             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             alibi_slopes: torch.Tensor | None = None,
+                             deterministic: bool | None = None, return_attn_probs: bool = False):
+    """flash_attn 2.x's flash_attn_kvpacked_func: kv (batch, seqlen_k, 2, heads_kv, head_dim),
+    otherwise flash_attn_func."""
+    k, v = _unstack(kv, 2, "kv", 2, "batch, seqlen_k, 2, heads_kv, head_dim")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor,
+                                     max_seqlen: int, dropout_p: float = 0.0,
+                                     softmax_scale: float | None = None, causal: bool = False,
+                                     window_size: tuple[int, int] = (-1, -1),
+                                     softcap: float = 0.0,
+                                     alibi_slopes: torch.Tensor | None = None,
+                                     deterministic: bool | None = None,
+                                     return_attn_probs: bool = False):
+    """flash_attn 2.x's flash_attn_varlen_qkvpacked_func: qkv (total, 3, heads, head_dim), one
+    cu_seqlens and max_seqlen for queries and keys, otherwise flash_attn_varlen_func."""
+    q, k, v = _unstack(qkv, 3, "qkv", 1, "total, 3, heads, head_dim")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q: torch.Tensor, kv: torch.Tensor,
+                                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                                    max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                                    softmax_scale: float | None = None, causal: bool = False,
+                                    window_size: tuple[int, int] = (-1, -1),
+                                    softcap: float = 0.0,
+                                    alibi_slopes: torch.Tensor | None = None,
+                                    deterministic: bool | None = None,
+                                    return_attn_probs: bool = False):
+    """flash_attn 2.x's flash_attn_varlen_kvpacked_func: kv (total_k, 2, heads_kv, head_dim),
+    otherwise flash_attn_varlen_func."""
+    k, v = _unstack(kv, 2, "kv", 1, "total_k, 2, heads_kv, head_dim")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs)

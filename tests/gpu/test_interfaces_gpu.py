@@ -1,5 +1,6 @@
 """dashgen's entry points where users already call attention, on an sm_90 GPU: dashgen.sdpa,
-SDPA's flash backend with dashgen activated, flash_attn_func and attention(return_lse=True).
+SDPA's flash backend with dashgen activated, flash_attn_func and its packed variants, and
+attention(return_lse=True).
 Each runs the same kernels as dashgen.attention, so their bits must equal its bits; accuracy is
 held to 2x PyTorch's own bf16 error against float64.
 
@@ -118,3 +119,35 @@ def test_default_deterministic_follows_the_flag_on_the_gpu(seed):
         with pytest.raises(RuntimeError, match=r"^deterministic=False asks for"):
             dashgen.attention(q, k, v, deterministic=False)
     assert all(torch.equal(a, b) for r in runs + [explicit] for a, b in zip(r, runs[0]))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_flash_attn_packed_functions_give_the_unpacked_bits(causal):
+    """flash_attn 2.x's qkvpacked and kvpacked functions, fixed-length and packed: o and the
+    gradients (in the stacked layout) bitwise those of flash_attn_func /
+    flash_attn_varlen_func on the parts, deterministic."""
+    torch.manual_seed(5 + causal)
+    cu = torch.tensor([0, 300, 301, 1000], device="cuda", dtype=torch.int32)
+    cases = [
+        (dashgen.flash_attn_qkvpacked_func, (torch.randn(2, 555, 3, 4, 128),), (),
+         lambda t: t.unbind(2), dashgen.flash_attn_func, ()),
+        (dashgen.flash_attn_kvpacked_func, (torch.randn(2, 400, 8, 128),
+                                            torch.randn(2, 555, 2, 2, 128)), (),
+         lambda a, b: (a, *b.unbind(2)), dashgen.flash_attn_func, ()),
+        (dashgen.flash_attn_varlen_qkvpacked_func, (torch.randn(1000, 3, 4, 128),), (cu, 699),
+         lambda t: t.unbind(1), dashgen.flash_attn_varlen_func, (cu, cu, 699, 699)),
+        (dashgen.flash_attn_varlen_kvpacked_func, (torch.randn(1000, 8, 64),
+                                                   torch.randn(1000, 2, 2, 64)),
+         (cu, cu, 699, 699), lambda a, b: (a, *b.unbind(1)), dashgen.flash_attn_varlen_func,
+         (cu, cu, 699, 699)),
+    ]
+    for packed_fn, tensors, args, parts, unpacked_fn, unpacked_args in cases:
+        tensors = [t.to("cuda", torch.bfloat16).requires_grad_() for t in tensors]
+        o = packed_fn(*tensors, *args, causal=causal, deterministic=True)
+        do = torch.randn_like(o)
+        grads = torch.autograd.grad(o, tensors, do)
+        leaves = [t.detach().clone().requires_grad_() for t in parts(*tensors)]
+        ref = unpacked_fn(*leaves, *unpacked_args, causal=causal, deterministic=True)
+        assert torch.equal(o, ref), packed_fn.__name__
+        for got, want in zip(parts(*grads), torch.autograd.grad(ref, leaves, do)):
+            assert torch.equal(got, want), packed_fn.__name__
