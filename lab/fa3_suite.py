@@ -1,17 +1,19 @@
 """FlashAttention-3's own tests run against dashgen through its FA3 interface: how many of FA3's
 cases dashgen serves, and whether every served one passes.
 
-FA3's hopper/test_flash_attn.py (with its test_util.py and padding.py) is extracted from the
-anchor kit's source tarball into a scratch folder beside a `flash_attn_interface` module that is
-dashgen.interfaces.flash_attn_interface (FA3's decoding functions, which its tests import, raise
-NotImplementedError naming themselves there). pytest runs there with the arguments given (e.g.
+FA3's hopper/test_flash_attn.py and test_flash_attn_bwd_determinism.py (with its test_util.py
+and padding.py) are extracted from the anchor kit's source tarball into a scratch folder beside
+a `flash_attn_interface` module, lab/fa3_shim.py: dashgen.interfaces.flash_attn_interface's
+functions (FA3's decoding functions, which its tests import, raise NotImplementedError naming
+themselves there) and the private backward the determinism tests call. pytest runs there with the arguments given (e.g.
 -k "test_flash_attn_output and not fp8"); each case is then counted as passed, refused (a
 ValueError naming an argument dashgen lacks, before any kernel, or a decoding function's
 refusal) or failed (any other error or a wrong result), per test function, with the refusals'
 reasons counted.
 
 PYTHONPATH=. python3 lab/fa3_suite.py --tarball ../shared/anchors/src/fa3.tar.gz \\
-    --out fa3_suite -- -k "test_flash_attn_output" -x
+    --out fa3_suite [--tests test_flash_attn.py test_flash_attn_bwd_determinism.py] \\
+    -- -k "test_flash_attn_output" -x
 
 FA3's tests import einops (pure Python: a copy on PYTHONPATH serves) and need a CUDA GPU to be
 collected.
@@ -30,13 +32,9 @@ import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from pathlib import Path
 
-FILES = ("hopper/test_flash_attn.py", "hopper/test_util.py", "hopper/padding.py")
-
-SHIM = '''"""FA3's interface module, served by dashgen (lab/fa3_suite.py)."""
-from dashgen.interfaces.flash_attn_interface import (  # noqa: F401
-    flash_attn_combine, flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
-    flash_attn_with_kvcache, get_scheduler_metadata)
-'''
+FILES = ("hopper/test_flash_attn.py", "hopper/test_flash_attn_bwd_determinism.py",
+         "hopper/test_util.py", "hopper/padding.py")
+SHIM = Path(__file__).with_name("fa3_shim.py")  # copied in as flash_attn_interface.py
 
 # A refusal: dashgen's ValueError naming what it lacks, raised before any kernel (the interface
 # and dashgen.attention's checks word them so), or the NotImplementedError of FA3's decoding
@@ -95,6 +93,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tarball", required=True, help="the anchor kit's src/fa3.tar.gz")
     parser.add_argument("--out", default="fa3_suite", help="folder for cases.json, summary.md")
+    parser.add_argument("--tests", nargs="+", default=["test_flash_attn.py"],
+                        choices=[Path(f).name for f in FILES if "/test_flash" in f],
+                        help="FA3's test files to run (default test_flash_attn.py)")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
@@ -109,12 +110,12 @@ def main() -> None:
             if member is None:
                 raise SystemExit(f"--tarball: {name} not found in {args.tarball}")
             (folder / Path(name).name).write_bytes(tar.extractfile(member).read())
-        (folder / "flash_attn_interface.py").write_text(SHIM)
+        (folder / "flash_attn_interface.py").write_text(SHIM.read_text())
         junit = out / "junit.xml"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(root),
                                                            os.environ.get("PYTHONPATH", "")]))
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        f"--junitxml={junit.resolve()}", "test_flash_attn.py",
+                        f"--junitxml={junit.resolve()}", *args.tests,
                         *args.pytest_args], cwd=folder, env=env, check=False)
     rows = cases(junit)
     (out / "cases.json").write_text(json.dumps(rows, indent=0))

@@ -1,0 +1,44 @@
+"""FA3's `flash_attn_interface` module as FlashAttention-3's own tests import it, served by
+dashgen (lab/fa3_suite.py copies this file beside FA3's test files under that name).
+
+The public functions are dashgen.interfaces.flash_attn_interface's. FA3's
+test_flash_attn_bwd_determinism.py also calls the private `_flash_attn_backward` in its own
+convention (window_size=(left, right); returns dq, dk, dv and softmax_d); that adapter is here,
+in the lab, not in the product: it runs dashgen's forward again on q, k and v (deterministic, so
+`out`'s bits) and dashgen's backward through autograd, and writes the gradients into dq, dk, dv.
+"""
+from __future__ import annotations
+
+import torch
+
+from dashgen.interfaces.flash_attn_interface import (  # noqa: F401  (FA3's names)
+    flash_attn_combine, flash_attn_func, flash_attn_qkvpacked_func, flash_attn_varlen_func,
+    flash_attn_with_kvcache, get_scheduler_metadata)
+
+
+def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q=None, cu_seqlens_k=None,
+                         seqused_q=None, seqused_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                         dq=None, dk=None, dv=None, softmax_scale=None, causal=False,
+                         window_size=(-1, -1), softcap=0.0, deterministic=False, sm_margin=0):
+    """dq, dk, dv (written into the tensors given, where given) and softmax_d = rowsum(dout *
+    out) in FA3's lse layout: (batch, heads, seqlen_q), or (heads, total_q) for a pack."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                   softcap=softcap, deterministic=deterministic, sm_margin=sm_margin)
+    with torch.enable_grad():
+        if cu_seqlens_q is None:
+            o = flash_attn_func(*leaves, **options)
+        else:
+            o = flash_attn_varlen_func(*leaves, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                       max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
+                                       **options)
+        grads = torch.autograd.grad(o, leaves, dout)
+    results = []
+    for given, grad in zip((dq, dk, dv), grads):
+        if given is None:
+            results.append(grad)
+        else:
+            results.append(given.copy_(grad))
+    rowsum = (dout.float() * out.float()).sum(-1)
+    softmax_d = rowsum.transpose(1, 2) if cu_seqlens_q is None else rowsum.transpose(0, 1)
+    return (*results, softmax_d.contiguous())
