@@ -128,6 +128,27 @@ def test_output_is_the_kernels_output_in_transformers_layout(on_cpu, kernels):
         assert torch.equal(got, ref.transpose(1, 2))
 
 
+def test_float32_inputs_take_transformers_flash_attention_dtype(on_cpu, kernels):
+    """transformers' rule for float32 inputs on its flash-attention path: under autocast q, k
+    and v go to the autocast dtype (the output in it, gradients back in float32), else to the
+    model's first Linear weight dtype; a float32 model outside autocast is refused by name."""
+    q, k, v = (t.detach().float().requires_grad_() for t in bhsd_leaves())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = hf.dashgen_attention(attention_module(), q, k, v, None)
+    assert out.dtype == torch.bfloat16 and kernels.forward_calls[-1][2] == torch.bfloat16
+    grads = torch.autograd.grad(out.float().sum(), (q, k, v))
+    assert all(g.dtype == torch.float32 for g in grads)
+    half = torch.nn.Sequential(torch.nn.Linear(4, 4).to(torch.float16))
+    half.is_causal, half.training = True, False
+    out, _ = hf.dashgen_attention(half, q, k, v, None)
+    assert out.dtype == torch.float16 and kernels.forward_calls[-1][2] == torch.float16
+    calls = len(kernels.calls)
+    with pytest.raises(ValueError, match=r"query is float32 and transformers' rule casts it to "
+                                         r"torch.float32 \(no torch.autocast"):
+        hf.dashgen_attention(attention_module(), q, k, v, None)
+    assert len(kernels.calls) == calls
+
+
 def test_gqa_hands_key_and_value_over_with_their_own_heads(on_cpu, kernels, monkeypatch):
     seen = []
     forward = kernels.forward
@@ -467,6 +488,26 @@ def test_windowed_models_run_each_layer_with_its_window_softcap_and_sinks(on_cpu
     assert windowed == {"gemma2": 1, "gemma3": 5, "gpt_oss": 1}[family]
     if family == "gpt_oss":
         assert all(layer.self_attn.sinks.grad is not None for layer in layers)
+
+
+def test_a_float32_qwen3_trains_under_autocast(on_cpu, kernels, registered):
+    """Qwen3 with float32 weights under bf16 autocast: its q/k norms hand the attention float32
+    q and k beside a bf16 v; each layer runs on dashgen in bf16, and the backward reaches the
+    float32 weights."""
+    config = transformers.Qwen3Config(hidden_size=128, intermediate_size=128,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                      num_hidden_layers=2, vocab_size=64,
+                                      attn_implementation="dashgen")
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config)
+    ids = torch.randint(0, 64, (2, 40))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(ids, use_cache=False).logits
+    logits.float().sum().backward()
+    assert len(forwards(kernels)) == 2
+    assert {c[2] for c in kernels.forward_calls} == {torch.bfloat16}
+    assert all(p.grad is not None and p.grad.dtype == torch.float32
+               for p in model.model.layers[0].self_attn.q_proj.parameters())
 
 
 def test_a_deepseek_v3_runs_mla_layers_with_v_narrower_than_q(on_cpu, kernels, registered):

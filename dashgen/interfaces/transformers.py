@@ -213,6 +213,7 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     chunk = _chunk_of(module)
     # GPT-OSS's learned sinks arrive as s_aux (one logit per query head).
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
+    query, key, value = _kernel_dtype(module, query, key, value)
     pack = _pack_of(query, key, kwargs)
     if pack is None and _packed_mask_for(module):
         raise _refuse("position_ids pack documents into this row (transformers' mask says so), "
@@ -230,6 +231,32 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                        causal=causal, softmax_scale=scaling, softcap=softcap,
                        window_size=window, sinks=sinks, attention_chunk=chunk)
     return out, None
+
+
+def _kernel_dtype(module, query, key, value):
+    """query, key and value in a dtype the kernels take, by transformers' own rule for its
+    flash-attention path (get_target_dtype): a float32 query, which a float32 norm or rotary
+    gives under torch.autocast (Qwen3's q/k norms with float32 weights), takes key and value
+    with it to the autocast dtype, else to a quantized model's dtype, else to the dtype of the
+    model's first nn.Linear weight. Where that is float32 too, the call is refused: the kernels
+    take bfloat16 and float16 only."""
+    if query.dtype != torch.float32:
+        return query, key, value
+    device = query.device.type
+    if torch.is_autocast_enabled(device):
+        target = torch.get_autocast_dtype(device)
+    elif hasattr(getattr(module, "config", None), "_is_quantized"):
+        target = module.config.dtype
+    else:
+        modules = module.modules() if isinstance(module, torch.nn.Module) else ()
+        target = next((m.weight.dtype for m in modules if isinstance(m, torch.nn.Linear)),
+                      torch.float32)
+    if target not in (torch.bfloat16, torch.float16):
+        raise _refuse(f"query is float32 and transformers' rule casts it to {target} (no "
+                      f"torch.autocast, float32 weights): dashgen's kernels take bfloat16 and "
+                      f"float16; load the model in one (dtype=torch.bfloat16) or run it under "
+                      f"torch.autocast")
+    return query.to(target), key.to(target), value.to(target)
 
 
 def _chunk_of(module) -> int:

@@ -142,3 +142,41 @@ def test_windowed_models_match_their_reference_and_repeat_their_gradients(family
     with deterministic_algorithms(True):
         first, second = gradients(), gradients()
     assert len(first) > 0 and all(torch.equal(x, y) for x, y in zip(first, second))
+
+
+def test_a_float32_qwen3_under_autocast_matches_sdpa_and_repeats_its_gradients(seed,
+                                                                              monkeypatch):
+    """Qwen3 with float32 weights under bf16 autocast (its q/k norms hand the attention float32
+    q and k): dashgen's logits within bf16 accuracy of sdpa's under the same autocast, and the
+    float32 weights' gradients bitwise equal from one backward to the next."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    hf.register()
+
+    def qwen3(attn_implementation, state_dict=None):
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+            num_hidden_layers=2, hidden_size=512, intermediate_size=1024, num_attention_heads=8,
+            num_key_value_heads=2, head_dim=128, vocab_size=1000,
+            attn_implementation=attn_implementation))
+        if state_dict is not None:
+            model.load_state_dict(state_dict)
+        return model.to("cuda")
+
+    ours = qwen3("dashgen")
+    theirs = qwen3("sdpa", ours.state_dict())
+    ids = torch.randint(0, 1000, (2, 1024), device="cuda")
+    weight = torch.randn(2, 1024, 1000, device="cuda")
+
+    def run(model):
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids, use_cache=False).logits
+        (logits.float() * weight).sum().backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    with deterministic_algorithms(True):
+        a, first = run(ours)
+        _, second = run(ours)
+    b, _ = run(theirs)
+    assert rel_err(a, b) < 5e-2
+    assert all(g.dtype == torch.float32 for g in first)
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
