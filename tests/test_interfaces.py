@@ -39,6 +39,21 @@ def test_sdpa_is_attention_in_the_bhsd_layout(on_cpu, kernels):
     assert kernels.prepared[0][:3] == tuple(t.data_ptr() for t in (q, k, v))
 
 
+def test_sdpa_takes_the_autocast_dtype_as_sdpa_does(on_cpu, kernels):
+    """Under torch.autocast, float32 inputs reach the kernels in the autocast dtype (SDPA is an
+    op autocast runs in lower precision); the gradients return in float32. Outside autocast a
+    float32 input is named."""
+    q, k, v = (t.detach().float().requires_grad_() for t in bhsd_leaves())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = dashgen.sdpa(q, k, v, is_causal=True, enable_gqa=True)
+    assert out.dtype == torch.bfloat16
+    assert kernels.forward_calls[-1][2] == torch.bfloat16
+    assert all(g.dtype == torch.float32
+               for g in torch.autograd.grad(out.float().sum(), (q, k, v)))
+    with pytest.raises(TypeError, match=r"^q has dtype torch.float32"):
+        dashgen.sdpa(q, k, v, is_causal=True, enable_gqa=True)
+
+
 def test_sdpa_follows_the_deterministic_flag(on_cpu, kernels, restore_determinism):
     for flag in (True, False):
         torch.use_deterministic_algorithms(flag)

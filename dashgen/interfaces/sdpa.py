@@ -42,6 +42,18 @@ def _sdpa_support_error(query, key, attn_mask, dropout_p, is_causal, enable_gqa)
     return None
 
 
+def _autocast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Autocast's rule for F.scaled_dot_product_attention (an op it runs in lower precision):
+    under torch.autocast, 16- and 32-bit float inputs go to the autocast dtype; outside it they
+    stay as they are (and dashgen.attention names a dtype it lacks)."""
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    target = torch.get_autocast_dtype(device)
+    lower = (torch.float32, torch.float16, torch.bfloat16)
+    return tuple(t.to(target) if t.dtype in lower else t for t in tensors)
+
+
 def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
          attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
          scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
@@ -51,10 +63,11 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     torch.use_deterministic_algorithms (deterministic=None). A mask tensor, dropout and
     is_causal with seqlen_q != seqlen_k raise ValueError. Tensors whose memory is (batch,
     seqlen, heads, head_dim), as a .transpose(1, 2) of a projection makes them, are used
-    without a copy."""
+    without a copy. Under torch.autocast the inputs take the autocast dtype, as SDPA's do."""
     error = _sdpa_support_error(query, key, attn_mask, dropout_p, is_causal, enable_gqa)
     if error is not None:
         raise ValueError(f"dashgen.sdpa: {error}")
+    query, key, value = _autocast(query, key, value)
     o = op.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                      causal=is_causal, softmax_scale=scale)
     return o.transpose(1, 2)
