@@ -121,6 +121,22 @@ EXTRA_VARIANTS = [
     F("bf16", 96, False),
     F("bf16", 96, True, persistent=True),
     F("fp16", 96, True, varlen=True),
+    # the built padded head dims (BACKWARD_BUILT_HEAD_DIMS, not yet served): 32 and 48 in the 64
+    # kernels, 80 and 112 in the 128 ones, each kind of kernel and the parts that store
+    B("bf16", 80, True, "spt_listed", fused_convert=True),
+    B("bf16", 80, False, "shift", gqa=True),
+    B("fp16", 80, True, "spt", varlen=True, gqa=True),
+    B("bf16", 80, False, "spt_listed", window=True, softcap=True),
+    F("bf16", 80, False),
+    F("bf16", 80, True, persistent=True),
+    F("fp16", 80, True, varlen=True, softcap=True),
+    B("bf16", 32, True, "symmetric_shift"),
+    B("bf16", 32, False, "fa3", gqa=True, fused_convert=True),
+    F("bf16", 32, True),
+    B("bf16", 48, True, "spt_listed", dq_last=True),
+    F("fp16", 48, False, varlen=True),
+    B("bf16", 112, True, "spt_listed"),
+    F("bf16", 112, False, window=True),
     # softcap (attn/softcap.cuh): the tanh in the score's place, 1 - t^2 in dS; each kind
     B("bf16", 128, True, "spt_listed", softcap=True),
     B("bf16", 128, False, "shift", softcap=True, gqa=True),
@@ -336,6 +352,16 @@ def test_a_forward_of_one_width_is_the_variant_without_head_dim_v():
     assert "kHeadDimV = 128;" in render_variant(F("bf16", 192, False, head_dim_v=128)).text
 
 
+@pytest.mark.parametrize("head_dim, kernel", [(32, 64), (48, 64), (80, 128), (112, 128)])
+def test_the_built_padded_head_dims_render_their_kernels_with_the_tensors_width(head_dim,
+                                                                                kernel):
+    for variant in (B("bf16", head_dim, True, "spt_listed"), F("bf16", head_dim, False)):
+        text = render_variant(variant).text
+        assert f"kHeadDim = {kernel};" in text and f"kTensorHeadDim = {head_dim};" in text
+        assert variant.kernel_head_dim == kernel and f"_d{head_dim}_" in variant.kernel_name
+    assert B("bf16", head_dim, False, "fa3").constants == BACKWARD_CONSTANTS[kernel, False]
+
+
 def test_head_dim_96_renders_the_128_kernel_with_the_tensors_width():
     """96 has no 128-byte swizzle blocks of its own: the kernel is the 128 one, told the
     tensors' width (attn/head_dim.cuh); the widths it computes with are 128's."""
@@ -396,7 +422,7 @@ def test_render_raises_on_a_missing_config_field(template):
 @pytest.mark.parametrize("variant", [F, B])
 @pytest.mark.parametrize("kwargs, error, pattern", [
     (dict(dtype="fp32", head_dim=128), ValueError, r"^dtype must be one of "),
-    (dict(dtype="bf16", head_dim=80), ValueError, r"^head_dim must be one of "),
+    (dict(dtype="bf16", head_dim=72), ValueError, r"^head_dim must be one of "),
     (dict(dtype="fp16", head_dim=320), ValueError, r"^head_dim must be one of "),
 ])
 def test_variants_refuse_what_no_kernel_implements(variant, kwargs, error, pattern):
@@ -415,8 +441,9 @@ def test_a_head_dim_is_built_but_refused_until_opened(monkeypatch):
     monkeypatch.setattr(variants, "OPENED_HEAD_DIMS", (320,))
     assert variants.served_head_dims() == (*HEAD_DIMS, 320)
     with pytest.raises(ValueError,
-                       match=r"^head_dim must be one of \(64, 96, 128, 192, 256\), got 80"):
-        F("bf16", 80, False)
+                       match=r"^head_dim must be one of \(32, 48, 64, 80, 96, 112, 128, 192, "
+                             r"256\), got 72"):
+        F("bf16", 72, False)
 
 
 @pytest.mark.parametrize("head_dim, head_dim_v, widths", [

@@ -24,8 +24,10 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 # shared memory, registers and schedules are the wider one's. Its TMA loads read zeros past the
 # tensors' columns (the descriptors carry the tensors' own width), and its stores to the tensors
 # skip those columns, so the zeros add exactly 0 to every sum and nothing lands past a row.
-# 96 has no 128-byte swizzle blocks of its own (1.5 blocks of 64 columns).
-KERNEL_HEAD_DIMS = {96: 128}
+# 96 has no 128-byte swizzle blocks of its own (1.5 blocks of 64 columns); 32 and 48 (small
+# models) run in the 64 kernels, 80 (Pythia, Phi-2, StableLM 3B) and 112 in the 128 ones. Every
+# one is a multiple of 16: S's and dP's k-steps stop at the tensors' columns (kScoreSteps).
+KERNEL_HEAD_DIMS = {32: 64, 48: 64, 80: 128, 96: 128, 112: 128}
 
 
 def kernel_head_dim(head_dim: int) -> int:
@@ -33,9 +35,7 @@ def kernel_head_dim(head_dim: int) -> int:
     return KERNEL_HEAD_DIMS.get(head_dim, head_dim)
 
 
-# The head dims the forward's variant compiles for: HEAD_DIMS, and 192 with V 128 wide
-# (FORWARD_TILES, HEAD_DIM_V_PAIRS: docs/design.md, `fwd-head-dims`, `mla-head-dims`).
-FORWARD_HEAD_DIMS = (64, 96, 128, 192, 256)
+
 SM90_MAX_SMEM_BYTES = 232448  # dynamic shared memory one block may opt into on sm_90 (227 KB)
 THREADS = 384  # both main kernels: a producer warpgroup and two MMA warpgroups
 AUX_THREADS = 128  # the backward's preprocess and convert kernels
@@ -55,10 +55,14 @@ class BackwardConstants:
     swapped: bool = False
 
 
-# The head dims the backward's variant compiles for beyond HEAD_DIMS (none now): kernels that
-# build, fit and compile without spills (tests/test_kernels_compile.py) but have not run on a
-# GPU; the runtime refuses them. OPENED_HEAD_DIMS opens them for the GPU tests that decide that.
-BACKWARD_BUILT_HEAD_DIMS: tuple[int, ...] = ()
+# The head dims the backward's variant compiles for beyond HEAD_DIMS: kernels that build, fit
+# and compile without spills (tests/test_kernels_compile.py) but have not run on a GPU; the
+# runtime refuses them. OPENED_HEAD_DIMS opens them for the GPU tests that decide that
+# (tests/gpu/test_padded_head_dims_gpu.py: the padded dims beyond 96).
+BACKWARD_BUILT_HEAD_DIMS: tuple[int, ...] = (32, 48, 80, 112)
+# The head dims the forward's variant compiles for: HEAD_DIMS and the built ones, and 192 with
+# V 128 wide (FORWARD_TILES, HEAD_DIM_V_PAIRS: docs/design.md, `fwd-head-dims`, `mla-head-dims`).
+FORWARD_HEAD_DIMS = tuple(sorted((64, 96, 128, 192, 256) + BACKWARD_BUILT_HEAD_DIMS))
 OPENED_HEAD_DIMS: tuple[int, ...] = ()
 
 
@@ -340,7 +344,7 @@ class BackwardVariant(_Variant):
     """
 
     template: ClassVar[str] = "attn_bwd_sm90.cu.j2"
-    head_dims: ClassVar[tuple[int, ...]] = HEAD_DIMS + BACKWARD_BUILT_HEAD_DIMS
+    head_dims: ClassVar[tuple[int, ...]] = tuple(sorted(HEAD_DIMS + BACKWARD_BUILT_HEAD_DIMS))
     dtype: str
     head_dim: int
     causal: bool
