@@ -110,3 +110,32 @@ def test_varlen_packed_functions_are_flash_attn_varlen_func_on_their_parts(float
 def test_packed_layouts_and_refusals_are_named(call, error, pattern):
     with pytest.raises(error, match=pattern):
         call()
+
+
+def test_the_stacked_functions_trace_whole_under_torch_compile(monkeypatch):
+    """A training step under torch.compile(fullgraph=True): FA3's and flash_attn's qkv-stacked
+    functions trace without a graph break (the stack taken apart by views), and the compiled
+    outputs and gradients are the eager ones."""
+    from test_op_errors import FakeKernels
+    from dashgen.caches import clear_caches
+    from dashgen.interfaces import flash_attn_interface as fa3
+    from dashgen.runtime import checks
+    fake = FakeKernels()
+    monkeypatch.setattr(op, "_kernels", lambda: fake)
+    monkeypatch.setattr(checks, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(checks, "_device_facts", lambda index: (9, 0, 132, "NVIDIA H200"))
+    clear_caches()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 64, 3, 4, 64, dtype=torch.bfloat16, requires_grad=True)
+    do = torch.randn(2, 64, 4, 64, dtype=torch.bfloat16)
+    for fn in (lambda t: fa2.flash_attn_qkvpacked_func(t, causal=True, deterministic=True),
+               lambda t: fa3.flash_attn_qkvpacked_func(t, causal=True, deterministic=True)):
+        eager = fn(qkv)
+        (eager_grad,) = torch.autograd.grad(eager, qkv, do)
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        out = compiled(qkv)
+        (grad,) = torch.autograd.grad(out, qkv, do)
+        assert torch.equal(out, eager) and torch.equal(grad, eager_grad)
+        torch._dynamo.reset()
+    clear_caches()
