@@ -13,7 +13,11 @@ reasons counted.
 
 PYTHONPATH=. python3 lab/fa3_suite.py --tarball ../shared/anchors/src/fa3.tar.gz \\
     --out fa3_suite [--tests test_flash_attn.py test_flash_attn_bwd_determinism.py] \\
-    -- -k "test_flash_attn_output" -x
+    [--count-only] -- -k "test_flash_attn_output" -x
+
+--count-only counts what dashgen serves without running a kernel: each case stops at the first
+kernel dashgen would load (fa3_shim.CaseServed, counted "served") or at its refusal: no kernel
+is compiled or run. Whether the served cases pass is what a run without it counts.
 
 FA3's tests import einops (pure Python: a copy on PYTHONPATH serves) and need a CUDA GPU to be
 collected.
@@ -35,6 +39,7 @@ from pathlib import Path
 FILES = ("hopper/test_flash_attn.py", "hopper/test_flash_attn_bwd_determinism.py",
          "hopper/test_util.py", "hopper/padding.py")
 SHIM = Path(__file__).with_name("fa3_shim.py")  # copied in as flash_attn_interface.py
+COUNT_ONLY_ENV = "DASHGEN_FA3_SUITE_COUNT_ONLY"  # read by fa3_shim
 
 # A refusal: dashgen's ValueError naming what it lacks, raised before any kernel (the interface
 # and dashgen.attention's checks word them so), or the NotImplementedError of FA3's decoding
@@ -43,10 +48,18 @@ REFUSAL = re.compile(r"ValueError: (\w+(?: must be one of| must be| has|:)|.*das
                      r"|NotImplementedError: \w+: dashgen serves attention for training")
 
 
+# --count-only: the first kernel a case would load raises fa3_shim.CaseServed instead.
+SERVED = re.compile(r"CaseServed: ")
+OUTCOMES = ("passed", "served", "refused", "failed", "skipped")
+
+
 def classify(message: str | None) -> str:
-    """'passed', 'refused' or 'failed' from a case's failure text (None: it passed)."""
+    """'passed', 'served' (--count-only), 'refused' or 'failed' from a case's failure text
+    (None: it passed)."""
     if message is None:
         return "passed"
+    if SERVED.search(message):
+        return "served"
     return "refused" if REFUSAL.search(message) else "failed"
 
 
@@ -71,13 +84,11 @@ def summary(rows: list[tuple[str, str, str]]) -> str:
     by_test = Counter((name.split("[")[0], outcome) for name, outcome, _ in rows)
     reasons = Counter(reason.split(":")[1].strip() if ":" in reason else reason
                       for _, outcome, reason in rows if outcome == "refused")
-    lines = ["| test | passed | refused | failed | skipped |", "|---|---|---|---|---|"]
+    lines = ["| test | " + " | ".join(OUTCOMES) + " |", "|---|" + "---|" * len(OUTCOMES)]
     for test in sorted({t for t, _ in by_test}):
-        lines.append(f"| {test} | " + " | ".join(str(by_test[test, o]) for o in
-                                                  ("passed", "refused", "failed", "skipped"))
+        lines.append(f"| {test} | " + " | ".join(str(by_test[test, o]) for o in OUTCOMES)
                      + " |")
-    lines.append(f"| all | {total['passed']} | {total['refused']} | {total['failed']} | "
-                 f"{total['skipped']} |")
+    lines.append("| all | " + " | ".join(str(total[o]) for o in OUTCOMES) + " |")
     lines.append("")
     lines.append("Refusals by what dashgen lacks (first words of the ValueError):")
     lines += [f"- {count} x {reason}" for reason, count in reasons.most_common(12)]
@@ -96,6 +107,9 @@ def main() -> None:
     parser.add_argument("--tests", nargs="+", default=["test_flash_attn.py"],
                         choices=[Path(f).name for f in FILES if "/test_flash" in f],
                         help="FA3's test files to run (default test_flash_attn.py)")
+    parser.add_argument("--count-only", action="store_true",
+                        help="stop each case at the first kernel dashgen would load (served) "
+                             "or its refusal: what dashgen serves, without running kernels")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     args = parser.parse_args()
     root = Path(__file__).resolve().parent.parent
@@ -114,6 +128,8 @@ def main() -> None:
         junit = out / "junit.xml"
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(root),
                                                            os.environ.get("PYTHONPATH", "")]))
+        if args.count_only:
+            env[COUNT_ONLY_ENV] = "1"
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         f"--junitxml={junit.resolve()}", *args.tests,
                         *args.pytest_args], cwd=folder, env=env, check=False)

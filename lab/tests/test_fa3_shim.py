@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import fa3_shim  # noqa: E402  (lab/ is on the path: the root conftest.py)
+from dashgen.codegen.variants import ForwardVariant  # noqa: E402
 from dashgen.interfaces import flash_attn_interface as fa3  # noqa: E402
 from dashgen.runtime import op, op_varlen  # noqa: E402
 
@@ -81,3 +82,24 @@ def test_the_private_backward_of_a_pack_uses_its_offsets():
         for got, w in zip((dq, dk, dv), want):
             assert torch.allclose(got[s0:s1], w, atol=1e-12)
     assert softmax_d.shape == (2, 11)
+
+
+def test_count_only_stops_a_served_case_at_its_first_kernel(monkeypatch, tmp_path):
+    """With lab/fa3_suite.py's --count-only variable set, importing the stand-in makes the first
+    kernel load raise CaseServed (every kernel, fixed-length or packed, is loaded through
+    device.LoadedKernels, after dashgen's checks and selection)."""
+    import importlib
+    import sys
+    import fa3_suite
+    from dashgen.runtime import device
+    monkeypatch.setenv(fa3_suite.COUNT_ONLY_ENV, "1")
+    monkeypatch.setattr(device.LoadedKernels, "__init__", device.LoadedKernels.__init__)
+    module = importlib.import_module("fa3_shim")
+    try:
+        shim = importlib.reload(module)
+        with pytest.raises(shim.CaseServed, match=r"^served by dashgen_fwd_bf16_d64"):
+            device.LoadedKernels(ForwardVariant("bf16", 64, True))
+    finally:
+        monkeypatch.delenv(fa3_suite.COUNT_ONLY_ENV)
+        importlib.reload(module)
+        sys.modules["fa3_shim"] = module

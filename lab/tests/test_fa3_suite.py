@@ -1,5 +1,6 @@
-"""lab/fa3_suite.py's counting, on a made-up junit report: passed, refused (dashgen's ValueError
-naming what it lacks), failed (anything else) and skipped cases, and the summary table."""
+"""lab/fa3_suite.py's counting, on a made-up junit report: passed, served (--count-only),
+refused (dashgen's ValueError naming what it lacks), failed (anything else) and skipped cases,
+and the summary table."""
 from __future__ import annotations
 
 import sys
@@ -25,6 +26,9 @@ JUNIT = """<?xml version="1.0"?>
   <error message="NotImplementedError: flash_attn_with_kvcache: dashgen serves attention for training; decoding against a KV cache is not served">trace</error>
 </testcase>
 <testcase classname="test_flash_attn" name="test_flash_attn_combine[2]"><skipped/></testcase>
+<testcase classname="test_flash_attn" name="test_flash_attn_output[1-1-128-False]">
+  <failure message="flash_attn_interface.CaseServed: served by dashgen_fwd_bf16_d128">t</failure>
+</testcase>
 </testsuite></testsuites>
 """
 
@@ -34,11 +38,12 @@ def test_cases_are_counted_by_outcome(tmp_path):
     junit.write_text(JUNIT)
     rows = fa3_suite.cases(junit)
     assert [outcome for _, outcome, _ in rows] == [
-        "passed", "refused", "refused", "failed", "refused", "skipped"]
+        "passed", "refused", "refused", "failed", "refused", "skipped", "served"]
     text = fa3_suite.summary(rows)
-    assert "| test_flash_attn_output | 1 | 2 | 0 | 0 |" in text
-    assert "| test_flash_attn_varlen_output | 0 | 0 | 1 | 0 |" in text
-    assert "| all | 1 | 3 | 1 | 1 |" in text
+    assert "| test | passed | served | refused | failed | skipped |" in text
+    assert "| test_flash_attn_output | 1 | 1 | 2 | 0 | 0 |" in text
+    assert "| test_flash_attn_varlen_output | 0 | 0 | 0 | 1 | 0 |" in text
+    assert "| all | 1 | 1 | 3 | 1 | 1 |" in text
     assert "test_flash_attn_varlen_output[5-64]: AssertionError" in text
 
 
