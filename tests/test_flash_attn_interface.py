@@ -282,7 +282,7 @@ def test_qkvpacked_is_flash_attn_func_on_its_parts(float64_attention, causal, la
 @pytest.mark.parametrize("qkv, kwargs, error, pattern", [
     ([1.0], {}, TypeError, r"^qkv must be a tensor, got list$"),
     (torch.zeros(2, 5, 2, 4, 8), {}, ValueError,
-     r"^qkv of 5 dims must be \(batch, seqlen, 3, heads, head_dim\), got \(2, 5, 2, 4, 8\)$"),
+     r"^qkv must be \(batch, seqlen, 3, heads, head_dim\), got \(2, 5, 2, 4, 8\)$"),
     (torch.zeros(2, 5, 8), {}, ValueError, r"^qkv must be \(batch, seqlen, 3, heads, head_dim\)"),
     (torch.zeros(2, 5, 8, 8), {}, ValueError,
      r"^num_heads_q must be a positive int with a 4-dim qkv .*got None$"),

@@ -69,7 +69,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return (out, lse, None) if return_attn_probs else out
 
 
-def _unstack(packed, count: int, name: str, dim: int, layout: str):
+def unstack(packed, count: int, name: str, dim: int, layout: str):
     """The `count` tensors stacked along `dim` of flash_attn's packed layouts (q, k, v: 3; k, v:
     2), as views; the gradient of each arrives in the packed tensor's layout through autograd."""
     if not torch.is_tensor(packed):
@@ -87,7 +87,7 @@ def flash_attn_qkvpacked_func(qkv: torch.Tensor, dropout_p: float = 0.0,
     """flash_attn 2.x's flash_attn_qkvpacked_func: qkv (batch, seqlen, 3, heads, head_dim),
     otherwise flash_attn_func. dashgen's kernels read q, k and v contiguous, so the stacked
     layout costs a copy of each."""
-    q, k, v = _unstack(qkv, 3, "qkv", 2, "batch, seqlen, 3, heads, head_dim")
+    q, k, v = unstack(qkv, 3, "qkv", 2, "batch, seqlen, 3, heads, head_dim")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs)
 
@@ -99,7 +99,7 @@ def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, dropout_p: float
                              deterministic: bool | None = None, return_attn_probs: bool = False):
     """flash_attn 2.x's flash_attn_kvpacked_func: kv (batch, seqlen_k, 2, heads_kv, head_dim),
     otherwise flash_attn_func."""
-    k, v = _unstack(kv, 2, "kv", 2, "batch, seqlen_k, 2, heads_kv, head_dim")
+    k, v = unstack(kv, 2, "kv", 2, "batch, seqlen_k, 2, heads_kv, head_dim")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
                            alibi_slopes, deterministic, return_attn_probs)
 
@@ -114,7 +114,7 @@ def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor
                                      return_attn_probs: bool = False):
     """flash_attn 2.x's flash_attn_varlen_qkvpacked_func: qkv (total, 3, heads, head_dim), one
     cu_seqlens and max_seqlen for queries and keys, otherwise flash_attn_varlen_func."""
-    q, k, v = _unstack(qkv, 3, "qkv", 1, "total, 3, heads, head_dim")
+    q, k, v = unstack(qkv, 3, "qkv", 1, "total, 3, heads, head_dim")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
                                   dropout_p, softmax_scale, causal, window_size, softcap,
                                   alibi_slopes, deterministic, return_attn_probs)
@@ -131,7 +131,7 @@ def flash_attn_varlen_kvpacked_func(q: torch.Tensor, kv: torch.Tensor,
                                     return_attn_probs: bool = False):
     """flash_attn 2.x's flash_attn_varlen_kvpacked_func: kv (total_k, 2, heads_kv, head_dim),
     otherwise flash_attn_varlen_func."""
-    k, v = _unstack(kv, 2, "kv", 1, "total_k, 2, heads_kv, head_dim")
+    k, v = unstack(kv, 2, "kv", 1, "total_k, 2, heads_kv, head_dim")
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
                                   softcap, alibi_slopes, deterministic, return_attn_probs)

@@ -13,6 +13,7 @@ import torch
 
 from ..runtime import op
 from ..runtime.chunks import check_chunk
+from .flash_attn import unstack
 from ..runtime.device import sm_count
 
 
@@ -134,13 +135,8 @@ def _unpack_qkv(qkv, num_heads_q):
     """q, k, v of FA3's packed layouts: (batch, seqlen, 3, heads, head_dim), or with num_heads_q
     (batch, seqlen, heads_q + 2 * heads_kv, head_dim), the query heads first, then the key
     heads, then the value heads (GQA/MQA)."""
-    if not torch.is_tensor(qkv):
-        raise TypeError(f"qkv must be a tensor, got {type(qkv).__name__}")
-    if qkv.dim() == 5:
-        if qkv.shape[2] != 3:
-            raise ValueError(f"qkv of 5 dims must be (batch, seqlen, 3, heads, head_dim), got "
-                             f"{tuple(qkv.shape)}")
-        return qkv.unbind(dim=2)  # num_heads_q is not read here, as in FA3
+    if not torch.is_tensor(qkv) or qkv.dim() == 5:  # num_heads_q is not read there, as in FA3
+        return unstack(qkv, 3, "qkv", 2, "batch, seqlen, 3, heads, head_dim")
     if qkv.dim() != 4:
         raise ValueError("qkv must be (batch, seqlen, 3, heads, head_dim) or, with num_heads_q, "
                          f"(batch, seqlen, heads_q + 2 * heads_kv, head_dim); got "
