@@ -194,8 +194,8 @@ def test_emit_reports_cached_second_time(tmp_path, monkeypatch, capsys):
     (["--schedule", "fa3", "--heads", "4", "--gqa", "--block-n", "64"],
      "--block-n must be 128, the backward's tile at head_dim 128 (64x128), got 64"),
     (["--schedule", "shift", "--mask", "window:64,0"], "shift needs a full mask"),
-    (["--schedule", "fa3", "--hdim", "80"], "--hdim must be one of 64, 96, 128, 192, 256 for the "
-                                            "kernels, got 80"),
+    (["--schedule", "fa3", "--hdim", "72"], "--hdim must be one of 32, 48, 64, 80, 96, 112, 128, "
+                                            "192, 256 for the kernels, got 72"),
     (["--schedule", "fa3", "--gqa"], "--gqa needs fewer KV heads than query heads"),
     (["--schedule", "fa3", "--heads", "6", "--heads-kv", "4"], "heads_q (6) must be a multiple"),
     (["--hdim", "64"], "--schedule or --schedule-file is required"),

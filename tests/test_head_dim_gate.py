@@ -1,5 +1,4 @@
-"""A head_dim the runtime does not serve (80: built, not yet run on a GPU; 160: no kernel) is
-refused wherever users reach dashgen: dashgen.attention, attention_varlen, the interfaces and
+"""A head_dim the runtime does not serve (160 and 224: no kernel) is refused wherever users reach dashgen: dashgen.attention, attention_varlen, the interfaces and
 the runtime's selection, each with the same error, before any kernel runs. The driver
 boundary is faked as in test_op_errors (op._kernels), so a call that got through would be
 recorded."""
@@ -20,17 +19,19 @@ from dashgen.schedule.problem import Problem  # noqa: E402
 from test_op_errors import cpu_leaves, h200, kernels, on_cpu  # noqa: E402,F401  (fixtures)
 from test_varlen import pack  # noqa: E402
 
-UNSERVED = [80, 160]
-REFUSED = r"^q has head_dim {}; supported head_dims: \(64, 96, 128, 192, 256\)$"
-NO_KERNEL = r"^head_dim must be one of \(64, 96, 128, 192, 256\), got {}$"
+UNSERVED = [160, 224]
+SERVED = r"\(32, 48, 64, 80, 96, 112, 128, 192, 256\)"
+REFUSED = rf"^q has head_dim {{}}; supported head_dims: {SERVED}$"
+NO_KERNEL = rf"^head_dim must be one of {SERVED}, got {{}}$"
 
 
 def test_the_forward_compiles_for_the_served_head_dims_and_the_built_ones():
-    """HEAD_DIMS are served; BACKWARD_BUILT_HEAD_DIMS (80 among them) compile, forward and
-    backward, and stay refused until their GPU tests open them."""
-    assert HEAD_DIMS == (64, 96, 128, 192, 256)
+    """HEAD_DIMS are served, the padded ones (32, 48, 80, 112) among them since their GPU tests
+    passed; BACKWARD_BUILT_HEAD_DIMS (none today) would compile, forward and backward, and stay
+    refused until their GPU tests open them."""
+    assert HEAD_DIMS == (32, 48, 64, 80, 96, 112, 128, 192, 256)
     assert FORWARD_HEAD_DIMS == tuple(sorted(HEAD_DIMS + BACKWARD_BUILT_HEAD_DIMS))
-    assert 80 in BACKWARD_BUILT_HEAD_DIMS and served_head_dims() == HEAD_DIMS
+    assert BACKWARD_BUILT_HEAD_DIMS == () and served_head_dims() == HEAD_DIMS
     assert all(ForwardVariant("bf16", d, False).head_dim == d for d in FORWARD_HEAD_DIMS)
 
 

@@ -121,8 +121,8 @@ EXTRA_VARIANTS = [
     F("bf16", 96, False),
     F("bf16", 96, True, persistent=True),
     F("fp16", 96, True, varlen=True),
-    # the built padded head dims (BACKWARD_BUILT_HEAD_DIMS, not yet served): 32 and 48 in the 64
-    # kernels, 80 and 112 in the 128 ones, each kind of kernel and the parts that store
+    # the padded head dims beside 96: 32 and 48 in the 64 kernels, 80 and 112 in the 128 ones,
+    # each kind of kernel and the parts that store
     B("bf16", 80, True, "spt_listed", fused_convert=True),
     B("bf16", 80, False, "shift", gqa=True),
     B("fp16", 80, True, "spt", varlen=True, gqa=True),
@@ -399,9 +399,11 @@ def test_the_backward_constants_are_the_tiles_schedules_are_built_in():
     for head_dim in (192, 256):  # the swapped mainloop has no fused converter
         with pytest.raises(ValueError, match=rf"^head_dim {head_dim} runs the swapped mainloop"):
             B("bf16", head_dim, True, "spt", fused_convert=True)
-    with pytest.raises(ValueError,
-                       match=r"^head_dim must be one of \(64, 96, 128, 192, 256\), got 80"):
-        backward_tiles(80)
+    assert backward_tiles(32) == backward_tiles(48) == backward_tiles(64)  # the 64 kernel's
+    assert backward_tiles(80) == backward_tiles(112) == backward_tiles(128)
+    with pytest.raises(ValueError, match=r"^head_dim must be one of \(32, 48, 64, 80, 96, 112, "
+                                         r"128, 192, 256\), got 72"):
+        backward_tiles(72)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -435,8 +437,8 @@ def test_a_head_dim_is_built_but_refused_until_opened(monkeypatch):
     refused by the runtime until opened (variants.OPENED_HEAD_DIMS), as 192 and 256 were."""
     monkeypatch.setattr(variants, "BACKWARD_BUILT_HEAD_DIMS", (320,))
     assert variants.served_head_dims() == HEAD_DIMS
-    with pytest.raises(ValueError, match=r"^head_dim must be one of \(64, 96, 128, 192, 256\), "
-                                         r"got 320$"):
+    with pytest.raises(ValueError, match=r"^head_dim must be one of \(32, 48, 64, 80, 96, 112, "
+                                         r"128, 192, 256\), got 320$"):
         backward_tiles(320)
     monkeypatch.setattr(variants, "OPENED_HEAD_DIMS", (320,))
     assert variants.served_head_dims() == (*HEAD_DIMS, 320)

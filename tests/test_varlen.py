@@ -288,7 +288,7 @@ def test_a_bad_option_gets_the_same_error_from_dense_and_packed_calls(kwargs):
     assert type(dense) in (TypeError, ValueError) and str(dense).startswith(next(iter(kwargs)))
 
 
-@pytest.mark.parametrize("fault", ["float32 q", "fp16 k", "head_dim 80", "heads 4 / 3",
+@pytest.mark.parametrize("fault", ["float32 q", "fp16 k", "head_dim 72", "heads 4 / 3",
                                    "strided v", "on the cpu"])
 def test_a_tensor_fault_gets_the_same_error_from_dense_and_packed_calls(fault):
     dense_args = list(qkv(device="cpu" if fault == "on the cpu" else "meta"))
@@ -297,9 +297,9 @@ def test_a_tensor_fault_gets_the_same_error_from_dense_and_packed_calls(fault):
         dense_args[0], packed_args[0] = dense_args[0].float(), packed_args[0].float()
     elif fault == "fp16 k":
         dense_args[1], packed_args[1] = dense_args[1].half(), packed_args[1].half()
-    elif fault == "head_dim 80":
-        dense_args[:3] = qkv(head_dim=80)
-        packed_args[:3] = pack(head_dim=80)[:3]
+    elif fault == "head_dim 72":
+        dense_args[:3] = qkv(head_dim=72)
+        packed_args[:3] = pack(head_dim=72)[:3]
     elif fault == "heads 4 / 3":
         dense_args[:3] = qkv(heads_q=4, heads_kv=3)
         packed_args[:3] = pack(heads_q=4, heads_kv=3)[:3]
@@ -924,7 +924,7 @@ def test_emit_varlen_takes_vs_width(tmp_path, capsys):
     (["--schedule", "symmetric_shift", "--mask", "full"], r"serves the causal mask"),
     (["--schedule", "shift", "--mask", "causal"], r"serves the full mask"),
     (["--seqlens", "100,200"], r"--varlen emits the packed kernels"),
-    (["--hdim", "80"], r"--hdim must be one of"),
+    (["--hdim", "72"], r"--hdim must be one of"),
 ])
 def test_emit_varlen_refusals_name_the_option(tmp_path, capsys, argv, pattern):
     from dashgen.cli import main

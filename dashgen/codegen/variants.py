@@ -17,9 +17,10 @@ from ..schedule.builders import BUILDERS
 
 ELEMENT_TYPES = {"bf16": "__nv_bfloat16", "fp16": "__half"}  # dtype -> CUDA type
 # The head dims dashgen runs: both kernels exist and were run on the GPU (192 and 256 in the
-# swapped backward since 2026-12-06: docs/design.md, `swapped-mainloop`). The runtime refuses
-# every other (dashgen.runtime.checks, select), and so does the backward's variant.
-HEAD_DIMS = (64, 96, 128, 192, 256)
+# swapped backward since 2026-12-06: docs/design.md, `swapped-mainloop`; 32, 48, 80 and 112 in
+# the 64 and 128 kernels since 2026-12-07: `padded-head-dims`). The runtime refuses every other
+# (dashgen.runtime.checks, select), and so does the backward's variant.
+HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128, 192, 256)
 # Head dims computed by a wider kernel (docs/design.md, `padded-head-dims`): the kernel's tiles,
 # shared memory, registers and schedules are the wider one's. Its TMA loads read zeros past the
 # tensors' columns (the descriptors carry the tensors' own width), and its stores to the tensors
@@ -57,12 +58,12 @@ class BackwardConstants:
 
 # The head dims the backward's variant compiles for beyond HEAD_DIMS: kernels that build, fit
 # and compile without spills (tests/test_kernels_compile.py) but have not run on a GPU; the
-# runtime refuses them. OPENED_HEAD_DIMS opens them for the GPU tests that decide that
-# (tests/gpu/test_padded_head_dims_gpu.py: the padded dims beyond 96).
-BACKWARD_BUILT_HEAD_DIMS: tuple[int, ...] = (32, 48, 80, 112)
+# runtime refuses them. OPENED_HEAD_DIMS opens them for the GPU tests that decide that (as
+# tests/gpu/test_padded_head_dims_gpu.py did for 32, 48, 80 and 112). None today.
+BACKWARD_BUILT_HEAD_DIMS: tuple[int, ...] = ()
 # The head dims the forward's variant compiles for: HEAD_DIMS and the built ones, and 192 with
 # V 128 wide (FORWARD_TILES, HEAD_DIM_V_PAIRS: docs/design.md, `fwd-head-dims`, `mla-head-dims`).
-FORWARD_HEAD_DIMS = tuple(sorted((64, 96, 128, 192, 256) + BACKWARD_BUILT_HEAD_DIMS))
+FORWARD_HEAD_DIMS = tuple(sorted(HEAD_DIMS + BACKWARD_BUILT_HEAD_DIMS))
 OPENED_HEAD_DIMS: tuple[int, ...] = ()
 
 

@@ -35,6 +35,11 @@ CASES = [
     # head_dim 192 and 256: the swapped mainloop (dQ's pieces through one shared buffer)
     (1, 200, 200, 2, 1, 192, True, torch.bfloat16, "spt", 3),  # three pieces: two and one
     (1, 257, 130, 2, 2, 256, False, torch.bfloat16, "shift", 4),
+    # the other padded head dims: 32 and 48 in the 64 kernels, 80 and 112 in the 128 ones
+    (1, 257, 200, 6, 2, 80, False, torch.bfloat16, "shift", 4),
+    (1, 200, 200, 3, 3, 112, True, torch.float16, "spt", 3),
+    (1, 130, 257, 4, 2, 32, True, torch.bfloat16, "fa3", 3),
+    (1, 300, 300, 2, 1, 48, True, torch.bfloat16, "symmetric_shift", 4),
 ]
 # The score modifiers' kernels (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, options,
 # dtype, schedule): windows (rows and keys no window reaches, both bounds, GQA) and soft-capping.
@@ -47,6 +52,8 @@ MODIFIER_CASES = [
     # reaches, which the convert kernel still zeroes).
     (1, 1000, 1000, 4, 2, 128, dict(window_size=(127, 0)), torch.bfloat16, "spt_listed"),
     (1, 900, 500, 4, 4, 64, dict(window_size=(64, 0)), torch.float16, "spt_listed"),
+    (1, 300, 300, 4, 2, 112, dict(window_size=(100, 0)), torch.bfloat16, "spt_listed"),
+    (1, 257, 257, 4, 1, 32, dict(softcap=20.0, causal=True), torch.bfloat16, "auto"),
 ]
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Packs (lengths, heads_q, heads_kv, head_dim, causal, dtype, schedule): empty and one-token
@@ -61,6 +68,8 @@ VARLEN_CASES = [
     ((8300, 300, 1, 0), 2, 1, 64, False, torch.bfloat16, "hybrid"),
     ((333, 17, 128), 2, 2, 128, True, torch.bfloat16, "hybrid"),
     ((300, 1, 0, 129), 3, 1, 96, True, torch.bfloat16, "spt"),
+    ((300, 1, 0, 129), 2, 1, 80, True, torch.bfloat16, "spt"),
+    ((257, 5, 200), 2, 2, 48, False, torch.float16, "shift"),
 ]
 
 

@@ -1,9 +1,9 @@
-"""The built padded head dims (variants.BACKWARD_BUILT_HEAD_DIMS: 32 and 48 in the 64 kernels,
-80 and 112 in the 128 ones, as 96 runs in the 128 ones) on an sm_90 GPU, opened for these tests
-only (variants.OPENED_HEAD_DIMS): against float64 under every schedule that serves the problem,
-both masks, GQA/MQA, fp16, the unordered mode, a window and soft-capping; bits across repeats
-beside a busy stream; a pack gives each sequence its bits alone; FA3's interface. Passing here
-is what lets a head_dim move from BACKWARD_BUILT_HEAD_DIMS to HEAD_DIMS.
+"""The padded head dims beside 96 (variants.KERNEL_HEAD_DIMS: 32 and 48 in the 64 kernels, 80
+and 112 in the 128 ones) on an sm_90 GPU: against float64 under every schedule that serves the
+problem, both masks, GQA/MQA, fp16, the unordered mode, a window and soft-capping; bits across
+repeats beside a busy stream; a pack gives each sequence its bits alone; FA3's interface.
+These tests passing (H100, 2026-12-07: 93 passed) moved them from BACKWARD_BUILT_HEAD_DIMS into
+HEAD_DIMS.
 
 Run: PYTHONPATH=. python3 -m pytest tests/gpu/test_padded_head_dims_gpu.py -q
 """
@@ -13,38 +13,23 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dashgen.caches import clear_caches  # noqa: E402
 from dashgen.codegen import variants  # noqa: E402
 
 import test_wide_head_dims_gpu as wide  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-BUILT = variants.BACKWARD_BUILT_HEAD_DIMS
+PADDED = tuple(d for d in variants.KERNEL_HEAD_DIMS if d != 96)  # 96: test_wide_head_dims_gpu
 
 
-@pytest.fixture(autouse=True)
-def opened(monkeypatch):
-    """The built head dims served for the test, every in-process memo emptied around it."""
-    monkeypatch.setattr(variants, "OPENED_HEAD_DIMS", BUILT)
-    clear_caches()
-    yield
-    clear_caches()
-
-
-def test_the_built_head_dims_are_opened_and_refused_otherwise(monkeypatch):
-    assert set(BUILT) <= set(variants.served_head_dims())
-    monkeypatch.setattr(variants, "OPENED_HEAD_DIMS", ())
-    import dashgen
-    q = torch.randn(1, 64, 2, BUILT[0], device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=rf"^q has head_dim {BUILT[0]}; supported head_dims"):
-        dashgen.attention(q, q, q)
+def test_the_padded_head_dims_are_served():
+    assert PADDED == (32, 48, 80, 112) and set(PADDED) <= set(variants.served_head_dims())
 
 
 @wide.LENGTHS
 @wide.HEADS
 @wide.MASKS
-@pytest.mark.parametrize("head_dim", BUILT)
+@pytest.mark.parametrize("head_dim", PADDED)
 def test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seqlen_q, seqlen_k,
                                         sm_count, seed):
     wide.test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seqlen_q,
@@ -52,12 +37,12 @@ def test_every_schedule_matches_float64(head_dim, causal, heads_q, heads_kv, seq
 
 
 @wide.MASKS
-@pytest.mark.parametrize("head_dim", BUILT)
+@pytest.mark.parametrize("head_dim", PADDED)
 def test_fp16_and_mqa_match_float64(head_dim, causal, sm_count, seed):
     wide.test_fp16_and_mqa_match_float64(head_dim, causal, sm_count, seed)
 
 
-@pytest.mark.parametrize("head_dim", BUILT)
+@pytest.mark.parametrize("head_dim", PADDED)
 def test_a_window_and_soft_capping_match_float64(head_dim, seed):
     wide.test_a_window_and_soft_capping_match_float64(head_dim, seed)
 
@@ -72,12 +57,12 @@ def test_backward_is_bitwise_reproducible_beside_a_busy_stream(head_dim, causal,
 
 
 @pytest.mark.parametrize("heads_kv", [8, 2])
-@pytest.mark.parametrize("head_dim", BUILT)
+@pytest.mark.parametrize("head_dim", PADDED)
 def test_a_pack_gives_each_sequence_its_bits_alone(head_dim, heads_kv, seed):
     wide.test_a_pack_gives_each_sequence_its_bits_alone(head_dim, heads_kv, seed)
 
 
-@pytest.mark.parametrize("head_dim", BUILT)
+@pytest.mark.parametrize("head_dim", PADDED)
 def test_fa3s_interface_gives_dashgen_attentions_bits(head_dim, seed):
     """FA3 pads these head dims into its own kernels (80 into 96); through its interface dashgen
     gives dashgen.attention's bits, deterministic, with the lse FA3 returns."""
