@@ -136,9 +136,9 @@ def test_flash_backend_refusals_name_the_reason_and_the_way_back(on_cpu, kernels
         sdpa_mod._flash_forward(q, k, v, 0.2)
     with pytest.raises(RuntimeError, match=r"\(forward\): return_debug_mask"):
         sdpa_mod._flash_forward(q, k, v, 0.0, False, True)
-    q32 = torch.randn(2, 8, 100, 32, dtype=BF16)  # a head_dim dashgen has no kernel for
-    with pytest.raises(RuntimeError, match=r"\(forward\): q has head_dim 32"):
-        sdpa_mod._flash_forward(q32, q32, q32)
+    q72 = torch.randn(2, 8, 100, 72, dtype=BF16)  # a head_dim dashgen has no kernel for
+    with pytest.raises(RuntimeError, match=r"\(forward\): q has head_dim 72"):
+        sdpa_mod._flash_forward(q72, q72, q72)
     with pytest.raises(RuntimeError, match=r"\(backward\): variable-length"):
         sdpa_mod._flash_backward(q, q, k, v, q, None, torch.zeros(3), None, 1, 1, 0.0, False,
                                  None, None)

@@ -281,11 +281,11 @@ def test_an_unsupported_dtype_is_named(dtype):
         select(FULL, dtype)
 
 
-@pytest.mark.parametrize("head_dim", [32, 80, 320])
+@pytest.mark.parametrize("head_dim", [16, 72, 160, 320])
 def test_an_unsupported_head_dim_is_named(head_dim):
     problem = Problem(seqlen_q=256, head_dim=head_dim, block_m=64, block_n=128)
-    with pytest.raises(ValueError, match=rf"^head_dim must be one of \(64, 96, 128, 192, "
-                                         rf"256\), got {head_dim}"):
+    with pytest.raises(ValueError, match=rf"^head_dim must be one of \(32, 48, 64, 80, 96, 112, "
+                                         rf"128, 192, 256\), got {head_dim}"):
         select(problem, "bf16")
 
 

@@ -108,7 +108,7 @@ def test_an_unsupported_dtype_names_q(dtype):
         check_varlen_inputs(*pack(dtype=dtype))
 
 
-@pytest.mark.parametrize("head_dim", [32, 80, 320])
+@pytest.mark.parametrize("head_dim", [16, 72, 160, 320])
 def test_an_unsupported_head_dim_names_q(head_dim):
     with pytest.raises(ValueError, match=rf"^q has head_dim {head_dim}; supported head_dims"):
         check_varlen_inputs(*pack(head_dim=head_dim))

@@ -11,7 +11,7 @@ import ncu_backward  # lab/ is on the path (the root conftest.py)
 
 
 @pytest.mark.parametrize("argv, named", [
-    (["--impl", "dashgen", "--head-dim", "80", "--mask", "full", "--seqlen", "1024"],
+    (["--impl", "dashgen", "--head-dim", "72", "--mask", "full", "--seqlen", "1024"],
      "--head-dim"),
     (["--impl", "dashgen", "--head-dim", "64", "--mask", "sliding", "--seqlen", "1024"],
      "--mask"),
@@ -26,7 +26,7 @@ def test_bad_arguments_are_refused_by_name(argv, named, capsys):
     assert named in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [32, 48, 64, 80, 96, 112, 128, 192, 256])
 def test_every_served_head_dim_is_taken(head_dim):
     args = ncu_backward.parse(["--impl", "dashgen", "--head-dim", str(head_dim), "--mask", "full",
                                "--seqlen", "16384"])
