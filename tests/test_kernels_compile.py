@@ -395,6 +395,8 @@ def test_the_backward_constants_are_the_tiles_schedules_are_built_in():
     assert backward_tiles(64) == (128, 128) and backward_tiles(128) == (64, 128)
     assert backward_tiles(96) == backward_tiles(128)  # computed in the 128 kernel
     assert backward_tiles(192) == (64, 96) and backward_tiles(256) == (64, 64)
+    assert B("bf16", 256, True, "fa3").dq_per_warpgroup
+    assert not B("bf16", 192, True, "fa3").dq_per_warpgroup
     assert B("bf16", 192, True, "fa3").swapped and B("bf16", 256, True, "fa3").swapped
     for head_dim in (192, 256):  # the swapped mainloop has no fused converter
         with pytest.raises(ValueError, match=rf"^head_dim {head_dim} runs the swapped mainloop"):
@@ -510,6 +512,19 @@ CANDIDATE_CASES = [
     (name, v) for name, table in sorted(variants.BACKWARD_CANDIDATES.items())
     for v in VARIANTS
     if isinstance(v, BackwardVariant) and (v.kernel_head_dim, v.causal) in table]
+
+
+def test_256_hands_dq_over_through_a_buffer_per_warpgroup():
+    """256's pieces of dQ: warpgroup w's through buffer w, dO on one stage to make room
+    (docs/design.md, `dq-buffer-per-warpgroup`): two 16 KB buffers where a second 32 KB dO stage
+    was, 215,600 bytes of shared memory (231,968 with one buffer and two dO stages)."""
+    variant = B("bf16", 256, False, "shift")
+    source = render_variant(variant)
+    assert "static constexpr int kDqPerWarpgroup = 1;" in source.text
+    assert "kDqPerWarpgroup" not in render_variant(B("bf16", 192, False, "shift")).text
+    cubin = get_or_compile(source)[0]
+    assert cubin.constant(variant.smem_symbol) == 215_600
+    assert cubin.resources[variant.kernel_name].spill_bytes == 0, cubin.log
 
 
 @pytest.mark.parametrize("name, variant", CANDIDATE_CASES,

@@ -54,6 +54,10 @@ class BackwardConstants:
     # dK^T/dV^T of half the task's keys, where dK/dV of 64 KV rows over the whole head_dim
     # outgrow a warpgroup's registers; dQ goes to its writer in 64-column pieces.
     swapped: bool = False
+    # Swapped at 256 (the split head_dim): each MMA warpgroup hands its dQ pieces to the writer
+    # through a buffer of its own, dO on one stage to make room (AttnBwdSm90::kDqPerWg), not
+    # one buffer both take in turns.
+    dq_per_warpgroup: bool = False
 
 
 # The head dims the backward's variant compiles for beyond HEAD_DIMS: kernels that build, fit
@@ -80,12 +84,14 @@ BACKWARD_CONSTANTS = {
     # 192: 64x96 tasks, 48 keys a warpgroup (dK^T + dV^T 144 registers a thread, 120 under
     # V 128); 1.09-1.42x the 64x64 tasks at full masks (docs/design.md, `swapped-mainloop`).
     # 256: 64x64, each warpgroup half the head_dim's column blocks over all 64 keys. dQ's 16 KB
-    # pieces take two buffers (192) or one (256) in turns where a buffer a piece (192/128) does
-    # not fit: 231,968 (192), 219,696 (192/128) and 231,968 (256) bytes of shared memory.
+    # pieces take two buffers in turns (192), a buffer a piece (192/128), or at 256 a buffer a
+    # warpgroup with dO on one stage (1.04-1.08x the one buffer both took in turns, deterministic,
+    # H100: docs/design.md, `dq-buffer-per-warpgroup`): 231,968 (192), 219,696 (192/128) and
+    # 215,600 (256) bytes of shared memory.
     (192, False): BackwardConstants(block_m=64, block_n=96, swapped=True),
     (192, True): BackwardConstants(block_m=64, block_n=96, swapped=True),
-    (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True),
-    (256, True): BackwardConstants(block_m=64, block_n=64, swapped=True),
+    (256, False): BackwardConstants(block_m=64, block_n=64, swapped=True, dq_per_warpgroup=True),
+    (256, True): BackwardConstants(block_m=64, block_n=64, swapped=True, dq_per_warpgroup=True),
 }
 # Candidates, by name: BACKWARD_CONSTANTS entries built and compiled (tests/test_kernels_compile.py)
 # that the runtime does not serve until tests/gpu/test_candidate_tiles_gpu.py passes with them in
@@ -412,6 +418,10 @@ class BackwardVariant(_Variant):
     @property
     def swapped(self) -> bool:
         return self.constants.swapped
+
+    @property
+    def dq_per_warpgroup(self) -> bool:
+        return self.constants.dq_per_warpgroup
 
     @property
     def table(self) -> bool:

@@ -99,7 +99,10 @@ struct BwdDqWriter {
                                                      int i) {
     constexpr bool kShared = K::kDqBuffers < K::kDqPieces;  // buffers the pieces take in turns
     float* dst = dq_tile(p, t);
-    for (int b = 0; b < K::kDqPieces; ++b) {
+    for (int j = 0; j < K::kDqPieces; ++j) {
+      // kDqPerWg: the two buffers in turns (pieces 0, 2, 1, 3), each refilled while the other
+      // is read.
+      const int b = K::kDqPerWg ? (j % 2) * K::kWgPieces + j / 2 : j;
       const int buffer = K::dq_buffer(b);
       if (b > 0) mbarrier_wait_parity(&bars->dq_full[buffer], piece_parity(i, b));
       const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + buffer * K::kDqBytes);

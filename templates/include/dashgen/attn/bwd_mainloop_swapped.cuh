@@ -12,10 +12,11 @@
 //   4 dS^T likewise, behind both warpgroups' barriers: dQ reads every key's dS;
 //   5 dK^T (A = Q), then dQ = dS K over this warpgroup's half of the columns (A = dS^T, B = K,
 //     both MN-major), the stage and (kEarlyKv) K/V released once they retire;
-//   6 dQ to the dQ writer one 64-column piece at a time, through a buffer a piece or one buffer
-//     in turns (K::kDqBuffers; attn/bwd_dq_writer.cuh adds the pieces of a task under one
-//     dq_rank turn). The fp32 dQ sum is column-block-major per tile ([tile][column block][row]
-//     [64]) so that each piece is one contiguous bulk add (AttnConvert reads it so).
+//   6 dQ to the dQ writer one 64-column piece at a time, through a buffer a piece, a buffer a
+//     warpgroup (K::kDqPerWg) or buffers both take in turns (K::kDqBuffers;
+//     attn/bwd_dq_writer.cuh adds the pieces of a task under one dq_rank turn). The fp32 dQ
+//     sum is column-block-major per tile ([tile][column block][row][64]) so that each piece
+//     is one contiguous bulk add (AttnConvert reads it so).
 // At a segment's end BwdEpilogueSwapped stores (or under GQA adds) the transposed dK/dV.
 #pragma once
 #include "dashgen/attn/bwd_epilogue_swapped.cuh"
@@ -61,9 +62,10 @@ struct BwdMainloopSwapped {
   // the other kPieces1 (at 192 two and one: 96 columns would start an MN-major B operand in the
   // middle of a swizzle block).
   static constexpr int kPieces0 = (kColBlocks + 1) / 2, kPieces1 = kColBlocks - kPieces0;
-  // Fewer dQ buffers than pieces, taken in turns (192/192: two, 256: one), or one a piece
-  // (192/128): K::kDqBuffers.
-  static constexpr bool kSharedBuffer = K::kDqBuffers < K::kDqPieces;
+  // Fewer dQ buffers than pieces, taken in turns (192/192: two), one a warpgroup (256), or one
+  // a piece (192/128): K::kDqBuffers.
+  // A buffer of each warpgroup's own (K::kDqPerWg) is shared by no other: no turns.
+  static constexpr bool kSharedBuffer = K::kDqBuffers < K::kDqPieces && !K::kDqPerWg;
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
@@ -345,7 +347,8 @@ struct BwdMainloopSwapped {
   // warpgroups take turns: warpgroup 1 starts after warpgroup 0's last store (kHandOff, in
   // consume); warpgroup 0's next task starts after both passed that task's stage-4 barrier,
   // which warpgroup 1 reaches only after its stores. With a buffer a piece, each is filled once
-  // a task.
+  // a task; with a buffer a warpgroup (K::kDqPerWg), each takes its own warpgroup's pieces in
+  // order and no turns are needed.
   __device__ static __forceinline__ void hand_off_piece(const float (&dq)[32], char* smem,
                                                         Bars* bars, int task, int cb,
                                                         const MmaThread& me) {

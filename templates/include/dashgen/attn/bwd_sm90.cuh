@@ -89,6 +89,10 @@ struct AttnBwdSm90 {
   // Swapped at 256: each warpgroup owns half the head_dim's column blocks of dK^T/dV^T over all
   // the task's keys (FA3's split there), not all the blocks over half the keys.
   enum : int { kSplitHeadDim = kSwapped && kHeadDim == 256 };
+  // Split: each warpgroup's dQ pieces through a dQ buffer of its own (kDqPerWg below), dO on
+  // one stage to make room.
+  enum : int { kDqPerWarpgroup = dq_per_warpgroup<Cfg>(0) };
+  static_assert(!kDqPerWarpgroup || kSplitHeadDim, "a dQ buffer per warpgroup: swapped at 256");
   static constexpr bool kTable = Cfg::kTable;
   // A pack of sequences of their own lengths (BwdParams::cu_seqlens_q/k): the walk is the
   // policy's pack deal (sched::PackWalk over the plan AttnPackPlan wrote), and every address
@@ -191,14 +195,17 @@ struct AttnBwdSm90 {
   // fit beside two Q tiles, FA3's dO stages there) one of its own (do_full/do_empty), freed
   // once dV^T, its last reader, has retired, so the next task's dO loads under this one's dK^T
   // and dQ.
-  enum : int { kDoStages = kSwapped && kBlockN == 80 ? 1 : kStages, kOwnDo = kDoStages == 1 };
+  enum : int {
+    kDoStages = kSwapped && (kBlockN == 80 || kDqPerWarpgroup) ? 1 : kStages,
+    kOwnDo = kDoStages == 1
+  };
   static_assert(!kOwnDo || kSplitHeadDim, "dO's own stage: dV^T retires before dS^T's stores");
   static constexpr int kOffDo = kOffQ + kStages * kQBytes;
   static constexpr int kOffDs = kOffDo + kDoStages * kDoBytes;
   static constexpr int kOffDq = kOffDs + kDsStages * kDsBytes;
-  // Swapped: a buffer per piece where they fit beside the rest (192/128), else two (192/192)
-  // or one (256) the pieces take in turns, piece cb in buffer cb % kDqBuffers (dq_buffer,
-  // dq_use). kDqTail: what follows the buffers (statistics, barriers, slots, ring, alignment
+  // Swapped: a buffer per piece where they fit beside the rest (192/128), else two (192/192;
+  // 256 with dO on one stage: kDqPerWg) or one (256 with two dO stages) the pieces take in
+  // turns, piece cb in buffer cb % kDqBuffers (dq_buffer, dq_use). kDqTail: what follows the buffers (statistics, barriers, slots, ring, alignment
   // slack: 2,608 bytes at most; kSmemBytes is checked below). kDqBars: the full/empty pairs.
   enum : int {
     kDqTail = 3072,
@@ -207,15 +214,21 @@ struct AttnBwdSm90 {
                  : kOffDq + 2 * kDqBytes + kDqTail <= kSm90MaxSmemBytes ? 2 : 1,
     kDqBars = kDqBuffers > kStages ? kDqBuffers : kStages
   };
+  // kDqPerWarpgroup: buffer w takes warpgroup w's pieces (kDqPieces / 2 a task, in column-block
+  // order), so the warpgroups hand over without taking turns and the writer reads one buffer
+  // while the other fills.
+  enum : int { kDqPerWg = kDqPerWarpgroup && kDqBuffers == 2, kWgPieces = kDqPieces / 2 };
+  static_assert(!kDqPerWarpgroup || kDqPerWg, "a dQ buffer per warpgroup: two buffers fit");
   // Swapped: the buffer of dQ's piece cb, and which use of that buffer piece cb of a worker's
   // task number `task` is (a buffer takes its pieces in column-block order, task after task).
   // (A buffer a piece spelled out: cb is not known at compile time where a warpgroup's first
   // piece depends on the warpgroup.)
   __device__ static constexpr int dq_buffer(int cb) {
-    return kDqBuffers == kDqPieces ? cb : cb % kDqBuffers;
+    return kDqPerWg ? cb / kWgPieces : kDqBuffers == kDqPieces ? cb : cb % kDqBuffers;
   }
   __device__ static constexpr int dq_use(int task, int cb) {
-    return kDqBuffers == kDqPieces
+    return kDqPerWg ? task * kWgPieces + cb % kWgPieces
+           : kDqBuffers == kDqPieces
                ? task
                : task * ((kDqPieces - cb % kDqBuffers + kDqBuffers - 1) / kDqBuffers) +
                      cb / kDqBuffers;
