@@ -18,7 +18,8 @@ seeded inputs, with schedule="auto" and deterministic=True.
     grouping) on the benchmark's 16,384 tokens at hidden 2048, 2k and 8k keys, both head_dims
     and masks, with the bits hashed as in bits mode.
 
-  --configs d128_full ...: the bits, time, fwd and gqa modes on those configurations only.
+  --configs d128_full ...: the bits, time, fwd and gqa modes on those configurations only;
+    d96_*, d192_* and d256_* (full or causal) are there by name.
 
 Long rows: bits and time modes carry one sequence of 131,072 and one of 1,048,576 tokens in
 every configuration by default (LONG_SEQLENS), so a change cannot cost them unseen. A row past
@@ -119,7 +120,7 @@ def measure(tree: str, mode: str, out: str, seqlens: tuple[int, ...] | None = No
     res = {}
     for hd, causal in configurations(configs):
         for seq in seqlens:
-            b, h = max(1, 16384 // seq), 2048 // hd  # one sequence past 16,384 tokens
+            b, h = max(1, 16384 // seq), heads(hd)  # one sequence past 16,384 tokens
             g = torch.Generator(device="cuda").manual_seed(0)
             q, k, v, do = (torch.randn(b, seq, h, hd, device="cuda", dtype=torch.bfloat16,
                                        generator=g) for _ in range(4))
@@ -159,16 +160,30 @@ LONG_SEQLENS = (131072, 1048576)
 
 CONFIGURATIONS = {f"d{hd}_{'causal' if causal else 'full'}": (hd, causal)
                   for hd in (64, 128) for causal in (False, True)}
+# The wide head dims, by name only (--configs d256_full ...): a change to their kernels is
+# compared on them; the default rows stay the four above.
+WIDE_CONFIGURATIONS = {f"d{hd}_{'causal' if causal else 'full'}": (hd, causal)
+                       for hd in (96, 192, 256) for causal in (False, True)}
 
 
 def configurations(names: tuple[str, ...] | None) -> list[tuple[int, bool]]:
-    """(head_dim, causal) of the named configurations (all four without names), in the table's
-    order; raises ValueError naming --configs for a name it does not know."""
-    unknown = sorted(set(names or ()) - set(CONFIGURATIONS))
+    """(head_dim, causal) of the named configurations (the four of CONFIGURATIONS without
+    names; WIDE_CONFIGURATIONS' by name), in the table's order; raises ValueError naming
+    --configs for a name it does not know."""
+    known = {**CONFIGURATIONS, **WIDE_CONFIGURATIONS}
+    unknown = sorted(set(names or ()) - set(known))
     if unknown:
         raise ValueError(f"--configs: unknown {', '.join(unknown)}; choose from "
-                         f"{', '.join(CONFIGURATIONS)}")
-    return [hc for name, hc in CONFIGURATIONS.items() if not names or name in names]
+                         f"{', '.join(known)}")
+    if not names:
+        return list(CONFIGURATIONS.values())
+    return [hc for name, hc in known.items() if name in names]
+
+
+def heads(head_dim: int, group: int = 1) -> int:
+    """Query heads of the benchmark's hidden size 2048 at head_dim (10 at 192), a multiple of
+    `group` (GQA's query heads a KV head)."""
+    return 2048 // head_dim // group * group
 
 
 def _hashes(tensors) -> list[str]:
@@ -227,7 +242,7 @@ def measure_gqa(dashgen, timer, configs: tuple[str, ...] | None = None,
     import torch
     res = {}
     for hd, causal in configurations(configs):
-        h = 2048 // hd
+        h = heads(hd, GQA_GROUP)
         for seq in GQA_SEQLENS:
             b = max(1, tokens // seq)
             g = torch.Generator(device=device).manual_seed(0)

@@ -67,10 +67,13 @@ def test_configs_select_configurations_in_table_order_and_refuse_unknown_names()
                                                   (128, True)]
     assert compare_trees.configurations(("d128_causal", "d64_full")) == [(64, False),
                                                                          (128, True)]
+    assert compare_trees.configurations(("d256_causal", "d64_full", "d192_full")) == [
+        (64, False), (192, False), (256, True)]
+    assert compare_trees.heads(192) == 10 and compare_trees.heads(192, 4) == 8
     try:
-        compare_trees.configurations(("d128_full", "d96_full"))
+        compare_trees.configurations(("d128_full", "d80_full"))
     except ValueError as exc:
-        assert "--configs" in str(exc) and "d96_full" in str(exc)
+        assert "--configs" in str(exc) and "d80_full" in str(exc)
     else:
         raise AssertionError("an unknown configuration was accepted")
 

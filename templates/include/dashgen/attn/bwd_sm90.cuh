@@ -89,10 +89,10 @@ struct AttnBwdSm90 {
   // Swapped at 256: each warpgroup owns half the head_dim's column blocks of dK^T/dV^T over all
   // the task's keys (FA3's split there), not all the blocks over half the keys.
   enum : int { kSplitHeadDim = kSwapped && kHeadDim == 256 };
-  // Split: each warpgroup's dQ pieces through a dQ buffer of its own (kDqPerWg below), dO on
-  // one stage to make room.
+  // Swapped: each warpgroup's dQ pieces through a dQ buffer of its own where two buffers serve
+  // the pieces (kDqPerWg below); split (256), dO on one stage to make room.
   enum : int { kDqPerWarpgroup = dq_per_warpgroup<Cfg>(0) };
-  static_assert(!kDqPerWarpgroup || kSplitHeadDim, "a dQ buffer per warpgroup: swapped at 256");
+  static_assert(!kDqPerWarpgroup || kSwapped, "a dQ buffer per warpgroup: the swapped mainloop");
   static constexpr bool kTable = Cfg::kTable;
   // A pack of sequences of their own lengths (BwdParams::cu_seqlens_q/k): the walk is the
   // policy's pack deal (sched::PackWalk over the plan AttnPackPlan wrote), and every address
@@ -196,7 +196,7 @@ struct AttnBwdSm90 {
   // once dV^T, its last reader, has retired, so the next task's dO loads under this one's dK^T
   // and dQ.
   enum : int {
-    kDoStages = kSwapped && (kBlockN == 80 || kDqPerWarpgroup) ? 1 : kStages,
+    kDoStages = kSwapped && (kBlockN == 80 || (kDqPerWarpgroup && kSplitHeadDim)) ? 1 : kStages,
     kOwnDo = kDoStages == 1
   };
   static_assert(!kOwnDo || kSplitHeadDim, "dO's own stage: dV^T retires before dS^T's stores");
@@ -214,20 +214,29 @@ struct AttnBwdSm90 {
                  : kOffDq + 2 * kDqBytes + kDqTail <= kSm90MaxSmemBytes ? 2 : 1,
     kDqBars = kDqBuffers > kStages ? kDqBuffers : kStages
   };
-  // kDqPerWarpgroup: buffer w takes warpgroup w's pieces (kDqPieces / 2 a task, in column-block
-  // order), so the warpgroups hand over without taking turns and the writer reads one buffer
-  // while the other fills.
-  enum : int { kDqPerWg = kDqPerWarpgroup && kDqBuffers == 2, kWgPieces = kDqPieces / 2 };
-  static_assert(!kDqPerWarpgroup || kDqPerWg, "a dQ buffer per warpgroup: two buffers fit");
+  // kDqPerWarpgroup with two buffers for more pieces: buffer w takes warpgroup w's pieces
+  // (kWgPieces0 and kDqPieces - kWgPieces0 a task, in column-block order), so the warpgroups
+  // hand over without taking turns and the writer reads one buffer while the other fills
+  // (with a buffer a piece, 192/128, there is nothing to share).
+  enum : int {
+    kDqPerWg = kDqPerWarpgroup && kDqBuffers == 2 && kDqPieces > 2,
+    kWgPieces0 = (kDqPieces + 1) / 2
+  };
+  static_assert(!kDqPerWarpgroup || kDqPerWg || kDqBuffers == kDqPieces,
+                "a dQ buffer per warpgroup: two buffers, or one a piece");
   // Swapped: the buffer of dQ's piece cb, and which use of that buffer piece cb of a worker's
   // task number `task` is (a buffer takes its pieces in column-block order, task after task).
   // (A buffer a piece spelled out: cb is not known at compile time where a warpgroup's first
   // piece depends on the warpgroup.)
   __device__ static constexpr int dq_buffer(int cb) {
-    return kDqPerWg ? cb / kWgPieces : kDqBuffers == kDqPieces ? cb : cb % kDqBuffers;
+    return kDqPerWg ? cb / kWgPieces0 : kDqBuffers == kDqPieces ? cb : cb % kDqBuffers;
   }
   __device__ static constexpr int dq_use(int task, int cb) {
-    return kDqPerWg ? task * kWgPieces + cb % kWgPieces
+    // (Both warpgroups with as many pieces, 256: one expression for both, which the MMA
+    // threads' registers afford.)
+    return kDqPerWg ? (kDqPieces == 2 * kWgPieces0 ? task * kWgPieces0 + cb % kWgPieces0
+                       : cb < kWgPieces0           ? task * kWgPieces0 + cb
+                                                   : task * (kDqPieces - kWgPieces0) + cb - kWgPieces0)
            : kDqBuffers == kDqPieces
                ? task
                : task * ((kDqPieces - cb % kDqBuffers + kDqBuffers - 1) / kDqBuffers) +
