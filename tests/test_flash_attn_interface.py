@@ -188,8 +188,8 @@ def test_seqused_tokens_are_the_used_sequences_alone(monkeypatch, causal, which)
     if which == "q":
         used_k = lengths_k
     g = torch.Generator().manual_seed(len(which) + causal)
-    q = torch.randn(sum(lengths_q), 4, 8, dtype=torch.float64, generator=g)
-    k, v = (torch.randn(sum(lengths_k), 2, 8, dtype=torch.float64, generator=g)
+    q = torch.randn(sum(lengths_q), 4, 32, dtype=torch.float64, generator=g)  # a served width
+    k, v = (torch.randn(sum(lengths_k), 2, 32, dtype=torch.float64, generator=g)
             for _ in range(2))
     cu = lambda n: torch.tensor([0] + list(torch.tensor(n).cumsum(0)), dtype=torch.int32)
     i32 = lambda n: torch.tensor(n, dtype=torch.int32)
@@ -303,3 +303,66 @@ def test_fa3s_decoding_functions_import_and_refuse_by_name(name):
     with pytest.raises(NotImplementedError, match=rf"^{name}: dashgen serves attention for "
                                                   r"training; .* is not served"):
         function(torch.zeros(1), k_cache=None)
+
+
+@pytest.mark.parametrize("head_dim, width", [(8, 32), (40, 48), (59, 64), (100, 112), (111, 112),
+                                             (120, 128), (160, 192), (224, 256), (255, 256)])
+def test_a_head_dim_without_a_kernel_pads_to_the_next_served_one(head_dim, width):
+    t = torch.empty(1, 2, 1, head_dim, device="meta")
+    assert fa3.padded_width(t, t, t) == width
+
+
+@pytest.mark.parametrize("q_dim, v_dim", [(64, 64), (128, 128), (192, 128), (257, 257),
+                                          (320, 320), (40, 48)])
+def test_served_wider_and_mixed_widths_are_not_padded(q_dim, v_dim):
+    """A served head_dim runs as it is, MLA's 192/128 too; past FA3's 256 and with V's width
+    not q's (other than MLA's), dashgen's own checks name what they refuse."""
+    q = torch.empty(1, 2, 1, q_dim, device="meta")
+    v = torch.empty(1, 2, 1, v_dim, device="meta")
+    assert fa3.padded_width(q, q if v_dim == q_dim else v, v) is None
+
+
+@pytest.mark.parametrize("head_dim, causal, scale", [(40, False, None), (160, True, None),
+                                                     (59, True, 0.2)])
+def test_a_padded_call_is_fa3s_attention_at_its_own_width(float64_attention, monkeypatch,
+                                                          head_dim, causal, scale):
+    """o, lse and the gradients of a padded call are those of attention at the inputs' own
+    width, with its 1/sqrt(head_dim) scale (or the one given); the op sees the served width."""
+    seen = []
+    attention = op.attention
+    monkeypatch.setattr(op, "attention", lambda q, k, v, **kw: (
+        seen.append((q.shape[-1], kw["softmax_scale"])), attention(q, k, v, **kw))[1])
+    g = torch.Generator().manual_seed(head_dim)
+    q, k, v = (torch.randn(2, 13, h, head_dim, dtype=torch.float64, generator=g)
+               .requires_grad_() for h in (4, 2, 2))
+    out, lse = fa3.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
+                                   return_attn_probs=True)
+    want_scale = head_dim ** -0.5 if scale is None else scale
+    assert seen == [(fa3.padded_width(q, k, v), want_scale)]
+    assert out.shape == q.shape and out.is_contiguous()
+    ref, ref_lse = dense_reference(q, k, v, causal=causal, softmax_scale=want_scale,
+                                   return_lse=True)
+    assert torch.allclose(out, ref, atol=1e-12) and torch.allclose(lse, ref_lse, atol=1e-12)
+    do = torch.randn(out.shape, dtype=torch.float64, generator=g)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), do),
+                         torch.autograd.grad(ref, (q, k, v), do)):
+        assert got.shape == want.shape and torch.allclose(got, want, atol=1e-12)
+
+
+def test_a_padded_pack_is_each_sequences_attention_at_its_own_width(monkeypatch):
+    from dashgen.runtime import op_varlen
+    monkeypatch.setattr(op_varlen, "attention_varlen", packed_reference)
+    monkeypatch.setattr(fa3, "_options", lambda q, deterministic, sm_margin: {})
+    lengths = [9, 0, 13]
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(sum(lengths), h, 72, dtype=torch.float64, generator=g)
+               for h in (4, 2, 2))
+    cu = torch.tensor([0, 9, 9, 22], dtype=torch.int32)
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, cu, cu, 13, 13, causal=True,
+                                          return_attn_probs=True)
+    ref, ref_lse = packed_reference(q, k, v, cu, cu, 13, 13, causal=True,
+                                    softmax_scale=72 ** -0.5, return_lse=True)
+    assert out.shape == q.shape
+    assert torch.allclose(out, ref, atol=1e-12)
+    assert torch.equal(lse.isinf(), ref_lse.isinf())
+    assert torch.allclose(lse[~lse.isinf()], ref_lse[~ref_lse.isinf()], atol=1e-12)

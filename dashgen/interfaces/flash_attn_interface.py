@@ -3,14 +3,17 @@ module names and signatures, so `from flash_attn_interface import flash_attn_fun
 `from dashgen.interfaces.flash_attn_interface import flash_attn_func`. Return values are FA3's
 (out, or (out, softmax_lse) with return_attn_probs=True). What dashgen cannot do raises
 ValueError naming the argument; the knobs that only decide FA3's own launch are taken as such.
-The training functions: flash_attn_func, flash_attn_varlen_func, flash_attn_qkvpacked_func. FA3's
-decoding functions (flash_attn_with_kvcache, flash_attn_combine, get_scheduler_metadata) import
-and raise NotImplementedError naming themselves.
+The training functions: flash_attn_func, flash_attn_varlen_func, flash_attn_qkvpacked_func.
+Like FA3 they take any head_dim up to 256: one dashgen has no kernel of runs zero-padded to the
+next (run_padded). FA3's decoding functions (flash_attn_with_kvcache, flash_attn_combine,
+get_scheduler_metadata) import and raise NotImplementedError naming themselves.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from ..codegen.variants import served_head_dims
 from ..runtime import op
 from ..runtime.chunks import check_chunk
 from .flash_attn import unstack
@@ -50,6 +53,41 @@ def _options(q: torch.Tensor, deterministic, sm_margin) -> dict:
     return dict(deterministic=True if deterministic else None, num_workers=workers)
 
 
+# FA3 takes any head_dim up to this, computing it in the next of its kernels' widths.
+FA3_MAX_HEAD_DIM = 256
+
+
+def padded_width(q, k, v) -> int | None:
+    """The served head_dim that q, k and v are zero-padded to, as FA3 pads a head_dim it has
+    no kernel of (40, 59, 160, 224 ...) into its next kernel: the narrowest served one above
+    theirs. None where no padding applies: a served head_dim, V's width not q's (MLA's
+    192/128 runs as it is), past FA3's 256, or not tensors; dashgen's checks then take them
+    as they are."""
+    if not all(torch.is_tensor(t) and t.dim() >= 1 for t in (q, k, v)):
+        return None
+    d = q.shape[-1]
+    if k.shape[-1] != d or v.shape[-1] != d or d in served_head_dims():
+        return None
+    if not 0 < d <= FA3_MAX_HEAD_DIM:
+        return None
+    return min(w for w in served_head_dims() if w > d)
+
+
+def run_padded(call, q, k, v, softmax_scale):
+    """call(q, k, v, softmax_scale) -> (out, lse), at a head_dim dashgen serves: q, k and v
+    padded with zero columns where padded_width says so. The zeros add nothing to a score and
+    V's give out columns that are cut off again (so their gradients vanish, and dq, dk, dv
+    come back at the inputs' width through the pad's backward); the scale stays the
+    inputs' width's, 1/sqrt(head_dim), unless given."""
+    width = padded_width(q, k, v)
+    if width is None:
+        return call(q, k, v, softmax_scale)
+    d = q.shape[-1]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    out, lse = call(*(F.pad(t, (0, width - d)) for t in (q, k, v)), scale)
+    return out[..., :d].contiguous(), lse
+
+
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
                     k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
                     softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
@@ -62,14 +100,18 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     keys of its chunk (within its window), run as a pack of the chunks, forward and backward
     (FA3 itself has no chunked backward), each chunk's bits its own. learnable_sink (newer
     FlashAttention interfaces' name for GPT-OSS's sinks): dashgen.attention's sinks, one logit
-    per query head."""
+    per query head. A head_dim up to 256 that dashgen has no kernel of runs zero-padded to
+    the next one it has (run_padded), as FA3 pads into its own."""
     _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits)
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
-    out, lse = op.attention(q, k, v, causal=causal, return_lse=True, softmax_scale=softmax_scale,
-                            softcap=softcap, window_size=window_size, sinks=learnable_sink,
-                            attention_chunk=attention_chunk,
-                            **_options(q, deterministic, sm_margin))
+    options = _options(q, deterministic, sm_margin)
+    out, lse = run_padded(
+        lambda q, k, v, scale: op.attention(
+            q, k, v, causal=causal, return_lse=True, softmax_scale=scale, softcap=softcap,
+            window_size=window_size, sinks=learnable_sink, attention_chunk=attention_chunk,
+            **options),
+        q, k, v, softmax_scale)
     return (out, lse) if return_attn_probs else out
 
 
@@ -116,18 +158,21 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (out, softmax_lse) with softmax_lse (heads_q, total_q) float32, FA3's layout. seqused_q /
     seqused_k: the tokens of each sequence that count (used_pack); the others get o = 0 and
     zero gradients. attention_chunk: each sequence's chunks, as in flash_attn_func (of its
-    used tokens where seqused is given)."""
+    used tokens where seqused is given). Head dims dashgen has no kernel of run padded, as in
+    flash_attn_func."""
     _refuse_unsupported(qv, q_descale, k_descale, v_descale, attention_chunk, num_splits)
     if not isinstance(return_attn_probs, bool):
         raise TypeError(f"return_attn_probs must be a bool, got {return_attn_probs!r}")
     if seqused_q is not None or seqused_k is not None:
         cu_seqlens_q, cu_seqlens_k = used_pack(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     from ..runtime.op_varlen import attention_varlen
-    out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                                return_lse=True, softcap=softcap, window_size=window_size,
-                                sinks=learnable_sink, attention_chunk=attention_chunk,
-                                **_options(q, deterministic, sm_margin))
+    options = _options(q, deterministic, sm_margin)
+    out, lse = run_padded(
+        lambda q, k, v, scale: attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+            softmax_scale=scale, return_lse=True, softcap=softcap, window_size=window_size,
+            sinks=learnable_sink, attention_chunk=attention_chunk, **options),
+        q, k, v, softmax_scale)
     return (out, lse) if return_attn_probs else out
 
 

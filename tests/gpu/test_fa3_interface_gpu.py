@@ -1,6 +1,7 @@
 """FA3's interface over dashgen on an sm_90 GPU, the parts that reshape the call: attention_chunk
-(a pack of the chunks), seqused_q / seqused_k (a pack of used and unused parts) and
-flash_attn_qkvpacked_func (q, k and v taken apart from one tensor). Accuracy
+(a pack of the chunks), seqused_q / seqused_k (a pack of used and unused parts),
+flash_attn_qkvpacked_func (q, k and v taken apart from one tensor) and head dims without a
+kernel of their own (zero-padded into the next served one). Accuracy
 against float64 within 2x PyTorch's own bf16 error, gradients included; bits across repeats; a
 used token's bits are those of its used sequence run alone.
 
@@ -175,3 +176,25 @@ def test_qkvpacked_has_flash_attn_funcs_bits(causal, num_heads_q):
     assert torch.equal(o, ref[0])
     for got, want in zip(parts(dqkv), ref[1:]):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("head_dim, causal", [(40, True), (72, False), (160, True), (224, False)])
+def test_a_head_dim_without_a_kernel_runs_padded(head_dim, causal, seed):
+    """FA3 takes any head_dim up to 256; dashgen pads one it has no kernel of into the next
+    served one (run_padded): against float64 within 2x PyTorch's own bf16 error, gradients at
+    the inputs' width, bits across repeats."""
+    q = torch.randn(2, 700, 4, head_dim, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 700, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    do = torch.randn_like(q)
+    ours = [grads(lambda *t: fa3.flash_attn_func(*t, causal=causal, deterministic=True),
+                  (q, k, v), do)
+            for _ in range(3)]
+    assert all(torch.equal(a, b) for r in ours[1:] for a, b in zip(r, ours[0]))
+    assert [t.shape[-1] for t in ours[0]] == [head_dim] * 4
+    ref_fn = lambda *t: chunk_masked(*t, causal, 1 << 30, head_dim ** -0.5)  # noqa: E731
+    ref = grads(ref_fn, [t.double() for t in (q, k, v)], do.double())
+    theirs = grads(ref_fn, (q, k, v), do)
+    for name, x, t, r in zip(("o", "dq", "dk", "dv"), ours[0], theirs, ref):
+        err, limit = rel_err(x, r), rel_err(t, r)
+        assert err <= 2 * limit + 1e-6, f"{name}: error {err:.3e} > 2 x {limit:.3e}"
