@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from dashgen.interfaces import flash_attn_interface as fa3  # noqa: E402
+from dashgen.interfaces.flash_attn import padded_width  # noqa: E402
 from dashgen.runtime import op  # noqa: E402
 from test_op_errors import cpu_leaves, h200, kernels, on_cpu  # noqa: E402,F401  (fixtures)
 from test_varlen import pack  # noqa: E402
@@ -309,7 +310,7 @@ def test_fa3s_decoding_functions_import_and_refuse_by_name(name):
                                              (120, 128), (160, 192), (224, 256), (255, 256)])
 def test_a_head_dim_without_a_kernel_pads_to_the_next_served_one(head_dim, width):
     t = torch.empty(1, 2, 1, head_dim, device="meta")
-    assert fa3.padded_width(t, t, t) == width
+    assert padded_width(t, t, t) == width
 
 
 @pytest.mark.parametrize("q_dim, v_dim", [(64, 64), (128, 128), (192, 128), (257, 257),
@@ -319,7 +320,7 @@ def test_served_wider_and_mixed_widths_are_not_padded(q_dim, v_dim):
     not q's (other than MLA's), dashgen's own checks name what they refuse."""
     q = torch.empty(1, 2, 1, q_dim, device="meta")
     v = torch.empty(1, 2, 1, v_dim, device="meta")
-    assert fa3.padded_width(q, q if v_dim == q_dim else v, v) is None
+    assert padded_width(q, q if v_dim == q_dim else v, v) is None
 
 
 @pytest.mark.parametrize("head_dim, causal, scale", [(40, False, None), (160, True, None),
@@ -338,7 +339,7 @@ def test_a_padded_call_is_fa3s_attention_at_its_own_width(float64_attention, mon
     out, lse = fa3.flash_attn_func(q, k, v, softmax_scale=scale, causal=causal,
                                    return_attn_probs=True)
     want_scale = head_dim ** -0.5 if scale is None else scale
-    assert seen == [(fa3.padded_width(q, k, v), want_scale)]
+    assert seen == [(padded_width(q, k, v), want_scale)]
     assert out.shape == q.shape and out.is_contiguous()
     ref, ref_lse = dense_reference(q, k, v, causal=causal, softmax_scale=want_scale,
                                    return_lse=True)

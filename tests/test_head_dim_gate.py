@@ -1,7 +1,8 @@
-"""A head_dim the runtime does not serve (160 and 224: no kernel) is refused wherever users reach dashgen: dashgen.attention, attention_varlen, the interfaces and
-the runtime's selection, each with the same error, before any kernel runs. The driver
-boundary is faked as in test_op_errors (op._kernels), so a call that got through would be
-recorded."""
+"""A head_dim the runtime does not serve (160 and 224: no kernel) is refused wherever users
+reach dashgen (dashgen.attention, attention_varlen, sdpa and its flash registration, the
+runtime's selection), each with the same error, before any kernel runs; flash_attn's functions
+pad it into a served one as flash_attn does, up to 256. The driver boundary is faked as in
+test_op_errors (op._kernels), so a call that got through would be recorded."""
 from __future__ import annotations
 
 import pytest
@@ -36,17 +37,28 @@ def test_the_forward_compiles_for_the_served_head_dims_and_the_built_ones():
 
 
 @pytest.mark.parametrize("head_dim", UNSERVED)
-def test_attention_and_flash_attn_func_refuse_them(on_cpu, kernels, head_dim):
+def test_attention_and_sdpa_refuse_them(on_cpu, kernels, head_dim):
     q, k, v = cpu_leaves(head_dim=head_dim)
     with pytest.raises(ValueError, match=REFUSED.format(head_dim)):
         dashgen.attention(q, k, v, causal=True)
-    with pytest.raises(ValueError, match=REFUSED.format(head_dim)):
-        dashgen.flash_attn_func(q, k, v)
     with pytest.raises(ValueError, match=REFUSED.format(head_dim)):
         dashgen.sdpa(*(t.transpose(1, 2) for t in (q, k, v)), enable_gqa=True)
     with pytest.raises(RuntimeError, match=rf"\(forward\): q has head_dim {head_dim}"):
         sdpa_mod._flash_forward(*(t.detach().transpose(1, 2) for t in (q, q, q)))
     assert kernels.calls == []
+
+
+@pytest.mark.parametrize("head_dim", UNSERVED)
+def test_flash_attn_func_pads_them_up_to_256_and_refuses_wider(on_cpu, kernels, head_dim):
+    """flash_attn_func takes any head_dim up to 256, as flash_attn does: zero-padded into the
+    next served one (interfaces.flash_attn.run_padded), with its own width's scale; past 256 it
+    refuses as attention does."""
+    q, k, v = cpu_leaves(head_dim=head_dim)
+    out = dashgen.flash_attn_func(q, k, v)
+    assert out.shape == q.shape
+    assert ("forward", dict(causal=False, softmax_scale=head_dim ** -0.5)) in kernels.calls
+    with pytest.raises(ValueError, match=REFUSED.format(320)):
+        dashgen.flash_attn_func(*cpu_leaves(head_dim=320))
 
 
 @pytest.mark.parametrize("head_dim", UNSERVED)

@@ -6,8 +6,45 @@ import); what dashgen cannot do raises ValueError naming the argument, never a s
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from ..codegen.variants import served_head_dims
 from ..runtime import op
+
+# FlashAttention (2.x and FA3) takes any head_dim up to this, computing it in the next of its
+# kernels' widths.
+FLASH_MAX_HEAD_DIM = 256
+
+
+def padded_width(q, k, v) -> int | None:
+    """The served head_dim that q, k and v are zero-padded to, as FlashAttention pads a
+    head_dim it has no kernel of (40, 59, 160, 224 ...) into its next kernel: the narrowest
+    served one above theirs. None where no padding applies: a served head_dim, V's width not
+    q's (MLA's 192/128 runs as it is), past 256, or not tensors; dashgen's checks then take
+    them as they are."""
+    if not all(torch.is_tensor(t) and t.dim() >= 1 for t in (q, k, v)):
+        return None
+    d = q.shape[-1]
+    if k.shape[-1] != d or v.shape[-1] != d or d in served_head_dims():
+        return None
+    if not 0 < d <= FLASH_MAX_HEAD_DIM:
+        return None
+    return min(w for w in served_head_dims() if w > d)
+
+
+def run_padded(call, q, k, v, softmax_scale):
+    """call(q, k, v, softmax_scale) -> (out, lse), at a head_dim dashgen serves: q, k and v
+    padded with zero columns where padded_width says so. The zeros add nothing to a score and
+    V's give out columns that are cut off again (so their gradients vanish, and dq, dk, dv
+    come back at the inputs' width through the pad's backward); the scale stays the
+    inputs' width's, 1/sqrt(head_dim), unless given."""
+    width = padded_width(q, k, v)
+    if width is None:
+        return call(q, k, v, softmax_scale)
+    d = q.shape[-1]
+    scale = d ** -0.5 if softmax_scale is None else softmax_scale
+    out, lse = call(*(F.pad(t, (0, width - d)) for t in (q, k, v)), scale)
+    return out[..., :d].contiguous(), lse
 
 
 def _refuse_unsupported(dropout_p, alibi_slopes, return_attn_probs, block_table=None) -> None:
@@ -37,12 +74,15 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     reproducible; False under the deterministic flag raises RuntimeError (see
     dashgen.attention). softcap: flash_attn's soft-capping (0: none; see dashgen.attention).
     window_size: flash_attn's sliding window (see dashgen.attention). dropout_p and
-    alibi_slopes other than their defaults raise ValueError.
+    alibi_slopes other than their defaults raise ValueError. A head_dim up to 256 that dashgen
+    has no kernel of runs zero-padded to the next one it has (run_padded), as flash_attn pads.
     """
     _refuse_unsupported(dropout_p, alibi_slopes, return_attn_probs)
-    out, lse = op.attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
-                            deterministic=deterministic, return_lse=True, softcap=softcap,
-                            window_size=window_size)
+    out, lse = run_padded(
+        lambda q, k, v, scale: op.attention(
+            q, k, v, causal=causal, softmax_scale=scale, deterministic=deterministic,
+            return_lse=True, softcap=softcap, window_size=window_size),
+        q, k, v, softmax_scale)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -59,13 +99,15 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     or with return_attn_probs=True (out, softmax_lse, None), softmax_lse (heads_q, total_q)
     float32 as flash_attn lays it out. deterministic and the refused arguments as in
     flash_attn_func; block_table (a paged KV cache) raises ValueError too. window_size: as in
-    dashgen.attention_varlen."""
+    dashgen.attention_varlen; head dims as in flash_attn_func."""
     _refuse_unsupported(dropout_p, alibi_slopes, return_attn_probs, block_table)
     from ..runtime.op_varlen import attention_varlen
-    out, lse = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                max_seqlen_k, causal=causal, softmax_scale=softmax_scale,
-                                deterministic=deterministic, return_lse=True, softcap=softcap,
-                                window_size=window_size)
+    out, lse = run_padded(
+        lambda q, k, v, scale: attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal,
+            softmax_scale=scale, deterministic=deterministic, return_lse=True,
+            softcap=softcap, window_size=window_size),
+        q, k, v, softmax_scale)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -11,12 +11,10 @@ get_scheduler_metadata) import and raise NotImplementedError naming themselves.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ..codegen.variants import served_head_dims
 from ..runtime import op
 from ..runtime.chunks import check_chunk
-from .flash_attn import unstack
+from .flash_attn import run_padded, unstack
 from ..runtime.device import sm_count
 
 
@@ -51,41 +49,6 @@ def _options(q: torch.Tensor, deterministic, sm_margin) -> dict:
             raise ValueError(f"sm_margin={sm_margin} leaves none of this GPU's {sms} SMs")
         workers = sms - sm_margin
     return dict(deterministic=True if deterministic else None, num_workers=workers)
-
-
-# FA3 takes any head_dim up to this, computing it in the next of its kernels' widths.
-FA3_MAX_HEAD_DIM = 256
-
-
-def padded_width(q, k, v) -> int | None:
-    """The served head_dim that q, k and v are zero-padded to, as FA3 pads a head_dim it has
-    no kernel of (40, 59, 160, 224 ...) into its next kernel: the narrowest served one above
-    theirs. None where no padding applies: a served head_dim, V's width not q's (MLA's
-    192/128 runs as it is), past FA3's 256, or not tensors; dashgen's checks then take them
-    as they are."""
-    if not all(torch.is_tensor(t) and t.dim() >= 1 for t in (q, k, v)):
-        return None
-    d = q.shape[-1]
-    if k.shape[-1] != d or v.shape[-1] != d or d in served_head_dims():
-        return None
-    if not 0 < d <= FA3_MAX_HEAD_DIM:
-        return None
-    return min(w for w in served_head_dims() if w > d)
-
-
-def run_padded(call, q, k, v, softmax_scale):
-    """call(q, k, v, softmax_scale) -> (out, lse), at a head_dim dashgen serves: q, k and v
-    padded with zero columns where padded_width says so. The zeros add nothing to a score and
-    V's give out columns that are cut off again (so their gradients vanish, and dq, dk, dv
-    come back at the inputs' width through the pad's backward); the scale stays the
-    inputs' width's, 1/sqrt(head_dim), unless given."""
-    width = padded_width(q, k, v)
-    if width is None:
-        return call(q, k, v, softmax_scale)
-    d = q.shape[-1]
-    scale = d ** -0.5 if softmax_scale is None else softmax_scale
-    out, lse = call(*(F.pad(t, (0, width - d)) for t in (q, k, v)), scale)
-    return out[..., :d].contiguous(), lse
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None,
