@@ -604,3 +604,15 @@ def test_packed_documents_the_attention_cannot_see_are_refused(on_cpu, kernels, 
     assert kernels.calls == []
     model(ids, use_cache=False)
     assert forwards(kernels) == [dict(causal=True, softmax_scale=1 / 8)]
+
+
+def test_a_head_dim_without_a_kernel_runs_padded(on_cpu, kernels):
+    """A model whose head_dim has no dashgen kernel (72 here) runs zero-padded into the next
+    served one (80), as under flash_attention_2, with 1/sqrt(72) as its scale; the output and
+    the gradients come back at 72 columns."""
+    q, k, v = bhsd_leaves(head_dim=72)
+    out, _ = hf.dashgen_attention(attention_module(), q, k, v, None)
+    assert out.shape == (2, 100, 8, 72)
+    assert forwards(kernels) == [dict(causal=True, softmax_scale=72 ** -0.5)]
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape

@@ -24,6 +24,7 @@ import weakref
 import torch
 
 from ..runtime import op
+from .flash_attn import run_padded
 
 # transformers is optional: this module imports without it (pytest's --doctest-modules imports
 # every module of the package), and register() says how to install it.
@@ -220,16 +221,22 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       "but the model's layers do not hand them to the attention; pass "
                       "cu_seq_lens_q/k with max_length_q/k (DataCollatorWithFlattening("
                       "return_flash_attn_kwargs=True)), or unpacked sequences")
+    # A head_dim up to 256 without a kernel of its own runs zero-padded into the next served
+    # one, as under attn_implementation="flash_attention_2" (run_padded).
     if pack is not None:
         from ..runtime.op_varlen import attention_varlen
-        out = attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1),
-                               value[0].transpose(0, 1), *pack, causal=bool(is_causal),
-                               softmax_scale=scaling, softcap=softcap, window_size=window,
-                               sinks=sinks, attention_chunk=chunk)
+        out, _ = run_padded(
+            lambda q, k, v, scale: (attention_varlen(
+                q, k, v, *pack, causal=bool(is_causal), softmax_scale=scale, softcap=softcap,
+                window_size=window, sinks=sinks, attention_chunk=chunk), None),
+            query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+            scaling)
         return out[None], None
-    out = op.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                       causal=causal, softmax_scale=scaling, softcap=softcap,
-                       window_size=window, sinks=sinks, attention_chunk=chunk)
+    out, _ = run_padded(
+        lambda q, k, v, scale: (op.attention(
+            q, k, v, causal=causal, softmax_scale=scale, softcap=softcap, window_size=window,
+            sinks=sinks, attention_chunk=chunk), None),
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scaling)
     return out, None
 
 
