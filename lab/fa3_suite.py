@@ -20,7 +20,9 @@ kernel dashgen would load (fa3_shim.CaseServed, counted "served") or at its refu
 is compiled or run. Whether the served cases pass is what a run without it counts.
 
 FA3's tests import einops (pure Python: a copy on PYTHONPATH serves) and need a CUDA GPU to be
-collected.
+collected. --count-only still makes each case's tensors on the GPU, and pytest workers (-n)
+multiply that memory: run it alone (in eight workers beside GPU tests, on an 80 GB H100, it and
+the tests ran out of memory, 2026-12-07).
 """
 from __future__ import annotations
 
