@@ -100,14 +100,7 @@ struct BwdDqWriter {
     constexpr bool kShared = K::kDqBuffers < K::kDqPieces;  // buffers the pieces take in turns
     float* dst = dq_tile(p, t);
     for (int j = 0; j < K::kDqPieces; ++j) {
-      // kDqPerWg: the two buffers in turns while both have pieces (0, 2, 1, 3 at 256; 0, 2, 1
-      // at 192), each refilled while the other is read.
-      constexpr int kPieces1 = K::kDqPieces - K::kWgPieces0;  // warpgroup 1's
-      const int b = !K::kDqPerWg                   ? j
-                    : kPieces1 == K::kWgPieces0    ? (j % 2) * K::kWgPieces0 + j / 2
-                    : j >= 2 * kPieces1            ? j - kPieces1
-                    : j % 2 == 0                   ? j / 2
-                                                   : K::kWgPieces0 + j / 2;
+      const int b = K::dq_landing(j);  // the pieces' order (a buffer a warpgroup: interleaved)
       const int buffer = K::dq_buffer(b);
       if (b > 0) mbarrier_wait_parity(&bars->dq_full[buffer], piece_parity(i, b));
       const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + buffer * K::kDqBytes);

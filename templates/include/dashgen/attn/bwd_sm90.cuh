@@ -205,8 +205,9 @@ struct AttnBwdSm90 {
   static constexpr int kOffDq = kOffDs + kDsStages * kDsBytes;
   // Swapped: a buffer per piece where they fit beside the rest (192/128), else two (192/192;
   // 256 with dO on one stage: kDqPerWg) or one (256 with two dO stages) the pieces take in
-  // turns, piece cb in buffer cb % kDqBuffers (dq_buffer, dq_use). kDqTail: what follows the buffers (statistics, barriers, slots, ring, alignment
-  // slack: 2,608 bytes at most; kSmemBytes is checked below). kDqBars: the full/empty pairs.
+  // turns, piece cb in buffer cb % kDqBuffers (dq_buffer, dq_use). kDqTail: what follows the
+  // buffers (statistics, barriers, slots, ring, alignment slack: 2,608 bytes at most;
+  // kSmemBytes is checked below). kDqBars: the full/empty pairs.
   enum : int {
     kDqTail = 3072,
     kDqBuffers = !kSwapped ? kStages
@@ -220,7 +221,8 @@ struct AttnBwdSm90 {
   // (with a buffer a piece, 192/128, there is nothing to share).
   enum : int {
     kDqPerWg = kDqPerWarpgroup && kDqBuffers == 2 && kDqPieces > 2,
-    kWgPieces0 = (kDqPieces + 1) / 2
+    kWgPieces0 = (kDqPieces + 1) / 2,
+    kWgPieces1 = kDqPieces - kWgPieces0
   };
   static_assert(!kDqPerWarpgroup || kDqPerWg || kDqBuffers == kDqPieces,
                 "a dQ buffer per warpgroup: two buffers, or one a piece");
@@ -234,13 +236,24 @@ struct AttnBwdSm90 {
   __device__ static constexpr int dq_use(int task, int cb) {
     // (Both warpgroups with as many pieces, 256: one expression for both, which the MMA
     // threads' registers afford.)
-    return kDqPerWg ? (kDqPieces == 2 * kWgPieces0 ? task * kWgPieces0 + cb % kWgPieces0
-                       : cb < kWgPieces0           ? task * kWgPieces0 + cb
-                                                   : task * (kDqPieces - kWgPieces0) + cb - kWgPieces0)
+    return kDqPerWg ? (kWgPieces1 == kWgPieces0 ? task * kWgPieces0 + cb % kWgPieces0
+                       : cb < kWgPieces0        ? task * kWgPieces0 + cb
+                                                : task * kWgPieces1 + cb - kWgPieces0)
            : kDqBuffers == kDqPieces
                ? task
                : task * ((kDqPieces - cb % kDqBuffers + kDqBuffers - 1) / kDqBuffers) +
                      cb / kDqBuffers;
+  }
+  // The piece the writer lands j-th in a task: with a buffer a warpgroup the two buffers in
+  // turns while both have pieces (0, 2, 1, 3 at 256; 0, 2, 1 at 192), each refilled while the
+  // other is read; else column block by column block. (Both warpgroups with as many pieces:
+  // one expression, which the writer lane's 24 registers afford.)
+  __device__ static constexpr int dq_landing(int j) {
+    return !kDqPerWg                   ? j
+           : kWgPieces1 == kWgPieces0  ? (j % 2) * kWgPieces0 + j / 2
+           : j >= 2 * kWgPieces1       ? j - kWgPieces1
+           : j % 2 == 0                ? j / 2
+                                       : kWgPieces0 + j / 2;
   }
   // The task's softmax statistics (kBlockM lse rows as log2, then kBlockM D rows): one copy per
   // stage, loaded with the stage's Q and dO.
