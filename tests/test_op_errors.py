@@ -808,6 +808,21 @@ def test_a_bad_window_is_named(window_size, error, pattern):
         op.check_inputs(*qkv(), window_size=window_size)
 
 
+@pytest.mark.parametrize("window_size", [
+    torch.tensor([3, 0]), (torch.tensor(3), 0), [3, torch.tensor(0, dtype=torch.int32)],
+])
+def test_a_window_of_integer_tensors_is_the_window_of_its_ints(on_cpu, window_size):
+    """FlashAttention indexes window_size and takes any integers: FA3's own varlen tests pass
+    torch.randint's 2-element tensor."""
+    assert op.check_inputs(*cpu_leaves(), window_size=window_size).window == (3, 0)
+
+
+@pytest.mark.parametrize("window_size", [torch.tensor([3.0, 0.0]), torch.tensor([True, False])])
+def test_a_window_of_float_or_bool_tensors_is_named(window_size):
+    with pytest.raises(TypeError, match=r"^window_size must be a pair of ints"):
+        op.check_inputs(*qkv(), window_size=window_size)
+
+
 def test_windows_of_a_full_or_causal_mask_run_those_kernels(on_cpu, kernels):
     """(-1, -1) is the full mask, (-1, 0) and causal=True with any right bound the causal one
     (FlashAttention reads a negative bound as open): no window reaches the kernels."""

@@ -7,6 +7,7 @@ the same message for the same fault."""
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 
 import torch
@@ -146,10 +147,18 @@ def window(window_size, causal: bool, seqlen_q: int | None = None,
     except (TypeError, ValueError):
         raise TypeError(f"window_size must be a pair of ints (left, right), got "
                         f"{window_size!r}") from None
+    bounds = []
     for value in (left, right):
-        if isinstance(value, bool) or not isinstance(value, int):
+        # Any integer FlashAttention takes: its interface reads window_size[0] and [1] as ints,
+        # so a 2-element integer tensor (FA3's varlen tests pass one) or numpy's ints serve.
+        try:
+            if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool:
+                raise TypeError
+            bounds.append(operator.index(value))
+        except TypeError:
             raise TypeError(f"window_size must be a pair of ints (left, right), got "
-                            f"{window_size!r}")
+                            f"{window_size!r}") from None
+    left, right = bounds
     # FlashAttention reads any negative bound as an open side.
     left, right = max(left, -1), max(right, -1)
     if causal:
