@@ -124,15 +124,23 @@ struct BwdMainloopSwapped {
       // 1. S and dP of this warpgroup's keys.
       float sc[kAcc], dp[kAcc];
       wgmma_fence();
+      {
+        // Each operand's descriptor as a uniform low word (attn/tiles_sm90.cuh).
+        const char* own_keys = smem + kKeys * wg * 128;
+        const u32 q_lo = uniform_desc_lo(wgmma_desc_k_major_sw128(q_tile));
+        const u32 k_lo = uniform_desc_lo(wgmma_desc_k_major_sw128(own_keys + kOffK));
 #pragma unroll
-      for (int k = 0; k < kHeadDim / 16; ++k) {
-        wgmma_ss<kIn, kKeys>(sc, tile_desc_k_major(q_tile, kBlockM, 0, k),
-                             tile_desc_k_major(smem + kOffK, kBlockN, kKeys * wg, k), k > 0);
-      }
+        for (int k = 0; k < kHeadDim / 16; ++k) {
+          wgmma_ss<kIn, kKeys>(sc, k_major_step<kBlockM>(q_lo, k), k_major_step<kBlockN>(k_lo, k),
+                               k > 0);
+        }
+        const u32 do_lo = uniform_desc_lo(wgmma_desc_k_major_sw128(do_tile));
+        const u32 v_lo = uniform_desc_lo(wgmma_desc_k_major_sw128(own_keys + kOffV));
 #pragma unroll
-      for (int k = 0; k < kHeadDimV / 16; ++k) {
-        wgmma_ss<kIn, kKeys>(dp, tile_desc_k_major(do_tile, kBlockM, 0, k),
-                             tile_desc_k_major(smem + kOffV, kBlockN, kKeys * wg, k), k > 0);
+        for (int k = 0; k < kHeadDimV / 16; ++k) {
+          wgmma_ss<kIn, kKeys>(dp, k_major_step<kBlockM>(do_lo, k), k_major_step<kBlockN>(v_lo, k),
+                               k > 0);
+        }
       }
       wgmma_commit_group();
 
@@ -304,14 +312,14 @@ struct BwdMainloopSwapped {
 #pragma unroll
     for (int j = 0; j < kBlocks; ++j) {
       const int block = kSplit ? kBlocks * wg + j : j;
-      const u64 a_desc =
-          wgmma_desc_mn_major_sw128(a_tile + block * kBlockM * 128, kBlockM * 128);
+      const u32 a_lo = uniform_desc_lo(
+          wgmma_desc_mn_major_sw128(a_tile + block * kBlockM * 128, kBlockM * 128));
+      const u32 b_lo = uniform_desc_lo(
+          wgmma_desc_k_major_sw128(b_tile + (kSplit ? 0 : kKeys * wg) * 128));
 #pragma unroll
       for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        wgmma_ss<kIn, kDkvN, 1, 0>(acc[j],
-                                   wgmma_desc_advance(a_desc, kk * kSw128MnMajorKStepBytes),
-                                   tile_desc_k_major(b_tile, kBlockN, kSplit ? 0 : kKeys * wg, kk),
-                                   true);
+        wgmma_ss<kIn, kDkvN, 1, 0>(acc[j], desc_from_lo(a_lo, kk * kSw128MnMajorKStepBytes),
+                                   k_major_step<kBlockN>(b_lo, kk), true);
       }
     }
     wgmma_commit_group();
@@ -320,14 +328,14 @@ struct BwdMainloopSwapped {
   // Column block cb of dQ = dS K: A = dS^T (keys x queries, MN-major: M = 64 queries, one
   // swizzle block), B = K's column block cb (MN-major, N = 64).
   __device__ static __forceinline__ void dq_mma(float (&dq)[32], const char* smem, int cb) {
-    const u64 a_desc = wgmma_desc_mn_major_sw128(smem + kOffDst, kBlockN * 128);
-    const u64 b_desc =
-        wgmma_desc_mn_major_sw128(smem + kOffK + cb * kBlockN * 128, kBlockN * 128);
+    const u32 a_lo = uniform_desc_lo(wgmma_desc_mn_major_sw128(smem + kOffDst, kBlockN * 128));
+    const u32 b_lo = uniform_desc_lo(
+        wgmma_desc_mn_major_sw128(smem + kOffK + cb * kBlockN * 128, kBlockN * 128));
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      wgmma_ss<kIn, 64, 1, 1>(dq, wgmma_desc_advance(a_desc, kk * kSw128MnMajorKStepBytes),
-                              wgmma_desc_advance(b_desc, kk * kSw128MnMajorKStepBytes), kk > 0);
+      wgmma_ss<kIn, 64, 1, 1>(dq, desc_from_lo(a_lo, kk * kSw128MnMajorKStepBytes),
+                              desc_from_lo(b_lo, kk * kSw128MnMajorKStepBytes), kk > 0);
     }
     wgmma_commit_group();
   }

@@ -29,6 +29,12 @@ __device__ __forceinline__ u64 wgmma_desc_k_major_sw128(const void* smem_tile) {
   return desc;
 }
 
+// The high word of every K-major and MN-major 128B-swizzle descriptor below (stride one 8-row
+// atom, 128B swizzle).
+__device__ __forceinline__ constexpr u64 wgmma_desc_sw128_high() {
+  return static_cast<u64>(kSw128AtomBytes >> 4) | static_cast<u64>(WgmmaSwizzle::k128B) << 30;
+}
+
 // Moves a descriptor's start address by `bytes` (a multiple of 16) within the swizzle atom:
 // step k of a K-major 128B tile is +32 bytes per 16 bf16 of K.
 __device__ __forceinline__ u64 wgmma_desc_advance(u64 desc, u32 bytes) {
