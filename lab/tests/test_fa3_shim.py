@@ -103,3 +103,16 @@ def test_count_only_stops_a_served_case_at_its_first_kernel(monkeypatch, tmp_pat
         monkeypatch.delenv(fa3_suite.COUNT_ONLY_ENV)
         importlib.reload(module)
         sys.modules["fa3_shim"] = module
+
+
+def test_the_count_only_reference_is_zeros_of_the_references_shapes():
+    """fa3_shim.no_reference, what --count-only puts in test_util.attention_ref: the output's
+    shape and dtype (head_dim of V), the attention matrix's shape holding no memory."""
+    q = torch.randn(2, 5, 4, 64, dtype=torch.bfloat16)
+    k = torch.randn(2, 7, 2, 64, dtype=torch.bfloat16)
+    v = torch.randn(2, 7, 2, 32, dtype=torch.bfloat16)
+    out, attn = fa3_shim.no_reference(q, k, v, None, None, causal=True, window_size=(3, 0))
+    assert out.shape == (2, 5, 4, 32) and out.dtype == torch.bfloat16
+    assert not out.any()
+    assert attn.shape == (2, 4, 5, 7) and attn.stride() == (0, 0, 0, 0)
+    assert not attn.any()

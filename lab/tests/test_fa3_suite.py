@@ -53,3 +53,26 @@ def test_a_wrong_result_is_never_counted_as_a_refusal():
     assert fa3_suite.classify("RuntimeError: CUDA error") == "failed"
     assert fa3_suite.classify("ValueError: softcap must be 0 (no capping)") == "refused"
     assert fa3_suite.classify("NotImplementedError: a kernel for this") == "failed"
+
+
+def test_failures_are_grouped_by_error_type(tmp_path):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT)
+    text = fa3_suite.summary(fa3_suite.cases(junit))
+    assert "Failed (1) by error type:\n- 1 x AssertionError" in text
+
+
+def test_the_count_only_conftest_replaces_the_reference_before_the_tests_import_it(tmp_path):
+    """--count-only's conftest.py, beside stand-ins for FA3's test_util and the shim: a test
+    module importing attention_ref after it gets the shim's no_reference."""
+    import subprocess
+    (tmp_path / "test_util.py").write_text(
+        "def attention_ref(*args, **kwargs):\n    raise AssertionError('the real reference')\n")
+    (tmp_path / "flash_attn_interface.py").write_text(
+        "def no_reference(*args, **kwargs):\n    return 'stand-in'\n")
+    (tmp_path / "conftest.py").write_text(fa3_suite.COUNT_ONLY_CONFTEST)
+    result = subprocess.run(
+        [sys.executable, "-c", "import conftest\nfrom test_util import attention_ref\n"
+                               "print(attention_ref())"],
+        cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "stand-in"
