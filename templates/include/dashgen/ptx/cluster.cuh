@@ -1,0 +1,64 @@
+// dashgen/ptx/cluster.cuh: thread-block clusters (sm_90): the CTA's rank in its cluster, the
+// cluster-wide barrier, another CTA's shared memory (distributed shared memory), and the copies
+// that write it: a bulk copy from this CTA's shared memory into a peer's, completing on the
+// peer's mbarrier, and a TMA tile load multicast into several CTAs at once.
+#pragma once
+#include "dashgen/types.cuh"
+
+namespace dashgen {
+
+// This CTA's rank in its cluster (0 .. cluster size - 1).
+__device__ __forceinline__ u32 cluster_cta_rank() {
+  u32 rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of every CTA of the cluster: shared-memory writes before it (release) are seen
+// by reads after it in any CTA of the cluster (acquire). Also what keeps a CTA's shared memory
+// alive while a peer still reads or copies into it: a CTA must not exit before its peers are
+// done with it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// The shared::cluster address of the variable at this CTA's shared address `address` in the
+// CTA of rank `rank`.
+__device__ __forceinline__ u32 map_to_rank(u32 address, u32 rank) {
+  u32 mapped;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(mapped) : "r"(address), "r"(rank));
+  return mapped;
+}
+
+__device__ __forceinline__ float ld_shared_cluster_f32(u32 cluster_address) {
+  float value;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(value) : "r"(cluster_address)
+               : "memory");
+  return value;
+}
+
+// Peer smem [dst, dst + bytes) = this CTA's smem [src, src + bytes) through the async proxy;
+// `dst` and `peer_bar` are shared::cluster addresses (map_to_rank) in the same peer CTA, whose
+// mbarrier receives `bytes` of completed transactions. bytes: a multiple of 16, both addresses
+// 16-byte aligned. The source was written by the generic proxy: fence_proxy_async_shared first.
+__device__ __forceinline__ void bulk_copy_to_peer(u32 dst, const void* src, u32 bytes,
+                                                  u32 peer_bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      :: "r"(dst), "r"(shared_address(src)), "r"(bytes), "r"(peer_bar) : "memory");
+}
+
+// tma_load_2d (ptx/tma.cuh) into the same shared-memory offset of every CTA in `cta_mask` (bit
+// r: cluster rank r), each completing on its own mbarrier at `bar`'s offset.
+__device__ __forceinline__ void tma_load_2d_multicast(void* smem_dst, const TensorMap* map,
+                                                      u64* bar, i32 c0, i32 c1, u16 cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, { %3, %4 }], [%2], %5;"
+      :: "r"(shared_address(smem_dst)), "l"(reinterpret_cast<u64>(map)),
+         "r"(shared_address(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+
+}  // namespace dashgen
