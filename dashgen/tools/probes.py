@@ -100,7 +100,8 @@ class StmatrixProbeConfig(KernelConfig):
 @dataclass(frozen=True)
 class ClusterPairProbeConfig(KernelConfig):
     """Two CTAs of a cluster on one tile: a multicast TMA load into both, an fp32 partial pushed
-    into the peer's shared memory by a bulk copy and read in place (distributed shared memory)."""
+    into the peer's shared memory by a bulk copy, read in place, and added onto the peer's copy
+    (distributed shared memory)."""
 
     prefix = "probe_cluster_pair"
     box_rows: int = 64
@@ -110,7 +111,7 @@ class ClusterPairProbeConfig(KernelConfig):
 
     @property
     def smem_bytes(self) -> int:
-        return SW128_ALIGN + self.box_rows * self.box_cols * 2 + 2 * self.floats * 4
+        return SW128_ALIGN + self.box_rows * self.box_cols * 2 + 3 * self.floats * 4
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,8 @@ def check_stmatrix(probe: Probe) -> tuple[float, bool, str]:
 
 def check_cluster_pair(probe: Probe) -> tuple[float, bool, str]:
     """Both CTAs of each cluster hold the pair's tile (one multicast load), and rank 0's sums of
-    the two partials (pushed by a bulk copy; read in place) are the fp32 sums."""
+    the two partials (pushed by a bulk copy; read in place; added onto its copy by rank 1) are
+    the fp32 sums."""
     cfg = probe.config
     blocks = probe.grid[0]
     pairs = blocks // 2
@@ -259,20 +260,21 @@ def check_cluster_pair(probe: Probe) -> tuple[float, bool, str]:
     partials = torch.randn(blocks, cfg.floats, device="cuda") * scale
     tiles = torch.full((blocks, cfg.box_rows * cfg.box_cols), float("nan"), device="cuda",
                        dtype=torch.bfloat16)
-    by_copy, by_load = (torch.full((pairs, cfg.floats), float("nan"), device="cuda")
-                        for _ in range(2))
+    by_copy, by_load, by_red = (torch.full((pairs, cfg.floats), float("nan"), device="cuda")
+                                for _ in range(3))
     info = run_kernel(probe, [tmap, partials.data_ptr(), tiles.data_ptr(), by_copy.data_ptr(),
-                              by_load.data_ptr()])
+                              by_load.data_ptr(), by_red.data_ptr()])
     want_tiles = src.view(pairs, -1).repeat_interleave(2, 0)
     tiles_ok = torch.equal(tiles.view(torch.int16), want_tiles.view(torch.int16))
     want = partials[0::2] + partials[1::2]
     copy_ok = torch.equal(by_copy.view(torch.int32), want.view(torch.int32))
     load_ok = torch.equal(by_load.view(torch.int32), want.view(torch.int32))
-    err = max((by_copy - want).abs().nan_to_num(float("inf")).max().item(),
-              (by_load - want).abs().nan_to_num(float("inf")).max().item())
-    return err, tiles_ok and copy_ok and load_ok, (
+    red_ok = torch.equal(by_red.view(torch.int32), want.view(torch.int32))
+    err = max((got - want).abs().nan_to_num(float("inf")).max().item()
+              for got in (by_copy, by_load, by_red))
+    return err, tiles_ok and copy_ok and load_ok and red_ok, (
         f"multicast tiles={tiles_ok} copied sum={copy_ok} loaded sum={load_ok} "
-        f"regs={info['regs']}")
+        f"added sum={red_ok} regs={info['regs']}")
 
 
 CHECKS = {

@@ -1,7 +1,7 @@
 // dashgen/ptx/cluster.cuh: thread-block clusters (sm_90): the CTA's rank in its cluster, the
-// cluster-wide barrier, another CTA's shared memory (distributed shared memory), and the copies
-// that write it: a bulk copy from this CTA's shared memory into a peer's, completing on the
-// peer's mbarrier, and a TMA tile load multicast into several CTAs at once.
+// cluster-wide barrier, another CTA's shared memory (distributed shared memory), and what writes
+// it: an add into a peer's word, a bulk copy from this CTA's shared memory into a peer's,
+// completing on the peer's mbarrier, and a TMA tile load multicast into several CTAs at once.
 #pragma once
 #include "dashgen/types.cuh"
 
@@ -36,6 +36,15 @@ __device__ __forceinline__ float ld_shared_cluster_f32(u32 cluster_address) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(value) : "r"(cluster_address)
                : "memory");
   return value;
+}
+
+// *cluster_address += value (relaxed), in whichever CTA of the cluster the address maps to.
+// Two addends meeting at one address give the same bits in either order (one rounding of a
+// commutative add): so a peer may add its value onto a word holding this CTA's own. ptxas
+// compiles a peer's add to ATOM.E.ADD.F32.FTZ.RN (NVRTC 13): a denormal sum flushes to zero.
+__device__ __forceinline__ void red_add_shared_cluster_f32(u32 cluster_address, float value) {
+  asm volatile("red.shared::cluster.add.f32 [%0], %1;" :: "r"(cluster_address), "f"(value)
+               : "memory");
 }
 
 // Peer smem [dst, dst + bytes) = this CTA's smem [src, src + bytes) through the async proxy;
