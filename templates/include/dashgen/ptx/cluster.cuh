@@ -47,6 +47,27 @@ __device__ __forceinline__ void red_add_shared_cluster_f32(u32 cluster_address, 
                : "memory");
 }
 
+// One arrival on the mbarrier at `cluster_bar` (map_to_rank) in a peer CTA, releasing this
+// thread's prior writes at cluster scope (its adds into that CTA's shared memory among them).
+__device__ __forceinline__ void mbarrier_arrive_remote(u32 cluster_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(cluster_bar)
+               : "memory");
+}
+
+// mbarrier_wait_parity (ptx/mbarrier.cuh) acquiring at cluster scope: what a peer CTA wrote
+// before its mbarrier_arrive_remote on this barrier is seen after it.
+__device__ __forceinline__ void mbarrier_wait_parity_cluster(u64* bar, u32 phase_parity) {
+  u32 done = 0;
+  while (!done) {
+    asm volatile("{\n\t"
+                 ".reg .pred p;\n\t"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+                 "selp.u32 %0, 1, 0, p;\n\t"
+                 "}"
+                 : "=r"(done) : "r"(shared_address(bar)), "r"(phase_parity) : "memory");
+  }
+}
+
 // Peer smem [dst, dst + bytes) = this CTA's smem [src, src + bytes) through the async proxy;
 // `dst` and `peer_bar` are shared::cluster addresses (map_to_rank) in the same peer CTA, whose
 // mbarrier receives `bytes` of completed transactions. bytes: a multiple of 16, both addresses
