@@ -34,10 +34,13 @@ mkdir -p "$out"
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis
           --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats
           --section InstructionStats)
+# The L2's bytes by kind (reads, writes, reductions, atomics): at head_dim 256 the L2 bounds the
+# backward, and these say which of a task's transfers fill it (lab/notes/cluster-pair-plan.md).
+metrics=(--metrics "lts__t_bytes.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum")
 for config in "$@"; do
     IFS=- read -r dim mask seqlen <<<"$config"
     for impl in dashgen fa3; do
-        ncu --profile-from-start off --clock-control none "${sections[@]}" --csv \
+        ncu --profile-from-start off --clock-control none "${sections[@]}" "${metrics[@]}" --csv \
             --page details python3 "$here/ncu_backward.py" --impl "$impl" --fa3-path "$fa3" \
             --head-dim "${dim#d}" --mask "$mask" --seqlen "$seqlen" \
             $(nondet_flag "$impl") \
