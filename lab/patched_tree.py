@@ -20,6 +20,10 @@ The patches:
   that both warpgroups issue the same wgmmas (a wgmma on a path one warpgroup skips was
   serialized by ptxas when that was written; NVRTC 13 compiles the branch without C7511).
   Same adds, same bits; 6 fewer wgmmas a task in warpgroup 1.
+- gqa-lane-base: the swapped epilogue's GQA adds of dK^T/dV^T from one base address a lane,
+  each pair's add at a constant offset from it; ptxas held each add's own 64-bit address
+  across the adds (NVRTC 13, 192 GQA: 236-240 -> 32 bytes of spills, 2,920 -> 2,552
+  instructions in the causal symshift kernel). Same adds in the same order: same bits.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from pathlib import Path
 
 WRITER = "templates/include/dashgen/attn/bwd_dq_writer.cuh"
 SWAPPED = "templates/include/dashgen/attn/bwd_mainloop_swapped.cuh"
+EPILOGUE = "templates/include/dashgen/attn/bwd_epilogue_swapped.cuh"
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,29 @@ PATCHES: dict[str, tuple[Edit, ...]] = {
     "own-pieces": (
         Edit(SWAPPED, "      dq_mma(dq, smem, first + (b < pieces ? b : pieces - 1));\n",
              "      if (b < pieces) dq_mma(dq, smem, first + b);\n"),
+    ),
+    "gqa-lane-base": (
+        Edit(EPILOGUE,
+             "    float* dk_acc = p.dk_accum + (tile + (kSplit ? 0 : kKeys * me.wg)) * kHeadDim;\n"
+             "    float* dv_acc = p.dv_accum + (tile + (kSplit ? 0 : kKeys * me.wg)) * kHeadDim;\n"
+             "    pairs(dkt, me, [&](int key, int col, float lo, float hi) {\n"
+             "      red_add_v2_f32(dk_acc + key * kHeadDim + col, lo, hi);\n"
+             "    });\n"
+             "    pairs(dvt, me, [&](int key, int col, float lo, float hi) {\n"
+             "      red_add_v2_f32(dv_acc + key * kHeadDim + col, lo, hi);\n"
+             "    });\n",
+             "    const bool odd = me.g & 1;  // lab/patched_tree.py gqa-lane-base\n"
+             "    const int lane_off = (2 * me.t4 + (odd ? 1 : 0)) * kHeadDim + 16 * me.warp + (me.g & ~1);\n"
+             "    float* dk_acc = p.dk_accum + (tile + (kSplit ? 0 : kKeys * me.wg)) * kHeadDim + lane_off;\n"
+             "    float* dv_acc = p.dv_accum + (tile + (kSplit ? 0 : kKeys * me.wg)) * kHeadDim + lane_off;\n"
+             "    const int lane_key = 2 * me.t4 + (odd ? 1 : 0);\n"
+             "    const int lane_col = 16 * me.warp + (me.g & ~1);\n"
+             "    pairs(dkt, me, [&](int key, int col, float lo, float hi) {\n"
+             "      red_add_v2_f32(dk_acc + ((key - lane_key) * kHeadDim + (col - lane_col)), lo, hi);\n"
+             "    });\n"
+             "    pairs(dvt, me, [&](int key, int col, float lo, float hi) {\n"
+             "      red_add_v2_f32(dv_acc + ((key - lane_key) * kHeadDim + (col - lane_col)), lo, hi);\n"
+             "    });\n"),
     ),
 }
 

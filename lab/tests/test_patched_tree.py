@@ -58,9 +58,11 @@ from pathlib import Path
 # the copy's own headers, the patched ones, reach the compiler
 assert str(include_dir().resolve()).startswith(str(Path(sys.argv[1]).resolve())), include_dir()
 out = {}
-for hd, causal, schedule in ((192, False, "shift"), (192, True, "symmetric_shift"),
-                             (256, False, "shift")):
-    v = BackwardVariant("bf16", hd, causal, schedule)
+for hd, causal, schedule, gqa in ((192, False, "shift", False),
+                                  (192, True, "symmetric_shift", False),
+                                  (192, True, "symmetric_shift", True),
+                                  (256, False, "shift", True)):
+    v = BackwardVariant("bf16", hd, causal, schedule, gqa=gqa)
     cubin = compile_kernel(render_variant(v))
     usage = cubin.resources[v.kernel_name]
     out[v.kernel_name] = [usage.registers, usage.spill_bytes, list(cubin.warnings)]
@@ -78,4 +80,5 @@ def test_the_patched_kernels_compile_without_slow_paths(tmp_path):
         assert registers == 168, name
         assert not any(code in w for w in warnings for code in ("C7508", "C7511", "C7519")), \
             (name, warnings)
-        assert spill <= 96, (name, spill)  # tests/test_kernels_compile.py's bound at 192
+        # tests/test_kernels_compile.py's bounds at 192 (96, and 144 more under GQA)
+        assert spill <= (240 if name.endswith("_gqa") else 96), (name, spill)
