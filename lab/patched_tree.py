@@ -24,6 +24,10 @@ The patches:
   each pair's add at a constant offset from it; ptxas held each add's own 64-bit address
   across the adds (NVRTC 13, 192 GQA: 236-240 -> 32 bytes of spills, 2,920 -> 2,552
   instructions in the causal symshift kernel). Same adds in the same order: same bits.
+- rows-uniform-descriptors: the rows mainloop (64, 128) takes the swapped one's descriptors
+  (docs/design.md, `uniform-descriptors`): each tile's low word broadcast once, a uniform add a
+  k16 step (S^T/dP^T, dV/dK's B, dQ). Same descriptors: same bits. Changes the golden kernels:
+  for timing at 64/128, where the long rows lose to FA3/FA4.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from pathlib import Path
 WRITER = "templates/include/dashgen/attn/bwd_dq_writer.cuh"
 SWAPPED = "templates/include/dashgen/attn/bwd_mainloop_swapped.cuh"
 EPILOGUE = "templates/include/dashgen/attn/bwd_epilogue_swapped.cuh"
+ROWS = "templates/include/dashgen/attn/bwd_mainloop.cuh"
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,56 @@ PATCHES: dict[str, tuple[Edit, ...]] = {
     "own-pieces": (
         Edit(SWAPPED, "      dq_mma(dq, smem, first + (b < pieces ? b : pieces - 1));\n",
              "      if (b < pieces) dq_mma(dq, smem, first + b);\n"),
+    ),
+    "rows-uniform-descriptors": (
+        Edit(ROWS,
+             "    wgmma_fence();\n"
+             "#pragma unroll\n"
+             "    for (int k = 0; k < kScoreSteps; ++k) {\n"
+             "      wgmma_ss<kIn, kBlockM>(st, tile_desc_k_major(smem + kOffK, kBlockN, 64 * wg, k),\n"
+             "                             tile_desc_k_major(q_tile, kBlockM, 0, k), k > 0);\n"
+             "    }\n"
+             "#pragma unroll\n"
+             "    for (int k = 0; k < kScoreSteps; ++k) {\n"
+             "      wgmma_ss<kIn, kBlockM>(dpt, tile_desc_k_major(smem + kOffV, kBlockN, 64 * wg, k),\n"
+             "                             tile_desc_k_major(do_tile, kBlockM, 0, k), k > 0);\n"
+             "    }\n",
+             "    wgmma_fence();  // lab/patched_tree.py rows-uniform-descriptors\n"
+             "    const u32 k_lo = uniform_desc_lo(wgmma_desc_k_major_sw128(smem + kOffK + 64 * wg * 128));\n"
+             "    const u32 q_lo = uniform_desc_lo(wgmma_desc_k_major_sw128(q_tile));\n"
+             "#pragma unroll\n"
+             "    for (int k = 0; k < kScoreSteps; ++k) {\n"
+             "      wgmma_ss<kIn, kBlockM>(st, k_major_step<kBlockN>(k_lo, k), k_major_step<kBlockM>(q_lo, k),\n"
+             "                             k > 0);\n"
+             "    }\n"
+             "    const u32 v_lo = uniform_desc_lo(wgmma_desc_k_major_sw128(smem + kOffV + 64 * wg * 128));\n"
+             "    const u32 do_lo = uniform_desc_lo(wgmma_desc_k_major_sw128(do_tile));\n"
+             "#pragma unroll\n"
+             "    for (int k = 0; k < kScoreSteps; ++k) {\n"
+             "      wgmma_ss<kIn, kBlockM>(dpt, k_major_step<kBlockN>(v_lo, k), k_major_step<kBlockM>(do_lo, k),\n"
+             "                             k > 0);\n"
+             "    }\n"),
+        Edit(ROWS,
+             "    const u64 b_desc = wgmma_desc_mn_major_sw128(b_tile, kBlockM * 128);\n"
+             "#pragma unroll\n"
+             "    for (int kk = 0; kk < kBlockM / 16; ++kk) {\n"
+             "      rs_mma(acc, a[kk], wgmma_desc_advance(b_desc, kk * kSw128MnMajorKStepBytes));\n",
+             "    const u32 b_lo = uniform_desc_lo(wgmma_desc_mn_major_sw128(b_tile, kBlockM * 128));\n"
+             "#pragma unroll\n"
+             "    for (int kk = 0; kk < kBlockM / 16; ++kk) {\n"
+             "      rs_mma(acc, a[kk], desc_from_lo(b_lo, kk * kSw128MnMajorKStepBytes));\n"),
+        Edit(ROWS,
+             "    const u64 k_desc = wgmma_desc_mn_major_sw128(k_block, kBlockN * 128);\n"
+             "#pragma unroll\n"
+             "    for (int k = 0; k < kDqSteps; ++k) {\n"
+             "      const u64 a_ds = tile_desc_k_major(ds_tile, kBlockM, a_row0, k);\n"
+             "      wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, wgmma_desc_advance(k_desc, k * kSw128MnMajorKStepBytes),\n",
+             "    const u32 k_lo = uniform_desc_lo(wgmma_desc_mn_major_sw128(k_block, kBlockN * 128));\n"
+             "    const u32 ds_lo = uniform_desc_lo(wgmma_desc_k_major_sw128(ds_tile + a_row0 * 128));\n"
+             "#pragma unroll\n"
+             "    for (int k = 0; k < kDqSteps; ++k) {\n"
+             "      const u64 a_ds = k_major_step<kBlockM>(ds_lo, k);\n"
+             "      wgmma_ss<kIn, 64, 0, 1>(dq, a_ds, desc_from_lo(k_lo, k * kSw128MnMajorKStepBytes),\n"),
     ),
     "gqa-lane-base": (
         Edit(EPILOGUE,

@@ -61,7 +61,9 @@ out = {}
 for hd, causal, schedule, gqa in ((192, False, "shift", False),
                                   (192, True, "symmetric_shift", False),
                                   (192, True, "symmetric_shift", True),
-                                  (256, False, "shift", True)):
+                                  (256, False, "shift", True),
+                                  (128, True, "symmetric_shift", False),
+                                  (64, False, "shift", False)):
     v = BackwardVariant("bf16", hd, causal, schedule, gqa=gqa)
     cubin = compile_kernel(render_variant(v))
     usage = cubin.resources[v.kernel_name]
