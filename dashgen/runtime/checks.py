@@ -133,6 +133,18 @@ def softcap(value) -> float:
     return float(value)
 
 
+def _window_bound(value, window_size) -> int:
+    """One bound of window_size as an int: any integer FlashAttention takes (its interface
+    reads window_size[0] and [1] as ints, so an element of a 2-element integer tensor, as
+    FA3's varlen tests pass, or a numpy int serves); bools and non-integers are named."""
+    if not isinstance(value, bool) and getattr(value, "dtype", None) != torch.bool:
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+
+
 def window(window_size, causal: bool, seqlen_q: int | None = None,
            seqlen_k: int | None = None) -> tuple[bool, tuple[int, int]]:
     """(causal, window) for FlashAttention's window_size and causal: window_size = (left,
@@ -147,18 +159,7 @@ def window(window_size, causal: bool, seqlen_q: int | None = None,
     except (TypeError, ValueError):
         raise TypeError(f"window_size must be a pair of ints (left, right), got "
                         f"{window_size!r}") from None
-    bounds = []
-    for value in (left, right):
-        # Any integer FlashAttention takes: its interface reads window_size[0] and [1] as ints,
-        # so a 2-element integer tensor (FA3's varlen tests pass one) or numpy's ints serve.
-        try:
-            if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool:
-                raise TypeError
-            bounds.append(operator.index(value))
-        except TypeError:
-            raise TypeError(f"window_size must be a pair of ints (left, right), got "
-                            f"{window_size!r}") from None
-    left, right = bounds
+    left, right = _window_bound(left, window_size), _window_bound(right, window_size)
     # FlashAttention reads any negative bound as an open side.
     left, right = max(left, -1), max(right, -1)
     if causal:
