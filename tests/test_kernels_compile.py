@@ -43,15 +43,15 @@ HYBRID_PACK_SPILL_BYTES = 192
 # (docs/design.md, `dkv-16-byte-stores`) only the GQA backward without the dQ order spills
 # there (16 bytes; 0-56 by variant before, most of it reloads). head_dim 64 spills none.
 # At 192 (64x96 tasks, 48 keys a warpgroup) dK^T + dV^T (144) and S + dP (48) fill 192 of the
-# 240 registers: ptxas keeps one or two words in local memory (nvdisasm: a word the roles share,
-# stored before setmaxnreg, and the task's seg_end flag, stored once a task as its slot is read
-# and reloaded at dQ's last piece): 40 bytes ordered, 60 unordered, 120 with a window and
-# soft-capping; q/k 192 with v 128 (dV^T 48) none. Measured 0.92-1.42x the 64x64 tasks that
-# spilled none, faster in 19 of 20 configurations (docs/design.md, `swapped-mainloop`).
-MMA_SPILL_BYTES = {64: 0, 128: 16, 192: 96, 256: 0}
-# Under GQA at 192 the epilogue's fp32 adds of dK^T/dV^T keep their addresses across the adds,
-# once a segment: up to 144 bytes more (240 in all; nvdisasm).
-GQA_SPILL_BYTES = {192: 144}
+# 240 registers. The walk's task count is read from shared memory at each task's end, warpgroup 1
+# computes its one dQ piece once, and the GQA epilogue adds from one address a lane
+# (docs/design.md, `swapped-spills`): the plain 192 kernels spill none (40-60 bytes before), a
+# window with soft-capping 48 (120 before), GQA 48 and a GQA pack 72 (236-240 before); q/k 192
+# with v 128 (dV^T 48) none. The 64x96 tasks measured 0.92-1.42x the 64x64 ones that spilled
+# none, faster in 19 of 20 configurations (docs/design.md, `swapped-mainloop`).
+MMA_SPILL_BYTES = {64: 0, 128: 16, 192: 24, 256: 0}
+# Under GQA at 192 the epilogue's fp32 adds of dK^T/dV^T, once a segment: up to 24 bytes more.
+GQA_SPILL_BYTES = {192: 24}
 # dq_last at head_dim 64 keeps the dS tiles of the softmax loop beside dK's accumulators: 56
 # bytes, accepted because it measured 1.14-1.26x faster at 128k-256k (docs/design.md,
 # `dq-last-long`). At 128 it spills no more than the others.
@@ -396,7 +396,7 @@ def test_the_backward_constants_are_the_tiles_schedules_are_built_in():
     assert backward_tiles(96) == backward_tiles(128)  # computed in the 128 kernel
     assert backward_tiles(192) == (64, 96) and backward_tiles(256) == (64, 64)
     assert B("bf16", 256, True, "fa3").dq_per_warpgroup
-    assert not B("bf16", 192, True, "fa3").dq_per_warpgroup  # a candidate there: 192-dq-own
+    assert not B("bf16", 192, True, "fa3").dq_per_warpgroup  # measured no faster there
     assert B("bf16", 192, True, "fa3").swapped and B("bf16", 256, True, "fa3").swapped
     for head_dim in (192, 256):  # the swapped mainloop has no fused converter
         with pytest.raises(ValueError, match=rf"^head_dim {head_dim} runs the swapped mainloop"):
@@ -506,7 +506,6 @@ def test_a_listed_schedule_is_refused_for_packs():
 # bytes; under GQA the epilogue's adds up to 240 more). Bounds a GPU run weighs against their
 # speed.
 CANDIDATE_BOUNDS = {
-    "192-dq-own": (MMA_SPILL_BYTES[192], 144, 0, {192: 231_968, 128: 219_696}),
     "256-64x80": (96, 240, 0, {256: 219_696}),
 }
 CANDIDATE_CASES = [

@@ -101,19 +101,7 @@ BACKWARD_CONSTANTS = {
 #   gave 1.053 (full) and 1.012 (causal) of 64x64's ordered backward.
 # (dQ added from the MMA registers, FA3's path at 256, measured 0.66-0.68x the staged dQ ordered
 # and 0.75-0.76x unordered: lab/notes/tried-and-dropped.md, `dq-direct`.)
-# - 192-dq-own: 64x96 at 192 with a dQ buffer per warpgroup (dq_per_warpgroup, as served at
-#   256): warpgroup 0's two pieces through buffer 0, warpgroup 1's one through buffer 1, no
-#   kHandOff turns; the same two buffers, 231,968 bytes (192/128 keeps a buffer a piece).
-#   On an H100 its GPU tests passed (26), the same bits as served, 1.015 of the served ordered
-#   backward in one call (inside the noise); no sanitizer run yet (docs/design.md,
-#   `dq-buffer-per-warpgroup`).
 BACKWARD_CANDIDATES = {
-    "192-dq-own": {
-        (192, False): BackwardConstants(block_m=64, block_n=96, swapped=True,
-                                        dq_per_warpgroup=True),
-        (192, True): BackwardConstants(block_m=64, block_n=96, swapped=True,
-                                       dq_per_warpgroup=True),
-    },
     "256-64x80": {
         (256, False): BackwardConstants(block_m=64, block_n=80, swapped=True),
         (256, True): BackwardConstants(block_m=64, block_n=80, swapped=True),

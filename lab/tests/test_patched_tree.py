@@ -82,5 +82,6 @@ def test_the_patched_kernels_compile_without_slow_paths(tmp_path):
         assert registers == 168, name
         assert not any(code in w for w in warnings for code in ("C7508", "C7511", "C7519")), \
             (name, warnings)
-        # tests/test_kernels_compile.py's bounds at 192 (96, and 144 more under GQA)
-        assert spill <= (240 if name.endswith("_gqa") else 96), (name, spill)
+        # tests/test_kernels_compile.py's bounds at 192 for a named walk (24, 24 more under
+        # GQA, 16 for the walk in the scheduler lane)
+        assert spill <= (64 if name.endswith("_gqa") else 40), (name, spill)

@@ -102,13 +102,18 @@ struct BwdEpilogueSwapped {
     }
     if (kDeterministic && me.tid == 0) wait_counter_equals(counter, static_cast<u32>(t.dkv_rank));
     K::sync_mma_warpgroups();
-    float* dk_acc = p.dk_accum + (tile + (kSplit ? 0 : kKeys * me.wg)) * kHeadDim;
-    float* dv_acc = p.dv_accum + (tile + (kSplit ? 0 : kKeys * me.wg)) * kHeadDim;
+    // One base address a lane and each add at a constant offset from it (the pair's key and
+    // column less the lane's own, see pairs): with an address of its own for every add ptxas
+    // held them all across the adds and spilled (NVRTC 13, 192 GQA: 236-240 bytes).
+    const int lane_key = 2 * me.t4 + (me.g & 1), lane_col = 16 * me.warp + (me.g & ~1);
+    const int lane_at = lane_key * kHeadDim + lane_col;
+    float* dk_acc = p.dk_accum + (tile + (kSplit ? 0 : kKeys * me.wg)) * kHeadDim + lane_at;
+    float* dv_acc = p.dv_accum + (tile + (kSplit ? 0 : kKeys * me.wg)) * kHeadDim + lane_at;
     pairs(dkt, me, [&](int key, int col, float lo, float hi) {
-      red_add_v2_f32(dk_acc + key * kHeadDim + col, lo, hi);
+      red_add_v2_f32(dk_acc + ((key - lane_key) * kHeadDim + (col - lane_col)), lo, hi);
     });
     pairs(dvt, me, [&](int key, int col, float lo, float hi) {
-      red_add_v2_f32(dv_acc + key * kHeadDim + col, lo, hi);
+      red_add_v2_f32(dv_acc + ((key - lane_key) * kHeadDim + (col - lane_col)), lo, hi);
     });
     __threadfence();
     K::sync_mma_warpgroups();

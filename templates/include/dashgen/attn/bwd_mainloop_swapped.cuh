@@ -95,7 +95,8 @@ struct BwdMainloopSwapped {
     float dkt[kOwnBlocks][kDkvAcc], dvt[kOwnBlocksV][kDkvAcc];  // this warpgroup's dK^T, dV^T
     int segment = 0;
 
-    for (int i = begin; i < end; ++i) {
+    // i < end, the count read again at each task's end (task_count).
+    for (int i = begin; i < begin + task_count(smem); ++i) {
       const int s = (i - begin) % kStages, use = (i - begin) / kStages;
       mbarrier_wait_parity(&bars->q_full[s], use & 1);
       const Task t =
@@ -187,12 +188,21 @@ struct BwdMainloopSwapped {
     }
   }
 
+  // The walk's task count, read from its shared-memory slot at each task's end: held in a
+  // register across the task, ptxas spilled it at 192 (NVRTC 13: 32 bytes a 192/192 kernel).
+  __device__ static __forceinline__ int task_count(const char* smem) {
+    int count;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(count)
+                 : "r"(shared_address(smem + K::kOffCount)));
+    return count;
+  }
+
   // Stages 5 and 6: dQ's first piece, dK^T under its hand-off, then the other pieces, each
   // computed (N = 64) and handed to the writer in turn: one piece's 32 registers live, not 64.
-  // Both warpgroups issue the same wgmmas (kPieces0 pieces): a wgmma on a path only one of them
-  // takes is serialized by ptxas. Where warpgroup 1 has fewer pieces (192) it recomputes its
-  // last and hands it over once. Q/dO stage s (and K/V at a segment's end) are released with
-  // the last wgmmas that read them.
+  // Both warpgroups run kPieces0 rounds of waits; where warpgroup 1 has fewer pieces (192) it
+  // skips the last round's wgmma (NVRTC 13's ptxas compiles that branch without serializing the
+  // wgmmas, C7511) and keeps its wait and release. Q/dO stage s (and K/V at a segment's end)
+  // are released with the last wgmmas that read them.
   __device__ static __forceinline__ void dk_and_dq(float (&dkt)[kOwnBlocks][kDkvAcc],
                                                    float (&dq)[32], char* smem,
                                                    const char* q_tile, Bars* bars, int task,
@@ -208,7 +218,7 @@ struct BwdMainloopSwapped {
     hand_off_piece(dq, smem, bars, task, first, me);
 #pragma unroll
     for (int b = 1; b < kPieces0; ++b) {
-      dq_mma(dq, smem, first + (b < pieces ? b : pieces - 1));
+      if (b < pieces) dq_mma(dq, smem, first + b);
       wgmma_wait_group<0>();
       if (b == kPieces0 - 1) release_stage(bars, s, seg_end, me);
       if (b < pieces) hand_off_piece(dq, smem, bars, task, first + b, me);
