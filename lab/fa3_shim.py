@@ -55,8 +55,13 @@ def no_reference(q, k, v, *args, **kwargs):
     there): a counted case stops at dashgen's first kernel, before its output is compared, so
     the two O(seqlen^2) references FA3's tests form first are never read. Zeros of their shapes:
     the output (batch, seqlen_q, heads, head_dim_v) in q's dtype, the attention matrix
-    (batch, heads, seqlen_q, seqlen_k) as a broadcast zero that holds no memory."""
+    (batch, heads, seqlen_q, seqlen_k) as a broadcast zero that holds no memory. The output
+    hangs off one element of each of q, k and v in the autograd graph: a case dashgen answers
+    without a kernel (a pack with no keys: zeros, FlashAttention's output there) goes on to
+    take the reference's gradients, which are then zeros too."""
     out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+    if any(t.requires_grad for t in (q, k, v)):
+        out = out + 0 * sum(t.flatten()[:1].sum() for t in (q, k, v))
     attn = torch.zeros((), dtype=q.dtype, device=q.device).expand(
         q.shape[0], q.shape[2], q.shape[1], k.shape[1])
     return out, attn

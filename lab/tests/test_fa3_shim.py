@@ -116,3 +116,14 @@ def test_the_count_only_reference_is_zeros_of_the_references_shapes():
     assert not out.any()
     assert attn.shape == (2, 4, 5, 7) and attn.stride() == (0, 0, 0, 0)
     assert not attn.any()
+
+
+def test_the_count_only_reference_has_zero_gradients_for_a_case_without_a_kernel():
+    """A case dashgen answers without a kernel (FA3's determinism file packs two sequences with
+    no keys at 4096 tokens) reaches the reference's gradients: zeros of q's, k's and v's shapes,
+    not an autograd error."""
+    q, k, v = (torch.randn(2, 5, 4, 64, requires_grad=True) for _ in range(3))
+    out, _ = fa3_shim.no_reference(q, k, v, None, None)
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert not any(g.any() for g in grads)
