@@ -546,3 +546,51 @@ def test_candidates_compile_and_fit(name, variant, monkeypatch):
     assert main.registers == ENTRY_REGISTERS, cubin.log
     smem = cubin.constant(variant.smem_symbol)
     assert smem == smem_bytes[variant.head_dim_v or variant.head_dim] <= SM90_MAX_SMEM_BYTES
+
+
+# The cluster pair (attn/bwd_pair.cuh; lab/notes/cluster-pair-plan.md): compiled, not yet served.
+PAIR_VARIANTS = [
+    B("bf16", 256, False, "shift", cluster_pair=True),
+    B("bf16", 256, True, "symmetric_shift", cluster_pair=True),
+    B("fp16", 256, True, "spt_listed", cluster_pair=True),
+    B("bf16", 256, False, "fa3", deterministic=False, cluster_pair=True),
+    B("bf16", 256, True, "descending", early_kv=True, cluster_pair=True),
+]
+# The pair's walk keeps one word more than one CTA's in the scheduler lane where the policy's
+# walk spills at all (symmetric_shift: 20 bytes against 16); the MMA warpgroups spill none.
+PAIR_WALK_SPILL_BYTES = 8
+
+
+@pytest.mark.parametrize("variant", PAIR_VARIANTS, ids=lambda v: v.kernel_name)
+def test_the_cluster_pair_compiles_as_a_cluster_of_two_without_spills(variant, compiled):
+    source = render_variant(variant)
+    assert "__cluster_dims__(2, 1, 1)" in source.text
+    assert "static constexpr int kClusterPair = 1;" in source.text
+    cubin = compiled(variant)
+    main = cubin.resources[variant.kernel_name]
+    assert main.registers == ENTRY_REGISTERS, cubin.log
+    assert main.spill_bytes <= SCHEDULER_SPILL_BYTES + PAIR_WALK_SPILL_BYTES, cubin.log
+    assert not any(main.has_warning(code) for code in SLOW_PATHS), main.warnings
+    # The one-CTA kernel's layout with the two dq_staged barriers after it.
+    single = dataclasses.replace(variant, cluster_pair=False)
+    single_bytes = compiled(single).constant(single.smem_symbol)
+    assert cubin.constant(variant.smem_symbol) == single_bytes + 16
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(head_dim=192), dict(gqa=True), dict(varlen=True, schedule="spt"),
+    dict(window=True, schedule="spt_listed"), dict(softcap=True), dict(trace=True),
+    dict(schedule="table"),
+])
+def test_the_cluster_pair_refuses_what_it_does_not_serve(kwargs):
+    fields = dict(dtype="bf16", head_dim=256, causal=False, schedule="shift", cluster_pair=True)
+    with pytest.raises(ValueError, match=r"^cluster_pair serves head_dim 256 under a named"):
+        B(**{**fields, **kwargs})
+
+
+def test_the_runtime_does_not_load_a_cluster_pair():
+    from dashgen.runtime import device
+    import torch
+    with pytest.raises(NotImplementedError, match=r"_pair: cluster_pair kernels compile but are "
+                                                  r"not launched"):
+        device.kernels(PAIR_VARIANTS[0], torch.device("cuda"))

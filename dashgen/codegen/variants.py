@@ -238,12 +238,13 @@ class _Variant:
                 raise TypeError(f"{name} must be a bool, got {value!r}")
 
     def __repr__(self) -> str:
-        # head_dim_v only where it differs from head_dim, and softcap and window only where
-        # set, so that a variant without them names itself as it did before they existed (the
-        # comment the sources open with).
+        # head_dim_v only where it differs from head_dim, and softcap, window and cluster_pair
+        # only where set, so that a variant without them names itself as it did before they
+        # existed (the comment the sources open with).
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                   if (f.name != "head_dim_v" or self.head_dim_v != self.head_dim)
-                  and (f.name not in ("softcap", "window") or getattr(self, f.name))]
+                  and (f.name not in ("softcap", "window", "cluster_pair")
+                       or getattr(self, f.name))]
         return f"{type(self).__name__}({', '.join(fields)})"
 
     @property
@@ -366,6 +367,9 @@ class BackwardVariant(_Variant):
     softcap: bool = False  # scores soft-capped (attn/softcap.cuh; the cap is a parameter)
     window: bool = False  # a sliding window (attn/mask.cuh, sched::WindowTiling; bounds: params)
     head_dim_v: int | None = None  # V's, O's and dO's columns (None: head_dim's)
+    # A cluster pair (attn/bwd_pair.cuh): two CTAs, one worker of 128-key tasks, Q/dO multicast,
+    # dQ's partials summed in shared memory. Compiled, not yet served: the runtime refuses it.
+    cluster_pair: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -394,6 +398,12 @@ class BackwardVariant(_Variant):
         if self.swapped and self.fused_convert:  # (dq_last is refused above: DQ_LAST_HEAD_DIMS)
             raise ValueError(f"head_dim {self.head_dim} runs the swapped mainloop, whose dQ the "
                              f"convert kernel converts: no fused_convert")
+        if self.cluster_pair and (self.kernel_head_dim != 256 or self.head_dim_v != self.head_dim
+                                  or self.gqa or self.varlen or self.window or self.softcap
+                                  or self.trace or self.table):
+            raise ValueError("cluster_pair serves head_dim 256 under a named schedule, one "
+                             "fixed-length MHA problem without a window, soft-capping or "
+                             "tracing")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
@@ -450,7 +460,8 @@ class BackwardVariant(_Variant):
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
                           (self.early_kv, "ekv"), (self.dq_last, "dqlast"),
                           (self.trace, "trace"),
-                          (self.varlen, "varlen"), (self.softcap, "softcap")):
+                          (self.varlen, "varlen"), (self.softcap, "softcap"),
+                          (self.cluster_pair, "pair")):
             if flag:
                 name += "_" + tag
         return name

@@ -5,6 +5,7 @@
 // partial onto the tile in global memory and wait until it has landed, pass the turn, free the
 // buffer (dq_empty). K supplies the kernel's constants, its task ring and its shared layout.
 #pragma once
+#include "dashgen/attn/bwd_pair.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/ptx/bulk.cuh"
 #include "dashgen/ptx/counter.cuh"
@@ -24,7 +25,10 @@ struct BwdDqWriter {
     for (int i = 0; i < count; ++i) {
       const Task t = Scheduler::take_task(smem, bars, i);
       const int s = i % K::kStages, use = i / K::kStages;
-      if constexpr (K::kDqPieces > 1) {
+      if constexpr (K::kPair != 0) {
+        // The first owned piece, with the peer's adds on it (released at cluster scope).
+        mbarrier_wait_parity_cluster(&bars->dq_full[0], piece_parity(i, 0));
+      } else if constexpr (K::kDqPieces > 1) {
         mbarrier_wait_parity(&bars->dq_full[0], piece_parity(i, 0));  // the first piece
       } else {
         mbarrier_wait_parity(&bars->dq_full[s], use & 1);
@@ -33,9 +37,16 @@ struct BwdDqWriter {
       if (K::kTrace) trace_stamp(row, kTraceReady);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
       if constexpr (K::kVarlen) counter = p.dq_counters + Scheduler::q_tile(p, t);
+      // A pair: a counter per owned half, rank r's after all of half 0's (the convert kernel
+      // reads half 0's, which counts the same contributions).
+      if constexpr (K::kPair != 0) {
+        counter += ClusterPair::rank() * static_cast<u32>(p.batch * p.heads_q * p.num_m_blocks);
+      }
       if (K::kDeterministic) wait_turn(p, t, counter);
       if (K::kTrace) trace_stamp(row, kTraceAcquired);
-      if constexpr (K::kDqPieces > 1) {
+      if constexpr (K::kPair != 0) {
+        land_owned(p, t, smem, bars, i);
+      } else if constexpr (K::kDqPieces > 1) {
         land_pieces(p, t, smem, bars, i);
       } else {
         land_partial(p, t, smem, s);
@@ -123,6 +134,29 @@ struct BwdDqWriter {
     bulk_wait_group<0>();
   }
 
+  // A pair's owned half (attn/bwd_pair.cuh): CTA r's warpgroup r's two pieces (column blocks
+  // 2r and 2r + 1), one a buffer, each the owner's partial with the peer's added; landed as
+  // land_pieces lands its pieces, under this half's turn, both buffers freed once read.
+  __device__ static __forceinline__ void land_owned(const BwdParams& p, const Task& t,
+                                                    const char* smem, typename K::Bars* bars,
+                                                    int i) {
+    const int first = 2 * static_cast<int>(ClusterPair::rank());
+    float* dst = dq_tile(p, t);
+    for (int j = 0; j < 2; ++j) {
+      if (j > 0) mbarrier_wait_parity_cluster(&bars->dq_full[j], piece_parity(i, first + j));
+      const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + j * K::kDqBytes);
+      float* piece = dst + (first + j) * K::kBlockM * 64;
+      if (K::kDeterministic && t.dq_rank == 0) {
+        bulk_store_f32(piece, src, K::kDqBytes);  // the first contribution (see land_partial)
+      } else {
+        bulk_reduce_add_f32(piece, src, K::kDqBytes);
+      }
+      bulk_commit_group();
+    }
+    bulk_wait_group_read<0>();
+    for (int j = 0; j < 2; ++j) mbarrier_arrive(&bars->dq_empty[j]);
+    bulk_wait_group<0>();
+  }
   // The phase of piece b of this worker's task i on its buffer's full barrier (K::dq_use).
   __device__ static __forceinline__ u32 piece_parity(int i, int b) {
     return K::dq_use(i, b) & 1;

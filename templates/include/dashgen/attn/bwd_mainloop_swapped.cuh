@@ -21,6 +21,7 @@
 #pragma once
 #include "dashgen/attn/bwd_epilogue_swapped.cuh"
 #include "dashgen/attn/bwd_mainloop.cuh"
+#include "dashgen/attn/bwd_pair.cuh"
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/head_dim.cuh"
 #include "dashgen/attn/mask.cuh"
@@ -68,6 +69,7 @@ struct BwdMainloopSwapped {
   static constexpr bool kSharedBuffer = K::kDqBuffers < K::kDqPieces && !K::kDqPerWg;
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
+  enum : int { kPair = K::kPair };  // a cluster pair (attn/bwd_pair.cuh)
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
   enum : int { kWindow = K::kWindow };
   static constexpr int kStages = K::kStages;
@@ -167,7 +169,7 @@ struct BwdMainloopSwapped {
       // kSplit: dV^T retired first, so past this barrier no warpgroup reads P^T, which the next
       // task rewrites.
       if constexpr (kSplit) wgmma_wait_group<0>();
-      if constexpr (kOwnDo != 0) mbarrier_arrive(&bars->do_empty);  // dV^T read it last
+      if constexpr (kOwnDo != 0) arrive_stage(&bars->do_empty);  // dV^T read it last
       K::sync_mma_warpgroups();
       store_transposed(smem + kOffDst, dsk, me);
       fence_proxy_async_shared();
@@ -355,7 +357,17 @@ struct BwdMainloopSwapped {
   __device__ static __forceinline__ void release_stage(Bars* bars, int s, bool seg_end,
                                                        const MmaThread& me) {
     if (kEarlyKv && me.tid % 128 == 0 && seg_end) mbarrier_arrive(&bars->kv_empty);
-    mbarrier_arrive(&bars->q_empty[s]);
+    arrive_stage(&bars->q_empty[s]);
+  }
+
+  // A Q/dO stage's release: a pair's consumers release it in both CTAs, whose multicasts both
+  // fill it (attn/bwd_pair.cuh).
+  __device__ static __forceinline__ void arrive_stage(u64* empty) {
+    if constexpr (kPair) {
+      ClusterPair::arrive_both(empty);
+    } else {
+      mbarrier_arrive(empty);
+    }
   }
 
   // dQ's piece of column block cb of this walk's task number `task` to the writer. Through
@@ -370,17 +382,58 @@ struct BwdMainloopSwapped {
   __device__ static __forceinline__ void hand_off_piece(const float (&dq)[32], char* smem,
                                                         Bars* bars, int task, int cb,
                                                         const MmaThread& me) {
-    const int buffer = K::dq_buffer(cb);
-    const int n = K::dq_use(task, cb);
-    float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
-    mbarrier_wait_parity(&bars->dq_empty[buffer], (n & 1) ^ 1);
+    if constexpr (kPair) {
+      hand_off_pair_piece(dq, smem, bars, task, cb, me);
+    } else {
+      const int buffer = K::dq_buffer(cb);
+      const int n = K::dq_use(task, cb);
+      float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
+      mbarrier_wait_parity(&bars->dq_empty[buffer], (n & 1) ^ 1);
 #pragma unroll
-    for (int e = 0; e < 32; e += 2) {
-      const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);  // an m64n64 fragment's row
-      *reinterpret_cast<float2*>(buf + row_of(e, me) * 64 + col) = make_float2(dq[e], dq[e + 1]);
+      for (int e = 0; e < 32; e += 2) {
+        const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);  // an m64n64 fragment's row
+        *reinterpret_cast<float2*>(buf + row_of(e, me) * 64 + col) =
+            make_float2(dq[e], dq[e + 1]);
+      }
+      fence_proxy_async_shared();
+      mbarrier_arrive(&bars->dq_full[buffer]);
     }
-    fence_proxy_async_shared();
-    mbarrier_arrive(&bars->dq_full[buffer]);
+  }
+
+  // A pair's piece (attn/bwd_pair.cuh): warpgroup w's pieces belong to CTA w, one a buffer
+  // (cb % 2), each buffer once a task. There the warpgroup stores its piece as above and tells
+  // the peer (dq_staged); in the other CTA the same warpgroup, once told, adds its own piece
+  // onto those stores in the owner's shared memory and arrives on the owner's dq_full, which
+  // counts both. Each thread adds the elements its twin stored (the same fragment layout).
+  __device__ static __forceinline__ void hand_off_pair_piece(const float (&dq)[32], char* smem,
+                                                             Bars* bars, int task, int cb,
+                                                             const MmaThread& me) {
+    const int buffer = K::dq_buffer(cb);
+    float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
+    if (me.wg == static_cast<int>(ClusterPair::rank())) {
+      mbarrier_wait_parity(&bars->dq_empty[buffer], (task & 1) ^ 1);
+#pragma unroll
+      for (int e = 0; e < 32; e += 2) {
+        const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
+        *reinterpret_cast<float2*>(buf + row_of(e, me) * 64 + col) =
+            make_float2(dq[e], dq[e + 1]);
+      }
+      fence_proxy_async_shared();  // the writer's bulk copy reads them
+      mbarrier_arrive_remote(ClusterPair::peer(&bars->dq_staged[buffer]));
+      mbarrier_arrive(&bars->dq_full[buffer]);
+    } else {
+      mbarrier_wait_parity_cluster(&bars->dq_staged[buffer], task & 1);
+      const u32 owner = ClusterPair::peer(buf);
+#pragma unroll
+      for (int e = 0; e < 32; e += 2) {
+        const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
+        const u32 at = owner + 4u * static_cast<u32>(row_of(e, me) * 64 + col);
+        red_add_shared_cluster_f32(at, dq[e]);
+        red_add_shared_cluster_f32(at + 4u, dq[e + 1]);
+      }
+      fence_proxy_async_shared_cluster();  // before the owner's writer reads by bulk copy
+      mbarrier_arrive_remote(ClusterPair::peer(&bars->dq_full[buffer]));
+    }
   }
 };
 

@@ -8,6 +8,7 @@
 // wait bounded by the watchdog (wait_rank, report_stall) and the signal to the next rank
 // (signal_rank). K supplies the kernel's constants, its ring and its barriers.
 #pragma once
+#include "dashgen/attn/bwd_pair.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/ptx/bulk.cuh"
 #include "dashgen/ptx/counter.cuh"
@@ -51,7 +52,10 @@ struct BwdScheduler {
     }
     __device__ __forceinline__ int seqlen_q() const { return fresh(p.seqlen_q); }
     __device__ __forceinline__ int seqlen_k() const { return fresh(p.seqlen_k); }
-    __device__ __forceinline__ int workers() const { return fresh(static_cast<int>(gridDim.x)); }
+    // A cluster pair is one worker (attn/bwd_pair.cuh).
+    __device__ __forceinline__ int workers() const {
+      return fresh(static_cast<int>(K::kPair ? gridDim.x / 2 : gridDim.x));
+    }
     // A sliding window's bounds (sched::WindowTiling reads them; no other tiling does).
     __device__ __forceinline__ int window_left() const { return fresh(p.window_left); }
     __device__ __forceinline__ int window_right() const { return fresh(p.window_right); }
@@ -87,9 +91,9 @@ struct BwdScheduler {
     if constexpr (K::kTable) {
       return Walk(p.tasks, p.worker_offsets, blockIdx.x);
     } else if constexpr (K::Config::kListed) {
-      return Walk(shape, p.unit_deal, blockIdx.x);
+      return Walk(shape, p.unit_deal, K::kPair ? blockIdx.x / 2 : blockIdx.x);
     } else {
-      return Walk(shape, blockIdx.x);
+      return Walk(shape, K::kPair ? blockIdx.x / 2 : blockIdx.x);
     }
   }
 
@@ -103,7 +107,13 @@ struct BwdScheduler {
     for (int i = 0; i < count; ++i) {
       const int k = i % kRing;
       if (i >= kRing) mbarrier_wait_parity(&bars->ring_empty[k], ((i / kRing) - 1) & 1);
-      ring[k] = walk.next();
+      if constexpr (K::kPair != 0) {
+        Task t = walk.next();
+        t.n = ClusterPair::own_tile(t.n);  // the pair's 128-key tile: this CTA's 64 keys of it
+        ring[k] = t;
+      } else {
+        ring[k] = walk.next();
+      }
       mbarrier_arrive(&bars->ring_full[k]);  // release: the slot's stores before the arrive
     }
   }

@@ -43,8 +43,8 @@ __host__ __device__ constexpr int dkv_swapped(long) {
   return 0;
 }
 
-// Cfg::kDqPerWarpgroup where the entry template renders one, else 0: swapped (256, and the
-// 192 candidate), each MMA warpgroup hands its dQ pieces over through a buffer of its own
+// Cfg::kDqPerWarpgroup where the entry template renders one, else 0: swapped (256), each MMA
+// warpgroup hands its dQ pieces over through a buffer of its own
 // (AttnBwdSm90::kDqPerWg; at 256 dO on one stage to make room). Call with 0.
 template <class Cfg>
 __host__ __device__ constexpr auto dq_per_warpgroup(int) -> decltype(Cfg::kDqPerWarpgroup + 0) {

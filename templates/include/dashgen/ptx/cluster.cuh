@@ -3,6 +3,7 @@
 // it: an add into a peer's word, a bulk copy from this CTA's shared memory into a peer's,
 // completing on the peer's mbarrier, and a TMA tile load multicast into several CTAs at once.
 #pragma once
+#include "dashgen/ptx/tma.cuh"
 #include "dashgen/types.cuh"
 
 namespace dashgen {
@@ -89,6 +90,26 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* smem_dst, const Tens
       :: "r"(shared_address(smem_dst)), "l"(reinterpret_cast<u64>(map)),
          "r"(shared_address(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
       : "memory");
+}
+
+// tma_load_4d (ptx/tma.cuh) multicast as tma_load_2d_multicast: the box lands at the same
+// offset in every CTA of `cta_mask`, each counting its bytes on its own mbarrier at `bar`.
+__device__ __forceinline__ void tma_load_4d_multicast(void* smem_dst, const TensorMap* map,
+                                                      u64* bar, i32 c0, i32 c1, i32 c2, i32 c3,
+                                                      u16 cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, { %3, %4, %5, %6 }], [%2], %7;"
+      :: "r"(shared_address(smem_dst)), "l"(tensor_map_address(map)), "r"(shared_address(bar)),
+         "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(cta_mask)
+      : "memory");
+}
+
+// This thread's generic-proxy writes into any CTA's shared memory of the cluster (its adds into
+// a peer's among them) ordered before later async-proxy reads of them (a peer's bulk copy out
+// of that memory, after the mbarrier this thread then arrives on).
+__device__ __forceinline__ void fence_proxy_async_shared_cluster() {
+  asm volatile("fence.proxy.async.shared::cluster;" ::: "memory");
 }
 
 }  // namespace dashgen
