@@ -587,10 +587,3 @@ def test_the_cluster_pair_refuses_what_it_does_not_serve(kwargs):
     with pytest.raises(ValueError, match=r"^cluster_pair serves head_dim 256 under a named"):
         B(**{**fields, **kwargs})
 
-
-def test_the_runtime_does_not_load_a_cluster_pair():
-    from dashgen.runtime import device
-    import torch
-    with pytest.raises(NotImplementedError, match=r"_pair: cluster_pair kernels compile but are "
-                                                  r"not launched"):
-        device.kernels(PAIR_VARIANTS[0], torch.device("cuda"))

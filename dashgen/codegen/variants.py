@@ -368,7 +368,8 @@ class BackwardVariant(_Variant):
     window: bool = False  # a sliding window (attn/mask.cuh, sched::WindowTiling; bounds: params)
     head_dim_v: int | None = None  # V's, O's and dO's columns (None: head_dim's)
     # A cluster pair (attn/bwd_pair.cuh): two CTAs, one worker of 128-key tasks, Q/dO multicast,
-    # dQ's partials summed in shared memory. Compiled, not yet served: the runtime refuses it.
+    # dQ's partials summed in shared memory. A candidate: reached only through
+    # Overrides(cluster_pair=True) (tests/gpu/test_cluster_pair_gpu.py), picked by no policy.
     cluster_pair: bool = False
 
     def __post_init__(self) -> None:

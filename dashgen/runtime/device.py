@@ -47,11 +47,6 @@ def _loaded(variant, device_index: int) -> LoadedKernels:
 
 def kernels(variant: ForwardVariant | BackwardVariant, device: torch.device) -> LoadedKernels:
     """The variant's loaded kernels (compiled on first use, once per process)."""
-    if getattr(variant, "cluster_pair", False):
-        # Its launch is not built: a grid of whole clusters, workers = the clusters the GPU
-        # holds at once (the ordered waits need every worker resident), counters per half.
-        raise NotImplementedError(f"{variant.kernel_name}: cluster_pair kernels compile but "
-                                  "are not launched by dashgen yet")
     index = device.index or 0
     launch.ensure_context(index)
     return _loaded(variant, index)

@@ -21,7 +21,9 @@ class WorkspaceLayout:
 
     PARTS = ("dq_accum", "dpsum", "stats", "dk_accum", "dv_accum", "dq_counters", "dkv_counters")
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, dq_halves: int = 1):
+        # dq_halves: a cluster pair counts each dQ tile's two column halves apart
+        # (attn/bwd_pair.cuh): half 1's counters after all of half 0's.
         # The fp32 sums have the kernel's columns (a head_dim computed in a wider kernel).
         b, hq, hkv = problem.batch, problem.heads_q, problem.heads_kv
         d = kernel_head_dim(problem.head_dim)
@@ -29,7 +31,9 @@ class WorkspaceLayout:
         kv = (b, hkv, problem.num_n_blocks * problem.block_n, d) if gqa else (0,)
         stats = (b, hq, problem.num_m_blocks, 2, problem.block_m)
         self.shapes = [(b, hq, problem.num_m_blocks * problem.block_m, d),
-                       (b, hq, problem.seqlen_q), stats, kv, kv, (b, hq, problem.num_m_blocks),
+                       (b, hq, problem.seqlen_q), stats, kv, kv,
+                       (b, hq, problem.num_m_blocks) if dq_halves == 1
+                       else (dq_halves, b, hq, problem.num_m_blocks),
                        (b, hkv, problem.num_n_blocks) if gqa else (0,)]
         # Whole 16-byte vectors per part: the bulk copies and the vector zeroing need alignment.
         sizes = [-(-math.prod(shape) // 4) * 4 for shape in self.shapes]
