@@ -144,6 +144,9 @@ struct BwdDqWriter {
     float* dst = dq_tile(p, t);
     for (int j = 0; j < 2; ++j) {
       if (j > 0) mbarrier_wait_parity_cluster(&bars->dq_full[j], piece_parity(i, first + j));
+      // The peer's adds were generic-proxy writes (fenced by the adders as well): ordered
+      // before this lane's async-proxy read of the buffer.
+      fence_proxy_async_shared();
       const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + j * K::kDqBytes);
       float* piece = dst + (first + j) * K::kBlockM * 64;
       if (K::kDeterministic && t.dq_rank == 0) {
