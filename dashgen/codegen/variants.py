@@ -243,7 +243,7 @@ class _Variant:
         # existed (the comment the sources open with).
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                   if (f.name != "head_dim_v" or self.head_dim_v != self.head_dim)
-                  and (f.name not in ("softcap", "window", "cluster_pair")
+                  and (f.name not in ("softcap", "window", "cluster_pair", "pair_stores")
                        or getattr(self, f.name))]
         return f"{type(self).__name__}({', '.join(fields)})"
 
@@ -371,6 +371,9 @@ class BackwardVariant(_Variant):
     # dQ's partials summed in shared memory. A candidate: reached only through
     # Overrides(cluster_pair=True) (tests/gpu/test_cluster_pair_gpu.py), picked by no policy.
     cluster_pair: bool = False
+    # A pair whose dQ pieces meet by stores into a receive buffer, added in the owner's registers
+    # (16 KB more shared memory), instead of the peer's per-element adds into the owner's buffer.
+    pair_stores: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -405,6 +408,8 @@ class BackwardVariant(_Variant):
             raise ValueError("cluster_pair serves head_dim 256 under a named schedule, one "
                              "fixed-length MHA problem without a window, soft-capping or "
                              "tracing")
+        if self.pair_stores and not self.cluster_pair:
+            raise ValueError("pair_stores is a way of cluster_pair's: set cluster_pair=True")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
@@ -462,7 +467,7 @@ class BackwardVariant(_Variant):
                           (self.early_kv, "ekv"), (self.dq_last, "dqlast"),
                           (self.trace, "trace"),
                           (self.varlen, "varlen"), (self.softcap, "softcap"),
-                          (self.cluster_pair, "pair")):
+                          (self.cluster_pair, "pair"), (self.pair_stores, "stores")):
             if flag:
                 name += "_" + tag
         return name

@@ -69,7 +69,7 @@ struct BwdMainloopSwapped {
   static constexpr bool kSharedBuffer = K::kDqBuffers < K::kDqPieces && !K::kDqPerWg;
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
-  enum : int { kPair = K::kPair };  // a cluster pair (attn/bwd_pair.cuh)
+  enum : int { kPair = K::kPair, kPairStores = K::kPairStores };  // attn/bwd_pair.cuh
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
   enum : int { kWindow = K::kWindow };
   static constexpr int kStages = K::kStages;
@@ -382,7 +382,9 @@ struct BwdMainloopSwapped {
   __device__ static __forceinline__ void hand_off_piece(const float (&dq)[32], char* smem,
                                                         Bars* bars, int task, int cb,
                                                         const MmaThread& me) {
-    if constexpr (kPair) {
+    if constexpr (kPairStores) {
+      hand_off_pair_sum(dq, smem, bars, task, cb, me);
+    } else if constexpr (kPair) {
       hand_off_pair_piece(dq, smem, bars, task, cb, me);
     } else {
       const int buffer = K::dq_buffer(cb);
@@ -397,6 +399,42 @@ struct BwdMainloopSwapped {
       }
       fence_proxy_async_shared();
       mbarrier_arrive(&bars->dq_full[buffer]);
+    }
+  }
+
+  // kPairStores: warpgroup w's pieces belong to CTA w, as in hand_off_pair_piece. The other
+  // CTA's warpgroup w sends its piece by stores into CTA w's receive buffer (one piece at a
+  // time: recv_empty tells it the owner has read the last); the owner adds it to its own in
+  // registers, one rounding, as the peer's adds would, and stages the sum as a CTA alone does.
+  // A receive buffer use a piece: 2 task + cb % 2.
+  __device__ static __forceinline__ void hand_off_pair_sum(const float (&dq)[32], char* smem,
+                                                           Bars* bars, int task, int cb,
+                                                           const MmaThread& me) {
+    const int buffer = K::dq_buffer(cb);
+    const int use = 2 * task + cb % 2;
+    float* recv = reinterpret_cast<float*>(smem + K::kOffRecv);
+    if (me.wg == static_cast<int>(ClusterPair::rank())) {
+      float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
+      mbarrier_wait_parity_cluster(&bars->recv_full, use & 1);
+      mbarrier_wait_parity(&bars->dq_empty[buffer], (task & 1) ^ 1);
+#pragma unroll
+      for (int e = 0; e < 32; e += 2) {
+        const int at = row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
+        const float2 peer = *reinterpret_cast<const float2*>(recv + at);
+        *reinterpret_cast<float2*>(buf + at) = make_float2(dq[e] + peer.x, dq[e + 1] + peer.y);
+      }
+      mbarrier_arrive_remote(ClusterPair::peer(&bars->recv_empty));  // its reads are done
+      fence_proxy_async_shared();  // the writer's bulk copy reads the sums
+      mbarrier_arrive(&bars->dq_full[buffer]);
+    } else {
+      mbarrier_wait_parity(&bars->recv_empty, (use & 1) ^ 1);
+      const u32 owner = ClusterPair::peer(recv);
+#pragma unroll
+      for (int e = 0; e < 32; e += 2) {
+        const int at = row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
+        st_shared_cluster_v2_f32(owner + 4u * static_cast<u32>(at), dq[e], dq[e + 1]);
+      }
+      mbarrier_arrive_remote(ClusterPair::peer(&bars->recv_full));
     }
   }
 

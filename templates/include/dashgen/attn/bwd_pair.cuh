@@ -25,6 +25,25 @@ __host__ __device__ constexpr int cluster_pair(long) {
   return 0;
 }
 
+// Cfg::kPairStores where the entry template renders one, else 0: a pair's dQ pieces meet by
+// stores into the owner's receive buffer, added in the owner's registers. Call with 0.
+template <class Cfg>
+__host__ __device__ constexpr auto pair_stores(int) -> decltype(Cfg::kPairStores + 0) {
+  return Cfg::kPairStores;
+}
+template <class Cfg>
+__host__ __device__ constexpr int pair_stores(long) {
+  return 0;
+}
+
+// A float pair into a peer CTA's shared memory at `cluster_address` (map_to_rank), 8 bytes
+// aligned.
+__device__ __forceinline__ void st_shared_cluster_v2_f32(u32 cluster_address, float lo,
+                                                         float hi) {
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" :: "r"(cluster_address), "f"(lo),
+               "f"(hi) : "memory");
+}
+
 // The pair's view of the launch: a cluster of two CTAs is one worker.
 // (No static data members: NVRTC emits them as module globals, which move the addresses the
 // pack plan's kernels load.)
