@@ -44,12 +44,12 @@ PATCHES: dict[str, tuple[Edit, ...]] = {
              f"      (void)dst; (void)src;  {NO_SEND}\n"),
         Edit(WRITER, "      bulk_reduce_add_f32(dst, src, K::kDqBytes);\n",
              f"      (void)dst; (void)src;  {NO_SEND}\n"),
-        # land_pieces' and the cluster pair's land_owned
+        # land_pieces', land_pieces_in_turns' and the cluster pair's land_owned
         Edit(WRITER, "        bulk_store_f32(piece, src, K::kDqBytes);"
                      "  // the first contribution (see land_partial)\n",
-             f"        (void)piece; (void)src;  {NO_SEND}\n", count=2),
+             f"        (void)piece; (void)src;  {NO_SEND}\n", count=3),
         Edit(WRITER, "        bulk_reduce_add_f32(piece, src, K::kDqBytes);\n",
-             f"        (void)piece; (void)src;  {NO_SEND}\n", count=2),
+             f"        (void)piece; (void)src;  {NO_SEND}\n", count=3),
     ),
 }
 

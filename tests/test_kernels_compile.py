@@ -595,3 +595,46 @@ def test_the_cluster_pair_refuses_what_it_does_not_serve(kwargs):
     with pytest.raises(ValueError, match=r"^pair_stores is a way of cluster_pair's"):
         B("bf16", 256, False, "shift", pair_stores=True)
 
+
+
+# A dQ turn a piece (BwdDqWriter::land_pieces_in_turns): a candidate, compiled, not yet served.
+# At 192 (three pieces, two buffers in turns) the writer lane keeps a word or two more in local
+# memory under a listed deal: 32 bytes measured (NVRTC 13), none at 256.
+PIECE_TURN_LANE_SPILL_BYTES = 32
+PIECE_TURN_VARIANTS = [
+    B("bf16", 256, False, "shift", piece_turns=True),
+    B("bf16", 256, True, "spt_listed", piece_turns=True),
+    B("fp16", 256, True, "symmetric_shift", gqa=True, piece_turns=True),
+    B("bf16", 192, True, "spt_listed", piece_turns=True),
+    B("bf16", 192, False, "shift", gqa=True, piece_turns=True),
+    B("bf16", 192, True, "spt", head_dim_v=128, piece_turns=True),
+]
+
+
+@pytest.mark.parametrize("variant", PIECE_TURN_VARIANTS, ids=lambda v: v.kernel_name)
+def test_piece_turns_compile_within_the_served_kernels_bounds(variant, compiled):
+    """The writer lane's turns a piece fit its 24 registers: no more local memory than the same
+    kernel with one turn a tile (at 192 up to PIECE_TURN_LANE_SPILL_BYTES more, in the writer
+    lane), the same shared memory, no slow paths."""
+    source = render_variant(variant)
+    assert "static constexpr int kPieceTurns = 1;" in source.text
+    cubin = compiled(variant)
+    main = cubin.resources[variant.kernel_name]
+    served = dataclasses.replace(variant, piece_turns=False)
+    served_cubin = compiled(served)
+    assert main.registers == ENTRY_REGISTERS, cubin.log
+    more = PIECE_TURN_LANE_SPILL_BYTES if variant.kernel_head_dim == 192 else 0
+    assert main.spill_bytes <= served_cubin.resources[served.kernel_name].spill_bytes + more, \
+        cubin.log
+    assert not any(main.has_warning(code) for code in SLOW_PATHS), main.warnings
+    assert cubin.constant(variant.smem_symbol) == served_cubin.constant(served.smem_symbol)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(head_dim=128), dict(deterministic=False), dict(varlen=True, schedule="spt"),
+    dict(trace=True), dict(cluster_pair=True),
+])
+def test_piece_turns_name_what_they_do_not_serve(kwargs):
+    fields = dict(dtype="bf16", head_dim=256, causal=False, schedule="shift", piece_turns=True)
+    with pytest.raises(ValueError, match=r"^piece_turns serves the ordered swapped backward"):
+        B(**{**fields, **kwargs})

@@ -57,11 +57,11 @@ def test_workspace_parts_are_disjoint_aligned_views(heads_kv, seqlen_q, seqlen_k
 
 
 def test_a_cluster_pair_counts_each_dq_tiles_halves_apart():
-    """dq_halves=2 (attn/bwd_pair.cuh): half 1's dQ counters after all of half 0's, so the
+    """dq_counter_sets=2 (attn/bwd_pair.cuh): half 1's dQ counters after all of half 0's, so the
     convert kernel, reading the first half's, sees the tile's count; nothing else moves."""
     p = Problem(batch=2, heads_q=4, heads_kv=4, seqlen_q=1000, seqlen_k=1000, head_dim=256,
                 mask="causal", block_m=64, block_n=64)
-    one, pair = WorkspaceLayout(p), WorkspaceLayout(p, dq_halves=2)
+    one, pair = WorkspaceLayout(p), WorkspaceLayout(p, dq_counter_sets=2)
     buffer = torch.empty(pair.floats, dtype=torch.float32)
     views = pair.views(buffer)
     assert views["dq_counters"].shape == (2, 2, 4, p.num_m_blocks)

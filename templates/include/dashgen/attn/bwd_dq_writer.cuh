@@ -42,9 +42,11 @@ struct BwdDqWriter {
       if constexpr (K::kPair != 0) {
         counter += ClusterPair::rank() * static_cast<u32>(p.batch * p.heads_q * p.num_m_blocks);
       }
-      if (K::kDeterministic) wait_turn(p, t, counter);
+      if (K::kDeterministic && !K::kPieceTurns) wait_turn(p, t, counter);
       if (K::kTrace) trace_stamp(row, kTraceAcquired);
-      if constexpr (K::kPair != 0) {
+      if constexpr (K::kPieceTurns != 0) {
+        land_pieces_in_turns(p, t, smem, bars, i, counter);
+      } else if constexpr (K::kPair != 0) {
         land_owned(p, t, smem, bars, i);
       } else if constexpr (K::kDqPieces > 1) {
         land_pieces(p, t, smem, bars, i);
@@ -52,7 +54,7 @@ struct BwdDqWriter {
         land_partial(p, t, smem, s);
       }
       if (K::kTrace) trace_stamp(row, kTraceLanded);
-      if (K::kDeterministic || K::kTrace) pass_turn(t, counter, row);
+      if ((K::kDeterministic || K::kTrace) && !K::kPieceTurns) pass_turn(t, counter, row);
       if constexpr (K::kDqPieces == 1) mbarrier_arrive(&bars->dq_empty[s]);
     }
   }
@@ -134,6 +136,54 @@ struct BwdDqWriter {
     bulk_wait_group<0>();
   }
 
+  // The ordered backward's pieces each under a turn of its own (K::kPieceTurns): a counter per
+  // (dQ tile, piece), piece b's after b tiles' worth of piece 0's, so the next rank's writer
+  // starts on a piece as soon as this one has landed it, not once all of them have. Every
+  // element still gets its adds in dq_rank order: the same bits. Each piece's add is issued
+  // before the previous piece's landing is waited for, which then passes that piece's turn.
+  __device__ static __forceinline__ void land_pieces_in_turns(const BwdParams& p, const Task& t,
+                                                              const char* smem,
+                                                              typename K::Bars* bars, int i,
+                                                              u32* counter0) {
+    constexpr bool kShared = K::kDqBuffers < K::kDqPieces;
+    // One piece at a time, its counter formed where it is used: the writer lane has 24
+    // registers, and an unrolled loop holding each piece's addresses spilled them.
+    int landing = -1;  // the piece whose add is in flight
+#pragma unroll 1
+    for (int j = 0; j < K::kDqPieces; ++j) {
+      const int b = K::dq_landing(j);
+      const int buffer = K::dq_buffer(b);
+      if (b > 0) mbarrier_wait_parity(&bars->dq_full[buffer], piece_parity(i, b));
+      wait_turn(p, t, piece_counter(p, counter0, b));
+      const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + buffer * K::kDqBytes);
+      float* piece = dq_tile(p, t) + b * K::kBlockM * 64;
+      if (t.dq_rank == 0) {
+        bulk_store_f32(piece, src, K::kDqBytes);  // the first contribution (see land_partial)
+      } else {
+        bulk_reduce_add_f32(piece, src, K::kDqBytes);
+      }
+      bulk_commit_group();
+      if (kShared) {
+        bulk_wait_group_read<0>();
+        mbarrier_arrive(&bars->dq_empty[buffer]);
+      }
+      if (landing >= 0) {
+        bulk_wait_group<1>();  // all but this piece's add have landed
+        Scheduler::signal_rank(piece_counter(p, counter0, landing));
+      }
+      landing = b;
+    }
+    bulk_wait_group<0>();
+    Scheduler::signal_rank(piece_counter(p, counter0, landing));
+    if (!kShared) {
+      for (int b = 0; b < K::kDqPieces; ++b) mbarrier_arrive(&bars->dq_empty[b]);
+    }
+  }
+  // Piece b's counter of the tile whose piece-0 counter is counter0 (K::kPieceTurns): the sets
+  // follow each other, a set the launch's dQ tiles.
+  __device__ static __forceinline__ u32* piece_counter(const BwdParams& p, u32* counter0, int b) {
+    return counter0 + b * (p.batch * p.heads_q * p.num_m_blocks);
+  }
   // A pair's owned half (attn/bwd_pair.cuh): CTA r's warpgroup r's two pieces (column blocks
   // 2r and 2r + 1), one a buffer, each the owner's partial with the peer's added; landed as
   // land_pieces lands its pieces, under this half's turn, both buffers freed once read.
