@@ -44,12 +44,11 @@ PATCHES: dict[str, tuple[Edit, ...]] = {
              f"      (void)dst; (void)src;  {NO_SEND}\n"),
         Edit(WRITER, "      bulk_reduce_add_f32(dst, src, K::kDqBytes);\n",
              f"      (void)dst; (void)src;  {NO_SEND}\n"),
-        # land_pieces', land_pieces_in_turns' and the cluster pair's land_owned
-        Edit(WRITER, "        bulk_store_f32(piece, src, K::kDqBytes);"
-                     "  // the first contribution (see land_partial)\n",
-             f"        (void)piece; (void)src;  {NO_SEND}\n", count=3),
-        Edit(WRITER, "        bulk_reduce_add_f32(piece, src, K::kDqBytes);\n",
-             f"        (void)piece; (void)src;  {NO_SEND}\n", count=3),
+        # every piece's (BwdDqWriter::land_piece)
+        Edit(WRITER, "      bulk_store_f32(piece, src, K::kDqBytes);\n",
+             f"      (void)piece; (void)src;  {NO_SEND}\n"),
+        Edit(WRITER, "      bulk_reduce_add_f32(piece, src, K::kDqBytes);\n",
+             f"      (void)piece; (void)src;  {NO_SEND}\n"),
     ),
 }
 

@@ -35,8 +35,7 @@ def test_no_dq_traffic_leaves_no_send():
     writer = tool.apply((ROOT / tool.WRITER).read_text(), tool.WRITER,
                         tool.PATCHES["no-dq-traffic"], "no-dq-traffic")
     assert "bulk_reduce_add_f32(" not in writer and "bulk_store_f32(" not in writer
-    assert writer.count(tool.NO_SEND) == 8  # two each in land_pieces, land_pieces_in_turns
-    # and the cluster pair's land_owned
+    assert writer.count(tool.NO_SEND) == 4  # two in land_partial, two in land_piece
 
 
 def test_unknown_names_and_changed_templates_are_refused(tmp_path):

@@ -118,12 +118,7 @@ struct BwdDqWriter {
       if (b > 0) mbarrier_wait_parity(&bars->dq_full[buffer], piece_parity(i, b));
       const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + buffer * K::kDqBytes);
       float* piece = dst + b * K::kBlockM * 64;
-      if (K::kDeterministic && t.dq_rank == 0) {
-        bulk_store_f32(piece, src, K::kDqBytes);  // the first contribution (see land_partial)
-      } else {
-        bulk_reduce_add_f32(piece, src, K::kDqBytes);
-      }
-      bulk_commit_group();
+      land_piece(piece, src, K::kDeterministic && t.dq_rank == 0);
       if (kShared) {
         bulk_wait_group_read<0>();
         mbarrier_arrive(&bars->dq_empty[buffer]);
@@ -157,12 +152,7 @@ struct BwdDqWriter {
       wait_turn(p, t, piece_counter(p, counter0, b));
       const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + buffer * K::kDqBytes);
       float* piece = dq_tile(p, t) + b * K::kBlockM * 64;
-      if (t.dq_rank == 0) {
-        bulk_store_f32(piece, src, K::kDqBytes);  // the first contribution (see land_partial)
-      } else {
-        bulk_reduce_add_f32(piece, src, K::kDqBytes);
-      }
-      bulk_commit_group();
+      land_piece(piece, src, t.dq_rank == 0);
       if (kShared) {
         bulk_wait_group_read<0>();
         mbarrier_arrive(&bars->dq_empty[buffer]);
@@ -199,16 +189,21 @@ struct BwdDqWriter {
       fence_proxy_async_shared();
       const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + j * K::kDqBytes);
       float* piece = dst + (first + j) * K::kBlockM * 64;
-      if (K::kDeterministic && t.dq_rank == 0) {
-        bulk_store_f32(piece, src, K::kDqBytes);  // the first contribution (see land_partial)
-      } else {
-        bulk_reduce_add_f32(piece, src, K::kDqBytes);
-      }
-      bulk_commit_group();
+      land_piece(piece, src, K::kDeterministic && t.dq_rank == 0);
     }
     bulk_wait_group_read<0>();
     for (int j = 0; j < 2; ++j) mbarrier_arrive(&bars->dq_empty[j]);
     bulk_wait_group<0>();
+  }
+  // One 64-column piece onto its place in the tile, a bulk group of its own: stored by the
+  // first contribution in dq_rank order (see land_partial), added by the others.
+  __device__ static __forceinline__ void land_piece(float* piece, const float* src, bool first) {
+    if (first) {
+      bulk_store_f32(piece, src, K::kDqBytes);
+    } else {
+      bulk_reduce_add_f32(piece, src, K::kDqBytes);
+    }
+    bulk_commit_group();
   }
   // The phase of piece b of this worker's task i on its buffer's full barrier (K::dq_use).
   __device__ static __forceinline__ u32 piece_parity(int i, int b) {
