@@ -555,6 +555,8 @@ PAIR_VARIANTS = [
     B("fp16", 256, True, "spt_listed", cluster_pair=True),
     B("bf16", 256, False, "fa3", deterministic=False, cluster_pair=True),
     B("bf16", 256, True, "descending", early_kv=True, cluster_pair=True),
+    B("bf16", 256, True, "spt_listed", gqa=True, cluster_pair=True),
+    B("fp16", 256, False, "shift", gqa=True, cluster_pair=True, pair_stores=True),
     B("bf16", 256, False, "shift", cluster_pair=True, pair_stores=True),
     B("bf16", 256, True, "symmetric_shift", cluster_pair=True, pair_stores=True),
     B("bf16", 256, False, "fa3", deterministic=False, cluster_pair=True, pair_stores=True),
@@ -584,7 +586,7 @@ def test_the_cluster_pair_compiles_as_a_cluster_of_two_without_spills(variant, c
 
 
 @pytest.mark.parametrize("kwargs", [
-    dict(head_dim=192), dict(gqa=True), dict(varlen=True, schedule="spt"),
+    dict(head_dim=192), dict(varlen=True, schedule="spt"),
     dict(window=True, schedule="spt_listed"), dict(softcap=True), dict(trace=True),
     dict(schedule="table"),
 ])

@@ -462,7 +462,6 @@ def test_the_cluster_pair_override_schedules_128_key_tiles_on_clusters():
 
 @pytest.mark.parametrize("problem, kwargs", [
     (problem_for(1, 4, 4, 1000, 1000, 128, True), {}),
-    (problem_for(1, 8, 2, 1000, 1000, 256, True), {}),
     (problem_for(1, 4, 4, 1000, 1000, 256, False, (100, 0)), dict(schedule="spt_listed")),
     (problem_for(1, 4, 4, 1000, 1000, 256, True), dict(trace=True)),
 ])

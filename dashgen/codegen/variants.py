@@ -408,11 +408,10 @@ class BackwardVariant(_Variant):
             raise ValueError(f"head_dim {self.head_dim} runs the swapped mainloop, whose dQ the "
                              f"convert kernel converts: no fused_convert")
         if self.cluster_pair and (self.kernel_head_dim != 256 or self.head_dim_v != self.head_dim
-                                  or self.gqa or self.varlen or self.window or self.softcap
-                                  or self.trace or self.table):
+                                  or self.varlen or self.window or self.softcap or self.trace
+                                  or self.table):
             raise ValueError("cluster_pair serves head_dim 256 under a named schedule, one "
-                             "fixed-length MHA problem without a window, soft-capping or "
-                             "tracing")
+                             "fixed-length problem without a window, soft-capping or tracing")
         if self.piece_turns and (not self.swapped or not self.deterministic or self.varlen
                                  or self.trace or self.cluster_pair):
             raise ValueError("piece_turns serves the ordered swapped backward (head_dim 192 or "

@@ -188,9 +188,9 @@ def pair_problem(problem: Problem) -> Problem:
 def check_pair(problem: Problem, trace: bool, table: bool) -> None:
     """Raise ValueError naming cluster_pair where its kernels cannot run `problem`
     (BackwardVariant.cluster_pair's scope)."""
-    if problem.head_dim != 256 or problem.gqa or problem.mask.kind == "window" or trace or table:
+    if problem.head_dim != 256 or problem.mask.kind == "window" or trace or table:
         raise ValueError("cluster_pair serves head_dim 256 under a named schedule, one "
-                         "fixed-length MHA problem without a window, soft-capping or tracing; "
+                         "fixed-length problem without a window, soft-capping or tracing; "
                          f"got {problem.describe()}" + (", trace" if trace else "")
                          + (", a schedule file" if table else ""))
 

@@ -1,7 +1,7 @@
 """The cluster-pair backward at head_dim 256 (attn/bwd_pair.cuh, Overrides(cluster_pair=True))
 on an sm_90 GPU: against float64 (2x PyTorch's own error in the input dtype) under every
 schedule that serves the pair's 128-key tiles, on the clusters the GPU holds and on a few,
-both masks, odd tile counts (a pair whose second CTA has no keys), fp16, the unordered mode;
+both masks, odd tile counts (a pair whose second CTA has no keys), GQA, fp16, the unordered mode;
 its bits across repeats beside a busy stream and across worker counts (fixed by the tiles and
 the pairing, never by the workers). A candidate: no policy picks it until these pass and the
 anchor kit times it (lab/notes/cluster-pair-plan.md).
@@ -58,10 +58,12 @@ def pair_plans(case: Case) -> list[tuple[str, int]]:
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(257, 257), (1000, 1000), (100, 257),
                                                 (257, 100), (2048, 2048)], ids=str)
+@pytest.mark.parametrize("heads_q, heads_kv", [(4, 4), (8, 2)], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @WAYS
-def test_every_schedule_on_the_pair_matches_float64(way, causal, seqlen_q, seqlen_k, seed):
-    case = Case(2, 4, 4, seqlen_q, seqlen_k, 256, causal)
+def test_every_schedule_on_the_pair_matches_float64(way, causal, heads_q, heads_kv, seqlen_q,
+                                                    seqlen_k, seed):
+    case = Case(2, heads_q, heads_kv, seqlen_q, seqlen_k, 256, causal)
     plans = pair_plans(case)
     assert plans
     bad = []

@@ -126,10 +126,11 @@ struct AttnBwdSm90 {
   static_assert(!kVarlen || (!kTable && !kFusedConvert),
                 "a pack runs a named policy, its dQ converted by the convert kernel");
   static_assert(kWindow == 0 || (!kTable && !kCausal), "a window runs a named policy");
-  static_assert(!kPair || (!kTable && !kTrace && !kGqa && !kVarlen && kWindow == 0 &&
+  // (Under GQA each CTA adds its own 64-key tile's dK/dV in the pair tile's dkv_rank order.)
+  static_assert(!kPair || (!kTable && !kTrace && !kVarlen && kWindow == 0 &&
                            !has_softcap<Cfg>(0)),
-                "a cluster pair: a named policy over one fixed-length MHA problem, no window "
-                "or soft-capping");
+                "a cluster pair: a named policy over one fixed-length problem, no window or "
+                "soft-capping");
   static_assert(!kPieceTurns || (kSwapped && kDeterministic && !kPair && !kTrace && !kVarlen),
                 "turns a piece: the ordered swapped backward of one fixed-length problem");
 
