@@ -146,21 +146,22 @@ def modified(batch, sq, sk, hq, hkv, d, options, dtype, schedule) -> None:
 
 
 # The cluster-pair candidate (Overrides(cluster_pair=True), head_dim 256), run only with
-# DASHGEN_SANITIZE_PAIR=1 until it is served: (batch, seqlen_q, seqlen_k, heads, causal, dtype,
-# schedule, workers). An odd KV tile count (a pair whose second CTA has no keys), both masks.
+# DASHGEN_SANITIZE_PAIR=1 until it is served: (batch, seqlen_q, seqlen_k, heads_q, heads_kv,
+# causal, dtype, schedule, workers). An odd KV tile count (a pair whose second CTA has no keys),
+# both masks, GQA.
 PAIR_CASES = [
-    (1, 257, 300, 2, False, torch.bfloat16, "shift", 3),
-    (1, 300, 300, 4, True, torch.float16, "spt_listed", 2),
-    (1, 200, 200, 2, True, torch.bfloat16, "symmetric_shift", 2),
+    (1, 257, 300, 2, 2, False, torch.bfloat16, "shift", 3),
+    (1, 300, 300, 4, 2, True, torch.float16, "spt_listed", 2),
+    (1, 200, 200, 2, 2, True, torch.bfloat16, "symmetric_shift", 2),
 ]
 
 
 def paired() -> None:
     """Each PAIR_CASES backward, ordered and not, through the runtime's override."""
-    for batch, sq, sk, heads, causal, dtype, schedule, workers in PAIR_CASES:
+    for batch, sq, sk, hq, hkv, causal, dtype, schedule, workers in PAIR_CASES:
         torch.manual_seed(sq * 3 + sk)
-        q = torch.randn(batch, sq, heads, 256, device="cuda", dtype=dtype)
-        k, v = (torch.randn(batch, sk, heads, 256, device="cuda", dtype=dtype) for _ in range(2))
+        q = torch.randn(batch, sq, hq, 256, device="cuda", dtype=dtype)
+        k, v = (torch.randn(batch, sk, hkv, 256, device="cuda", dtype=dtype) for _ in range(2))
         do = torch.randn_like(q)
         scale = 256 ** -0.5
         o, lse = forward(q, k, v, causal=causal, softmax_scale=scale)
