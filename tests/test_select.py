@@ -448,6 +448,7 @@ def test_the_cluster_pair_override_schedules_128_key_tiles_on_clusters():
         sel = select(problem, "bf16", schedule=schedule, sm_count=132,
                      overrides=Overrides(cluster_pair=True))
         assert sel.backward.cluster_pair and sel.backward.kernel_name.endswith("_pair")
+        assert sel.backward.dq_counter_sets == 2  # a counter set a column half
         assert sel.problem.block_n == 64 and sel.schedule_problem.block_n == 128
         assert sel.schedule_problem.num_n_blocks == problem.num_n_blocks // 2
         assert 0 < sel.num_workers <= 66
@@ -481,7 +482,8 @@ def test_piece_turns_reach_only_the_ordered_swapped_backward():
     for head_dim in (192, 256):
         problem = problem_for(2, 8, 2, 4096, 4096, head_dim, True)
         on = Overrides(piece_turns=True)
-        assert select(problem, "bf16", overrides=on).backward.piece_turns
+        turns = select(problem, "bf16", overrides=on).backward
+        assert turns.piece_turns and turns.dq_counter_sets == head_dim // 64
         assert not select(problem, "bf16", deterministic=False, overrides=on).backward.piece_turns
         assert not select(problem, "bf16").backward.piece_turns
     with pytest.raises(ValueError, match=r"^piece_turns serves the ordered swapped backward"):

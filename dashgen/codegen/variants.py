@@ -407,7 +407,7 @@ class BackwardVariant(_Variant):
         if self.swapped and self.fused_convert:  # (dq_last is refused above: DQ_LAST_HEAD_DIMS)
             raise ValueError(f"head_dim {self.head_dim} runs the swapped mainloop, whose dQ the "
                              f"convert kernel converts: no fused_convert")
-        if self.cluster_pair and (self.kernel_head_dim != 256 or self.head_dim_v != self.head_dim
+        if self.cluster_pair and (self.head_dim != 256 or self.head_dim_v != self.head_dim
                                   or self.varlen or self.window or self.softcap or self.trace
                                   or self.table):
             raise ValueError("cluster_pair serves head_dim 256 under a named schedule, one "
@@ -446,6 +446,14 @@ class BackwardVariant(_Variant):
     @property
     def dq_per_warpgroup(self) -> bool:
         return self.constants.dq_per_warpgroup
+
+    @property
+    def dq_counter_sets(self) -> int:
+        """The dQ counters' sets the kernel counts in, one after the other (WorkspaceLayout):
+        a cluster pair's two column halves, piece_turns' 64-column pieces, else one."""
+        if self.cluster_pair:
+            return 2
+        return self.kernel_head_dim // 64 if self.piece_turns else 1
 
     @property
     def table(self) -> bool:

@@ -10,8 +10,7 @@ import torch
 from ..caches import Memo
 from ..schedule.builders import Tiling
 from ..codegen.variants import (AUX_THREADS, PREP_ROWS_PER_BLOCK, THREADS, TRACE_COLUMNS,
-                                BwdParams, ConvertParams, PrepParams, kernel_head_dim,
-                                softcap_fields)
+                                BwdParams, ConvertParams, PrepParams, softcap_fields)
 from . import launch
 from .launch import addresses
 from .device import DTYPE_NAMES, allocation_stream, kernels, sm_count, stream
@@ -78,9 +77,7 @@ class BackwardLaunch(BackwardMaps):
         self.converts_dq = variant.fused_convert
         self.runs_convert_q = not self.converts_dq or Tiling(p).count(0) == 0
         pair = variant.cluster_pair
-        # dQ counters: a set a pair's half, or a set a piece (piece_turns).
-        sets = 2 if pair else kernel_head_dim(p.head_dim) // 64 if variant.piece_turns else 1
-        self.layout = WorkspaceLayout(p, dq_counter_sets=sets)
+        self.layout = WorkspaceLayout(p, dq_counter_sets=variant.dq_counter_sets)
         loaded = kernels(variant, device)
         # A cluster pair: a worker is two CTAs of a cluster (attn/bwd_pair.cuh), and every
         # worker must be resident at once (the dQ order would deadlock otherwise).

@@ -37,10 +37,10 @@ struct BwdDqWriter {
       if (K::kTrace) trace_stamp(row, kTraceReady);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
       if constexpr (K::kVarlen) counter = p.dq_counters + Scheduler::q_tile(p, t);
-      // A pair: a counter per owned half, rank r's after all of half 0's (the convert kernel
-      // reads half 0's, which counts the same contributions).
+      // A pair: a counter per owned half, rank r's in set r (the convert kernel reads set 0's,
+      // which counts the same contributions).
       if constexpr (K::kPair != 0) {
-        counter += ClusterPair::rank() * static_cast<u32>(p.batch * p.heads_q * p.num_m_blocks);
+        counter = counter_in_set(p, counter, static_cast<int>(ClusterPair::rank()));
       }
       if (K::kDeterministic && !K::kPieceTurns) wait_turn(p, t, counter);
       if (K::kTrace) trace_stamp(row, kTraceAcquired);
@@ -149,7 +149,7 @@ struct BwdDqWriter {
       const int b = K::dq_landing(j);
       const int buffer = K::dq_buffer(b);
       if (b > 0) mbarrier_wait_parity(&bars->dq_full[buffer], piece_parity(i, b));
-      wait_turn(p, t, piece_counter(p, counter0, b));
+      wait_turn(p, t, counter_in_set(p, counter0, b));
       const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + buffer * K::kDqBytes);
       float* piece = dq_tile(p, t) + b * K::kBlockM * 64;
       land_piece(piece, src, t.dq_rank == 0);
@@ -159,20 +159,21 @@ struct BwdDqWriter {
       }
       if (landing >= 0) {
         bulk_wait_group<1>();  // all but this piece's add have landed
-        Scheduler::signal_rank(piece_counter(p, counter0, landing));
+        Scheduler::signal_rank(counter_in_set(p, counter0, landing));
       }
       landing = b;
     }
     bulk_wait_group<0>();
-    Scheduler::signal_rank(piece_counter(p, counter0, landing));
+    Scheduler::signal_rank(counter_in_set(p, counter0, landing));
     if (!kShared) {
       for (int b = 0; b < K::kDqPieces; ++b) mbarrier_arrive(&bars->dq_empty[b]);
     }
   }
-  // Piece b's counter of the tile whose piece-0 counter is counter0 (K::kPieceTurns): the sets
-  // follow each other, a set the launch's dQ tiles.
-  __device__ static __forceinline__ u32* piece_counter(const BwdParams& p, u32* counter0, int b) {
-    return counter0 + b * (p.batch * p.heads_q * p.num_m_blocks);
+  // The counter in set k of the tile whose set-0 counter is counter0: the sets (a pair's halves,
+  // kPieceTurns' pieces: BackwardVariant.dq_counter_sets) follow each other, a set the launch's
+  // dQ tiles.
+  __device__ static __forceinline__ u32* counter_in_set(const BwdParams& p, u32* counter0, int k) {
+    return counter0 + k * (p.batch * p.heads_q * p.num_m_blocks);
   }
   // A pair's owned half (attn/bwd_pair.cuh): CTA r's warpgroup r's two pieces (column blocks
   // 2r and 2r + 1), one a buffer, each the owner's partial with the peer's added; landed as
