@@ -180,7 +180,12 @@ struct BwdMainloopSwapped {
       dk_and_dq(dkt, dq, smem, q_tile, bars, i - begin, s, t.seg_end, me);
       if (t.seg_end) {
         if constexpr (kGqa) {
-          Epilogue::add_dkv_in_rank_order(p, t, dkt, dvt, me);
+          // A pair's second CTA past the last KV tile (an odd tile count) has no keys: nothing
+          // to add, and its tile index would name the next KV head's counter and sums (the
+          // last head's: past the sums, onto the dQ counters).
+          if (!kPair || t.n < p.num_n_blocks) {
+            Epilogue::add_dkv_in_rank_order(p, t, dkt, dvt, me);
+          }
         } else {
           Epilogue::store_dkv(p, t, dkt, dvt, group, me);
         }
