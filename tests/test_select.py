@@ -474,18 +474,3 @@ def test_the_cluster_pair_names_what_it_does_not_serve(problem, kwargs):
                  overrides=Overrides(cluster_pair=True))
     with pytest.raises(ValueError, match=r"^cluster_pair serves head_dim 256"):
         sel.soft_capped(True)
-
-
-def test_piece_turns_reach_only_the_ordered_swapped_backward():
-    """Overrides(piece_turns=True): the ordered backward at 192 and 256 takes a dQ turn a piece;
-    the unordered one has no turns and keeps its kernel; at 128 the variant names the refusal."""
-    for head_dim in (192, 256):
-        problem = problem_for(2, 8, 2, 4096, 4096, head_dim, True)
-        on = Overrides(piece_turns=True)
-        turns = select(problem, "bf16", overrides=on).backward
-        assert turns.piece_turns and turns.dq_counter_sets == head_dim // 64
-        assert not select(problem, "bf16", deterministic=False, overrides=on).backward.piece_turns
-        assert not select(problem, "bf16").backward.piece_turns
-    with pytest.raises(ValueError, match=r"^piece_turns serves the ordered swapped backward"):
-        select(problem_for(1, 4, 4, 1000, 1000, 128, True), "bf16",
-               overrides=Overrides(piece_turns=True))

@@ -243,8 +243,7 @@ class _Variant:
         # existed (the comment the sources open with).
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                   if (f.name != "head_dim_v" or self.head_dim_v != self.head_dim)
-                  and (f.name not in ("softcap", "window", "cluster_pair", "pair_stores",
-                                      "piece_turns")
+                  and (f.name not in ("softcap", "window", "cluster_pair", "pair_stores")
                        or getattr(self, f.name))]
         return f"{type(self).__name__}({', '.join(fields)})"
 
@@ -375,10 +374,6 @@ class BackwardVariant(_Variant):
     # A pair whose dQ pieces meet by stores into a receive buffer, added in the owner's registers
     # (16 KB more shared memory), instead of the peer's per-element adds into the owner's buffer.
     pair_stores: bool = False
-    # The ordered swapped backward (192, 256): each dQ piece under a turn of its own, a counter
-    # per (tile, piece), so the next rank's writer starts a piece as soon as it has landed
-    # (BwdDqWriter::land_pieces_in_turns). The same adds in the same order: the same bits.
-    piece_turns: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -412,10 +407,6 @@ class BackwardVariant(_Variant):
                                   or self.table):
             raise ValueError("cluster_pair serves head_dim 256 under a named schedule, one "
                              "fixed-length problem without a window, soft-capping or tracing")
-        if self.piece_turns and (not self.swapped or not self.deterministic or self.varlen
-                                 or self.trace or self.cluster_pair):
-            raise ValueError("piece_turns serves the ordered swapped backward (head_dim 192 or "
-                             "256) of one fixed-length problem, without trace or cluster_pair")
         if self.pair_stores and not self.cluster_pair:
             raise ValueError("pair_stores is a way of cluster_pair's: set cluster_pair=True")
         if self.fused_convert and not self.deterministic:
@@ -450,10 +441,8 @@ class BackwardVariant(_Variant):
     @property
     def dq_counter_sets(self) -> int:
         """The dQ counters' sets the kernel counts in, one after the other (WorkspaceLayout):
-        a cluster pair's two column halves, piece_turns' 64-column pieces, else one."""
-        if self.cluster_pair:
-            return 2
-        return self.kernel_head_dim // 64 if self.piece_turns else 1
+        a cluster pair's two column halves, else one."""
+        return 2 if self.cluster_pair else 1
 
     @property
     def table(self) -> bool:
@@ -483,8 +472,7 @@ class BackwardVariant(_Variant):
                           (self.early_kv, "ekv"), (self.dq_last, "dqlast"),
                           (self.trace, "trace"),
                           (self.varlen, "varlen"), (self.softcap, "softcap"),
-                          (self.cluster_pair, "pair"), (self.pair_stores, "stores"),
-                          (self.piece_turns, "pturns")):
+                          (self.cluster_pair, "pair"), (self.pair_stores, "stores")):
             if flag:
                 name += "_" + tag
         return name

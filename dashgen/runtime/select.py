@@ -87,9 +87,6 @@ class Overrides:
     # With cluster_pair: the peer's dQ pieces by stores into a receive buffer, added by the
     # owner (BackwardVariant.pair_stores), instead of its adds into the owner's buffer.
     pair_stores: bool | None = None
-    # True: the ordered swapped backward (192, 256) with a dQ turn a piece
-    # (BackwardVariant.piece_turns), a candidate no policy picks; the unordered one has no turns.
-    piece_turns: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -388,8 +385,7 @@ class Plan:
                                    deterministic=ordered, gqa=problem.gqa, fused_convert=fused,
                                    early_kv=early_kv, dq_last=dq_last, trace=self.trace,
                                    window=window, cluster_pair=bool(overrides.cluster_pair),
-                                   pair_stores=bool(overrides.pair_stores),
-                                   piece_turns=bool(overrides.piece_turns) and ordered)
+                                   pair_stores=bool(overrides.pair_stores))
         forward = select_forward(problem, self.dtype, self.sm_count, overrides)
         return Selection(problem, forward, backward, self.schedule, workers,
                          None if table is None else self.schedule_key)

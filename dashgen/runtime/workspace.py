@@ -23,8 +23,8 @@ class WorkspaceLayout:
 
     def __init__(self, problem: Problem, dq_counter_sets: int = 1):
         # dq_counter_sets: the dQ counters' sets, one after the other: a cluster pair counts
-        # each tile's two column halves apart (attn/bwd_pair.cuh), piece_turns each 64-column
-        # piece (BwdDqWriter::land_pieces_in_turns). The convert kernel reads the first set.
+        # each tile's two column halves apart (attn/bwd_pair.cuh). The convert kernel reads the
+        # first set.
         # The fp32 sums have the kernel's columns (a head_dim computed in a wider kernel).
         b, hq, hkv = problem.batch, problem.heads_q, problem.heads_kv
         d = kernel_head_dim(problem.head_dim)

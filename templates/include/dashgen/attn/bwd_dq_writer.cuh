@@ -42,11 +42,9 @@ struct BwdDqWriter {
       if constexpr (K::kPair != 0) {
         counter = counter_in_set(p, counter, static_cast<int>(ClusterPair::rank()));
       }
-      if (K::kDeterministic && !K::kPieceTurns) wait_turn(p, t, counter);
+      if (K::kDeterministic) wait_turn(p, t, counter);
       if (K::kTrace) trace_stamp(row, kTraceAcquired);
-      if constexpr (K::kPieceTurns != 0) {
-        land_pieces_in_turns(p, t, smem, bars, i, counter);
-      } else if constexpr (K::kPair != 0) {
+      if constexpr (K::kPair != 0) {
         land_owned(p, t, smem, bars, i);
       } else if constexpr (K::kDqPieces > 1) {
         land_pieces(p, t, smem, bars, i);
@@ -54,7 +52,7 @@ struct BwdDqWriter {
         land_partial(p, t, smem, s);
       }
       if (K::kTrace) trace_stamp(row, kTraceLanded);
-      if ((K::kDeterministic || K::kTrace) && !K::kPieceTurns) pass_turn(t, counter, row);
+      if (K::kDeterministic || K::kTrace) pass_turn(t, counter, row);
       if constexpr (K::kDqPieces == 1) mbarrier_arrive(&bars->dq_empty[s]);
     }
   }
@@ -131,47 +129,8 @@ struct BwdDqWriter {
     bulk_wait_group<0>();
   }
 
-  // The ordered backward's pieces each under a turn of its own (K::kPieceTurns): a counter per
-  // (dQ tile, piece), piece b's after b tiles' worth of piece 0's, so the next rank's writer
-  // starts on a piece as soon as this one has landed it, not once all of them have. Every
-  // element still gets its adds in dq_rank order: the same bits. Each piece's add is issued
-  // before the previous piece's landing is waited for, which then passes that piece's turn.
-  __device__ static __forceinline__ void land_pieces_in_turns(const BwdParams& p, const Task& t,
-                                                              const char* smem,
-                                                              typename K::Bars* bars, int i,
-                                                              u32* counter0) {
-    constexpr bool kShared = K::kDqBuffers < K::kDqPieces;
-    // One piece at a time, its counter formed where it is used: the writer lane has 24
-    // registers, and an unrolled loop holding each piece's addresses spilled them.
-    int landing = -1;  // the piece whose add is in flight
-#pragma unroll 1
-    for (int j = 0; j < K::kDqPieces; ++j) {
-      const int b = K::dq_landing(j);
-      const int buffer = K::dq_buffer(b);
-      if (b > 0) mbarrier_wait_parity(&bars->dq_full[buffer], piece_parity(i, b));
-      wait_turn(p, t, counter_in_set(p, counter0, b));
-      const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + buffer * K::kDqBytes);
-      float* piece = dq_tile(p, t) + b * K::kBlockM * 64;
-      land_piece(piece, src, t.dq_rank == 0);
-      if (kShared) {
-        bulk_wait_group_read<0>();
-        mbarrier_arrive(&bars->dq_empty[buffer]);
-      }
-      if (landing >= 0) {
-        bulk_wait_group<1>();  // all but this piece's add have landed
-        Scheduler::signal_rank(counter_in_set(p, counter0, landing));
-      }
-      landing = b;
-    }
-    bulk_wait_group<0>();
-    Scheduler::signal_rank(counter_in_set(p, counter0, landing));
-    if (!kShared) {
-      for (int b = 0; b < K::kDqPieces; ++b) mbarrier_arrive(&bars->dq_empty[b]);
-    }
-  }
   // The counter in set k of the tile whose set-0 counter is counter0: the sets (a pair's halves,
-  // kPieceTurns' pieces: BackwardVariant.dq_counter_sets) follow each other, a set the launch's
-  // dQ tiles.
+  // BackwardVariant.dq_counter_sets) follow each other, a set the launch's dQ tiles.
   __device__ static __forceinline__ u32* counter_in_set(const BwdParams& p, u32* counter0, int k) {
     return counter0 + k * (p.batch * p.heads_q * p.num_m_blocks);
   }

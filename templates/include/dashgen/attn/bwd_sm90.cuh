@@ -100,9 +100,6 @@ struct AttnBwdSm90 {
   // the peer's dQ pieces arrive by stores into a receive buffer and the owner adds them in its
   // registers, instead of the peer's adds into the owner's buffer.
   enum : int { kPair = cluster_pair<Cfg>(0), kPairStores = kPair && pair_stores<Cfg>(0) };
-  // The ordered swapped backward's dQ pieces each under a turn of their own
-  // (BwdDqWriter::land_pieces_in_turns): a counter per (dQ tile, piece).
-  enum : int { kPieceTurns = piece_turns<Cfg>(0) };
   // The schedule: which tasks this worker runs in which order, and their ranks (a pair's over
   // its 128-key tiles).
   using Tiling =
@@ -131,8 +128,6 @@ struct AttnBwdSm90 {
                            !has_softcap<Cfg>(0)),
                 "a cluster pair: a named policy over one fixed-length problem, no window or "
                 "soft-capping");
-  static_assert(!kPieceTurns || (kSwapped && kDeterministic && !kPair && !kTrace && !kVarlen),
-                "turns a piece: the ordered swapped backward of one fixed-length problem");
 
   // ---- warps ----------------------------------------------------------------------------------
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;

@@ -55,16 +55,4 @@ __host__ __device__ constexpr int dq_per_warpgroup(long) {
   return 0;
 }
 
-// Cfg::kPieceTurns where the entry template renders one, else 0: the ordered swapped
-// backward's dQ pieces each under a turn of their own (BwdDqWriter::land_pieces_in_turns).
-// Call with 0.
-template <class Cfg>
-__host__ __device__ constexpr auto piece_turns(int) -> decltype(Cfg::kPieceTurns + 0) {
-  return Cfg::kPieceTurns;
-}
-template <class Cfg>
-__host__ __device__ constexpr int piece_turns(long) {
-  return 0;
-}
-
 }  // namespace dashgen
