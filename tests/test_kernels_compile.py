@@ -556,10 +556,7 @@ PAIR_VARIANTS = [
     B("bf16", 256, False, "fa3", deterministic=False, cluster_pair=True),
     B("bf16", 256, True, "descending", early_kv=True, cluster_pair=True),
     B("bf16", 256, True, "spt_listed", gqa=True, cluster_pair=True),
-    B("fp16", 256, False, "shift", gqa=True, cluster_pair=True, pair_stores=True),
-    B("bf16", 256, False, "shift", cluster_pair=True, pair_stores=True),
-    B("bf16", 256, True, "symmetric_shift", cluster_pair=True, pair_stores=True),
-    B("bf16", 256, False, "fa3", deterministic=False, cluster_pair=True, pair_stores=True),
+    B("fp16", 256, False, "shift", gqa=True, cluster_pair=True),
 ]
 # The pair's walk keeps one word more than one CTA's in the scheduler lane where the policy's
 # walk spills at all (symmetric_shift: 20 bytes against 16); the MMA warpgroups spill none.
@@ -576,13 +573,11 @@ def test_the_cluster_pair_compiles_as_a_cluster_of_two_without_spills(variant, c
     assert main.registers == ENTRY_REGISTERS, cubin.log
     assert main.spill_bytes <= SCHEDULER_SPILL_BYTES + PAIR_WALK_SPILL_BYTES, cubin.log
     assert not any(main.has_warning(code) for code in SLOW_PATHS), main.warnings
-    assert ("static constexpr int kPairStores = 1;" in source.text) == variant.pair_stores
-    # The one-CTA kernel's layout with the pair's four barriers after it, and with pair_stores
-    # a 16 KB receive buffer (232,016 bytes of the 232,448 a block may take).
-    single = dataclasses.replace(variant, cluster_pair=False, pair_stores=False)
+    # The one-CTA kernel's layout with the pair's two barriers after it and a 16 KB receive
+    # buffer (232,000 bytes of the 232,448 a block may take).
+    single = dataclasses.replace(variant, cluster_pair=False)
     single_bytes = compiled(single).constant(single.smem_symbol)
-    receive = 64 * 64 * 4 if variant.pair_stores else 0
-    assert cubin.constant(variant.smem_symbol) == single_bytes + 32 + receive
+    assert cubin.constant(variant.smem_symbol) == single_bytes + 16 + 64 * 64 * 4
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -594,5 +589,3 @@ def test_the_cluster_pair_refuses_what_it_does_not_serve(kwargs):
     fields = dict(dtype="bf16", head_dim=256, causal=False, schedule="shift", cluster_pair=True)
     with pytest.raises(ValueError, match=r"^cluster_pair serves head_dim 256 under a named"):
         B(**{**fields, **kwargs})
-    with pytest.raises(ValueError, match=r"^pair_stores is a way of cluster_pair's"):
-        B("bf16", 256, False, "shift", pair_stores=True)

@@ -454,11 +454,6 @@ def test_the_cluster_pair_override_schedules_128_key_tiles_on_clusters():
         assert 0 < sel.num_workers <= 66
         assert not select(problem, "bf16", schedule=schedule,
                           sm_count=132).backward.cluster_pair
-        stores = select(problem, "bf16", schedule=schedule, sm_count=132,
-                        overrides=Overrides(cluster_pair=True, pair_stores=True))
-        assert stores.backward.pair_stores and stores.num_workers == sel.num_workers
-    with pytest.raises(ValueError, match=r"^pair_stores is a way of cluster_pair's"):
-        select(problem, "bf16", overrides=Overrides(pair_stores=True))
 
 
 @pytest.mark.parametrize("problem, kwargs", [

@@ -243,7 +243,7 @@ class _Variant:
         # existed (the comment the sources open with).
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                   if (f.name != "head_dim_v" or self.head_dim_v != self.head_dim)
-                  and (f.name not in ("softcap", "window", "cluster_pair", "pair_stores")
+                  and (f.name not in ("softcap", "window", "cluster_pair")
                        or getattr(self, f.name))]
         return f"{type(self).__name__}({', '.join(fields)})"
 
@@ -368,12 +368,10 @@ class BackwardVariant(_Variant):
     window: bool = False  # a sliding window (attn/mask.cuh, sched::WindowTiling; bounds: params)
     head_dim_v: int | None = None  # V's, O's and dO's columns (None: head_dim's)
     # A cluster pair (attn/bwd_pair.cuh): two CTAs, one worker of 128-key tasks, Q/dO multicast,
-    # dQ's partials summed in shared memory. A candidate: reached only through
+    # dQ's partials summed in shared memory (the peer's stored into the owner's receive buffer,
+    # added in the owner's registers). A candidate: reached only through
     # Overrides(cluster_pair=True) (tests/gpu/test_cluster_pair_gpu.py), picked by no policy.
     cluster_pair: bool = False
-    # A pair whose dQ pieces meet by stores into a receive buffer, added in the owner's registers
-    # (16 KB more shared memory), instead of the peer's per-element adds into the owner's buffer.
-    pair_stores: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -407,8 +405,6 @@ class BackwardVariant(_Variant):
                                   or self.table):
             raise ValueError("cluster_pair serves head_dim 256 under a named schedule, one "
                              "fixed-length problem without a window, soft-capping or tracing")
-        if self.pair_stores and not self.cluster_pair:
-            raise ValueError("pair_stores is a way of cluster_pair's: set cluster_pair=True")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
@@ -472,7 +468,7 @@ class BackwardVariant(_Variant):
                           (self.early_kv, "ekv"), (self.dq_last, "dqlast"),
                           (self.trace, "trace"),
                           (self.varlen, "varlen"), (self.softcap, "softcap"),
-                          (self.cluster_pair, "pair"), (self.pair_stores, "stores")):
+                          (self.cluster_pair, "pair")):
             if flag:
                 name += "_" + tag
         return name

@@ -84,9 +84,6 @@ class Overrides:
     # policy picks: its schedule runs over 128-key tiles, a worker a cluster of two CTAs
     # (lab/notes/cluster-pair-plan.md). None or False: the one-CTA kernels.
     cluster_pair: bool | None = None
-    # With cluster_pair: the peer's dQ pieces by stores into a receive buffer, added by the
-    # owner (BackwardVariant.pair_stores), instead of its adds into the owner's buffer.
-    pair_stores: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -384,8 +381,7 @@ class Plan:
         backward = BackwardVariant(self.dtype, problem.head_dim, causal, self.schedule,
                                    deterministic=ordered, gqa=problem.gqa, fused_convert=fused,
                                    early_kv=early_kv, dq_last=dq_last, trace=self.trace,
-                                   window=window, cluster_pair=bool(overrides.cluster_pair),
-                                   pair_stores=bool(overrides.pair_stores))
+                                   window=window, cluster_pair=bool(overrides.cluster_pair))
         forward = select_forward(problem, self.dtype, self.sm_count, overrides)
         return Selection(problem, forward, backward, self.schedule, workers,
                          None if table is None else self.schedule_key)

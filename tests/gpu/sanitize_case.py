@@ -166,10 +166,9 @@ def paired() -> None:
         scale = 256 ** -0.5
         o, lse = forward(q, k, v, causal=causal, softmax_scale=scale)
         for deterministic in (True, False):
-            for stores in (False, True):  # the peer's adds, or its stores (pair_stores)
-                backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                         deterministic=deterministic, schedule=schedule, num_workers=workers,
-                         overrides=Overrides(cluster_pair=True, pair_stores=stores))
+            backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
+                     deterministic=deterministic, schedule=schedule, num_workers=workers,
+                     overrides=Overrides(cluster_pair=True))
         torch.cuda.synchronize()
         print(f"ran pair {schedule} {sq}x{sk} causal={causal}", flush=True)
 

@@ -26,9 +26,6 @@ from test_attention_gpu import REPEATS, Case, busy_mismatches  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 PAIR = Overrides(cluster_pair=True)
-# The other way for dQ's halves: the peer's piece by stores, added by the owner (pair_stores).
-WAYS = pytest.mark.parametrize("way", [PAIR, Overrides(cluster_pair=True, pair_stores=True)],
-                               ids=["adds", "stores"])
 FEW_WORKERS = 5  # fewer clusters than pair tiles: several waves
 
 
@@ -60,8 +57,7 @@ def pair_plans(case: Case) -> list[tuple[str, int]]:
                                                 (257, 100), (2048, 2048)], ids=str)
 @pytest.mark.parametrize("heads_q, heads_kv", [(4, 4), (8, 2)], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@WAYS
-def test_every_schedule_on_the_pair_matches_float64(way, causal, heads_q, heads_kv, seqlen_q,
+def test_every_schedule_on_the_pair_matches_float64(causal, heads_q, heads_kv, seqlen_q,
                                                     seqlen_k, seed):
     case = Case(2, heads_q, heads_kv, seqlen_q, seqlen_k, 256, causal)
     plans = pair_plans(case)
@@ -69,18 +65,17 @@ def test_every_schedule_on_the_pair_matches_float64(way, causal, heads_q, heads_
     bad = []
     for schedule, workers in plans:
         for deterministic in (True, False):
-            ours = case.run(way, schedule, workers, deterministic)
+            ours = case.run(PAIR, schedule, workers, deterministic)
             bad += case.errors(ours, dict(schedule=schedule, num_workers=workers,
                                           deterministic=deterministic))
     assert not bad, "\n".join(bad)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@WAYS
-def test_the_pair_in_fp16_matches_float64(way, causal, seed):
+def test_the_pair_in_fp16_matches_float64(causal, seed):
     case = Case(1, 8, 8, 1000, 777, 256, causal, dtype=torch.float16)
     bad = [msg for schedule, workers in pair_plans(case)
-           for msg in case.errors(case.run(way, schedule, workers), dict(schedule=schedule))]
+           for msg in case.errors(case.run(PAIR, schedule, workers), dict(schedule=schedule))]
     assert not bad, "\n".join(bad)
 
 
@@ -98,18 +93,3 @@ def test_the_pairs_bits_hold_across_repeats_and_worker_counts(causal, seed):
         assert all(torch.equal(a, b) for a, b in zip(first, other)), workers
     mismatches = busy_mismatches(lambda: case.run(PAIR, schedule, most), first, REPEATS // 10)
     assert not mismatches, f"calls {mismatches[:10]} of {REPEATS // 10} changed bits"
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_both_ways_of_meeting_give_the_same_bits(causal, seed):
-    """The peer's adds into the owner's buffer and the owner's add of the peer's stored piece
-    are one fp32 addition of the same two partials: the ordered backward's bits are the same
-    either way (the unordered one's order over pairs varies from call to call)."""
-    case = Case(1, 8, 8, 2000, 2000, 256, causal)
-    schedule = "symmetric_shift" if causal else "shift"
-    workers = clusters(causal)
-    adds = case.run(PAIR, schedule, workers)
-    stores = case.run(Overrides(cluster_pair=True, pair_stores=True), schedule, workers)
-    differ = [name for name, a, b in zip(("o", "dq", "dk", "dv"), adds, stores)
-              if not torch.equal(a, b)]
-    assert not differ, differ

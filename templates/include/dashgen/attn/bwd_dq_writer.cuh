@@ -25,10 +25,7 @@ struct BwdDqWriter {
     for (int i = 0; i < count; ++i) {
       const Task t = Scheduler::take_task(smem, bars, i);
       const int s = i % K::kStages, use = i / K::kStages;
-      if constexpr (K::kPair != 0) {
-        // The first owned piece, with the peer's adds on it (released at cluster scope).
-        mbarrier_wait_parity_cluster(&bars->dq_full[0], piece_parity(i, 0));
-      } else if constexpr (K::kDqPieces > 1) {
+      if constexpr (K::kDqPieces > 1) {
         mbarrier_wait_parity(&bars->dq_full[0], piece_parity(i, 0));  // the first piece
       } else {
         mbarrier_wait_parity(&bars->dq_full[s], use & 1);
@@ -143,10 +140,9 @@ struct BwdDqWriter {
     const int first = 2 * static_cast<int>(ClusterPair::rank());
     float* dst = dq_tile(p, t);
     for (int j = 0; j < 2; ++j) {
-      if (j > 0) mbarrier_wait_parity_cluster(&bars->dq_full[j], piece_parity(i, first + j));
-      // The peer's adds were generic-proxy writes (fenced by the adders as well): ordered
-      // before this lane's async-proxy read of the buffer.
-      fence_proxy_async_shared();
+      // The sums are the owner's own stores (the peer's piece came through the receive buffer,
+      // acquired by the owner at cluster scope), fenced for the async proxy before dq_full.
+      if (j > 0) mbarrier_wait_parity(&bars->dq_full[j], piece_parity(i, first + j));
       const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + j * K::kDqBytes);
       float* piece = dst + (first + j) * K::kBlockM * 64;
       land_piece(piece, src, K::kDeterministic && t.dq_rank == 0);

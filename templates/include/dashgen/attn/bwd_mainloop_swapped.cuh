@@ -69,7 +69,7 @@ struct BwdMainloopSwapped {
   static constexpr bool kSharedBuffer = K::kDqBuffers < K::kDqPieces && !K::kDqPerWg;
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
-  enum : int { kPair = K::kPair, kPairStores = K::kPairStores };  // attn/bwd_pair.cuh
+  enum : int { kPair = K::kPair };  // attn/bwd_pair.cuh
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
   enum : int { kWindow = K::kWindow };
   static constexpr int kStages = K::kStages;
@@ -387,10 +387,8 @@ struct BwdMainloopSwapped {
   __device__ static __forceinline__ void hand_off_piece(const float (&dq)[32], char* smem,
                                                         Bars* bars, int task, int cb,
                                                         const MmaThread& me) {
-    if constexpr (kPairStores) {
+    if constexpr (kPair) {
       hand_off_pair_sum(dq, smem, bars, task, cb, me);
-    } else if constexpr (kPair) {
-      hand_off_pair_piece(dq, smem, bars, task, cb, me);
     } else {
       const int buffer = K::dq_buffer(cb);
       const int n = K::dq_use(task, cb);
@@ -407,11 +405,14 @@ struct BwdMainloopSwapped {
     }
   }
 
-  // kPairStores: warpgroup w's pieces belong to CTA w, as in hand_off_pair_piece. The other
-  // CTA's warpgroup w sends its piece by stores into CTA w's receive buffer (one piece at a
-  // time: recv_empty tells it the owner has read the last); the owner adds it to its own in
-  // registers, one rounding, as the peer's adds would, and stages the sum as a CTA alone does.
-  // A receive buffer use a piece: 2 task + cb % 2.
+  // A pair's piece (attn/bwd_pair.cuh): warpgroup w's pieces belong to CTA w, one a buffer
+  // (cb % 2), each buffer once a task. The other CTA's warpgroup w sends its piece by stores
+  // into CTA w's receive buffer (one piece at a time: recv_empty tells it the owner has read
+  // the last); the owner adds it to its own in registers, one rounding, and stages the sum as a
+  // CTA alone does. Each thread reads the elements its twin stored (the same fragment layout).
+  // A receive buffer use a piece: 2 task + cb % 2. (Adds into the owner's shared memory
+  // instead, red.shared::cluster f32, compile to a compare-and-swap round trip each: 8x slower,
+  // lab/notes/tried-and-dropped.md `pair-dsmem-adds`.)
   __device__ static __forceinline__ void hand_off_pair_sum(const float (&dq)[32], char* smem,
                                                            Bars* bars, int task, int cb,
                                                            const MmaThread& me) {
@@ -440,42 +441,6 @@ struct BwdMainloopSwapped {
         st_shared_cluster_v2_f32(owner + 4u * static_cast<u32>(at), dq[e], dq[e + 1]);
       }
       mbarrier_arrive_remote(ClusterPair::peer(&bars->recv_full));
-    }
-  }
-
-  // A pair's piece (attn/bwd_pair.cuh): warpgroup w's pieces belong to CTA w, one a buffer
-  // (cb % 2), each buffer once a task. There the warpgroup stores its piece as above and tells
-  // the peer (dq_staged); in the other CTA the same warpgroup, once told, adds its own piece
-  // onto those stores in the owner's shared memory and arrives on the owner's dq_full, which
-  // counts both. Each thread adds the elements its twin stored (the same fragment layout).
-  __device__ static __forceinline__ void hand_off_pair_piece(const float (&dq)[32], char* smem,
-                                                             Bars* bars, int task, int cb,
-                                                             const MmaThread& me) {
-    const int buffer = K::dq_buffer(cb);
-    float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
-    if (me.wg == static_cast<int>(ClusterPair::rank())) {
-      mbarrier_wait_parity(&bars->dq_empty[buffer], (task & 1) ^ 1);
-#pragma unroll
-      for (int e = 0; e < 32; e += 2) {
-        const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
-        *reinterpret_cast<float2*>(buf + row_of(e, me) * 64 + col) =
-            make_float2(dq[e], dq[e + 1]);
-      }
-      fence_proxy_async_shared();  // the writer's bulk copy reads them
-      mbarrier_arrive_remote(ClusterPair::peer(&bars->dq_staged[buffer]));
-      mbarrier_arrive(&bars->dq_full[buffer]);
-    } else {
-      mbarrier_wait_parity_cluster(&bars->dq_staged[buffer], task & 1);
-      const u32 owner = ClusterPair::peer(buf);
-#pragma unroll
-      for (int e = 0; e < 32; e += 2) {
-        const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
-        const u32 at = owner + 4u * static_cast<u32>(row_of(e, me) * 64 + col);
-        red_add_shared_cluster_f32(at, dq[e]);
-        red_add_shared_cluster_f32(at + 4u, dq[e + 1]);
-      }
-      fence_proxy_async_shared_cluster();  // before the owner's writer reads by bulk copy
-      mbarrier_arrive_remote(ClusterPair::peer(&bars->dq_full[buffer]));
     }
   }
 };

@@ -3,9 +3,10 @@
 // same time: to the schedule they are one worker and one task of 128 keys (the walk runs over
 // pairs, AttnBwdSm90::Tiling), each CTA computing its own 64 keys. Q and dO arrive once for
 // both (each CTA multicasts half of the column blocks into both), and dQ's partials meet in
-// shared memory: CTA w owns the pieces of its warpgroup w, onto which the peer's warpgroup w
-// adds its own before the owner's writer lands them. So a dQ tile takes half the global bytes
-// a FLOP that one CTA's 64 keys take (lab/notes/cluster-pair-plan.md). Two addends, one
+// shared memory: CTA w owns the pieces of its warpgroup w; the peer's warpgroup w stores its
+// own into the owner's receive buffer, and the owner adds the two before its writer lands
+// them. So a dQ tile takes half the global bytes a FLOP that one CTA's 64 keys take
+// (lab/notes/cluster-pair-plan.md). Two addends, one
 // rounding: the same sum in either order, and the sums over pairs land in the schedule's
 // dq_rank order, a counter per (dQ tile, owned half). The bits are fixed by the tiles and the
 // pairing (KV tile 2n + r's partial onto 2n's), never by the workers.
@@ -22,17 +23,6 @@ __host__ __device__ constexpr auto cluster_pair(int) -> decltype(Cfg::kClusterPa
 }
 template <class Cfg>
 __host__ __device__ constexpr int cluster_pair(long) {
-  return 0;
-}
-
-// Cfg::kPairStores where the entry template renders one, else 0: a pair's dQ pieces meet by
-// stores into the owner's receive buffer, added in the owner's registers. Call with 0.
-template <class Cfg>
-__host__ __device__ constexpr auto pair_stores(int) -> decltype(Cfg::kPairStores + 0) {
-  return Cfg::kPairStores;
-}
-template <class Cfg>
-__host__ __device__ constexpr int pair_stores(long) {
   return 0;
 }
 

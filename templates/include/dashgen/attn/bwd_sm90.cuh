@@ -60,16 +60,13 @@ struct OwnDoBars<true> {
 };
 
 // The cluster pair's barriers (AttnBwdSm90::kPair), after dO's; an empty base elsewhere:
-// dq_staged[b], on which the peer's owner of dQ buffer b arrives once its piece is stored
-// there, so this CTA's adding warpgroup may add its own onto it; with kPairStores recv_full,
-// on which the peer's sending warpgroup arrives once its piece is in this CTA's receive
-// buffer, and recv_empty, on which the peer's owner arrives once it has read the piece this
-// CTA sent it.
+// recv_full, on which the peer's sending warpgroup arrives once its piece is in this CTA's
+// receive buffer, and recv_empty, on which the peer's owner arrives once it has read the
+// piece this CTA sent it.
 template <bool kPair>
 struct PairBars {};
 template <>
 struct PairBars<true> {
-  u64 dq_staged[2];
   u64 recv_full, recv_empty;
 };
 
@@ -96,10 +93,9 @@ struct AttnBwdSm90 {
   // A sliding window (attn/mask.cuh): its bounds are BwdParams::window_left/right. An
   // enumerator, not a static member (NVRTC emits those as globals of the module).
   enum : int { kWindow = has_window<Cfg>(0) };
-  // A cluster pair (attn/bwd_pair.cuh): two CTAs, one worker of 128-key tasks; kPairStores:
-  // the peer's dQ pieces arrive by stores into a receive buffer and the owner adds them in its
-  // registers, instead of the peer's adds into the owner's buffer.
-  enum : int { kPair = cluster_pair<Cfg>(0), kPairStores = kPair && pair_stores<Cfg>(0) };
+  // A cluster pair (attn/bwd_pair.cuh): two CTAs, one worker of 128-key tasks; the peer's dQ
+  // pieces arrive by stores into a receive buffer and the owner adds them in its registers.
+  enum : int { kPair = cluster_pair<Cfg>(0) };
   // The schedule: which tasks this worker runs in which order, and their ranks (a pair's over
   // its 128-key tiles).
   using Tiling =
@@ -289,15 +285,15 @@ struct AttnBwdSm90 {
   // The task's softmax statistics (kBlockM lse rows as log2, then kBlockM D rows): one copy per
   // stage, loaded with the stage's Q and dO.
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
-  // kPairStores: the receive buffer for the peer's dQ piece, after the dQ buffers (an
+  // A pair: the receive buffer for the peer's dQ piece, after the dQ buffers (an
   // enumerator: a new static member would be a module global, moving the pack plan's).
   enum : int { kOffRecv = kOffDq + kDqBuffers * kDqBytes };
-  static constexpr int kOffStats = kOffRecv + (kPairStores ? kDqBytes : 0);
+  static constexpr int kOffStats = kOffRecv + (kPair ? kDqBytes : 0);
   static constexpr int kOffBar = kOffStats + kStages * kStatsBytes;  // a copy a stage
   // The scheduler lane's ring of tasks: kRing slots, each read by the producer and the writer.
   static constexpr int kRing = 8;
   static constexpr int kNumBars =
-      2 + 2 * kStages + 2 * kDqBars + 2 * kRing + 2 * kOwnDo + 4 * kPair;
+      2 + 2 * kStages + 2 * kDqBars + 2 * kRing + 2 * kOwnDo + 2 * kPair;
   // The producer hands each stage's task to the MMA warpgroups here, so they never see the
   // schedule (its state stays out of their registers); after the slots, this worker's task
   // count, which thread 0 counts on the scheduler's walk before the roles start.
@@ -397,9 +393,8 @@ struct AttnBwdSm90 {
       // its own read before the producer rewrites the slot. A pair: both CTAs' MMA threads,
       // since either CTA's multicast refills the stage in both.
       mbarrier_init(&bars->q_empty[s], kPair ? 2 * kMmaThreads : kMmaThreads);
-      // Swapped: each piece is one warpgroup's stores (a pair: and the peer's adds onto them).
-      mbarrier_init(&bars->dq_full[s],
-                    kPair && !kPairStores ? 256 : kSwapped ? 128 : kMmaThreads);
+      // Swapped: each piece is one warpgroup's stores (a pair: the owner's, the peer's added).
+      mbarrier_init(&bars->dq_full[s], kSwapped ? 128 : kMmaThreads);
       mbarrier_init(&bars->dq_empty[s], 1);
     }
     for (int s = kStages; s < kDqBars; ++s) {  // swapped, a buffer a piece: one warpgroup's
@@ -421,8 +416,6 @@ struct AttnBwdSm90 {
       mbarrier_init(&bars->do_empty, kPair ? 2 * kMmaThreads : kMmaThreads);  // as q_empty
     }
     if constexpr (kPair) {
-      // The peer's owning warpgroup's threads, each once its stores are done.
-      for (int b = 0; b < 2; ++b) mbarrier_init(&bars->dq_staged[b], 128);
       mbarrier_init(&bars->recv_full, 128);   // the peer's sending threads
       mbarrier_init(&bars->recv_empty, 128);  // the peer's owning threads
     }
