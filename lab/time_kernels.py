@@ -148,7 +148,7 @@ def picked(name: str, q, k, causal: bool, sms: int) -> bool:
 def compare(name: str, args, sms: int) -> None:
     """The kernels' GPU time with select's pick for `name` and with it switched, on the same
     inputs: the forward kernel for persistent_forward, the deterministic backward's kernels
-    (auto schedule) for fused_convert and early_kv."""
+    (auto schedule) for fused_convert and early_kv. The other override flags set apply to both."""
     print(f"{name}: select's pick -> switched (Overrides)")
     print(f"{'config':<24} {'pick':>5} {'main us':>9} {'switched':>9} {'ratio':>6} {'all us':>8} "
           f"{'switched':>9} {'ratio':>6}")
@@ -159,7 +159,9 @@ def compare(name: str, args, sms: int) -> None:
                 pick = picked(name, q, k, causal, sms)
                 times = []
                 for value in (pick, not pick):
-                    overrides = Overrides(**{name: value})
+                    # The other override flags given stay set on both sides (e.g.
+                    # --cluster-pair on --compare pair_late_add).
+                    overrides = dataclasses.replace(overrides_from(args), **{name: value})
                     if name == "persistent_forward":
                         call = lambda: forward(q, k, v, causal=causal, softmax_scale=scale,
                                                overrides=overrides)

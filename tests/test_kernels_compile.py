@@ -580,6 +580,31 @@ def test_the_cluster_pair_compiles_as_a_cluster_of_two_without_spills(variant, c
     assert cubin.constant(variant.smem_symbol) == single_bytes + 16 + 64 * 64 * 4
 
 
+# The pair's late add of its last piece (BwdMainloopSwapped::finish_late_piece): a candidate.
+PAIR_LATE_VARIANTS = [
+    B("bf16", 256, False, "shift", cluster_pair=True, pair_late_add=True),
+    B("bf16", 256, True, "symmetric_shift", cluster_pair=True, pair_late_add=True),
+    B("fp16", 256, True, "spt_listed", gqa=True, cluster_pair=True, pair_late_add=True),
+    B("bf16", 256, False, "fa3", deterministic=False, cluster_pair=True, pair_late_add=True),
+]
+
+
+@pytest.mark.parametrize("variant", PAIR_LATE_VARIANTS, ids=lambda v: v.kernel_name)
+def test_the_pairs_late_add_compiles_within_the_pairs_bounds(variant, compiled):
+    """The late add keeps the pair's registers, shared memory and spills, and no slow path
+    (the wgmmas it sits under stay asynchronous)."""
+    source = render_variant(variant)
+    assert "static constexpr int kPairLateAdd = 1;" in source.text
+    cubin = compiled(variant)
+    main = cubin.resources[variant.kernel_name]
+    pair = dataclasses.replace(variant, pair_late_add=False)
+    pair_cubin = compiled(pair)
+    assert main.registers == ENTRY_REGISTERS, cubin.log
+    assert main.spill_bytes <= pair_cubin.resources[pair.kernel_name].spill_bytes, cubin.log
+    assert not any(main.has_warning(code) for code in SLOW_PATHS), main.warnings
+    assert cubin.constant(variant.smem_symbol) == pair_cubin.constant(pair.smem_symbol)
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(head_dim=192), dict(varlen=True, schedule="spt"),
     dict(window=True, schedule="spt_listed"), dict(softcap=True), dict(trace=True),
@@ -589,3 +614,5 @@ def test_the_cluster_pair_refuses_what_it_does_not_serve(kwargs):
     fields = dict(dtype="bf16", head_dim=256, causal=False, schedule="shift", cluster_pair=True)
     with pytest.raises(ValueError, match=r"^cluster_pair serves head_dim 256 under a named"):
         B(**{**fields, **kwargs})
+    with pytest.raises(ValueError, match=r"^pair_late_add is a way of cluster_pair's"):
+        B("bf16", 256, False, "shift", pair_late_add=True)

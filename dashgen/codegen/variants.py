@@ -243,7 +243,7 @@ class _Variant:
         # existed (the comment the sources open with).
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                   if (f.name != "head_dim_v" or self.head_dim_v != self.head_dim)
-                  and (f.name not in ("softcap", "window", "cluster_pair")
+                  and (f.name not in ("softcap", "window", "cluster_pair", "pair_late_add")
                        or getattr(self, f.name))]
         return f"{type(self).__name__}({', '.join(fields)})"
 
@@ -372,6 +372,10 @@ class BackwardVariant(_Variant):
     # added in the owner's registers). A candidate: reached only through
     # Overrides(cluster_pair=True) (tests/gpu/test_cluster_pair_gpu.py), picked by no policy.
     cluster_pair: bool = False
+    # A pair whose owner stages its last dQ piece of a task alone and adds the peer's under the
+    # next task's first wgmmas (BwdMainloopSwapped::finish_late_piece): the same additions, so
+    # the same bits. A candidate beside cluster_pair (lab/notes/cluster-pair-plan.md).
+    pair_late_add: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -405,6 +409,8 @@ class BackwardVariant(_Variant):
                                   or self.table):
             raise ValueError("cluster_pair serves head_dim 256 under a named schedule, one "
                              "fixed-length problem without a window, soft-capping or tracing")
+        if self.pair_late_add and not self.cluster_pair:
+            raise ValueError("pair_late_add is a way of cluster_pair's: set cluster_pair=True")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
@@ -468,7 +474,7 @@ class BackwardVariant(_Variant):
                           (self.early_kv, "ekv"), (self.dq_last, "dqlast"),
                           (self.trace, "trace"),
                           (self.varlen, "varlen"), (self.softcap, "softcap"),
-                          (self.cluster_pair, "pair")):
+                          (self.cluster_pair, "pair"), (self.pair_late_add, "late")):
             if flag:
                 name += "_" + tag
         return name

@@ -84,6 +84,9 @@ class Overrides:
     # policy picks: its schedule runs over 128-key tiles, a worker a cluster of two CTAs
     # (lab/notes/cluster-pair-plan.md). None or False: the one-CTA kernels.
     cluster_pair: bool | None = None
+    # With cluster_pair: the owner's last dQ piece of a task gets the peer's added in the next
+    # task (BackwardVariant.pair_late_add), a candidate no policy picks.
+    pair_late_add: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -381,7 +384,8 @@ class Plan:
         backward = BackwardVariant(self.dtype, problem.head_dim, causal, self.schedule,
                                    deterministic=ordered, gqa=problem.gqa, fused_convert=fused,
                                    early_kv=early_kv, dq_last=dq_last, trace=self.trace,
-                                   window=window, cluster_pair=bool(overrides.cluster_pair))
+                                   window=window, cluster_pair=bool(overrides.cluster_pair),
+                                   pair_late_add=bool(overrides.pair_late_add))
         forward = select_forward(problem, self.dtype, self.sm_count, overrides)
         return Selection(problem, forward, backward, self.schedule, workers,
                          None if table is None else self.schedule_key)

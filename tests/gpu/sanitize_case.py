@@ -166,9 +166,10 @@ def paired() -> None:
         scale = 256 ** -0.5
         o, lse = forward(q, k, v, causal=causal, softmax_scale=scale)
         for deterministic in (True, False):
-            backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                     deterministic=deterministic, schedule=schedule, num_workers=workers,
-                     overrides=Overrides(cluster_pair=True))
+            for late in (False, True):  # the late add of the owner's last piece, or not
+                backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
+                         deterministic=deterministic, schedule=schedule, num_workers=workers,
+                         overrides=Overrides(cluster_pair=True, pair_late_add=late))
         torch.cuda.synchronize()
         print(f"ran pair {schedule} {sq}x{sk} causal={causal}", flush=True)
 

@@ -93,3 +93,24 @@ def test_the_pairs_bits_hold_across_repeats_and_worker_counts(causal, seed):
         assert all(torch.equal(a, b) for a, b in zip(first, other)), workers
     mismatches = busy_mismatches(lambda: case.run(PAIR, schedule, most), first, REPEATS // 10)
     assert not mismatches, f"calls {mismatches[:10]} of {REPEATS // 10} changed bits"
+
+
+@pytest.mark.parametrize("heads_q, heads_kv", [(4, 4), (8, 2)], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_late_add_gives_the_pairs_bits(causal, heads_q, heads_kv, seed):
+    """Overrides(pair_late_add=True): the owner's last piece of a task gets the peer's added a
+    task late, the same addition of the same two partials, so the pair's bits, ordered, on the
+    clusters the GPU holds and on a few; and float64's accuracy in the unordered mode."""
+    late = Overrides(cluster_pair=True, pair_late_add=True)
+    case = Case(2, heads_q, heads_kv, 1000, 900, 256, causal)  # 15 KV tiles: a keyless CTA
+    schedule = "symmetric_shift" if causal else "shift"
+    few = max(FEW_WORKERS, BUILDERS[schedule].min_workers(pair_problem(case.problem)))
+    for workers in (clusters(causal), few):
+        pair = case.run(PAIR, schedule, workers)
+        ours = case.run(late, schedule, workers)
+        differ = [name for name, a, b in zip(("o", "dq", "dk", "dv"), pair, ours)
+                  if not torch.equal(a, b)]
+        assert not differ, f"{workers} workers: {differ} differ"
+    assert not case.errors(ours, dict(pair_late_add=True))
+    unordered = case.run(late, schedule, few, False)
+    assert not case.errors(unordered, dict(pair_late_add=True, deterministic=False))

@@ -27,6 +27,12 @@ struct BwdDqWriter {
       const int s = i % K::kStages, use = i / K::kStages;
       if constexpr (K::kDqPieces > 1) {
         mbarrier_wait_parity(&bars->dq_full[0], piece_parity(i, 0));  // the first piece
+        if constexpr (K::kPairLate != 0) {
+          // A pair's second owned piece is finished in the next task (finish_late_piece): both
+          // ready before the turn is taken, so that the turn is not held while it waits.
+          mbarrier_wait_parity(&bars->dq_full[1],
+                               piece_parity(i, 2 * static_cast<int>(ClusterPair::rank()) + 1));
+        }
       } else {
         mbarrier_wait_parity(&bars->dq_full[s], use & 1);
       }

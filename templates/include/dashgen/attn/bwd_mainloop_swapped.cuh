@@ -69,7 +69,7 @@ struct BwdMainloopSwapped {
   static constexpr bool kSharedBuffer = K::kDqBuffers < K::kDqPieces && !K::kDqPerWg;
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
-  enum : int { kPair = K::kPair };  // attn/bwd_pair.cuh
+  enum : int { kPair = K::kPair, kPairLate = K::kPairLate };  // attn/bwd_pair.cuh
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
   enum : int { kWindow = K::kWindow };
   static constexpr int kStages = K::kStages;
@@ -146,6 +146,13 @@ struct BwdMainloopSwapped {
         }
       }
       wgmma_commit_group();
+      // kPairLate: the previous task's last owned piece gets the peer's added under these
+      // wgmmas (finish_late_piece).
+      if constexpr (kPairLate != 0) {
+        if (i > begin && me.wg == static_cast<int>(ClusterPair::rank())) {
+          finish_late_piece(smem, bars, i - 1 - begin, me);
+        }
+      }
 
       // 2. P and dS, packed in pairs of adjacent keys.
       u32 pk[kAcc / 2], dsk[kAcc / 2];
@@ -191,6 +198,12 @@ struct BwdMainloopSwapped {
         }
         if (!kEarlyKv && me.tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
         ++segment;
+      }
+    }
+    if constexpr (kPairLate != 0) {  // the last task's
+      const int done = task_count(smem);
+      if (done > 0 && me.wg == static_cast<int>(ClusterPair::rank())) {
+        finish_late_piece(smem, bars, done - 1, me);
       }
     }
   }
@@ -421,6 +434,17 @@ struct BwdMainloopSwapped {
     float* recv = reinterpret_cast<float*>(smem + K::kOffRecv);
     if (me.wg == static_cast<int>(ClusterPair::rank())) {
       float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
+      if (kPairLate != 0 && cb % 2 == 1) {
+        // The task's last owned piece: staged alone now, the peer's added in the next task
+        // (finish_late_piece), when it has long arrived.
+        mbarrier_wait_parity(&bars->dq_empty[buffer], (task & 1) ^ 1);
+#pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+          const int at = row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
+          *reinterpret_cast<float2*>(buf + at) = make_float2(dq[e], dq[e + 1]);
+        }
+        return;
+      }
       mbarrier_wait_parity_cluster(&bars->recv_full, use & 1);
       mbarrier_wait_parity(&bars->dq_empty[buffer], (task & 1) ^ 1);
 #pragma unroll
@@ -442,6 +466,28 @@ struct BwdMainloopSwapped {
       }
       mbarrier_arrive_remote(ClusterPair::peer(&bars->recv_full));
     }
+  }
+
+  // kPairLate: the owner's last piece of walk task `task`, staged alone by hand_off_pair_sum,
+  // gets the peer's piece added from the receive buffer (the same one addition of the same two
+  // partials: the same bits), then goes to the writer. Each thread adds the elements it stored.
+  __device__ static __forceinline__ void finish_late_piece(char* smem, Bars* bars, int task,
+                                                           const MmaThread& me) {
+    const int cb = (me.wg == 0 ? 0 : kPieces0) + 1;
+    const int buffer = K::dq_buffer(cb);
+    const float* recv = reinterpret_cast<const float*>(smem + K::kOffRecv);
+    float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
+    mbarrier_wait_parity_cluster(&bars->recv_full, (2 * task + 1) & 1);
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) {
+      const int at = row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
+      const float2 own = *reinterpret_cast<const float2*>(buf + at);
+      const float2 peer = *reinterpret_cast<const float2*>(recv + at);
+      *reinterpret_cast<float2*>(buf + at) = make_float2(own.x + peer.x, own.y + peer.y);
+    }
+    mbarrier_arrive_remote(ClusterPair::peer(&bars->recv_empty));  // its reads are done
+    fence_proxy_async_shared();  // the writer's bulk copy reads the sums
+    mbarrier_arrive(&bars->dq_full[buffer]);
   }
 };
 

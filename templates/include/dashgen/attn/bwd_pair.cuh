@@ -26,6 +26,18 @@ __host__ __device__ constexpr int cluster_pair(long) {
   return 0;
 }
 
+// Cfg::kPairLateAdd where the entry template renders one, else 0: the owner's last dQ piece of
+// a task staged alone, the peer's added under the next task's first wgmmas
+// (BwdMainloopSwapped::finish_late_piece). Call with 0.
+template <class Cfg>
+__host__ __device__ constexpr auto pair_late_add(int) -> decltype(Cfg::kPairLateAdd + 0) {
+  return Cfg::kPairLateAdd;
+}
+template <class Cfg>
+__host__ __device__ constexpr int pair_late_add(long) {
+  return 0;
+}
+
 // A float pair into a peer CTA's shared memory at `cluster_address` (map_to_rank), 8 bytes
 // aligned.
 __device__ __forceinline__ void st_shared_cluster_v2_f32(u32 cluster_address, float lo,

@@ -95,7 +95,8 @@ struct AttnBwdSm90 {
   enum : int { kWindow = has_window<Cfg>(0) };
   // A cluster pair (attn/bwd_pair.cuh): two CTAs, one worker of 128-key tasks; the peer's dQ
   // pieces arrive by stores into a receive buffer and the owner adds them in its registers.
-  enum : int { kPair = cluster_pair<Cfg>(0) };
+  // kPairLate: the owner's last piece of a task gets the peer's added in the next task.
+  enum : int { kPair = cluster_pair<Cfg>(0), kPairLate = kPair && pair_late_add<Cfg>(0) };
   // The schedule: which tasks this worker runs in which order, and their ranks (a pair's over
   // its 128-key tiles).
   using Tiling =
