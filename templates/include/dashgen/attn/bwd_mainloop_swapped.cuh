@@ -254,6 +254,11 @@ struct BwdMainloopSwapped {
   __device__ static __forceinline__ int row_of(int e, const MmaThread& me) {
     return 16 * me.warp + me.g + 8 * ((e / 2) % 2);
   }
+  // Element e (and e + 1) of a dQ piece's fragment in its 64-column staging layout (a pair's
+  // buffers and receive buffer: each thread's twin in the peer uses the same offsets).
+  __device__ static __forceinline__ int piece_at(int e, const MmaThread& me) {
+    return row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
+  }
   __device__ static __forceinline__ int key_of(int e, const MmaThread& me) {
     return 8 * (e / 4) + 2 * me.t4 + e % 2;
   }
@@ -434,25 +439,22 @@ struct BwdMainloopSwapped {
     float* recv = reinterpret_cast<float*>(smem + K::kOffRecv);
     if (me.wg == static_cast<int>(ClusterPair::rank())) {
       float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
-      if (kPairLate != 0 && cb % 2 == 1) {
-        // The task's last owned piece: staged alone now, the peer's added in the next task
-        // (finish_late_piece), when it has long arrived.
-        mbarrier_wait_parity(&bars->dq_empty[buffer], (task & 1) ^ 1);
-#pragma unroll
-        for (int e = 0; e < 32; e += 2) {
-          const int at = row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
-          *reinterpret_cast<float2*>(buf + at) = make_float2(dq[e], dq[e + 1]);
-        }
-        return;
-      }
-      mbarrier_wait_parity_cluster(&bars->recv_full, use & 1);
+      // kPairLate: the task's last owned piece is staged alone, the peer's added in the next
+      // task (finish_late_piece), when it has long arrived.
+      const bool late = kPairLate != 0 && cb % 2 == 1;
+      if (!late) mbarrier_wait_parity_cluster(&bars->recv_full, use & 1);
       mbarrier_wait_parity(&bars->dq_empty[buffer], (task & 1) ^ 1);
 #pragma unroll
       for (int e = 0; e < 32; e += 2) {
-        const int at = row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
-        const float2 peer = *reinterpret_cast<const float2*>(recv + at);
-        *reinterpret_cast<float2*>(buf + at) = make_float2(dq[e] + peer.x, dq[e + 1] + peer.y);
+        const int at = piece_at(e, me);
+        float2 sum = make_float2(dq[e], dq[e + 1]);
+        if (!late) {
+          const float2 peer = *reinterpret_cast<const float2*>(recv + at);
+          sum = make_float2(sum.x + peer.x, sum.y + peer.y);
+        }
+        *reinterpret_cast<float2*>(buf + at) = sum;
       }
+      if (late) return;
       mbarrier_arrive_remote(ClusterPair::peer(&bars->recv_empty));  // its reads are done
       fence_proxy_async_shared();  // the writer's bulk copy reads the sums
       mbarrier_arrive(&bars->dq_full[buffer]);
@@ -461,7 +463,7 @@ struct BwdMainloopSwapped {
       const u32 owner = ClusterPair::peer(recv);
 #pragma unroll
       for (int e = 0; e < 32; e += 2) {
-        const int at = row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
+        const int at = piece_at(e, me);
         st_shared_cluster_v2_f32(owner + 4u * static_cast<u32>(at), dq[e], dq[e + 1]);
       }
       mbarrier_arrive_remote(ClusterPair::peer(&bars->recv_full));
@@ -480,7 +482,7 @@ struct BwdMainloopSwapped {
     mbarrier_wait_parity_cluster(&bars->recv_full, (2 * task + 1) & 1);
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
-      const int at = row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
+      const int at = piece_at(e, me);
       const float2 own = *reinterpret_cast<const float2*>(buf + at);
       const float2 peer = *reinterpret_cast<const float2*>(recv + at);
       *reinterpret_cast<float2*>(buf + at) = make_float2(own.x + peer.x, own.y + peer.y);

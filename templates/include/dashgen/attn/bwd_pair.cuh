@@ -6,10 +6,10 @@
 // shared memory: CTA w owns the pieces of its warpgroup w; the peer's warpgroup w stores its
 // own into the owner's receive buffer, and the owner adds the two before its writer lands
 // them. So a dQ tile takes half the global bytes a FLOP that one CTA's 64 keys take
-// (lab/notes/cluster-pair-plan.md). Two addends, one
-// rounding: the same sum in either order, and the sums over pairs land in the schedule's
-// dq_rank order, a counter per (dQ tile, owned half). The bits are fixed by the tiles and the
-// pairing (KV tile 2n + r's partial onto 2n's), never by the workers.
+// (lab/notes/cluster-pair-plan.md). Two addends, one rounding: the same sum in either order,
+// and the sums over pairs land in the schedule's dq_rank order, a counter per (dQ tile, owned
+// half). The bits are fixed by the tiles and the pairing (KV tile 2n + r's partial onto 2n's),
+// never by the workers.
 #pragma once
 #include "dashgen/ptx/cluster.cuh"
 #include "dashgen/ptx/mbarrier.cuh"

@@ -54,7 +54,7 @@ struct BwdScheduler {
     __device__ __forceinline__ int seqlen_k() const { return fresh(p.seqlen_k); }
     // A cluster pair is one worker (attn/bwd_pair.cuh).
     __device__ __forceinline__ int workers() const {
-      return fresh(static_cast<int>(K::kPair ? gridDim.x / 2 : gridDim.x));
+      return fresh(K::kPair ? ClusterPair::workers() : static_cast<int>(gridDim.x));
     }
     // A sliding window's bounds (sched::WindowTiling reads them; no other tiling does).
     __device__ __forceinline__ int window_left() const { return fresh(p.window_left); }
@@ -85,15 +85,20 @@ struct BwdScheduler {
   using Shape = typename Either<K::kVarlen, PackShape, LaunchShape>::type;
   using Walk = typename K::Config::template Walk<typename K::Tiling, Shape>;
 
+  // This CTA's worker: a cluster pair is one (attn/bwd_pair.cuh).
+  __device__ __forceinline__ static int worker() {
+    return K::kPair ? ClusterPair::worker() : static_cast<int>(blockIdx.x);
+  }
+
   // This worker's walk: the scheduler lane walks it, and thread 0 counts its tasks (every role
   // runs that many) before the roles start. `shape` outlives the walk.
   __device__ static Walk make_walk(const BwdParams& p, const Shape& shape) {
     if constexpr (K::kTable) {
       return Walk(p.tasks, p.worker_offsets, blockIdx.x);
     } else if constexpr (K::Config::kListed) {
-      return Walk(shape, p.unit_deal, K::kPair ? blockIdx.x / 2 : blockIdx.x);
+      return Walk(shape, p.unit_deal, worker());
     } else {
-      return Walk(shape, K::kPair ? blockIdx.x / 2 : blockIdx.x);
+      return Walk(shape, worker());
     }
   }
 
