@@ -335,6 +335,12 @@ class ForwardVariant(_Variant):
         return ctypes.sizeof(FwdWindowParams if self.window else FwdParams)
 
 
+# What the cluster pair (BackwardVariant.cluster_pair) serves, the refusal's words wherever a
+# problem or a variant falls outside it.
+CLUSTER_PAIR_SCOPE = ("cluster_pair serves head_dim 256 under a named schedule, one fixed-length "
+                      "problem without a window, soft-capping or tracing")
+
+
 @dataclass(frozen=True, repr=False)  # _Variant.__repr__
 class BackwardVariant(_Variant):
     """The Hopper backward (persistent, warp-specialized: a producer warp, a dQ writer warp, two
@@ -407,8 +413,7 @@ class BackwardVariant(_Variant):
         if self.cluster_pair and (self.head_dim != 256 or self.head_dim_v != self.head_dim
                                   or self.varlen or self.window or self.softcap or self.trace
                                   or self.table):
-            raise ValueError("cluster_pair serves head_dim 256 under a named schedule, one "
-                             "fixed-length problem without a window, soft-capping or tracing")
+            raise ValueError(CLUSTER_PAIR_SCOPE)
         if self.pair_late_add and not self.cluster_pair:
             raise ValueError("pair_late_add is a way of cluster_pair's: set cluster_pair=True")
         if self.fused_convert and not self.deterministic:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..caches import memo
-from ..codegen.variants import (DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
-                                BackwardVariant, ForwardVariant, backward_tiles,
+from ..codegen.variants import (CLUSTER_PAIR_SCOPE, DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M,
+                                FORWARD_BLOCK_N, BackwardVariant, ForwardVariant, backward_tiles,
                                 check_dtype_head_dim, kernel_head_dim, runs_swapped)
 from ..schedule.builders import (HYBRID_MAX_TILES, hybrid_need, Tiling, get_builder, schedule_loads,
                                  unsupported_reason)
@@ -186,10 +186,8 @@ def check_pair(problem: Problem, trace: bool, table: bool) -> None:
     """Raise ValueError naming cluster_pair where its kernels cannot run `problem`
     (BackwardVariant.cluster_pair's scope)."""
     if problem.head_dim != 256 or problem.mask.kind == "window" or trace or table:
-        raise ValueError("cluster_pair serves head_dim 256 under a named schedule, one "
-                         "fixed-length problem without a window, soft-capping or tracing; "
-                         f"got {problem.describe()}" + (", trace" if trace else "")
-                         + (", a schedule file" if table else ""))
+        raise ValueError(f"{CLUSTER_PAIR_SCOPE}; got {problem.describe()}"
+                         + (", trace" if trace else "") + (", a schedule file" if table else ""))
 
 
 def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
