@@ -15,6 +15,9 @@ ncu --profile-from-start off --clock-control none --section SpeedOfLight \
 FA3 is the anchor kit's build (ANCHOR_MODE=build leaves it under /tmp/anchors/fa3/hopper; its
 HDIM96/192/256 switches for those head dims); --impl dashgen runs this checkout's
 schedule="auto". lab/ncu_backward.sh runs both under the same sections and makes the table.
+With override flags (lab/time_kernels.py's: --cluster-pair on, ...) dashgen's backward runs
+through the runtime's forward and backward with those Overrides instead of autograd, e.g. the
+cluster pair's kernel: --impl dashgen --head-dim 256 --mask full --seqlen 4096 --cluster-pair on.
 """
 from __future__ import annotations
 
@@ -26,6 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from dashgen.codegen.variants import served_head_dims  # noqa: E402
 from dashgen.tools.bench import Config, leaves, make_inputs  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # lab/
+from time_kernels import add_override_flags, overrides_from  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 HEAD_DIMS, MASKS = served_head_dims(), ("full", "causal")
@@ -41,6 +47,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--nondeterministic", dest="deterministic", action="store_false",
                     help="deterministic=False: the backward without the dQ order (where "
                          "dashgen converts dQ in the kernel, short sequences, its ordered one)")
+    add_override_flags(ap)
     args = ap.parse_args(argv)
     if args.head_dim not in HEAD_DIMS:
         ap.error(f"--head-dim must be one of {HEAD_DIMS}, got {args.head_dim}")
@@ -52,7 +59,29 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                    (Path(args.fa3_path) / "flash_attn_interface.py").is_file()):
         ap.error("--impl fa3 needs --fa3-path, a folder with flash_attn_interface.py in it, "
                  f"got {args.fa3_path!r}")
+    if args.impl == "fa3" and overridden(args):
+        ap.error("the override flags choose dashgen's kernels: --impl dashgen")
     return args
+
+
+def overridden(args: argparse.Namespace) -> bool:
+    """Whether any override flag is set (then the runtime's backward runs, not autograd's)."""
+    from dashgen.runtime.select import Overrides
+    return overrides_from(args) != Overrides()
+
+
+def runtime_backward(args: argparse.Namespace, q, k, v, do):
+    """() -> None: dashgen's backward of (q, k, v) under the override flags, through the
+    runtime's forward and backward (attention() takes no Overrides)."""
+    from dashgen.runtime.backward import backward
+    from dashgen.runtime.forward import forward
+    overrides, causal = overrides_from(args), args.mask == "causal"
+    q, k, v, do = (t.detach() for t in (q, k, v, do))
+    scale = q.shape[-1] ** -0.5
+    o, lse = forward(q, k, v, causal=causal, softmax_scale=scale, overrides=overrides)
+    return lambda: backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
+                            deterministic=args.deterministic, schedule="auto", num_workers=None,
+                            overrides=overrides)
 
 
 def attention_fn(args: argparse.Namespace):
@@ -78,13 +107,16 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     cfg = Config(args.seqlen, args.head_dim, args.mask, TOKENS, HIDDEN)
     (q, k, v), do = leaves(make_inputs(cfg))
-    fn = attention_fn(args)
-    o = fn(q, k, v)
+    if overridden(args):
+        run = runtime_backward(args, q, k, v, do)
+    else:
+        o = attention_fn(args)(q, k, v)
+        run = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)  # noqa: E731
     for _ in range(2):
-        torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+        run()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+    run()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
