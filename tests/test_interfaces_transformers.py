@@ -196,8 +196,11 @@ def test_backward_follows_the_deterministic_flag(on_cpu, kernels, restore_determ
 
 
 @pytest.mark.parametrize("module, mask, kwargs, pattern", [
-    (attention_module(), torch.ones(2, 100, dtype=torch.bool), {},
-     r"attention_mask: the batch has padding.*pack them padding-free"),
+    (attention_module(), torch.zeros(2, 100), {},
+     r"attention_mask: a padding mask is boolean or integer .* got torch.float32"),
+    (attention_module(), torch.ones(2, 100, dtype=torch.bool),
+     dict(cu_seq_lens_q=torch.tensor([0, 50, 100])),
+     r"attention_mask with cu_seq_lens_q: a padded batch or a padding-free pack"),
     (attention_module(), torch.ones(2, 1, 100, 100, dtype=torch.bool), {},
      r"attention_mask: the batch has a custom mask of shape \(2, 1, 100, 100\)"),
     (attention_module(), None, dict(cu_seq_lens_q=torch.tensor([0, 50, 100])),
@@ -383,15 +386,64 @@ def test_a_llama_runs_each_layer_on_dashgen_causal(on_cpu, kernels, llama):
             assert proj.weight.grad is not None and proj.weight.grad.abs().sum() > 0
 
 
-def test_a_llama_accepts_a_mask_without_padding_and_refuses_padding(on_cpu, kernels, llama):
+def test_a_llama_runs_a_mask_without_padding_on_the_fixed_length_kernels(on_cpu, kernels,
+                                                                          varlen, llama):
     ids = torch.randint(0, 128, (2, 100))
-    mask = torch.ones(2, 100, dtype=torch.long)
-    llama(ids, attention_mask=mask)
-    assert len(forwards(kernels)) == LAYERS
+    llama(ids, attention_mask=torch.ones(2, 100, dtype=torch.long))
+    assert len(forwards(kernels)) == LAYERS and varlen == []
+
+
+def padded_ids(batch=3, seqlen=100):
+    """Row 0 padded on the left by 7, row 1 on the right by 30, row 2 whole."""
+    ids = torch.randint(1, 128, (batch, seqlen))
+    mask = torch.ones(batch, seqlen, dtype=torch.long)
     mask[0, :7] = 0
-    with pytest.raises(ValueError, match=r"attention_mask: the batch has padding"):
-        llama(ids, attention_mask=mask)
-    assert len(forwards(kernels)) == LAYERS  # no kernel ran for the padded batch
+    mask[1, seqlen - 30:] = 0
+    return ids, mask
+
+
+def test_a_padded_llama_runs_each_row_as_a_sequence_and_matches_sdpa(on_cpu, kernels, varlen,
+                                                                     llama):
+    """Left and right padding: each layer runs the rows' kept tokens as one pack, and the
+    logits at kept positions are sdpa's with the same mask (the packed kernels replaced by
+    per-sequence float32 attention, so this checks the unpadding, not the kernels)."""
+    ids, mask = padded_ids()
+    logits = llama(ids, attention_mask=mask, use_cache=False).logits
+    assert kernels.calls == [] and len(varlen) == LAYERS
+    assert all(c["cu_q"] == c["cu_k"] == [0, 93, 163, 263] and c["causal"] for c in varlen)
+    assert all(c["q"] == (263, 4, 64) and c["k"] == (263, 2, 64) for c in varlen)
+    reference = transformers.LlamaForCausalLM(llama.config.__class__(
+        **{**llama.config.to_dict(), "attn_implementation": "sdpa"})).to(BF16)
+    reference.load_state_dict(llama.state_dict())
+    expected = reference(ids, attention_mask=mask, use_cache=False).logits
+    kept = mask.bool()
+    err = (logits[kept].double() - expected[kept].double()).norm() / expected[kept].double().norm()
+    assert err < 2e-2
+    logits[kept].float().sum().backward()
+    assert [name for name, _ in kernels.calls] == []  # the backward ran packed too
+    assert llama.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_a_padded_rows_logits_do_not_depend_on_the_padding_tokens(on_cpu, kernels, varlen,
+                                                                   llama):
+    ids, mask = padded_ids()
+    logits = llama(ids, attention_mask=mask, use_cache=False).logits
+    other = ids.masked_fill(mask == 0, 5)
+    again = llama(other, attention_mask=mask, use_cache=False).logits
+    kept = mask.bool()
+    assert torch.equal(logits[kept], again[kept])
+
+
+def test_a_left_padded_llama_generates_through_a_cache(on_cpu, kernels, varlen, llama):
+    llama.eval()
+    ids, mask = padded_ids(batch=2, seqlen=20)
+    mask[1] = 1  # generation pads on the left only
+    out = llama.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False,
+                         pad_token_id=0)
+    assert out.shape == (2, 22)
+    # The prompt as a pack, then each new token's query over its row's kept keys.
+    assert [c["cu_q"] for c in varlen] == [[0, 13, 33]] * LAYERS + [[0, 1, 2]] * LAYERS * 1
+    assert [c["cu_k"] for c in varlen][LAYERS:] == [[0, 14, 35]] * LAYERS
 
 
 def test_the_mask_of_packed_causal_documents_is_left_to_the_attention():

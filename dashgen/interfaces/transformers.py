@@ -7,15 +7,18 @@ torch.use_deterministic_algorithms. Nothing is registered until register() is ca
 
 dashgen serves plain causal or full attention over whole sequences, GQA included (key and value
 keep their own heads), a layer's sliding window (Mistral, Gemma, GPT-OSS), soft-capping (Gemma
-2) and sinks (GPT-OSS's s_aux), and the padding-free path: documents packed into one row, as
-transformers' DataCollatorWithFlattening hands them over (the cu_seq_lens_q/k and max_length_q/k
-kwargs, or position_ids that restart at each document), run on dashgen.attention_varlen, each
-document's bits its own, and Llama 4's chunked layers (config.layer_types and
-attention_chunk_size) over whole sequences. What it cannot serve raises ValueError naming the
-argument, never a silent change: padding, position biases, dropout, seq_idx. The mask function
-is what makes padding visible: transformers builds no mask at all for an implementation without
-one, and the padding would go unseen. torch.compile works (the custom ops trace); pass the
-cu_seq_lens kwargs there, since offsets found from position_ids read them on the host.
+2) and sinks (GPT-OSS's s_aux), and Llama 4's chunked layers (config.layer_types and
+attention_chunk_size). Two paths run on dashgen.attention_varlen, each sequence's bits its own:
+the padding-free one, documents packed into one row as transformers' DataCollatorWithFlattening
+hands them over (the cu_seq_lens_q/k and max_length_q/k kwargs, or position_ids that restart at
+each document), and padded batches (left or right padding, the 2-D mask dashgen_mask passes on):
+each row's kept tokens run as one sequence, as under "flash_attention_2", and padded query
+positions come back as zeros (interfaces/padding.py). What it cannot serve raises ValueError
+naming the argument, never a silent change: masks other than padding, position biases, dropout,
+seq_idx. The mask function is what makes padding visible: transformers builds no mask at all
+for an implementation without one, and the padding would go unseen. torch.compile works (the
+custom ops trace); pass the cu_seq_lens kwargs there, since offsets found from position_ids,
+like a padded batch's lengths, are read on the host.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import torch
 
 from ..runtime import op
 from .flash_attn import run_padded
+from .padding import Unpadded, padded_batch
 
 # transformers is optional: this module imports without it (pytest's --doctest-modules imports
 # every module of the package), and register() says how to install it.
@@ -37,9 +41,6 @@ except ImportError:
 IMPL_NAME = "dashgen"
 
 _PREFIX = f'attn_implementation="{IMPL_NAME}": '
-_NO_PADDING = ("dashgen takes whole sequences: pack them padding-free (one row, position_ids "
-               "restarting per document, e.g. DataCollatorWithFlattening) instead of padding, "
-               "or use attn_implementation=\"sdpa\"")
 
 
 def _refuse(message: str) -> ValueError:
@@ -152,13 +153,16 @@ def _pack_of(query, key, kwargs) -> tuple | None:
 
 def _support_error(module, attention_mask, dropout, kwargs) -> str | None:
     """Why dashgen cannot serve a call, or None (the tensors are dashgen.attention's checks).
-    The mask comes before position_ids: a padded batch's position_ids restart too."""
+    A 2-D mask is padding, served by unpadding (its values are padded_batch's checks)."""
     if kwargs.get("seq_idx") is not None:
         return "seq_idx: dashgen takes a pack as cu_seq_lens_q/k or position_ids"
-    if attention_mask is not None:
-        what = ("padding" if attention_mask.dim() == 2 else
-                f"a custom mask of shape {tuple(attention_mask.shape)}")
-        return f"attention_mask: the batch has {what}, and dashgen takes no mask; {_NO_PADDING}"
+    if attention_mask is not None and attention_mask.dim() != 2:
+        return (f"attention_mask: the batch has a custom mask of shape "
+                f"{tuple(attention_mask.shape)}, and dashgen takes none but padding "
+                f"(batch, seqlen_k); use attn_implementation=\"sdpa\" for it")
+    if attention_mask is not None and kwargs.get("cu_seq_lens_q") is not None:
+        return ("attention_mask with cu_seq_lens_q: a padded batch or a padding-free pack, not "
+                "both (pass one)")
     if kwargs.get("position_bias") is not None:
         return "position_bias: dashgen adds no bias to the scores"
     if dropout != 0.0:
@@ -190,8 +194,10 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     Causal where kwargs["is_causal"] says so, else where module.is_causal does (True when the
     module has none), bottom-right aligned as FlashAttention's: with a cache, the last query
     row sees every key. scaling is the softmax scale (None: 1/sqrt(head_dim)). attention_mask
-    must be None, which dashgen_mask returns for whole, unpadded sequences; any mask tensor,
-    the padding-free kwargs, dropout and the options dashgen lacks raise ValueError.
+    is None (whole sequences, what dashgen_mask returns without padding) or the (batch,
+    seqlen_k) padding mask, boolean or 0/1 (True or 1 keeps a key): each row's kept tokens run
+    as one sequence, the queries being the last seqlen_q positions, and padded query positions
+    come back as zeros. Other masks, dropout and the options dashgen lacks raise ValueError.
     """
     missing = _mask_function_missing(module)
     if missing is not None:
@@ -215,6 +221,15 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # GPT-OSS's learned sinks arrive as s_aux (one logit per query head).
     sinks = kwargs.get("s_aux") if kwargs.get("s_aux") is not None else kwargs.get("sinks")
     query, key, value = _kernel_dtype(module, query, key, value)
+    if attention_mask is not None:
+        # A padded batch's position_ids restart too (left padding): the mask says where its
+        # sequences are, as it does for transformers' own flash-attention path.
+        try:
+            rows = padded_batch(attention_mask, query.shape[2], key.shape[2])
+        except ValueError as error:
+            raise _refuse(str(error)) from None
+        return _attend_padded(rows, query, key, value, scaling, causal=causal, softcap=softcap,
+                              window_size=window, sinks=sinks, attention_chunk=chunk), None
     pack = _pack_of(query, key, kwargs)
     if pack is None and _packed_mask_for(module):
         raise _refuse("position_ids pack documents into this row (transformers' mask says so), "
@@ -238,6 +253,19 @@ def dashgen_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             sinks=sinks, attention_chunk=chunk), None),
         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scaling)
     return out, None
+
+
+def _attend_padded(rows: Unpadded, query, key, value, scaling, **options) -> torch.Tensor:
+    """attention_varlen over a padded batch's kept tokens (transformers' layout in and out):
+    (batch, seqlen_q, heads_q, head_dim_v), zeros at padded queries."""
+    from ..runtime.op_varlen import attention_varlen
+    q = rows.gather(query.transpose(1, 2), rows.rows_q)
+    k, v = (rows.gather(t.transpose(1, 2), rows.rows_k) for t in (key, value))
+    out, _ = run_padded(
+        lambda q, k, v, scale: (attention_varlen(q, k, v, *rows.varlen_args(),
+                                                 softmax_scale=scale, **options), None),
+        q, k, v, scaling)
+    return rows.scatter_q(out)
 
 
 def _kernel_dtype(module, query, key, value):
@@ -310,8 +338,8 @@ def dashgen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_
     window or Llama 4's chunks too, which dashgen_attention takes from the layer; documents
     packed by position_ids as well), or plain full attention, with no padding among the keys;
     that None reaches dashgen_attention, which takes causality from the module. Returns the
-    (batch, kv_length) boolean padding mask where some key is padding, so that
-    dashgen_attention refuses the batch. Raises ValueError for a pattern dashgen has no kernel
+    (batch, kv_length) boolean padding mask where some key is padding, which
+    dashgen_attention unpads into a pack. Raises ValueError for a pattern dashgen has no kernel
     for: any other mask function (a bidirectional pack, a model's overlays), a caller that
     needs a mask tensor, or a cache whose keys run past the queries (a static cache's unfilled
     slots) or, under chunks, start past position 0."""
@@ -388,7 +416,8 @@ def _sliding_causal(mask_function) -> bool:
 
 def _chunked_causal(mask_function) -> bool:
     """Whether mask_function is transformers' chunked_causal_mask_function(C, left_padding).
-    Left padding shows as padding in the mask, which dashgen_attention refuses."""
+    Left padding shows as padding in the mask: unpadded, each row's chunks count from its
+    first kept key, as transformers' left_padding offset counts them."""
     return _overlay_on_causal(mask_function, "chunked_overlay")
 
 

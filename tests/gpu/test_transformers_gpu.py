@@ -180,3 +180,38 @@ def test_a_float32_qwen3_under_autocast_matches_sdpa_and_repeats_its_gradients(s
     assert rel_err(a, b) < 5e-2
     assert all(g.dtype == torch.float32 for g in first)
     assert all(torch.equal(x, y) for x, y in zip(first, second))
+
+
+def test_padded_batches_match_sdpa_and_keep_each_rows_bits(seed, monkeypatch):
+    """A batch padded on the left (row 0), on the right (row 1) and not at all (row 2): the
+    logits at kept positions within bf16 accuracy of "sdpa" with the same mask; a row's logits
+    the bits it has whatever the padding tokens and the other rows hold; the gradients bitwise
+    equal from one backward to the next."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    hf.register()
+    ours = tiny_llama("dashgen").eval()
+    theirs = tiny_llama("sdpa", ours.state_dict()).eval()
+    ids = torch.randint(1, 1000, (3, 1024), device="cuda")
+    mask = torch.ones(3, 1024, dtype=torch.long, device="cuda")
+    mask[0, :300] = 0
+    mask[1, 1000:] = 0
+    kept = mask.bool()
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask, use_cache=False).logits
+        b = theirs(ids, attention_mask=mask, use_cache=False).logits
+        other = ids.masked_fill(~kept, 7)
+        other[2] = (other[2] + 1) % 1000
+        c = ours(other, attention_mask=mask, use_cache=False).logits
+    assert torch.isfinite(a).all() and rel_err(a[kept], b[kept]) < 5e-2
+    assert torch.equal(a[:2][kept[:2]], c[:2][kept[:2]])
+    ours.train()
+    weight = torch.randn(3, 1024, 1000, device="cuda") * mask[..., None]
+
+    def gradients():
+        ours.zero_grad(set_to_none=True)
+        (ours(ids, attention_mask=mask, use_cache=False).logits.float() * weight).sum().backward()
+        return [p.grad.clone() for p in ours.parameters()]
+
+    with deterministic_algorithms(True):
+        first, second = gradients(), gradients()
+    assert all(torch.equal(x, y) for x, y in zip(first, second))

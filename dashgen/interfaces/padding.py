@@ -1,0 +1,112 @@
+"""A padded batch as a pack: the tokens a (batch, seqlen_k) key mask keeps, gathered into one
+row of sequences for dashgen.attention_varlen, and the outputs put back in their places.
+
+This is how a batch padded to one length (what a padding collator hands a fine-tuning run)
+reaches kernels that take whole sequences: each row's kept tokens become one sequence of the
+pack, so its bits are the bits that sequence has alone (the packs' bit contract), whatever the
+padding around it. The queries are the last seqlen_q positions of the keys (a cache's new
+tokens), so their mask is the key mask's last seqlen_q columns. Padded query positions come
+back as zeros, and padded positions get zero gradients.
+
+The gather and the scatter index distinct rows, so their backward adds one value onto zeros
+per row: the same bits under torch.use_deterministic_algorithms or not.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Unpadded:
+    """Where a padded batch's kept tokens sit: rows_q and rows_k index the flattened
+    (batch * seqlen) token axis (int64, in batch order); cu_seqlens_q/k (int32, batch + 1)
+    and max_seqlen_q/k are attention_varlen's arguments for them."""
+    rows_q: torch.Tensor
+    rows_k: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    batch: int
+    seqlen_q: int
+
+    def varlen_args(self) -> tuple:
+        return self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k
+
+    def gather(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """(batch, seqlen, heads, dim) -> (kept tokens, heads, dim)."""
+        return x.reshape(-1, *x.shape[2:]).index_select(0, rows)
+
+    def scatter_q(self, out: torch.Tensor) -> torch.Tensor:
+        """(kept queries, heads, dim) -> (batch, seqlen_q, heads, dim), zeros where padded."""
+        full = out.new_zeros(self.batch * self.seqlen_q, *out.shape[1:])
+        return full.index_copy(0, self.rows_q, out).view(self.batch, self.seqlen_q,
+                                                         *out.shape[1:])
+
+
+def _kept(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(flat rows kept, cu_seqlens int32, longest row) of a (batch, n) boolean mask."""
+    lengths = mask.sum(dim=1, dtype=torch.int32)
+    cu = torch.nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+    rows = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    return rows, cu, int(lengths.max()) if lengths.numel() else 0
+
+
+def check_key_mask(attention_mask: torch.Tensor, seqlen_q: int, seqlen_k: int,
+                   name: str = "attention_mask") -> torch.Tensor:
+    """attention_mask as a boolean (batch, seqlen_k) mask, True where a key is kept; ValueError
+    naming `name` for anything else. Integer masks must hold 0 and 1 only: other values
+    (segment ids, an additive mask's large negatives) mean something this reading would lose."""
+    if attention_mask.dim() != 2 or attention_mask.shape[1] != seqlen_k:
+        raise ValueError(f"{name}: a padding mask is (batch, seqlen_k) = (batch, {seqlen_k}), "
+                         f"got shape {tuple(attention_mask.shape)}")
+    if seqlen_q > seqlen_k:
+        raise ValueError(f"{name}: {seqlen_q} queries over {seqlen_k} keys; a padded batch's "
+                         f"queries are the last of its keys (seqlen_q <= seqlen_k)")
+    if attention_mask.dtype == torch.bool:
+        return attention_mask
+    if attention_mask.is_floating_point() or attention_mask.is_complex():
+        raise ValueError(f"{name}: a padding mask is boolean or integer (1 keeps a key, 0 pads "
+                         f"it), got {attention_mask.dtype}; an additive float mask is not taken")
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError(f"{name}: an integer padding mask holds 0 (padding) and 1 (kept) only, "
+                         f"got other values (segment ids?); pack segments as sequences instead")
+    return attention_mask != 0
+
+
+def unpad(key_mask: torch.Tensor, seqlen_q: int) -> Unpadded:
+    """Unpadded of a boolean (batch, seqlen_k) key mask (check_key_mask's answer) for seqlen_q
+    queries, the last seqlen_q positions. Reads the longest rows on the host (one sync)."""
+    batch, seqlen_k = key_mask.shape
+    rows_k, cu_k, max_k = _kept(key_mask)
+    if seqlen_q == seqlen_k:
+        rows_q, cu_q, max_q = rows_k, cu_k, max_k
+    else:
+        rows_q, cu_q, max_q = _kept(key_mask[:, seqlen_k - seqlen_q:])
+    return Unpadded(rows_q, rows_k, cu_q, cu_k, max_q, max_k, batch, seqlen_q)
+
+
+# Every layer of a forward gets the same mask tensor; checking and unpadding it costs device
+# syncs, so the last answer is kept for that tensor (and its version, for in-place changes).
+_LAST: tuple[weakref.ref, int, tuple[int, int], Unpadded] | None = None
+
+
+def padded_batch(attention_mask: torch.Tensor, seqlen_q: int, seqlen_k: int,
+                 name: str = "attention_mask") -> Unpadded:
+    """check_key_mask, then unpad, remembered for the last mask tensor asked about (not while
+    torch.compile traces, nor for inference tensors, which keep no version counter)."""
+    global _LAST
+    remember = not (torch.compiler.is_compiling() or attention_mask.is_inference())
+    if remember and _LAST is not None:
+        ref, version, lengths, answer = _LAST
+        if (ref() is attention_mask and version == attention_mask._version
+                and lengths == (seqlen_q, seqlen_k)):
+            return answer
+    answer = unpad(check_key_mask(attention_mask, seqlen_q, seqlen_k, name), seqlen_q)
+    if remember:
+        _LAST = (weakref.ref(attention_mask), attention_mask._version, (seqlen_q, seqlen_k),
+                 answer)
+    return answer
