@@ -211,7 +211,10 @@ def test_backward_follows_the_deterministic_flag(on_cpu, kernels, restore_determ
      dict(position_ids=torch.cat([torch.arange(60), torch.arange(40)])[None].expand(2, -1)),
      r"a padding-free pack is one row"),
     (attention_module(), None, dict(seq_idx=torch.zeros(2, 100, dtype=torch.int32)),
-     r"seq_idx: "),
+     r"a padding-free pack is one row; the queries have 2 rows"),
+    (attention_module(), torch.ones(2, 100, dtype=torch.bool),
+     dict(seq_idx=torch.zeros(2, 100, dtype=torch.int32)),
+     r"attention_mask with seq_idx: a padded batch or a padding-free pack"),
     (attention_module(sliding_window=0), None, {}, r"sliding_window must be a positive int"),
     (attention_module(training=True), None, dict(dropout=0.1),
      r"dropout: dashgen has no dropout, got 0.1 \(module.training is True\)"),
@@ -267,6 +270,41 @@ def test_collator_offsets_are_taken_as_given(on_cpu, kernels, varlen):
     assert varlen[0]["cu_q"] == [0, 50, 100] and varlen[0]["max_k"] == 50
     with pytest.raises(ValueError, match=r"max_length_q and max_length_k must come with it"):
         hf.dashgen_attention(attention_module(), q, k, v, None, cu_seq_lens_q=cu)
+
+
+def seq_idx_of(*lengths):
+    """A collator's seq_idx (return_seq_idx=True): each token's document, int32, one row."""
+    return torch.cat([torch.full((n,), i, dtype=torch.int32) for i, n in enumerate(lengths)])[None]
+
+
+def test_a_seq_idx_alone_packs_the_row(on_cpu, kernels, varlen):
+    q, k, v = bhsd_leaves(batch=1)
+    hf.dashgen_attention(attention_module(), q, k, v, None, seq_idx=seq_idx_of(30, 1, 69),
+                         position_ids=torch.arange(100)[None])
+    assert kernels.calls == []
+    assert [(c["cu_q"], c["max_q"], c["causal"]) for c in varlen] == [([0, 30, 31, 100], 69,
+                                                                        True)]
+
+
+@pytest.mark.parametrize("form", ["cu_seq_lens", "position_ids"])
+def test_a_seq_idx_beside_the_pack_must_mark_its_documents(on_cpu, kernels, varlen, form):
+    """Hybrid models' collators (GraniteMoeHybrid's) send seq_idx beside the offsets: the
+    attention runs the offsets where the two agree and names both where they do not."""
+    q, k, v = bhsd_leaves(batch=1)
+    cu = torch.tensor([0, 60, 100], dtype=torch.int32)
+    pack = (dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=60, max_length_k=60)
+            if form == "cu_seq_lens" else
+            dict(position_ids=torch.cat([torch.arange(60), torch.arange(40)])[None]))
+    hf.dashgen_attention(attention_module(), q, k, v, None, seq_idx=seq_idx_of(60, 40), **pack)
+    assert [c["cu_q"] for c in varlen] == [[0, 60, 100]]
+    with pytest.raises(ValueError, match=r"seq_idx marks documents at \[0, 50, 100\].* but the "
+                                         r"pack's offsets are \[0, 60, 100\]"):
+        hf.dashgen_attention(attention_module(), q, k, v, None, seq_idx=seq_idx_of(50, 50),
+                             **pack)
+    with pytest.raises(ValueError, match=r"seq_idx: a pack's document index is \(1, 100\)"):
+        hf.dashgen_attention(attention_module(), q, k, v, None,
+                             seq_idx=seq_idx_of(60, 40)[0], **pack)
+    assert len(varlen) == 1
 
 
 def test_a_name_without_a_mask_function_is_refused(on_cpu, kernels, registered):
@@ -668,3 +706,30 @@ def test_a_head_dim_without_a_kernel_runs_padded(on_cpu, kernels):
     assert forwards(kernels) == [dict(causal=True, softmax_scale=72 ** -0.5)]
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+def test_a_hybrid_models_packed_batch_with_seq_idx_runs_per_document(on_cpu, kernels, varlen,
+                                                                      registered):
+    """GraniteMoeHybrid's padding-free batches carry seq_idx beside the cu_seq_lens kwargs to
+    every layer (its attention layers here): each layer runs the documents apart, and the
+    logits are sdpa's over each document alone."""
+    def granite(attn_implementation):
+        torch.manual_seed(0)
+        return transformers.GraniteMoeHybridForCausalLM(transformers.GraniteMoeHybridConfig(
+            num_hidden_layers=LAYERS, hidden_size=256, intermediate_size=512,
+            num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+            layer_types=["full_attention"] * LAYERS, num_local_experts=2,
+            num_experts_per_tok=1, mamba_n_heads=8, mamba_d_head=64,
+            attn_implementation=attn_implementation)).to(BF16)
+
+    ids = torch.randint(0, 128, (1, 100))
+    cu = torch.tensor([0, 60, 100], dtype=torch.int32)
+    pack = dict(position_ids=torch.cat([torch.arange(60), torch.arange(40)])[None],
+                seq_idx=seq_idx_of(60, 40), cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=60,
+                max_length_k=60)
+    logits = granite("dashgen")(ids, **pack).logits
+    assert kernels.calls == [] and [c["cu_q"] for c in varlen] == [[0, 60, 100]] * LAYERS
+    reference = granite("sdpa")
+    expected = torch.cat([reference(ids[:, :60]).logits, reference(ids[:, 60:]).logits], dim=1)
+    err = (logits.double() - expected.double()).norm() / expected.double().norm()
+    assert err < 2e-2

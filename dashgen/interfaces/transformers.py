@@ -10,12 +10,13 @@ keep their own heads), a layer's sliding window (Mistral, Gemma, GPT-OSS), soft-
 2) and sinks (GPT-OSS's s_aux), and Llama 4's chunked layers (config.layer_types and
 attention_chunk_size). Two paths run on dashgen.attention_varlen, each sequence's bits its own:
 the padding-free one, documents packed into one row as transformers' DataCollatorWithFlattening
-hands them over (the cu_seq_lens_q/k and max_length_q/k kwargs, or position_ids that restart at
-each document), and padded batches (left or right padding, the 2-D mask dashgen_mask passes on):
+hands them over (the cu_seq_lens_q/k and max_length_q/k kwargs, position_ids that restart at
+each document, or seq_idx, which hybrid models' collators send beside them and which must
+agree), and padded batches (left or right padding, the 2-D mask dashgen_mask passes on):
 each row's kept tokens run as one sequence, as under "flash_attention_2", and padded query
 positions come back as zeros (interfaces/padding.py). What it cannot serve raises ValueError
-naming the argument, never a silent change: masks other than padding, position biases, dropout,
-seq_idx. The mask function is what makes padding visible: transformers builds no mask at all
+naming the argument, never a silent change: masks other than padding, position biases,
+dropout. The mask function is what makes padding visible: transformers builds no mask at all
 for an implementation without one, and the padding would go unseen. torch.compile works (the
 custom ops trace); pass the cu_seq_lens kwargs there, since offsets found from position_ids,
 like a padded batch's lengths, are read on the host.
@@ -100,52 +101,85 @@ def _positions_restart(position_ids: torch.Tensor) -> bool:
     return restarts
 
 
-def _offsets_of_positions(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(cu_seqlens int32, longest document) of one row of position_ids packing documents: a
-    document starts wherever the position does not step by one. Reads the longest on the host,
-    once per position_ids tensor (every layer of a forward gets the same one)."""
-    global _OFFSETS
-    key = (weakref.ref(position_ids), position_ids._version)
-    if _OFFSETS is not None and _OFFSETS[0][0]() is position_ids and _OFFSETS[0][1] == key[1]:
-        return _OFFSETS[1]
-    row = position_ids[0]
-    starts = torch.nonzero(row.diff() != 1).flatten() + 1
+def _offsets_of(row_ids: torch.Tensor, step: int) -> tuple[torch.Tensor, int]:
+    """(cu_seqlens int32, longest document) of one row of ids packing documents, a document
+    starting wherever the id does not step by `step`: 1 for position_ids ([0, 1, 2, 0, 1]), 0
+    for a collator's seq_idx ([0, 0, 0, 1, 1]). Reads the longest on the host, once per tensor
+    (every layer of a forward gets the same one)."""
+    version = None if row_ids.is_inference() else row_ids._version
+    known = _OFFSETS.get(step)
+    if version is not None and known is not None and known[0]() is row_ids and known[1] == version:
+        return known[2]
+    row = row_ids[0]
+    starts = torch.nonzero(row.diff() != step).flatten() + 1
     cu = torch.cat([starts.new_zeros(1), starts, starts.new_full((1,), row.numel())])
     cu = cu.to(torch.int32)
     value = (cu, int(cu.diff().max()))
-    if not position_ids.is_inference():
-        _OFFSETS = (key, value)
+    if version is not None:
+        _OFFSETS[step] = (weakref.ref(row_ids), version, value)
     return value
 
 
-_OFFSETS = None
+_OFFSETS: dict[int, tuple] = {}
+
+# The last (seq_idx, cu_seqlens) pair found to agree, so that the check syncs once a forward.
+_AGREED: tuple[weakref.ref, weakref.ref] | None = None
+
+
+def _check_seq_idx(seq_idx: torch.Tensor, cu: torch.Tensor) -> None:
+    """ValueError unless a collator's seq_idx marks the documents the pack's offsets do (the
+    attention reads the offsets; seq_idx is for the model's other layers). Not while
+    torch.compile traces."""
+    global _AGREED
+    if torch.compiler.is_compiling():
+        return
+    if _AGREED is not None and _AGREED[0]() is seq_idx and _AGREED[1]() is cu:
+        return
+    theirs, _ = _offsets_of(seq_idx, 0)
+    if theirs.shape != cu.shape or not torch.equal(theirs, cu.to(theirs.device)):
+        raise _refuse(f"seq_idx marks documents at {theirs.tolist()[:8]}... but the pack's "
+                      f"offsets are {cu.tolist()[:8]}...: pass the collator's seq_idx with its "
+                      f"own cu_seq_lens / position_ids")
+    _AGREED = (weakref.ref(seq_idx), weakref.ref(cu))
 
 
 def _pack_of(query, key, kwargs) -> tuple | None:
-    """(cu_seqlens_q, cu_seqlens_k, max_q, max_k) where the call packs documents into one row,
-    else None; ValueError where a pack comes in a form dashgen cannot serve."""
+    """(cu_seqlens_q, cu_seqlens_k, max_q, max_k) where the call packs documents into one row
+    (the cu_seq_lens kwargs, position_ids that restart, or a collator's seq_idx), else None;
+    ValueError where a pack comes in a form dashgen cannot serve. A seq_idx beside the other
+    forms (hybrid models' collators send both) must mark the same documents."""
     cu_q = kwargs.get("cu_seq_lens_q")
     position_ids = kwargs.get("position_ids")
-    if cu_q is None and not (isinstance(position_ids, torch.Tensor)
-                             and _positions_restart(position_ids)):
+    seq_idx = kwargs.get("seq_idx")
+    restarts = isinstance(position_ids, torch.Tensor) and _positions_restart(position_ids)
+    if cu_q is None and not restarts and seq_idx is None:
         if kwargs.get("cu_seq_lens_k") is not None:
             raise _refuse("cu_seq_lens_k without cu_seq_lens_q: pass both (or neither)")
         return None
     if query.shape[0] != 1:
         raise _refuse(f"a padding-free pack is one row; the queries have {query.shape[0]} rows "
                       f"(batch the documents into one row)")
+    if seq_idx is not None and (not isinstance(seq_idx, torch.Tensor) or seq_idx.dim() != 2
+                                or tuple(seq_idx.shape) != (1, query.shape[2])):
+        raise _refuse(f"seq_idx: a pack's document index is (1, {query.shape[2]}), one a "
+                      f"query, got {getattr(seq_idx, 'shape', seq_idx)!r}")
     if cu_q is not None:
         cu_k = kwargs.get("cu_seq_lens_k")
         cu_k = cu_q if cu_k is None else cu_k
         max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
         if max_q is None or max_k is None:
             raise _refuse("cu_seq_lens_q: max_length_q and max_length_k must come with it")
-        return cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k)
+        pack = cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k)
+        if seq_idx is not None:
+            _check_seq_idx(seq_idx, cu_q)
+        return pack
     if key.shape[2] != query.shape[2]:
-        raise _refuse(f"position_ids restart within a row (packed documents) but the keys "
-                      f"({key.shape[2]}) are not the queries ({query.shape[2]}): a cache does not "
-                      f"go with a pack")
-    cu, longest = _offsets_of_positions(position_ids)
+        what = "position_ids restart" if restarts else "seq_idx marks documents"
+        raise _refuse(f"{what} within a row (packed documents) but the keys ({key.shape[2]}) "
+                      f"are not the queries ({query.shape[2]}): a cache does not go with a pack")
+    cu, longest = _offsets_of(position_ids, 1) if restarts else _offsets_of(seq_idx, 0)
+    if restarts and seq_idx is not None:
+        _check_seq_idx(seq_idx, cu)
     return cu, cu, longest, longest
 
 
@@ -154,15 +188,15 @@ def _pack_of(query, key, kwargs) -> tuple | None:
 def _support_error(module, attention_mask, dropout, kwargs) -> str | None:
     """Why dashgen cannot serve a call, or None (the tensors are dashgen.attention's checks).
     A 2-D mask is padding, served by unpadding (its values are padded_batch's checks)."""
-    if kwargs.get("seq_idx") is not None:
-        return "seq_idx: dashgen takes a pack as cu_seq_lens_q/k or position_ids"
     if attention_mask is not None and attention_mask.dim() != 2:
         return (f"attention_mask: the batch has a custom mask of shape "
                 f"{tuple(attention_mask.shape)}, and dashgen takes none but padding "
                 f"(batch, seqlen_k); use attn_implementation=\"sdpa\" for it")
-    if attention_mask is not None and kwargs.get("cu_seq_lens_q") is not None:
-        return ("attention_mask with cu_seq_lens_q: a padded batch or a padding-free pack, not "
-                "both (pass one)")
+    if attention_mask is not None:
+        for name in ("cu_seq_lens_q", "seq_idx"):
+            if kwargs.get(name) is not None:
+                return (f"attention_mask with {name}: a padded batch or a padding-free pack, "
+                        f"not both (pass one)")
     if kwargs.get("position_bias") is not None:
         return "position_bias: dashgen adds no bias to the scores"
     if dropout != 0.0:
