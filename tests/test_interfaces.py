@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 import dashgen  # noqa: E402
 from dashgen.interfaces import sdpa as sdpa_mod  # noqa: E402
 from test_op_errors import (  # noqa: E402,F401  (fixtures by name)
-    BF16, cpu_leaves, fake_gradients, h200, kernels, on_cpu, restore_determinism)
+    BF16, cpu_leaves, fake_gradients, h200, kernels, on_cpu, restore_determinism, varlen)
 
 
 def bhsd_leaves(batch=2, heads_q=8, heads_kv=2, seqlen_q=100, seqlen_k=100, head_dim=64):
@@ -64,7 +64,12 @@ def test_sdpa_follows_the_deterministic_flag(on_cpu, kernels, restore_determinis
 
 
 @pytest.mark.parametrize("kwargs, pattern", [
-    (dict(attn_mask=torch.ones(100, 100, dtype=torch.bool)), r"attn_mask: dashgen takes no mask"),
+    (dict(attn_mask=torch.ones(100, 100, dtype=torch.bool), enable_gqa=True),
+     r"attn_mask of shape \(100, 100\): dashgen serves a key-padding mask \(2 or 1, 1, 1, 100\)"),
+    (dict(attn_mask=torch.zeros(2, 1, 1, 100), enable_gqa=True),
+     r"attn_mask: dashgen takes a boolean key-padding mask, got torch.float32"),
+    (dict(attn_mask=torch.ones(2, 1, 1, 100, dtype=torch.bool), is_causal=True),
+     r"attn_mask with is_causal: SDPA takes one or the other"),
     (dict(dropout_p=0.1), r"dropout_p: dashgen has no dropout"),
     (dict(), r"query has 8 heads and key 2: pass enable_gqa=True"),
 ])
@@ -73,6 +78,29 @@ def test_sdpa_refuses_what_it_cannot_do_before_any_kernel(on_cpu, kernels, kwarg
     with pytest.raises(ValueError, match=r"^dashgen.sdpa: " + pattern):
         dashgen.sdpa(q, k, v, **kwargs)
     assert kernels.calls == []
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 1, 1, 70), (1, 70)])
+def test_sdpa_runs_a_key_padding_mask_as_a_pack_of_every_query(on_cpu, kernels, varlen,
+                                                                mask_shape):
+    """A boolean key-padding mask: each row's kept keys and all its queries as one sequence
+    (the packed kernels replaced by float32 attention), SDPA's own answer with that mask."""
+    q, k, v = bhsd_leaves(seqlen_k=70)
+    keep = torch.ones(mask_shape, dtype=torch.bool)
+    keep[..., 50:] = False
+    if mask_shape[0] == 2:
+        keep[1, ..., :10] = False
+    out = dashgen.sdpa(q, k, v, attn_mask=keep, enable_gqa=True)
+    assert kernels.calls == [] and out.shape == q.shape
+    kept = [50, 40] if mask_shape[0] == 2 else [50, 50]
+    assert varlen == [dict(q=(200, 8, 64), k=(sum(kept), 2, 64), cu_q=[0, 100, 200],
+                           cu_k=[0, kept[0], sum(kept)], max_q=100, max_k=max(kept),
+                           causal=False)]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=keep, enable_gqa=True)
+    assert torch.allclose(out.float(), want, atol=1e-2)
+    dq, dk, _ = torch.autograd.grad(out.float().sum(), (q, k, v))
+    assert torch.equal(dk.transpose(1, 2)[:, 50:], torch.zeros_like(dk.transpose(1, 2)[:, 50:]))
 
 
 def test_sdpa_refuses_causal_with_unequal_lengths(on_cpu, kernels):

@@ -18,7 +18,7 @@ from transformers import masking_utils  # noqa: E402
 
 from dashgen.interfaces import transformers as hf  # noqa: E402
 from test_op_errors import (  # noqa: E402,F401  (fixtures by name)
-    BF16, fake_gradients, h200, kernels, on_cpu, restore_determinism)
+    BF16, fake_gradients, h200, kernels, on_cpu, restore_determinism, varlen)
 
 
 def bhsd_leaves(batch=2, heads_q=8, heads_kv=2, seqlen_q=100, seqlen_k=100, head_dim=64):
@@ -41,36 +41,6 @@ def registered():
 
 def forwards(kernels):
     return [options for name, options in kernels.calls if name == "forward"]
-
-
-@pytest.fixture
-def varlen(monkeypatch):
-    """dashgen.attention_varlen replaced by causal attention per document in float32 (the
-    packed kernels need a GPU): records each call's shapes, offsets, longest documents and
-    causality."""
-    from dashgen.runtime import op_varlen
-    calls = []
-
-    def fake(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_scale=None, **options):
-        calls.append(dict(q=tuple(q.shape), k=tuple(k.shape), cu_q=cu_q.tolist(),
-                          cu_k=cu_k.tolist(), max_q=max_q, max_k=max_k, causal=causal))
-        if tuple(options.get("window_size", (-1, -1))) != (-1, -1):
-            calls[-1]["window_size"] = tuple(options["window_size"])
-        group = q.shape[1] // k.shape[1]
-        out = []
-        for (a, b), (c, d) in zip(zip(cu_q.tolist(), cu_q.tolist()[1:]),
-                                  zip(cu_k.tolist(), cu_k.tolist()[1:])):
-            qs, ks, vs = (t.float().transpose(0, 1) for t in (q[a:b], k[c:d], v[c:d]))
-            o = torch.nn.functional.scaled_dot_product_attention(
-                qs, ks.repeat_interleave(group, 0), vs.repeat_interleave(group, 0),
-                is_causal=causal, scale=softmax_scale)
-            out.append(o.transpose(0, 1).to(q.dtype))
-        if options.get("return_lse"):  # lse is not computed here
-            return torch.cat(out), None
-        return torch.cat(out)
-
-    monkeypatch.setattr(op_varlen, "attention_varlen", fake)
-    return calls
 
 
 # -- registration --------------------------------------------------------------------------------

@@ -132,6 +132,36 @@ def kernels(monkeypatch):
 
 
 @pytest.fixture
+def varlen(monkeypatch):
+    """dashgen.attention_varlen replaced by attention per document in float32 (causal where
+    asked; the packed kernels need a GPU): records each call's shapes, offsets, longest
+    documents and causality."""
+    from dashgen.runtime import op_varlen
+    calls = []
+
+    def fake(q, k, v, cu_q, cu_k, max_q, max_k, causal=False, softmax_scale=None, **options):
+        calls.append(dict(q=tuple(q.shape), k=tuple(k.shape), cu_q=cu_q.tolist(),
+                          cu_k=cu_k.tolist(), max_q=max_q, max_k=max_k, causal=causal))
+        if tuple(options.get("window_size", (-1, -1))) != (-1, -1):
+            calls[-1]["window_size"] = tuple(options["window_size"])
+        group = q.shape[1] // k.shape[1]
+        out = []
+        for (a, b), (c, d) in zip(zip(cu_q.tolist(), cu_q.tolist()[1:]),
+                                  zip(cu_k.tolist(), cu_k.tolist()[1:])):
+            qs, ks, vs = (t.float().transpose(0, 1) for t in (q[a:b], k[c:d], v[c:d]))
+            o = torch.nn.functional.scaled_dot_product_attention(
+                qs, ks.repeat_interleave(group, 0), vs.repeat_interleave(group, 0),
+                is_causal=causal, scale=softmax_scale)
+            out.append(o.transpose(0, 1).to(q.dtype))
+        if options.get("return_lse"):  # lse is not computed here
+            return torch.cat(out), None
+        return torch.cat(out)
+
+    monkeypatch.setattr(op_varlen, "attention_varlen", fake)
+    return calls
+
+
+@pytest.fixture
 def h200(monkeypatch):
     """Device queries answer like an H200 (132 SMs)."""
     monkeypatch.setattr(checks, "_device_facts", lambda index: (9, 0, 132, "NVIDIA H200"))

@@ -5,8 +5,9 @@ This is how a batch padded to one length (what a padding collator hands a fine-t
 reaches kernels that take whole sequences: each row's kept tokens become one sequence of the
 pack, so its bits are the bits that sequence has alone (the packs' bit contract), whatever the
 padding around it. The queries are the last seqlen_q positions of the keys (a cache's new
-tokens), so their mask is the key mask's last seqlen_q columns. Padded query positions come
-back as zeros, and padded positions get zero gradients.
+tokens), so their mask is the key mask's last seqlen_q columns; padded query positions come
+back as zeros, and padded positions get zero gradients. Where a mask pads keys only (SDPA's
+(batch, 1, 1, seqlen_k) key-padding mask), every query is kept (every_query).
 
 The gather and the scatter index distinct rows, so their backward adds one value onto zeros
 per row: the same bits under torch.use_deterministic_algorithms or not.
@@ -22,9 +23,10 @@ import torch
 @dataclass(frozen=True)
 class Unpadded:
     """Where a padded batch's kept tokens sit: rows_q and rows_k index the flattened
-    (batch * seqlen) token axis (int64, in batch order); cu_seqlens_q/k (int32, batch + 1)
-    and max_seqlen_q/k are attention_varlen's arguments for them."""
-    rows_q: torch.Tensor
+    (batch * seqlen) token axis (int64, in batch order; rows_q None: every query);
+    cu_seqlens_q/k (int32, batch + 1) and max_seqlen_q/k are attention_varlen's arguments for
+    them."""
+    rows_q: torch.Tensor | None
     rows_k: torch.Tensor
     cu_seqlens_q: torch.Tensor
     cu_seqlens_k: torch.Tensor
@@ -36,12 +38,15 @@ class Unpadded:
     def varlen_args(self) -> tuple:
         return self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k
 
-    def gather(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def gather(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """(batch, seqlen, heads, dim) -> (kept tokens, heads, dim)."""
-        return x.reshape(-1, *x.shape[2:]).index_select(0, rows)
+        x = x.reshape(-1, *x.shape[2:])
+        return x if rows is None else x.index_select(0, rows)
 
     def scatter_q(self, out: torch.Tensor) -> torch.Tensor:
         """(kept queries, heads, dim) -> (batch, seqlen_q, heads, dim), zeros where padded."""
+        if self.rows_q is None:
+            return out.view(self.batch, self.seqlen_q, *out.shape[1:])
         full = out.new_zeros(self.batch * self.seqlen_q, *out.shape[1:])
         return full.index_copy(0, self.rows_q, out).view(self.batch, self.seqlen_q,
                                                          *out.shape[1:])
@@ -55,7 +60,7 @@ def _kept(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
     return rows, cu, int(lengths.max()) if lengths.numel() else 0
 
 
-def check_key_mask(attention_mask: torch.Tensor, seqlen_q: int, seqlen_k: int,
+def check_key_mask(attention_mask: torch.Tensor, seqlen_k: int,
                    name: str = "attention_mask") -> torch.Tensor:
     """attention_mask as a boolean (batch, seqlen_k) mask, True where a key is kept; ValueError
     naming `name` for anything else. Integer masks must hold 0 and 1 only: other values
@@ -63,9 +68,6 @@ def check_key_mask(attention_mask: torch.Tensor, seqlen_q: int, seqlen_k: int,
     if attention_mask.dim() != 2 or attention_mask.shape[1] != seqlen_k:
         raise ValueError(f"{name}: a padding mask is (batch, seqlen_k) = (batch, {seqlen_k}), "
                          f"got shape {tuple(attention_mask.shape)}")
-    if seqlen_q > seqlen_k:
-        raise ValueError(f"{name}: {seqlen_q} queries over {seqlen_k} keys; a padded batch's "
-                         f"queries are the last of its keys (seqlen_q <= seqlen_k)")
     if attention_mask.dtype == torch.bool:
         return attention_mask
     if attention_mask.is_floating_point() or attention_mask.is_complex():
@@ -77,12 +79,17 @@ def check_key_mask(attention_mask: torch.Tensor, seqlen_q: int, seqlen_k: int,
     return attention_mask != 0
 
 
-def unpad(key_mask: torch.Tensor, seqlen_q: int) -> Unpadded:
+def unpad(key_mask: torch.Tensor, seqlen_q: int, every_query: bool = False) -> Unpadded:
     """Unpadded of a boolean (batch, seqlen_k) key mask (check_key_mask's answer) for seqlen_q
-    queries, the last seqlen_q positions. Reads the longest rows on the host (one sync)."""
+    queries, the last seqlen_q positions (every_query: all of them, whatever the mask). Reads
+    the longest rows on the host (one sync)."""
     batch, seqlen_k = key_mask.shape
     rows_k, cu_k, max_k = _kept(key_mask)
-    if seqlen_q == seqlen_k:
+    if every_query:
+        cu_q = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, dtype=torch.int32,
+                            device=key_mask.device)
+        rows_q, max_q = None, seqlen_q
+    elif seqlen_q == seqlen_k:
         rows_q, cu_q, max_q = rows_k, cu_k, max_k
     else:
         rows_q, cu_q, max_q = _kept(key_mask[:, seqlen_k - seqlen_q:])
@@ -91,22 +98,27 @@ def unpad(key_mask: torch.Tensor, seqlen_q: int) -> Unpadded:
 
 # Every layer of a forward gets the same mask tensor; checking and unpadding it costs device
 # syncs, so the last answer is kept for that tensor (and its version, for in-place changes).
-_LAST: tuple[weakref.ref, int, tuple[int, int], Unpadded] | None = None
+_LAST: tuple[weakref.ref, int, tuple, Unpadded] | None = None
 
 
 def padded_batch(attention_mask: torch.Tensor, seqlen_q: int, seqlen_k: int,
-                 name: str = "attention_mask") -> Unpadded:
-    """check_key_mask, then unpad, remembered for the last mask tensor asked about (not while
-    torch.compile traces, nor for inference tensors, which keep no version counter)."""
+                 name: str = "attention_mask", every_query: bool = False,
+                 source: torch.Tensor | None = None) -> Unpadded:
+    """check_key_mask, then unpad, remembered for the last mask tensor asked about (source:
+    the tensor attention_mask was derived from, which is the one every layer passes) (not
+    while torch.compile traces, nor for inference tensors, which keep no version counter)."""
     global _LAST
-    remember = not (torch.compiler.is_compiling() or attention_mask.is_inference())
+    source = attention_mask if source is None else source
+    remember = not (torch.compiler.is_compiling() or source.is_inference())
+    lengths = (seqlen_q, seqlen_k, every_query)
     if remember and _LAST is not None:
-        ref, version, lengths, answer = _LAST
-        if (ref() is attention_mask and version == attention_mask._version
-                and lengths == (seqlen_q, seqlen_k)):
+        ref, version, known, answer = _LAST
+        if ref() is source and version == source._version and known == lengths:
             return answer
-    answer = unpad(check_key_mask(attention_mask, seqlen_q, seqlen_k, name), seqlen_q)
+    if seqlen_q > seqlen_k and not every_query:
+        raise ValueError(f"{name}: {seqlen_q} queries over {seqlen_k} keys; a padded batch's "
+                         f"queries are the last of its keys (seqlen_q <= seqlen_k)")
+    answer = unpad(check_key_mask(attention_mask, seqlen_k, name), seqlen_q, every_query)
     if remember:
-        _LAST = (weakref.ref(attention_mask), attention_mask._version, (seqlen_q, seqlen_k),
-                 answer)
+        _LAST = (weakref.ref(source), source._version, lengths, answer)
     return answer

@@ -22,9 +22,8 @@ IMPL_NAME = "dashgen"
 def _sdpa_support_error(query, key, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
     """Why dashgen cannot serve an SDPA call, or None. Shapes and dtypes beyond these are
     dashgen.attention's checks."""
-    if attn_mask is not None:
-        return ("attn_mask: dashgen takes no mask tensor (only is_causal); use "
-                "F.scaled_dot_product_attention for masks")
+    if attn_mask is not None and is_causal:
+        return "attn_mask with is_causal: SDPA takes one or the other, not both"
     if dropout_p != 0.0:
         return f"dropout_p: dashgen has no dropout, got dropout_p={dropout_p}"
     for name, t in (("query", query), ("key", key)):
@@ -39,7 +38,43 @@ def _sdpa_support_error(query, key, attn_mask, dropout_p, is_causal, enable_gqa)
         return (f"is_causal with {query.shape[2]} queries and {key.shape[2]} keys: SDPA aligns "
                 f"the causal mask top-left, dashgen bottom-right; call dashgen.attention("
                 f"causal=True) for the bottom-right mask")
+    if attn_mask is not None:
+        return _key_padding_error(attn_mask, query, key)
     return None
+
+
+def _key_padding_error(attn_mask, query, key) -> str | None:
+    """Why attn_mask is no key-padding mask dashgen serves, or None: boolean (True takes part,
+    SDPA's meaning), its shape (batch or 1, 1, 1, seqlen_k) up to leading ones, so that it
+    depends on the batch and the key only."""
+    if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype != torch.bool:
+        return (f"attn_mask: dashgen takes a boolean key-padding mask, got "
+                f"{getattr(attn_mask, 'dtype', type(attn_mask).__name__)} (an additive float "
+                f"mask is not read); use F.scaled_dot_product_attention for it")
+    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+    batch, seqlen_k = query.shape[0], key.shape[2]
+    if len(shape) != 4 or shape[1:3] != (1, 1) or shape[3] != seqlen_k \
+            or shape[0] not in (1, batch):
+        return (f"attn_mask of shape {tuple(attn_mask.shape)}: dashgen serves a key-padding "
+                f"mask ({batch} or 1, 1, 1, {seqlen_k}), one that depends on the batch and the "
+                f"key only; use F.scaled_dot_product_attention for other masks")
+    return None
+
+
+def _attend_key_padded(query, key, value, attn_mask, scale) -> torch.Tensor:
+    """SDPA over a boolean key-padding mask: each batch row's kept keys and every query as one
+    sequence of a pack (interfaces/padding.py), the (batch, seqlen_q, heads, head_dim) output.
+    A row with no kept key gives zeros (FlashAttention's rows that see no key), where SDPA's
+    own kernels give NaN."""
+    from ..runtime.op_varlen import attention_varlen
+    from .padding import padded_batch
+    batch, seqlen_q, seqlen_k = query.shape[0], query.shape[2], key.shape[2]
+    key_mask = attn_mask.reshape(-1, seqlen_k).expand(batch, seqlen_k)
+    rows = padded_batch(key_mask, seqlen_q, seqlen_k, name="attn_mask", every_query=True,
+                        source=attn_mask)
+    q = rows.gather(query.transpose(1, 2), rows.rows_q)
+    k, v = (rows.gather(t.transpose(1, 2), rows.rows_k) for t in (key, value))
+    return rows.scatter_q(attention_varlen(q, k, v, *rows.varlen_args(), softmax_scale=scale))
 
 
 def _autocast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -60,14 +95,19 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """F.scaled_dot_product_attention's signature over dashgen.attention: query (batch,
     heads_q, seqlen_q, head_dim), key and value (batch, heads_kv, seqlen_k, head_dim); returns
     (batch, heads_q, seqlen_q, head_dim). The backward follows
-    torch.use_deterministic_algorithms (deterministic=None). A mask tensor, dropout and
-    is_causal with seqlen_q != seqlen_k raise ValueError. Tensors whose memory is (batch,
+    torch.use_deterministic_algorithms (deterministic=None). attn_mask may be a boolean
+    key-padding mask ((batch, 1, 1, seqlen_k), True where a key takes part): each row's kept
+    keys run as one sequence of a pack, every query kept (a row with no kept key gives zeros,
+    where SDPA gives NaN). Other masks, dropout and is_causal with seqlen_q != seqlen_k raise
+    ValueError. Tensors whose memory is (batch,
     seqlen, heads, head_dim), as a .transpose(1, 2) of a projection makes them, are used
     without a copy. Under torch.autocast the inputs take the autocast dtype, as SDPA's do."""
     error = _sdpa_support_error(query, key, attn_mask, dropout_p, is_causal, enable_gqa)
     if error is not None:
         raise ValueError(f"dashgen.sdpa: {error}")
     query, key, value = _autocast(query, key, value)
+    if attn_mask is not None:
+        return _attend_key_padded(query, key, value, attn_mask, scale).transpose(1, 2)
     o = op.attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                      causal=is_causal, softmax_scale=scale)
     return o.transpose(1, 2)

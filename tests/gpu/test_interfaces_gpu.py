@@ -151,3 +151,32 @@ def test_flash_attn_packed_functions_give_the_unpacked_bits(causal):
         assert torch.equal(o, ref), packed_fn.__name__
         for got, want in zip(parts(*grads), torch.autograd.grad(ref, leaves, do)):
             assert torch.equal(got, want), packed_fn.__name__
+
+
+def test_sdpa_key_padding_mask_matches_float64_and_keeps_each_rows_bits(seed):
+    """dashgen.sdpa with a boolean key-padding mask (row 0 keeps 700 of 1,024 keys, row 1 all,
+    row 2 keys 100-899): output and gradients within 2x bf16 SDPA's error of float64 SDPA with
+    the mask, padded keys' gradients zero, and a row's bits the same whatever another row
+    holds."""
+    q, k, v = bhsd(3, 8, 1024, 128), bhsd(3, 2, 1024, 128), bhsd(3, 2, 1024, 128)
+    do = torch.randn_like(q)
+    keep = torch.ones(3, 1, 1, 1024, dtype=torch.bool, device="cuda")
+    keep[0, ..., 700:] = False
+    keep[2, ..., :100] = keep[2, ..., 900:] = False
+
+    def ours(q, k, v):
+        return dashgen.sdpa(q, k, v, attn_mask=keep, enable_gqa=True)
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+
+    got = run(ours, q, k, v, do)
+    ref = run(sdpa, *(t.double() for t in (q, k, v)), do.double())
+    low = run(sdpa, q, k, v, do)
+    for x, r, lo in zip(got, ref, low):
+        assert rel_err(x, r) <= 2 * rel_err(lo, r) + 1e-3
+    padded = ~keep[:, 0, 0]
+    assert torch.equal(got[2].transpose(1, 2)[padded], torch.zeros_like(
+        got[2].transpose(1, 2)[padded]))
+    other = run(ours, q, torch.cat([k[:2], k[2:] + 1]), v, do)
+    assert torch.equal(got[0][:2], other[0][:2]) and torch.equal(got[1][:2], other[1][:2])
