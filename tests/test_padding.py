@@ -84,3 +84,13 @@ def test_the_answer_is_kept_for_the_same_mask_and_made_again_after_a_change():
     again = padding.padded_batch(mask, 10, 10)
     assert again.cu_seqlens_k.tolist() == [0, 7, 13, 22, 22]
     assert padding.padded_batch(mask.clone(), 10, 10) is not again
+
+
+def test_a_mask_shared_by_batches_of_other_sizes_is_unpadded_for_each():
+    keep = torch.ones(1, 6, dtype=torch.bool)
+    keep[0, 4:] = False
+    two = padding.padded_batch(keep.expand(2, 6), 3, 6, every_query=True, source=keep)
+    three = padding.padded_batch(keep.expand(3, 6), 3, 6, every_query=True, source=keep)
+    assert two.cu_seqlens_k.tolist() == [0, 4, 8] and two.cu_seqlens_q.tolist() == [0, 3, 6]
+    assert three.cu_seqlens_k.tolist() == [0, 4, 8, 12] and three.rows_q is None
+    assert padding.padded_batch(keep.expand(3, 6), 3, 6, every_query=True, source=keep) is three

@@ -110,7 +110,8 @@ def padded_batch(attention_mask: torch.Tensor, seqlen_q: int, seqlen_k: int,
     global _LAST
     source = attention_mask if source is None else source
     remember = not (torch.compiler.is_compiling() or source.is_inference())
-    lengths = (seqlen_q, seqlen_k, every_query)
+    # A (1, 1, 1, seqlen_k) SDPA mask serves any batch size: the batch is part of the answer.
+    lengths = (attention_mask.shape[0], seqlen_q, seqlen_k, every_query)
     if remember and _LAST is not None:
         ref, version, known, answer = _LAST
         if ref() is source and version == source._version and known == lengths:
