@@ -136,7 +136,7 @@ def _check_seq_idx(seq_idx: torch.Tensor, cu: torch.Tensor) -> None:
     if _AGREED is not None and _AGREED[0]() is seq_idx and _AGREED[1]() is cu:
         return
     theirs, _ = _offsets_of(seq_idx, 0)
-    if theirs.shape != cu.shape or not torch.equal(theirs, cu.to(theirs.device)):
+    if theirs.shape != cu.shape or not torch.equal(theirs, cu.to(theirs)):
         raise _refuse(f"seq_idx marks documents at {theirs.tolist()[:8]}... but the pack's "
                       f"offsets are {cu.tolist()[:8]}...: pass the collator's seq_idx with its "
                       f"own cu_seq_lens / position_ids")
