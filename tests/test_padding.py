@@ -94,3 +94,11 @@ def test_a_mask_shared_by_batches_of_other_sizes_is_unpadded_for_each():
     assert two.cu_seqlens_k.tolist() == [0, 4, 8] and two.cu_seqlens_q.tolist() == [0, 3, 6]
     assert three.cu_seqlens_k.tolist() == [0, 4, 8, 12] and three.rows_q is None
     assert padding.padded_batch(keep.expand(3, 6), 3, 6, every_query=True, source=keep) is three
+
+
+def test_two_masks_in_turn_are_both_remembered():
+    """A model with sliding and full layers hands its layers two mask tensors in turn."""
+    full, sliding = left_and_right_padded(), left_and_right_padded()
+    first = padding.padded_batch(full, 10, 10), padding.padded_batch(sliding, 10, 10)
+    assert padding.padded_batch(full, 10, 10) is first[0]
+    assert padding.padded_batch(sliding, 10, 10) is first[1]

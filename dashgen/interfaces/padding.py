@@ -96,30 +96,33 @@ def unpad(key_mask: torch.Tensor, seqlen_q: int, every_query: bool = False) -> U
     return Unpadded(rows_q, rows_k, cu_q, cu_k, max_q, max_k, batch, seqlen_q)
 
 
-# Every layer of a forward gets the same mask tensor; checking and unpadding it costs device
-# syncs, so the last answer is kept for that tensor (and its version, for in-place changes).
-_LAST: tuple[weakref.ref, int, tuple, Unpadded] | None = None
+# Every layer of a forward gets the same mask tensor (a model with sliding and full layers, one
+# of each); checking and unpadding one costs device syncs, so the answers for the last few mask
+# tensors are kept (with their versions, for in-place changes).
+_RECENT: list[tuple[weakref.ref, int, tuple, Unpadded]] = []
+_KEEP = 4
 
 
 def padded_batch(attention_mask: torch.Tensor, seqlen_q: int, seqlen_k: int,
                  name: str = "attention_mask", every_query: bool = False,
                  source: torch.Tensor | None = None) -> Unpadded:
-    """check_key_mask, then unpad, remembered for the last mask tensor asked about (source:
-    the tensor attention_mask was derived from, which is the one every layer passes) (not
-    while torch.compile traces, nor for inference tensors, which keep no version counter)."""
-    global _LAST
+    """check_key_mask, then unpad, remembered for the last few mask tensors asked about
+    (source: the tensor attention_mask was derived from, which is the one every layer passes)
+    (not while torch.compile traces, nor for inference tensors, which keep no version
+    counter)."""
     source = attention_mask if source is None else source
     remember = not (torch.compiler.is_compiling() or source.is_inference())
     # A (1, 1, 1, seqlen_k) SDPA mask serves any batch size: the batch is part of the answer.
     lengths = (attention_mask.shape[0], seqlen_q, seqlen_k, every_query)
-    if remember and _LAST is not None:
-        ref, version, known, answer = _LAST
-        if ref() is source and version == source._version and known == lengths:
-            return answer
+    if remember:
+        for ref, version, known, answer in _RECENT:
+            if ref() is source and version == source._version and known == lengths:
+                return answer
     if seqlen_q > seqlen_k and not every_query:
         raise ValueError(f"{name}: {seqlen_q} queries over {seqlen_k} keys; a padded batch's "
                          f"queries are the last of its keys (seqlen_q <= seqlen_k)")
     answer = unpad(check_key_mask(attention_mask, seqlen_k, name), seqlen_q, every_query)
     if remember:
-        _LAST = (weakref.ref(source), source._version, lengths, answer)
+        _RECENT[:] = [(weakref.ref(source), source._version, lengths, answer)] + [
+            entry for entry in _RECENT[:_KEEP - 1] if entry[0]() is not None]
     return answer
