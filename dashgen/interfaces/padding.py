@@ -38,18 +38,28 @@ class Unpadded:
     def varlen_args(self) -> tuple:
         return self.cu_seqlens_q, self.cu_seqlens_k, self.max_seqlen_q, self.max_seqlen_k
 
-    def gather(self, x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        """(batch, seqlen, heads, dim) -> (kept tokens, heads, dim)."""
-        x = x.reshape(-1, *x.shape[2:])
-        return x if rows is None else x.index_select(0, rows)
+    def attend(self, call, query: torch.Tensor, key: torch.Tensor,
+               value: torch.Tensor) -> torch.Tensor:
+        """call(q, k, v) over the kept tokens ((tokens, heads, dim) each; the offsets are
+        varlen_args()), with query, key and value (batch, seqlen, heads, dim) and the answer
+        (batch, seqlen_q, heads, dim_v), zeros at padded queries."""
+        q = _gather(query, self.rows_q)
+        k, v = _gather(key, self.rows_k), _gather(value, self.rows_k)
+        return self._scatter_q(call(q, k, v))
 
-    def scatter_q(self, out: torch.Tensor) -> torch.Tensor:
+    def _scatter_q(self, out: torch.Tensor) -> torch.Tensor:
         """(kept queries, heads, dim) -> (batch, seqlen_q, heads, dim), zeros where padded."""
         if self.rows_q is None:
             return out.view(self.batch, self.seqlen_q, *out.shape[1:])
         full = out.new_zeros(self.batch * self.seqlen_q, *out.shape[1:])
         return full.index_copy(0, self.rows_q, out).view(self.batch, self.seqlen_q,
                                                          *out.shape[1:])
+
+
+def _gather(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """(batch, seqlen, heads, dim) -> (kept tokens, heads, dim); rows None keeps them all."""
+    x = x.reshape(-1, *x.shape[2:])
+    return x if rows is None else x.index_select(0, rows)
 
 
 def _kept(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -106,10 +116,9 @@ _KEEP = 4
 def padded_batch(attention_mask: torch.Tensor, seqlen_q: int, seqlen_k: int,
                  name: str = "attention_mask", every_query: bool = False,
                  source: torch.Tensor | None = None) -> Unpadded:
-    """check_key_mask, then unpad, remembered for the last few mask tensors asked about
-    (source: the tensor attention_mask was derived from, which is the one every layer passes)
-    (not while torch.compile traces, nor for inference tensors, which keep no version
-    counter)."""
+    """check_key_mask, then unpad, remembered for the last few mask tensors asked about, not
+    while torch.compile traces nor for inference tensors (which keep no version counter).
+    source: the tensor attention_mask was derived from, the one every layer passes."""
     source = attention_mask if source is None else source
     remember = not (torch.compiler.is_compiling() or source.is_inference())
     # A (1, 1, 1, seqlen_k) SDPA mask serves any batch size: the batch is part of the answer.

@@ -72,9 +72,9 @@ def _attend_key_padded(query, key, value, attn_mask, scale) -> torch.Tensor:
     key_mask = attn_mask.reshape(-1, seqlen_k).expand(batch, seqlen_k)
     rows = padded_batch(key_mask, seqlen_q, seqlen_k, name="attn_mask", every_query=True,
                         source=attn_mask)
-    q = rows.gather(query.transpose(1, 2), rows.rows_q)
-    k, v = (rows.gather(t.transpose(1, 2), rows.rows_k) for t in (key, value))
-    return rows.scatter_q(attention_varlen(q, k, v, *rows.varlen_args(), softmax_scale=scale))
+    return rows.attend(
+        lambda q, k, v: attention_varlen(q, k, v, *rows.varlen_args(), softmax_scale=scale),
+        *(t.transpose(1, 2) for t in (query, key, value)))
 
 
 def _autocast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -99,9 +99,9 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     key-padding mask ((batch, 1, 1, seqlen_k), True where a key takes part): each row's kept
     keys run as one sequence of a pack, every query kept (a row with no kept key gives zeros,
     where SDPA gives NaN). Other masks, dropout and is_causal with seqlen_q != seqlen_k raise
-    ValueError. Tensors whose memory is (batch,
-    seqlen, heads, head_dim), as a .transpose(1, 2) of a projection makes them, are used
-    without a copy. Under torch.autocast the inputs take the autocast dtype, as SDPA's do."""
+    ValueError. Tensors whose memory is (batch, seqlen, heads, head_dim), as a
+    .transpose(1, 2) of a projection makes them, are used without a copy (but for the kept
+    tokens' gather under a mask). Under torch.autocast the inputs take the autocast dtype, as SDPA's do."""
     error = _sdpa_support_error(query, key, attn_mask, dropout_p, is_causal, enable_gqa)
     if error is not None:
         raise ValueError(f"dashgen.sdpa: {error}")

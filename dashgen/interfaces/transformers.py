@@ -293,13 +293,14 @@ def _attend_padded(rows: Unpadded, query, key, value, scaling, **options) -> tor
     """attention_varlen over a padded batch's kept tokens (transformers' layout in and out):
     (batch, seqlen_q, heads_q, head_dim_v), zeros at padded queries."""
     from ..runtime.op_varlen import attention_varlen
-    q = rows.gather(query.transpose(1, 2), rows.rows_q)
-    k, v = (rows.gather(t.transpose(1, 2), rows.rows_k) for t in (key, value))
-    out, _ = run_padded(
-        lambda q, k, v, scale: (attention_varlen(q, k, v, *rows.varlen_args(),
-                                                 softmax_scale=scale, **options), None),
-        q, k, v, scaling)
-    return rows.scatter_q(out)
+
+    def packed(q, k, v):
+        return run_padded(
+            lambda q, k, v, scale: (attention_varlen(q, k, v, *rows.varlen_args(),
+                                                     softmax_scale=scale, **options), None),
+            q, k, v, scaling)[0]
+
+    return rows.attend(packed, *(t.transpose(1, 2) for t in (query, key, value)))
 
 
 def _kernel_dtype(module, query, key, value):
