@@ -15,9 +15,9 @@ ncu --profile-from-start off --clock-control none --section SpeedOfLight \
 FA3 is the anchor kit's build (ANCHOR_MODE=build leaves it under /tmp/anchors/fa3/hopper; its
 HDIM96/192/256 switches for those head dims); --impl dashgen runs this checkout's
 schedule="auto". lab/ncu_backward.sh runs both under the same sections and makes the table.
-With override flags (lab/time_kernels.py's: --cluster-pair on, ...) dashgen's backward runs
-through the runtime's forward and backward with those Overrides instead of autograd, e.g. the
-cluster pair's kernel: --impl dashgen --head-dim 256 --mask full --seqlen 4096 --cluster-pair on.
+With override flags (lab/time_kernels.py's: --early-kv on, ...) dashgen's backward runs
+through the runtime's forward and backward with those Overrides instead of autograd, e.g. K/V
+loaded early: --impl dashgen --head-dim 256 --mask full --seqlen 4096 --early-kv on.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis
           --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats
           --section InstructionStats)
 # The L2's bytes by kind (reads, writes, reductions, atomics): at head_dim 256 the L2 bounds the
-# backward, and these say which of a task's transfers fill it (lab/notes/cluster-pair-plan.md).
+# backward, and these say which of a task's transfers fill it (lab/notes/tried-and-dropped.md `pair-stores`).
 metrics=(--metrics "lts__t_bytes.sum,lts__t_sectors_op_read.sum,lts__t_sectors_op_write.sum,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum")
 for config in "$@"; do
     IFS=- read -r dim mask seqlen <<<"$config"

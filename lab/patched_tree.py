@@ -12,7 +12,8 @@ python3 lab/patched_tree.py --list
 The patches:
 - no-dq-traffic: the dQ writer keeps its waits, turns and buffers and sends nothing to global
   memory (neither the bulk adds nor the first store). Timing only (its dq is wrong): what the dQ
-  sums' L2 traffic costs, half of a 256 task's L2 bytes (lab/notes/cluster-pair-plan.md).
+  sums' L2 traffic costs, half of a 256 task's L2 bytes (lab/notes/tried-and-dropped.md,
+  `pair-stores`).
   Measured (H100, 2026-12-07): 256 ordered 1.30-1.31x, unordered 1.17-1.18x the served kernel.
   Kept to time the dQ traffic's share again beside a kernel that changes it.
 """
@@ -44,11 +45,11 @@ PATCHES: dict[str, tuple[Edit, ...]] = {
              f"      (void)dst; (void)src;  {NO_SEND}\n"),
         Edit(WRITER, "      bulk_reduce_add_f32(dst, src, K::kDqBytes);\n",
              f"      (void)dst; (void)src;  {NO_SEND}\n"),
-        # every piece's (BwdDqWriter::land_piece)
-        Edit(WRITER, "      bulk_store_f32(piece, src, K::kDqBytes);\n",
-             f"      (void)piece; (void)src;  {NO_SEND}\n"),
-        Edit(WRITER, "      bulk_reduce_add_f32(piece, src, K::kDqBytes);\n",
-             f"      (void)piece; (void)src;  {NO_SEND}\n"),
+        Edit(WRITER, "        bulk_store_f32(piece, src, K::kDqBytes);"
+                     "  // the first contribution (see land_partial)\n",
+             f"        (void)piece; (void)src;  {NO_SEND}\n"),
+        Edit(WRITER, "        bulk_reduce_add_f32(piece, src, K::kDqBytes);\n",
+             f"        (void)piece; (void)src;  {NO_SEND}\n"),
     ),
 }
 

@@ -159,8 +159,7 @@ def compare(name: str, args, sms: int) -> None:
                 pick = picked(name, q, k, causal, sms)
                 times = []
                 for value in (pick, not pick):
-                    # The other override flags given stay set on both sides (e.g.
-                    # --cluster-pair on --compare pair_late_add).
+                    # The other override flags given stay set on both sides.
                     overrides = dataclasses.replace(overrides_from(args), **{name: value})
                     if name == "persistent_forward":
                         call = lambda: forward(q, k, v, causal=causal, softmax_scale=scale,

@@ -437,35 +437,3 @@ def test_fused_convert_asked_of_the_swapped_mainloop_is_refused_by_name(head_dim
     assert not select(problem, "bf16").backward.fused_convert
     assert not select(problem, "bf16", overrides=Overrides(fused_convert=False)
                       ).backward.fused_convert
-
-
-def test_the_cluster_pair_override_schedules_128_key_tiles_on_clusters():
-    """Overrides(cluster_pair=True) at head_dim 256: the pair's kernels, its schedule built and
-    its workers counted on 128-key tiles, at most one worker a cluster of two SMs (the launch
-    checks how many the GPU holds); the kernels' problem keeps its 64-key tiles."""
-    for causal, schedule in ((False, "shift"), (True, "symmetric_shift"), (True, "auto")):
-        problem = problem_for(1, 16, 16, 8192, 8192, 256, causal)
-        sel = select(problem, "bf16", schedule=schedule, sm_count=132,
-                     overrides=Overrides(cluster_pair=True))
-        assert sel.backward.cluster_pair and sel.backward.kernel_name.endswith("_pair")
-        assert sel.backward.dq_counter_sets == 2  # a counter set a column half
-        assert sel.problem.block_n == 64 and sel.schedule_problem.block_n == 128
-        assert sel.schedule_problem.num_n_blocks == problem.num_n_blocks // 2
-        assert 0 < sel.num_workers <= 66
-        assert not select(problem, "bf16", schedule=schedule,
-                          sm_count=132).backward.cluster_pair
-
-
-@pytest.mark.parametrize("problem, kwargs", [
-    (problem_for(1, 4, 4, 1000, 1000, 128, True), {}),
-    (problem_for(1, 4, 4, 1000, 1000, 256, False, (100, 0)), dict(schedule="spt_listed")),
-    (problem_for(1, 4, 4, 1000, 1000, 256, True), dict(trace=True)),
-])
-def test_the_cluster_pair_names_what_it_does_not_serve(problem, kwargs):
-    with pytest.raises(ValueError, match=r"^cluster_pair serves head_dim 256"):
-        select(problem, "bf16", overrides=Overrides(cluster_pair=True), **kwargs)
-    # soft-capping, applied to a selection after its plan, is refused by the variant
-    sel = select(problem_for(1, 4, 4, 1000, 1000, 256, True), "bf16",
-                 overrides=Overrides(cluster_pair=True))
-    with pytest.raises(ValueError, match=r"^cluster_pair serves head_dim 256"):
-        sel.soft_capped(True)

@@ -54,18 +54,3 @@ def test_workspace_parts_are_disjoint_aligned_views(heads_kv, seqlen_q, seqlen_k
         t.view(torch.int32).fill_(index)
     counts = torch.bincount(ws.buffer.view(torch.int32), minlength=len(parts) + 1).tolist()
     assert counts[1:] == [t.numel() for t in parts]
-
-
-def test_a_cluster_pair_counts_each_dq_tiles_halves_apart():
-    """dq_counter_sets=2 (attn/bwd_pair.cuh): half 1's dQ counters after all of half 0's, so the
-    convert kernel, reading the first half's, sees the tile's count; nothing else moves."""
-    p = Problem(batch=2, heads_q=4, heads_kv=4, seqlen_q=1000, seqlen_k=1000, head_dim=256,
-                mask="causal", block_m=64, block_n=64)
-    one, pair = WorkspaceLayout(p), WorkspaceLayout(p, dq_counter_sets=2)
-    buffer = torch.empty(pair.floats, dtype=torch.float32)
-    views = pair.views(buffer)
-    assert views["dq_counters"].shape == (2, 2, 4, p.num_m_blocks)
-    assert pair.offsets[:6] == one.offsets[:6]
-    vectors = lambda words: -(-words // 4) * 4  # noqa: E731  (whole 16-byte vectors)
-    counters = 2 * 4 * p.num_m_blocks  # (batch, heads, tiles)
-    assert pair.floats - one.floats == vectors(2 * counters) - vectors(counters)

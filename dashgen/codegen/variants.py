@@ -238,13 +238,12 @@ class _Variant:
                 raise TypeError(f"{name} must be a bool, got {value!r}")
 
     def __repr__(self) -> str:
-        # head_dim_v only where it differs from head_dim, and softcap, window and cluster_pair
-        # only where set, so that a variant without them names itself as it did before they
-        # existed (the comment the sources open with).
+        # head_dim_v only where it differs from head_dim, and softcap and window only where
+        # set, so that a variant without them names itself as it did before they existed (the
+        # comment the sources open with).
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                   if (f.name != "head_dim_v" or self.head_dim_v != self.head_dim)
-                  and (f.name not in ("softcap", "window", "cluster_pair", "pair_late_add")
-                       or getattr(self, f.name))]
+                  and (f.name not in ("softcap", "window") or getattr(self, f.name))]
         return f"{type(self).__name__}({', '.join(fields)})"
 
     @property
@@ -335,12 +334,6 @@ class ForwardVariant(_Variant):
         return ctypes.sizeof(FwdWindowParams if self.window else FwdParams)
 
 
-# What the cluster pair (BackwardVariant.cluster_pair) serves, the refusal's words wherever a
-# problem or a variant falls outside it.
-CLUSTER_PAIR_SCOPE = ("cluster_pair serves head_dim 256 under a named schedule, one fixed-length "
-                      "problem without a window, soft-capping or tracing")
-
-
 @dataclass(frozen=True, repr=False)  # _Variant.__repr__
 class BackwardVariant(_Variant):
     """The Hopper backward (persistent, warp-specialized: a producer warp, a dQ writer warp, two
@@ -373,15 +366,6 @@ class BackwardVariant(_Variant):
     softcap: bool = False  # scores soft-capped (attn/softcap.cuh; the cap is a parameter)
     window: bool = False  # a sliding window (attn/mask.cuh, sched::WindowTiling; bounds: params)
     head_dim_v: int | None = None  # V's, O's and dO's columns (None: head_dim's)
-    # A cluster pair (attn/bwd_pair.cuh): two CTAs, one worker of 128-key tasks, Q/dO multicast,
-    # dQ's partials summed in shared memory (the peer's stored into the owner's receive buffer,
-    # added in the owner's registers). A candidate: reached only through
-    # Overrides(cluster_pair=True) (tests/gpu/test_cluster_pair_gpu.py), picked by no policy.
-    cluster_pair: bool = False
-    # A pair whose owner stages its last dQ piece of a task alone and adds the peer's under the
-    # next task's first wgmmas (BwdMainloopSwapped::finish_late_piece): the same additions, so
-    # the same bits. A candidate beside cluster_pair (lab/notes/cluster-pair-plan.md).
-    pair_late_add: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -410,12 +394,6 @@ class BackwardVariant(_Variant):
         if self.swapped and self.fused_convert:  # (dq_last is refused above: DQ_LAST_HEAD_DIMS)
             raise ValueError(f"head_dim {self.head_dim} runs the swapped mainloop, whose dQ the "
                              f"convert kernel converts: no fused_convert")
-        if self.cluster_pair and (self.head_dim != 256 or self.head_dim_v != self.head_dim
-                                  or self.varlen or self.window or self.softcap or self.trace
-                                  or self.table):
-            raise ValueError(CLUSTER_PAIR_SCOPE)
-        if self.pair_late_add and not self.cluster_pair:
-            raise ValueError("pair_late_add is a way of cluster_pair's: set cluster_pair=True")
         if self.fused_convert and not self.deterministic:
             raise ValueError("fused_convert needs deterministic=True: the non-deterministic "
                              "backward cannot tell when a dQ sum is final")
@@ -446,12 +424,6 @@ class BackwardVariant(_Variant):
         return self.constants.dq_per_warpgroup
 
     @property
-    def dq_counter_sets(self) -> int:
-        """The dQ counters' sets the kernel counts in, one after the other (WorkspaceLayout):
-        a cluster pair's two column halves, else one."""
-        return 2 if self.cluster_pair else 1
-
-    @property
     def table(self) -> bool:
         return self.schedule == "table"
 
@@ -478,8 +450,7 @@ class BackwardVariant(_Variant):
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
                           (self.early_kv, "ekv"), (self.dq_last, "dqlast"),
                           (self.trace, "trace"),
-                          (self.varlen, "varlen"), (self.softcap, "softcap"),
-                          (self.cluster_pair, "pair"), (self.pair_late_add, "late")):
+                          (self.varlen, "varlen"), (self.softcap, "softcap")):
             if flag:
                 name += "_" + tag
         return name

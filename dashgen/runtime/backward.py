@@ -76,25 +76,14 @@ class BackwardLaunch(BackwardMaps):
         # bits again.
         self.converts_dq = variant.fused_convert
         self.runs_convert_q = not self.converts_dq or Tiling(p).count(0) == 0
-        pair = variant.cluster_pair
-        self.layout = WorkspaceLayout(p, dq_counter_sets=variant.dq_counter_sets)
+        self.layout = WorkspaceLayout(p)
         loaded = kernels(variant, device)
-        # A cluster pair: a worker is two CTAs of a cluster (attn/bwd_pair.cuh), and every
-        # worker must be resident at once (the dQ order would deadlock otherwise).
-        grid = sel.num_workers * (2 if pair else 1)
-        if pair:
-            clusters = launch.max_active_clusters(loaded.main, 2, THREADS, loaded.smem_bytes)
-            if sel.num_workers > clusters:
-                raise ValueError(f"num_workers={sel.num_workers}: this GPU holds {clusters} "
-                                 f"clusters of {variant.kernel_name} at once, and each "
-                                 f"worker of a cluster pair is one; pass num_workers <= "
-                                 f"{clusters}")
         padded_m, padded_n = p.num_m_blocks * p.block_m, p.num_n_blocks * p.block_n
         rows = PREP_ROWS_PER_BLOCK
         self.preprocess = launch.Launcher(loaded.preprocess,
                                           (-(-padded_m // rows), p.heads_q, p.batch),
                                           AUX_THREADS, 0)
-        self.main = launch.Launcher(loaded.main, grid, THREADS, loaded.smem_bytes)
+        self.main = launch.Launcher(loaded.main, sel.num_workers, THREADS, loaded.smem_bytes)
         self.convert_q = launch.Launcher(loaded.convert,
                                          (-(-p.seqlen_q // rows), p.heads_q, p.batch),
                                          AUX_THREADS, 0)
@@ -115,7 +104,7 @@ class BackwardLaunch(BackwardMaps):
             zero_dq=not self.first_dq_store)
         self.params_template = BwdParams(
             tasks=tasks_ptr, worker_offsets=offsets_ptr,
-            stall=watchdog.record(device, grid), batch=p.batch, heads_q=p.heads_q,
+            stall=watchdog.record(device, sel.num_workers), batch=p.batch, heads_q=p.heads_q,
             heads_kv=p.heads_kv, seqlen_q=p.seqlen_q, seqlen_k=p.seqlen_k,
             q_row_stride=q_stride, k_row_stride=k_stride, num_m_blocks=p.num_m_blocks,
             num_n_blocks=p.num_n_blocks, watchdog_ms=watchdog.timeout_ms())
@@ -128,8 +117,7 @@ class BackwardLaunch(BackwardMaps):
             self.params_template.window_left, self.params_template.window_right = left, right
             self.unseen_keys = max(0, min(p.seqlen_k, p.seqlen_k - p.seqlen_q - left))
         if variant.listed:
-            deal, deal_stream = device_deal(sel.schedule_problem, sel.schedule,
-                                            sel.num_workers, device)
+            deal, deal_stream = device_deal(p, sel.schedule, sel.num_workers, device)
             self.tables.append((deal_stream, (deal,)))
             self.params_template.unit_deal = deal.data_ptr()
         # The backward leaves dQ's sums in the accum_col layout; GQA's dK/dV sums row-major.

@@ -58,19 +58,6 @@ class Kernel:
                f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}) for {self.name}")
 
 
-def max_active_clusters(kernel: Kernel, cluster: int, block: int, smem: int) -> int:
-    """How many clusters of `cluster` CTAs of `kernel` (its cluster size compiled in; `block`
-    threads and `smem` dynamic bytes a CTA) the current GPU holds at once
-    (cuOccupancyMaxActiveClusters): the most workers a persistent kernel of clusters may run."""
-    config = cu.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
-    config.blockDimX, config.blockDimY, config.blockDimZ = block, 1, 1
-    config.sharedMemBytes = smem
-    config.numAttrs = 0
-    return int(_check(cu.cuOccupancyMaxActiveClusters(kernel.function, config),
-                      f"cuOccupancyMaxActiveClusters({kernel.name})"))
-
-
 def load_kernel(cubin: bytes, name: str) -> Kernel:
     """cuModuleLoadData + cuModuleGetFunction for the extern "C" kernel `name`."""
     ensure_context()

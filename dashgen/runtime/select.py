@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..caches import memo
-from ..codegen.variants import (CLUSTER_PAIR_SCOPE, DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M,
-                                FORWARD_BLOCK_N, BackwardVariant, ForwardVariant, backward_tiles,
+from ..codegen.variants import (DQ_LAST_HEAD_DIMS, FORWARD_BLOCK_M, FORWARD_BLOCK_N,
+                                BackwardVariant, ForwardVariant, backward_tiles,
                                 check_dtype_head_dim, kernel_head_dim, runs_swapped)
 from ..schedule.builders import (HYBRID_MAX_TILES, hybrid_need, Tiling, get_builder, schedule_loads,
                                  unsupported_reason)
@@ -80,13 +80,6 @@ class Overrides:
     early_kv: bool | None = None
     persistent_forward: bool | None = None
     dq_last: bool | None = None
-    # True: at head_dim 256 the cluster-pair backward (attn/bwd_pair.cuh), a candidate no
-    # policy picks: its schedule runs over 128-key tiles, a worker a cluster of two CTAs
-    # (lab/notes/cluster-pair-plan.md). None or False: the one-CTA kernels.
-    cluster_pair: bool | None = None
-    # With cluster_pair: the owner's last dQ piece of a task gets the peer's added in the next
-    # task (BackwardVariant.pair_late_add), a candidate no policy picks.
-    pair_late_add: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -110,14 +103,6 @@ class Selection:
             return self
         return replace(self, forward=replace(self.forward, softcap=True),
                        backward=replace(self.backward, softcap=True))
-
-    @property
-    def schedule_problem(self) -> Problem:
-        """The problem the schedule and its workers are built on: a cluster pair's tasks are
-        two CTAs' 64-key tiles, one 128-key tile to the schedule."""
-        if not self.backward.cluster_pair:
-            return self.problem
-        return pair_problem(self.problem)
 
     def with_head_dim_v(self, head_dim_v: int) -> Selection:
         """This selection with V, O and dO `head_dim_v` wide (HEAD_DIM_V_PAIRS: 128 under 192,
@@ -175,19 +160,6 @@ def check_kernel_problem(problem: Problem) -> None:
     if problem.is_pack:
         raise ValueError("a pack has no per-shape kernel selection: the varlen kernels read "
                          "its lengths at run time (dashgen.attention_varlen)")
-
-
-def pair_problem(problem: Problem) -> Problem:
-    """`problem` in a cluster pair's schedule tiles: 128 keys, two CTAs' 64."""
-    return replace(problem, block_n=2 * problem.block_n)
-
-
-def check_pair(problem: Problem, trace: bool, table: bool) -> None:
-    """Raise ValueError naming cluster_pair where its kernels cannot run `problem`
-    (BackwardVariant.cluster_pair's scope)."""
-    if problem.head_dim != 256 or problem.mask.kind == "window" or trace or table:
-        raise ValueError(f"{CLUSTER_PAIR_SCOPE}; got {problem.describe()}"
-                         + (", trace" if trace else "") + (", a schedule file" if table else ""))
 
 
 def resolve_schedule(problem: Problem, schedule: str, num_workers: int | None,
@@ -321,14 +293,8 @@ class Plan:
         check_dtype_head_dim(dtype, problem.head_dim)
         check_kernel_problem(problem)
         table = schedule if isinstance(schedule, Schedule) else None
-        if overrides.cluster_pair:
-            check_pair(problem, trace, table is not None)
         if table is not None:
             name, workers = "table", resolve_table(problem, table, num_workers, sm_count)
-        elif overrides.cluster_pair:
-            # A worker is a cluster of two SMs; the launch checks how many the GPU holds.
-            name, workers = resolve_schedule(pair_problem(problem), schedule, num_workers,
-                                             sm_count // 2, deterministic)
         else:
             name, workers = resolve_schedule(problem, schedule, num_workers, sm_count,
                                              deterministic)
@@ -382,8 +348,7 @@ class Plan:
         backward = BackwardVariant(self.dtype, problem.head_dim, causal, self.schedule,
                                    deterministic=ordered, gqa=problem.gqa, fused_convert=fused,
                                    early_kv=early_kv, dq_last=dq_last, trace=self.trace,
-                                   window=window, cluster_pair=bool(overrides.cluster_pair),
-                                   pair_late_add=bool(overrides.pair_late_add))
+                                   window=window)
         forward = select_forward(problem, self.dtype, self.sm_count, overrides)
         return Selection(problem, forward, backward, self.schedule, workers,
                          None if table is None else self.schedule_key)

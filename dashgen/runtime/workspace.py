@@ -21,10 +21,7 @@ class WorkspaceLayout:
 
     PARTS = ("dq_accum", "dpsum", "stats", "dk_accum", "dv_accum", "dq_counters", "dkv_counters")
 
-    def __init__(self, problem: Problem, dq_counter_sets: int = 1):
-        # dq_counter_sets: the dQ counters' sets, one after the other: a cluster pair counts
-        # each tile's two column halves apart (attn/bwd_pair.cuh). The convert kernel reads the
-        # first set.
+    def __init__(self, problem: Problem):
         # The fp32 sums have the kernel's columns (a head_dim computed in a wider kernel).
         b, hq, hkv = problem.batch, problem.heads_q, problem.heads_kv
         d = kernel_head_dim(problem.head_dim)
@@ -32,9 +29,7 @@ class WorkspaceLayout:
         kv = (b, hkv, problem.num_n_blocks * problem.block_n, d) if gqa else (0,)
         stats = (b, hq, problem.num_m_blocks, 2, problem.block_m)
         self.shapes = [(b, hq, problem.num_m_blocks * problem.block_m, d),
-                       (b, hq, problem.seqlen_q), stats, kv, kv,
-                       (b, hq, problem.num_m_blocks) if dq_counter_sets == 1
-                       else (dq_counter_sets, b, hq, problem.num_m_blocks),
+                       (b, hq, problem.seqlen_q), stats, kv, kv, (b, hq, problem.num_m_blocks),
                        (b, hkv, problem.num_n_blocks) if gqa else (0,)]
         # Whole 16-byte vectors per part: the bulk copies and the vector zeroing need alignment.
         sizes = [-(-math.prod(shape) // 4) * 4 for shape in self.shapes]

@@ -98,23 +98,6 @@ class StmatrixProbeConfig(KernelConfig):
 
 
 @dataclass(frozen=True)
-class ClusterPairProbeConfig(KernelConfig):
-    """Two CTAs of a cluster on one tile: a multicast TMA load into both, an fp32 partial pushed
-    into the peer's shared memory by a bulk copy, read in place, and added onto the peer's copy
-    (distributed shared memory)."""
-
-    prefix = "probe_cluster_pair"
-    box_rows: int = 64
-    box_cols: int = 64
-    floats: int = 4096  # 16 KB: one 64-column piece of a 64-row dQ partial
-    threads: int = 128
-
-    @property
-    def smem_bytes(self) -> int:
-        return SW128_ALIGN + self.box_rows * self.box_cols * 2 + 3 * self.floats * 4
-
-
-@dataclass(frozen=True)
 class Probe:
     """One probe: which template, with which config, launched how."""
 
@@ -137,7 +120,6 @@ def _probes() -> dict[str, Probe]:
     first_store = BulkReduceProbeConfig(first_store=True)
     bulk_load = BulkLoadProbeConfig()
     setmaxnreg = SetmaxnregProbeConfig()
-    cluster = ClusterPairProbeConfig()
     table = [
         # rank 2: a [4*64, 2*64] bf16 matrix, one CTA per 64x64 tile.
         Probe("mbarrier_tma_2d", "probes/probe_mbarrier_tma.cu.j2", tma2,
@@ -161,9 +143,6 @@ def _probes() -> dict[str, Probe]:
               grid=(2, 1, 1), block=(384, 1, 1), smem_bytes=0),
         Probe("stmatrix_trans", "probes/probe_stmatrix.cu.j2", StmatrixProbeConfig(),
               grid=(1, 1, 1), block=(32, 1, 1), smem_bytes=0),
-        # 4 clusters of 2 CTAs (the kernel's __cluster_dims__): 4 tiles, 4 pairs of partials.
-        Probe("cluster_pair", "probes/probe_cluster_pair.cu.j2", cluster,
-              grid=(8, 1, 1), block=(cluster.threads, 1, 1), smem_bytes=cluster.smem_bytes),
     ]
     # SS form, K = 64: K-major N = 32 / 128, and MN-major (transposed) A and / or B.
     for name, n, trans_a, trans_b in [

@@ -67,16 +67,16 @@ def test_nondeterministic_reaches_fa3s_call(tmp_path):
 
 
 def test_override_flags_reach_dashgens_runtime_only(tmp_path, capsys):
-    """--cluster-pair on (lab/time_kernels.py's flags) selects the runtime's backward with those
+    """--early-kv on (lab/time_kernels.py's flags) selects the runtime's backward with those
     Overrides; FA3 takes none and is refused by name."""
     args = ncu_backward.parse(["--impl", "dashgen", "--head-dim", "256", "--mask", "full",
-                               "--seqlen", "4096", "--cluster-pair", "on"])
-    assert ncu_backward.overridden(args) and args.cluster_pair == "on"
+                               "--seqlen", "4096", "--early-kv", "on"])
+    assert ncu_backward.overridden(args) and args.early_kv == "on"
     plain = ncu_backward.parse(["--impl", "dashgen", "--head-dim", "256", "--mask", "full",
                                 "--seqlen", "4096"])
     assert not ncu_backward.overridden(plain)
     (tmp_path / "flash_attn_interface.py").write_text("")
     with pytest.raises(SystemExit):
         ncu_backward.parse(["--impl", "fa3", "--fa3-path", str(tmp_path), "--head-dim", "256",
-                            "--mask", "full", "--seqlen", "4096", "--cluster-pair", "on"])
+                            "--mask", "full", "--seqlen", "4096", "--early-kv", "on"])
     assert "--impl dashgen" in capsys.readouterr().err

@@ -35,7 +35,7 @@ def test_no_dq_traffic_leaves_no_send():
     writer = tool.apply((ROOT / tool.WRITER).read_text(), tool.WRITER,
                         tool.PATCHES["no-dq-traffic"], "no-dq-traffic")
     assert "bulk_reduce_add_f32(" not in writer and "bulk_store_f32(" not in writer
-    assert writer.count(tool.NO_SEND) == 4  # two in land_partial, two in land_piece
+    assert writer.count(tool.NO_SEND) == 4
 
 
 def test_unknown_names_and_changed_templates_are_refused(tmp_path):

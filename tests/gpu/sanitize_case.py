@@ -145,38 +145,6 @@ def modified(batch, sq, sk, hq, hkv, d, options, dtype, schedule) -> None:
     print(f"ran modifier {schedule} {options}", flush=True)
 
 
-# The cluster-pair candidate (Overrides(cluster_pair=True), head_dim 256), run only with
-# DASHGEN_SANITIZE_PAIR=1 until it is served: (batch, seqlen_q, seqlen_k, heads_q, heads_kv,
-# causal, dtype, schedule, workers). An odd KV tile count (a pair whose second CTA has no keys),
-# both masks, GQA.
-PAIR_CASES = [
-    (1, 257, 300, 2, 2, False, torch.bfloat16, "shift", 3),
-    (1, 300, 300, 4, 2, True, torch.float16, "spt_listed", 2),
-    (1, 200, 200, 2, 2, True, torch.bfloat16, "symmetric_shift", 2),
-]
-
-
-def paired() -> None:
-    """Each PAIR_CASES backward, ordered and not, through the runtime's override."""
-    for batch, sq, sk, hq, hkv, causal, dtype, schedule, workers in PAIR_CASES:
-        torch.manual_seed(sq * 3 + sk)
-        q = torch.randn(batch, sq, hq, 256, device="cuda", dtype=dtype)
-        k, v = (torch.randn(batch, sk, hkv, 256, device="cuda", dtype=dtype) for _ in range(2))
-        do = torch.randn_like(q)
-        scale = 256 ** -0.5
-        o, lse = forward(q, k, v, causal=causal, softmax_scale=scale)
-        for deterministic in (True, False):
-            for late in (False, True):  # the late add of the owner's last piece, or not
-                backward(do, q, k, v, o, lse, causal=causal, softmax_scale=scale,
-                         deterministic=deterministic, schedule=schedule, num_workers=workers,
-                         overrides=Overrides(cluster_pair=True, pair_late_add=late))
-        torch.cuda.synchronize()
-        print(f"ran pair {schedule} {sq}x{sk} causal={causal}", flush=True)
-
-
 if __name__ == "__main__":
-    if os.environ.get("DASHGEN_SANITIZE_PAIR") == "1":
-        paired()
-    else:
-        main([int(arg) for arg in sys.argv[1:]],  # case indices; none: all
-             flip=os.environ.get("DASHGEN_SANITIZE_FLIPPED") == "1")
+    main([int(arg) for arg in sys.argv[1:]],  # case indices; none: all
+         flip=os.environ.get("DASHGEN_SANITIZE_FLIPPED") == "1")

@@ -1,7 +1,7 @@
 """Every PTX probe (dashgen.tools.probes) on a Hopper GPU against a host reference: TMA and
 bulk copies bitwise, ordered bulk reductions in rank order, wgmma within a K-term fp32 bound
-(and, for MN-major operands, which descriptor offsets match), setmaxnreg's registers,
-stmatrix's transposed layout, and a cluster pair's multicast load and shared-memory exchange."""
+(and, for MN-major operands, which descriptor offsets match), setmaxnreg's registers and
+stmatrix's transposed layout."""
 from __future__ import annotations
 
 import ctypes
@@ -246,37 +246,6 @@ def check_stmatrix(probe: Probe) -> tuple[float, bool, str]:
     return float(bad), bad == 0, f"wrong elements={bad} regs={info['regs']}"
 
 
-def check_cluster_pair(probe: Probe) -> tuple[float, bool, str]:
-    """Both CTAs of each cluster hold the pair's tile (one multicast load), and rank 0's sums of
-    the two partials (pushed by a bulk copy; read in place; added onto its copy by rank 1) are
-    the fp32 sums."""
-    cfg = probe.config
-    blocks = probe.grid[0]
-    pairs = blocks // 2
-    src = torch.randn(pairs * cfg.box_rows, cfg.box_cols, device="cuda").to(torch.bfloat16)
-    tmap = encode_tensor_map(src.data_ptr(), src.dtype, src.shape, src.stride(),
-                             (cfg.box_rows, cfg.box_cols), swizzle=128)
-    scale = 10.0 ** torch.randint(-3, 4, (blocks, 1), device="cuda", dtype=torch.float32)
-    partials = torch.randn(blocks, cfg.floats, device="cuda") * scale
-    tiles = torch.full((blocks, cfg.box_rows * cfg.box_cols), float("nan"), device="cuda",
-                       dtype=torch.bfloat16)
-    by_copy, by_load, by_red = (torch.full((pairs, cfg.floats), float("nan"), device="cuda")
-                                for _ in range(3))
-    info = run_kernel(probe, [tmap, partials.data_ptr(), tiles.data_ptr(), by_copy.data_ptr(),
-                              by_load.data_ptr(), by_red.data_ptr()])
-    want_tiles = src.view(pairs, -1).repeat_interleave(2, 0)
-    tiles_ok = torch.equal(tiles.view(torch.int16), want_tiles.view(torch.int16))
-    want = partials[0::2] + partials[1::2]
-    copy_ok = torch.equal(by_copy.view(torch.int32), want.view(torch.int32))
-    load_ok = torch.equal(by_load.view(torch.int32), want.view(torch.int32))
-    red_ok = torch.equal(by_red.view(torch.int32), want.view(torch.int32))
-    err = max((got - want).abs().nan_to_num(float("inf")).max().item()
-              for got in (by_copy, by_load, by_red))
-    return err, tiles_ok and copy_ok and load_ok and red_ok, (
-        f"multicast tiles={tiles_ok} copied sum={copy_ok} loaded sum={load_ok} "
-        f"added sum={red_ok} regs={info['regs']}")
-
-
 CHECKS = {
     "mbarrier_tma_2d": check_tma,
     "mbarrier_tma_4d": check_tma,
@@ -287,7 +256,6 @@ CHECKS = {
     "wgmma_k64": check_wgmma,
     "setmaxnreg": check_setmaxnreg,
     "stmatrix_trans": check_stmatrix,
-    "cluster_pair": check_cluster_pair,
     **{name: check_wgmma_ss for name in PROBES if name.startswith("wgmma_ss_")},
     **{name: check_wgmma_rs for name in PROBES if name.startswith("wgmma_rs_")},
 }

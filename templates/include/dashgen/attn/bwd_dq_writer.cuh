@@ -5,7 +5,6 @@
 // partial onto the tile in global memory and wait until it has landed, pass the turn, free the
 // buffer (dq_empty). K supplies the kernel's constants, its task ring and its shared layout.
 #pragma once
-#include "dashgen/attn/bwd_pair.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/ptx/bulk.cuh"
 #include "dashgen/ptx/counter.cuh"
@@ -27,12 +26,6 @@ struct BwdDqWriter {
       const int s = i % K::kStages, use = i / K::kStages;
       if constexpr (K::kDqPieces > 1) {
         mbarrier_wait_parity(&bars->dq_full[0], piece_parity(i, 0));  // the first piece
-        if constexpr (K::kPairLate != 0) {
-          // A pair's second owned piece is finished in the next task (finish_late_piece): both
-          // ready before the turn is taken, so that the turn is not held while it waits.
-          mbarrier_wait_parity(&bars->dq_full[1],
-                               piece_parity(i, 2 * static_cast<int>(ClusterPair::rank()) + 1));
-        }
       } else {
         mbarrier_wait_parity(&bars->dq_full[s], use & 1);
       }
@@ -40,16 +33,9 @@ struct BwdDqWriter {
       if (K::kTrace) trace_stamp(row, kTraceReady);
       u32* counter = p.dq_counters + (t.b * p.heads_q + t.h) * p.num_m_blocks + t.m;
       if constexpr (K::kVarlen) counter = p.dq_counters + Scheduler::q_tile(p, t);
-      // A pair: a counter per owned half, rank r's in set r (the convert kernel reads set 0's,
-      // which counts the same contributions).
-      if constexpr (K::kPair != 0) {
-        counter = counter_in_set(p, counter, static_cast<int>(ClusterPair::rank()));
-      }
       if (K::kDeterministic) wait_turn(p, t, counter);
       if (K::kTrace) trace_stamp(row, kTraceAcquired);
-      if constexpr (K::kPair != 0) {
-        land_owned(p, t, smem, bars, i);
-      } else if constexpr (K::kDqPieces > 1) {
+      if constexpr (K::kDqPieces > 1) {
         land_pieces(p, t, smem, bars, i);
       } else {
         land_partial(p, t, smem, s);
@@ -119,7 +105,12 @@ struct BwdDqWriter {
       if (b > 0) mbarrier_wait_parity(&bars->dq_full[buffer], piece_parity(i, b));
       const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + buffer * K::kDqBytes);
       float* piece = dst + b * K::kBlockM * 64;
-      land_piece(piece, src, K::kDeterministic && t.dq_rank == 0);
+      if (K::kDeterministic && t.dq_rank == 0) {
+        bulk_store_f32(piece, src, K::kDqBytes);  // the first contribution (see land_partial)
+      } else {
+        bulk_reduce_add_f32(piece, src, K::kDqBytes);
+      }
+      bulk_commit_group();
       if (kShared) {
         bulk_wait_group_read<0>();
         mbarrier_arrive(&bars->dq_empty[buffer]);
@@ -132,41 +123,6 @@ struct BwdDqWriter {
     bulk_wait_group<0>();
   }
 
-  // The counter in set k of the tile whose set-0 counter is counter0: the sets (a pair's halves,
-  // BackwardVariant.dq_counter_sets) follow each other, a set the launch's dQ tiles.
-  __device__ static __forceinline__ u32* counter_in_set(const BwdParams& p, u32* counter0, int k) {
-    return counter0 + k * (p.batch * p.heads_q * p.num_m_blocks);
-  }
-  // A pair's owned half (attn/bwd_pair.cuh): CTA r's warpgroup r's two pieces (column blocks
-  // 2r and 2r + 1), one a buffer, each the owner's partial with the peer's added; landed as
-  // land_pieces lands its pieces, under this half's turn, both buffers freed once read.
-  __device__ static __forceinline__ void land_owned(const BwdParams& p, const Task& t,
-                                                    const char* smem, typename K::Bars* bars,
-                                                    int i) {
-    const int first = 2 * static_cast<int>(ClusterPair::rank());
-    float* dst = dq_tile(p, t);
-    for (int j = 0; j < 2; ++j) {
-      // The sums are the owner's own stores (the peer's piece came through the receive buffer,
-      // acquired by the owner at cluster scope), fenced for the async proxy before dq_full.
-      if (j > 0) mbarrier_wait_parity(&bars->dq_full[j], piece_parity(i, first + j));
-      const float* src = reinterpret_cast<const float*>(smem + K::kOffDq + j * K::kDqBytes);
-      float* piece = dst + (first + j) * K::kBlockM * 64;
-      land_piece(piece, src, K::kDeterministic && t.dq_rank == 0);
-    }
-    bulk_wait_group_read<0>();
-    for (int j = 0; j < 2; ++j) mbarrier_arrive(&bars->dq_empty[j]);
-    bulk_wait_group<0>();
-  }
-  // One 64-column piece onto its place in the tile, a bulk group of its own: stored by the
-  // first contribution in dq_rank order (see land_partial), added by the others.
-  __device__ static __forceinline__ void land_piece(float* piece, const float* src, bool first) {
-    if (first) {
-      bulk_store_f32(piece, src, K::kDqBytes);
-    } else {
-      bulk_reduce_add_f32(piece, src, K::kDqBytes);
-    }
-    bulk_commit_group();
-  }
   // The phase of piece b of this worker's task i on its buffer's full barrier (K::dq_use).
   __device__ static __forceinline__ u32 piece_parity(int i, int b) {
     return K::dq_use(i, b) & 1;

@@ -21,7 +21,6 @@
 #pragma once
 #include "dashgen/attn/bwd_epilogue_swapped.cuh"
 #include "dashgen/attn/bwd_mainloop.cuh"
-#include "dashgen/attn/bwd_pair.cuh"
 #include "dashgen/attn/element.cuh"
 #include "dashgen/attn/head_dim.cuh"
 #include "dashgen/attn/mask.cuh"
@@ -69,7 +68,6 @@ struct BwdMainloopSwapped {
   static constexpr bool kSharedBuffer = K::kDqBuffers < K::kDqPieces && !K::kDqPerWg;
   static constexpr bool kCausal = K::kCausal, kGqa = K::kGqa, kVarlen = K::kVarlen;
   static constexpr bool kEarlyKv = K::kEarlyKv;
-  enum : int { kPair = K::kPair, kPairLate = K::kPairLate };  // attn/bwd_pair.cuh
   enum : int { kSoftcap = has_softcap<typename K::Config>(0) };
   enum : int { kWindow = K::kWindow };
   static constexpr int kStages = K::kStages;
@@ -146,13 +144,6 @@ struct BwdMainloopSwapped {
         }
       }
       wgmma_commit_group();
-      // kPairLate: the previous task's last owned piece gets the peer's added under these
-      // wgmmas (finish_late_piece).
-      if constexpr (kPairLate != 0) {
-        if (i > begin && me.wg == static_cast<int>(ClusterPair::rank())) {
-          finish_late_piece(smem, bars, i - 1 - begin, me);
-        }
-      }
 
       // 2. P and dS, packed in pairs of adjacent keys.
       u32 pk[kAcc / 2], dsk[kAcc / 2];
@@ -176,7 +167,7 @@ struct BwdMainloopSwapped {
       // kSplit: dV^T retired first, so past this barrier no warpgroup reads P^T, which the next
       // task rewrites.
       if constexpr (kSplit) wgmma_wait_group<0>();
-      if constexpr (kOwnDo != 0) arrive_stage(&bars->do_empty);  // dV^T read it last
+      if constexpr (kOwnDo != 0) mbarrier_arrive(&bars->do_empty);  // dV^T read it last
       K::sync_mma_warpgroups();
       store_transposed(smem + kOffDst, dsk, me);
       fence_proxy_async_shared();
@@ -187,23 +178,12 @@ struct BwdMainloopSwapped {
       dk_and_dq(dkt, dq, smem, q_tile, bars, i - begin, s, t.seg_end, me);
       if (t.seg_end) {
         if constexpr (kGqa) {
-          // A pair's second CTA past the last KV tile (an odd tile count) has no keys: nothing
-          // to add, and its tile index would name the next KV head's counter and sums (the
-          // last head's: past the sums, onto the dQ counters).
-          if (!kPair || t.n < p.num_n_blocks) {
-            Epilogue::add_dkv_in_rank_order(p, t, dkt, dvt, me);
-          }
+          Epilogue::add_dkv_in_rank_order(p, t, dkt, dvt, me);
         } else {
           Epilogue::store_dkv(p, t, dkt, dvt, group, me);
         }
         if (!kEarlyKv && me.tid % 128 == 0) mbarrier_arrive(&bars->kv_empty);
         ++segment;
-      }
-    }
-    if constexpr (kPairLate != 0) {  // the last task's
-      const int done = task_count(smem);
-      if (done > 0 && me.wg == static_cast<int>(ClusterPair::rank())) {
-        finish_late_piece(smem, bars, done - 1, me);
       }
     }
   }
@@ -253,11 +233,6 @@ struct BwdMainloopSwapped {
   // warpgroup's keys.
   __device__ static __forceinline__ int row_of(int e, const MmaThread& me) {
     return 16 * me.warp + me.g + 8 * ((e / 2) % 2);
-  }
-  // Element e (and e + 1) of a dQ piece's fragment in its 64-column staging layout (a pair's
-  // buffers and receive buffer: each thread's twin in the peer uses the same offsets).
-  __device__ static __forceinline__ int piece_at(int e, const MmaThread& me) {
-    return row_of(e, me) * 64 + accum_col(me.g, 8 * (e / 4) + 2 * me.t4);
   }
   __device__ static __forceinline__ int key_of(int e, const MmaThread& me) {
     return 8 * (e / 4) + 2 * me.t4 + e % 2;
@@ -380,17 +355,7 @@ struct BwdMainloopSwapped {
   __device__ static __forceinline__ void release_stage(Bars* bars, int s, bool seg_end,
                                                        const MmaThread& me) {
     if (kEarlyKv && me.tid % 128 == 0 && seg_end) mbarrier_arrive(&bars->kv_empty);
-    arrive_stage(&bars->q_empty[s]);
-  }
-
-  // A Q/dO stage's release: a pair's consumers release it in both CTAs, whose multicasts both
-  // fill it (attn/bwd_pair.cuh).
-  __device__ static __forceinline__ void arrive_stage(u64* empty) {
-    if constexpr (kPair) {
-      ClusterPair::arrive_both(empty);
-    } else {
-      mbarrier_arrive(empty);
-    }
+    mbarrier_arrive(&bars->q_empty[s]);
   }
 
   // dQ's piece of column block cb of this walk's task number `task` to the writer. Through
@@ -405,90 +370,16 @@ struct BwdMainloopSwapped {
   __device__ static __forceinline__ void hand_off_piece(const float (&dq)[32], char* smem,
                                                         Bars* bars, int task, int cb,
                                                         const MmaThread& me) {
-    if constexpr (kPair) {
-      hand_off_pair_sum(dq, smem, bars, task, cb, me);
-    } else {
-      const int buffer = K::dq_buffer(cb);
-      const int n = K::dq_use(task, cb);
-      float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
-      mbarrier_wait_parity(&bars->dq_empty[buffer], (n & 1) ^ 1);
-#pragma unroll
-      for (int e = 0; e < 32; e += 2) {
-        const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);  // an m64n64 fragment's row
-        *reinterpret_cast<float2*>(buf + row_of(e, me) * 64 + col) =
-            make_float2(dq[e], dq[e + 1]);
-      }
-      fence_proxy_async_shared();
-      mbarrier_arrive(&bars->dq_full[buffer]);
-    }
-  }
-
-  // A pair's piece (attn/bwd_pair.cuh): warpgroup w's pieces belong to CTA w, one a buffer
-  // (cb % 2), each buffer once a task. The other CTA's warpgroup w sends its piece by stores
-  // into CTA w's receive buffer (one piece at a time: recv_empty tells it the owner has read
-  // the last); the owner adds it to its own in registers, one rounding, and stages the sum as a
-  // CTA alone does. Each thread reads the elements its twin stored (the same fragment layout).
-  // A receive buffer use a piece: 2 task + cb % 2. (Adds into the owner's shared memory
-  // instead, red.shared::cluster f32, compile to a compare-and-swap round trip each: 8x slower,
-  // lab/notes/tried-and-dropped.md `pair-dsmem-adds`.)
-  __device__ static __forceinline__ void hand_off_pair_sum(const float (&dq)[32], char* smem,
-                                                           Bars* bars, int task, int cb,
-                                                           const MmaThread& me) {
     const int buffer = K::dq_buffer(cb);
-    const int use = 2 * task + cb % 2;
-    float* recv = reinterpret_cast<float*>(smem + K::kOffRecv);
-    if (me.wg == static_cast<int>(ClusterPair::rank())) {
-      float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
-      // kPairLate: the task's last owned piece is staged alone, the peer's added in the next
-      // task (finish_late_piece), when it has long arrived.
-      const bool late = kPairLate != 0 && cb % 2 == 1;
-      if (!late) mbarrier_wait_parity_cluster(&bars->recv_full, use & 1);
-      mbarrier_wait_parity(&bars->dq_empty[buffer], (task & 1) ^ 1);
-#pragma unroll
-      for (int e = 0; e < 32; e += 2) {
-        const int at = piece_at(e, me);
-        float2 sum = make_float2(dq[e], dq[e + 1]);
-        if (!late) {
-          const float2 peer = *reinterpret_cast<const float2*>(recv + at);
-          sum = make_float2(sum.x + peer.x, sum.y + peer.y);
-        }
-        *reinterpret_cast<float2*>(buf + at) = sum;
-      }
-      if (late) return;
-      mbarrier_arrive_remote(ClusterPair::peer(&bars->recv_empty));  // its reads are done
-      fence_proxy_async_shared();  // the writer's bulk copy reads the sums
-      mbarrier_arrive(&bars->dq_full[buffer]);
-    } else {
-      mbarrier_wait_parity(&bars->recv_empty, (use & 1) ^ 1);
-      const u32 owner = ClusterPair::peer(recv);
-#pragma unroll
-      for (int e = 0; e < 32; e += 2) {
-        const int at = piece_at(e, me);
-        st_shared_cluster_v2_f32(owner + 4u * static_cast<u32>(at), dq[e], dq[e + 1]);
-      }
-      mbarrier_arrive_remote(ClusterPair::peer(&bars->recv_full));
-    }
-  }
-
-  // kPairLate: the owner's last piece of walk task `task`, staged alone by hand_off_pair_sum,
-  // gets the peer's piece added from the receive buffer (the same one addition of the same two
-  // partials: the same bits), then goes to the writer. Each thread adds the elements it stored.
-  __device__ static __forceinline__ void finish_late_piece(char* smem, Bars* bars, int task,
-                                                           const MmaThread& me) {
-    const int cb = (me.wg == 0 ? 0 : kPieces0) + 1;
-    const int buffer = K::dq_buffer(cb);
-    const float* recv = reinterpret_cast<const float*>(smem + K::kOffRecv);
+    const int n = K::dq_use(task, cb);
     float* buf = reinterpret_cast<float*>(smem + kOffDq + buffer * K::kDqBytes);
-    mbarrier_wait_parity_cluster(&bars->recv_full, (2 * task + 1) & 1);
+    mbarrier_wait_parity(&bars->dq_empty[buffer], (n & 1) ^ 1);
 #pragma unroll
     for (int e = 0; e < 32; e += 2) {
-      const int at = piece_at(e, me);
-      const float2 own = *reinterpret_cast<const float2*>(buf + at);
-      const float2 peer = *reinterpret_cast<const float2*>(recv + at);
-      *reinterpret_cast<float2*>(buf + at) = make_float2(own.x + peer.x, own.y + peer.y);
+      const int col = accum_col(me.g, 8 * (e / 4) + 2 * me.t4);  // an m64n64 fragment's row
+      *reinterpret_cast<float2*>(buf + row_of(e, me) * 64 + col) = make_float2(dq[e], dq[e + 1]);
     }
-    mbarrier_arrive_remote(ClusterPair::peer(&bars->recv_empty));  // its reads are done
-    fence_proxy_async_shared();  // the writer's bulk copy reads the sums
+    fence_proxy_async_shared();
     mbarrier_arrive(&bars->dq_full[buffer]);
   }
 };

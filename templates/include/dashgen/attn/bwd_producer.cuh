@@ -4,7 +4,6 @@
 // Tensor-map coordinates run innermost first over (batch, seqlen, heads, head_dim) tensors:
 // (column, head, row, batch).
 #pragma once
-#include "dashgen/attn/bwd_pair.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/ptx/bulk.cuh"
 #include "dashgen/ptx/mbarrier.cuh"
@@ -42,9 +41,7 @@ struct BwdProducer {
         load_kv(tm_k, tm_v, bars, smem, segment++, t.h / group, kv_row(p, t), kv_batch(t));
       }
       const int s = i % kStages, use = i / kStages;
-      if constexpr (K::kPair != 0) {
-        load_pair_task(tm_q, tm_do, p, t, bars, smem, s, use, i);
-      } else if constexpr (kOwnDo != 0) {
+      if constexpr (kOwnDo != 0) {
         load_task_own_do(tm_q, tm_do, p, t, bars, smem, s, use, i);
       } else {
         load_task(tm_q, tm_do, p, t, bars, smem, s, use);
@@ -142,37 +139,6 @@ struct BwdProducer {
     for (int cb = 0; cb < kColBlocksV; ++cb) {
       tma_load_4d(smem + kOffDo + cb * kBlockM * 128, tm_do, &bars->do_full, cb * 64, t.h, row,
                   batch);
-    }
-  }
-
-  // A cluster pair's task (attn/bwd_pair.cuh) as load_task_own_do loads it, but each CTA issues
-  // half of Q's and of dO's column blocks (rank r: blocks 2r and 2r + 1) into both CTAs at once,
-  // and each stage's barrier expects the whole tile, its own half and the peer's. The stages
-  // count both CTAs' consumers (AttnBwdSm90::init_barriers), so neither refills a stage the
-  // other still reads. The statistics are this CTA's own load.
-  __device__ static __forceinline__ void load_pair_task(const TensorMap* tm_q,
-                                                        const TensorMap* tm_do,
-                                                        const BwdParams& p, const Task& t,
-                                                        Bars* bars, char* smem, int s, int use,
-                                                        int i) {
-    static_assert(kColBlocks == 4 && kColBlocksV == 4 && kOwnDo != 0 && !kVarlen,
-                  "a pair: head_dim 256, dO on its own stage, fixed-length");
-    constexpr u16 kBoth = 0b11;
-    const int first = 2 * static_cast<int>(ClusterPair::rank());
-    const int row = t.m * kBlockM;
-    mbarrier_wait_parity(&bars->q_empty[s], (use & 1) ^ 1);
-    reinterpret_cast<Task*>(smem + kOffTask)[s] = t;  // published as in load_task
-    mbarrier_arrive_expect_tx(&bars->q_full[s], kQBytes + kStatsBytes);
-    load_stats(p, t, bars, smem, s);
-    for (int cb = first; cb < first + 2; ++cb) {
-      tma_load_4d_multicast(smem + kOffQ + s * kQBytes + cb * kBlockM * 128, tm_q,
-                            &bars->q_full[s], cb * 64, t.h, row, t.b, kBoth);
-    }
-    mbarrier_wait_parity(&bars->do_empty, (i & 1) ^ 1);
-    mbarrier_arrive_expect_tx(&bars->do_full, kDoBytes);
-    for (int cb = first; cb < first + 2; ++cb) {
-      tma_load_4d_multicast(smem + kOffDo + cb * kBlockM * 128, tm_do, &bars->do_full, cb * 64,
-                            t.h, row, t.b, kBoth);
     }
   }
 

@@ -8,7 +8,6 @@
 // wait bounded by the watchdog (wait_rank, report_stall) and the signal to the next rank
 // (signal_rank). K supplies the kernel's constants, its ring and its barriers.
 #pragma once
-#include "dashgen/attn/bwd_pair.cuh"
 #include "dashgen/attn/params.cuh"
 #include "dashgen/ptx/bulk.cuh"
 #include "dashgen/ptx/counter.cuh"
@@ -52,10 +51,7 @@ struct BwdScheduler {
     }
     __device__ __forceinline__ int seqlen_q() const { return fresh(p.seqlen_q); }
     __device__ __forceinline__ int seqlen_k() const { return fresh(p.seqlen_k); }
-    // A cluster pair is one worker (attn/bwd_pair.cuh).
-    __device__ __forceinline__ int workers() const {
-      return fresh(K::kPair ? ClusterPair::workers() : static_cast<int>(gridDim.x));
-    }
+    __device__ __forceinline__ int workers() const { return fresh(static_cast<int>(gridDim.x)); }
     // A sliding window's bounds (sched::WindowTiling reads them; no other tiling does).
     __device__ __forceinline__ int window_left() const { return fresh(p.window_left); }
     __device__ __forceinline__ int window_right() const { return fresh(p.window_right); }
@@ -85,20 +81,15 @@ struct BwdScheduler {
   using Shape = typename Either<K::kVarlen, PackShape, LaunchShape>::type;
   using Walk = typename K::Config::template Walk<typename K::Tiling, Shape>;
 
-  // This CTA's worker: a cluster pair is one (attn/bwd_pair.cuh).
-  __device__ __forceinline__ static int worker() {
-    return K::kPair ? ClusterPair::worker() : static_cast<int>(blockIdx.x);
-  }
-
   // This worker's walk: the scheduler lane walks it, and thread 0 counts its tasks (every role
   // runs that many) before the roles start. `shape` outlives the walk.
   __device__ static Walk make_walk(const BwdParams& p, const Shape& shape) {
     if constexpr (K::kTable) {
       return Walk(p.tasks, p.worker_offsets, blockIdx.x);
     } else if constexpr (K::Config::kListed) {
-      return Walk(shape, p.unit_deal, worker());
+      return Walk(shape, p.unit_deal, blockIdx.x);
     } else {
-      return Walk(shape, worker());
+      return Walk(shape, blockIdx.x);
     }
   }
 
@@ -112,13 +103,7 @@ struct BwdScheduler {
     for (int i = 0; i < count; ++i) {
       const int k = i % kRing;
       if (i >= kRing) mbarrier_wait_parity(&bars->ring_empty[k], ((i / kRing) - 1) & 1);
-      if constexpr (K::kPair != 0) {
-        Task t = walk.next();
-        t.n = ClusterPair::own_tile(t.n);  // the pair's 128-key tile: this CTA's 64 keys of it
-        ring[k] = t;
-      } else {
-        ring[k] = walk.next();
-      }
+      ring[k] = walk.next();
       mbarrier_arrive(&bars->ring_full[k]);  // release: the slot's stores before the arrive
     }
   }

@@ -34,7 +34,6 @@
 #include "dashgen/attn/bwd_epilogue.cuh"
 #include "dashgen/attn/bwd_mainloop.cuh"
 #include "dashgen/attn/bwd_mainloop_swapped.cuh"
-#include "dashgen/attn/bwd_pair.cuh"
 #include "dashgen/attn/bwd_producer.cuh"
 #include "dashgen/attn/bwd_scheduler.cuh"
 #include "dashgen/attn/element.cuh"
@@ -57,17 +56,6 @@ struct OwnDoBars {};
 template <>
 struct OwnDoBars<true> {
   u64 do_full, do_empty;
-};
-
-// The cluster pair's barriers (AttnBwdSm90::kPair), after dO's; an empty base elsewhere:
-// recv_full, on which the peer's sending warpgroup arrives once its piece is in this CTA's
-// receive buffer, and recv_empty, on which the peer's owner arrives once it has read the
-// piece this CTA sent it.
-template <bool kPair>
-struct PairBars {};
-template <>
-struct PairBars<true> {
-  u64 recv_full, recv_empty;
 };
 
 // Cfg: the configuration the entry template renders (attn_bwd_sm90.cu.j2); its members are
@@ -93,14 +81,8 @@ struct AttnBwdSm90 {
   // A sliding window (attn/mask.cuh): its bounds are BwdParams::window_left/right. An
   // enumerator, not a static member (NVRTC emits those as globals of the module).
   enum : int { kWindow = has_window<Cfg>(0) };
-  // A cluster pair (attn/bwd_pair.cuh): two CTAs, one worker of 128-key tasks; the peer's dQ
-  // pieces arrive by stores into a receive buffer and the owner adds them in its registers.
-  // kPairLate: the owner's last piece of a task gets the peer's added in the next task.
-  enum : int { kPair = cluster_pair<Cfg>(0), kPairLate = kPair && pair_late_add<Cfg>(0) };
-  // The schedule: which tasks this worker runs in which order, and their ranks (a pair's over
-  // its 128-key tiles).
-  using Tiling =
-      typename sched::TilingOf<kBlockM, kPair ? 2 * kBlockN : kBlockN, kCausal, kWindow != 0>::type;
+  // The schedule: which tasks this worker runs in which order, and their ranks.
+  using Tiling = typename sched::TilingOf<kBlockM, kBlockN, kCausal, kWindow != 0>::type;
   // The swapped mainloop (attn/bwd_mainloop_swapped.cuh): head dims whose dK/dV accumulators
   // over 64 KV rows do not fit a warpgroup (256). Its own tiles, dQ in pieces.
   enum : int { kSwapped = dkv_swapped<Cfg>(0) };
@@ -111,7 +93,6 @@ struct AttnBwdSm90 {
   // the pieces (kDqPerWg below); split (256), dO on one stage to make room.
   enum : int { kDqPerWarpgroup = dq_per_warpgroup<Cfg>(0) };
   static_assert(!kDqPerWarpgroup || kSwapped, "a dQ buffer per warpgroup: the swapped mainloop");
-  static_assert(!kPair || (kSplitHeadDim && kDqPerWarpgroup), "a cluster pair: head_dim 256");
   static constexpr bool kTable = Cfg::kTable;
   // A pack of sequences of their own lengths (BwdParams::cu_seqlens_q/k): the walk is the
   // policy's pack deal (sched::PackWalk over the plan AttnPackPlan wrote), and every address
@@ -120,11 +101,6 @@ struct AttnBwdSm90 {
   static_assert(!kVarlen || (!kTable && !kFusedConvert),
                 "a pack runs a named policy, its dQ converted by the convert kernel");
   static_assert(kWindow == 0 || (!kTable && !kCausal), "a window runs a named policy");
-  // (Under GQA each CTA adds its own 64-key tile's dK/dV in the pair tile's dkv_rank order.)
-  static_assert(!kPair || (!kTable && !kTrace && !kVarlen && kWindow == 0 &&
-                           !has_softcap<Cfg>(0)),
-                "a cluster pair: a named policy over one fixed-length problem, no window or "
-                "soft-capping");
 
   // ---- warps ----------------------------------------------------------------------------------
   static constexpr WgmmaInput kIn = Element<T>::kWgmma;
@@ -254,17 +230,13 @@ struct AttnBwdSm90 {
   // task number `task` is (a buffer takes its pieces in column-block order, task after task).
   // (A buffer a piece spelled out: cb is not known at compile time where a warpgroup's first
   // piece depends on the warpgroup.)
-  // A pair: a CTA lands only its owned warpgroup's two pieces, one a buffer, each buffer once a
-  // task.
   __device__ static constexpr int dq_buffer(int cb) {
-    return kPair ? cb % 2
-           : kDqPerWg ? cb / kWgPieces0 : kDqBuffers == kDqPieces ? cb : cb % kDqBuffers;
+    return kDqPerWg ? cb / kWgPieces0 : kDqBuffers == kDqPieces ? cb : cb % kDqBuffers;
   }
   __device__ static constexpr int dq_use(int task, int cb) {
     // (Both warpgroups with as many pieces, 256: one expression for both, which the MMA
     // threads' registers afford.)
-    return kPair ? task
-           : kDqPerWg ? (kWgPieces1 == kWgPieces0 ? task * kWgPieces0 + cb % kWgPieces0
+    return kDqPerWg ? (kWgPieces1 == kWgPieces0 ? task * kWgPieces0 + cb % kWgPieces0
                        : cb < kWgPieces0        ? task * kWgPieces0 + cb
                                                 : task * kWgPieces1 + cb - kWgPieces0)
            : kDqBuffers == kDqPieces
@@ -286,15 +258,11 @@ struct AttnBwdSm90 {
   // The task's softmax statistics (kBlockM lse rows as log2, then kBlockM D rows): one copy per
   // stage, loaded with the stage's Q and dO.
   static constexpr int kStatsBytes = 2 * kBlockM * 4;
-  // A pair: the receive buffer for the peer's dQ piece, after the dQ buffers (an
-  // enumerator: a new static member would be a module global, moving the pack plan's).
-  enum : int { kOffRecv = kOffDq + kDqBuffers * kDqBytes };
-  static constexpr int kOffStats = kOffRecv + (kPair ? kDqBytes : 0);
+  static constexpr int kOffStats = kOffDq + kDqBuffers * kDqBytes;
   static constexpr int kOffBar = kOffStats + kStages * kStatsBytes;  // a copy a stage
   // The scheduler lane's ring of tasks: kRing slots, each read by the producer and the writer.
   static constexpr int kRing = 8;
-  static constexpr int kNumBars =
-      2 + 2 * kStages + 2 * kDqBars + 2 * kRing + 2 * kOwnDo + 2 * kPair;
+  static constexpr int kNumBars = 2 + 2 * kStages + 2 * kDqBars + 2 * kRing + 2 * kOwnDo;
   // The producer hands each stage's task to the MMA warpgroups here, so they never see the
   // schedule (its state stays out of their registers); after the slots, this worker's task
   // count, which thread 0 counts on the scheduler's walk before the roles start.
@@ -321,7 +289,7 @@ struct AttnBwdSm90 {
   static_assert(kSmemBytes <= kSm90MaxSmemBytes,
                 "shared memory exceeds what an sm_90 block may use");
 
-  struct Bars : OwnDoBars<kOwnDo != 0>, PairBars<kPair != 0> {
+  struct Bars : OwnDoBars<kOwnDo != 0> {
     u64 kv_full, kv_empty;
     u64 q_full[kStages], q_empty[kStages];
     u64 dq_full[kDqBars], dq_empty[kDqBars];
@@ -353,11 +321,7 @@ struct AttnBwdSm90 {
       const typename Scheduler::Shape shape{p};
       *count_slot = Scheduler::make_walk(p, shape).count();
     }
-    if constexpr (kPair) {
-      cluster_sync();  // both CTAs' barriers initialized before either arrives on the other's
-    } else {
-      __syncthreads();
-    }
+    __syncthreads();
     const int count = *count_slot;
 
     if (warpgroup == 0) {
@@ -380,8 +344,6 @@ struct AttnBwdSm90 {
       asm volatile("mov.b32 %0, 0;" : "=r"(begin));
       Mainloop::consume(p, smem, bars, begin, begin + count, warpgroup - 1, threadIdx.x - 128);
     }
-    // A pair: neither CTA leaves while the peer may still multicast, add or arrive into it.
-    if constexpr (kPair) cluster_sync();
   }
 
   // The mbarriers (Bars, and the converter's at kOffConv), by thread 0 before the roles start.
@@ -391,10 +353,9 @@ struct AttnBwdSm90 {
     for (int s = 0; s < kStages; ++s) {
       mbarrier_init(&bars->q_full[s], 1);
       // Every MMA thread arrives: each has read the stage's task slot and the arrive releases
-      // its own read before the producer rewrites the slot. A pair: both CTAs' MMA threads,
-      // since either CTA's multicast refills the stage in both.
-      mbarrier_init(&bars->q_empty[s], kPair ? 2 * kMmaThreads : kMmaThreads);
-      // Swapped: each piece is one warpgroup's stores (a pair: the owner's, the peer's added).
+      // its own read before the producer rewrites the slot.
+      mbarrier_init(&bars->q_empty[s], kMmaThreads);
+      // Swapped: each piece is one warpgroup's stores.
       mbarrier_init(&bars->dq_full[s], kSwapped ? 128 : kMmaThreads);
       mbarrier_init(&bars->dq_empty[s], 1);
     }
@@ -414,11 +375,7 @@ struct AttnBwdSm90 {
     }
     if constexpr (kOwnDo != 0) {
       mbarrier_init(&bars->do_full, 1);
-      mbarrier_init(&bars->do_empty, kPair ? 2 * kMmaThreads : kMmaThreads);  // as q_empty
-    }
-    if constexpr (kPair) {
-      mbarrier_init(&bars->recv_full, 128);   // the peer's sending threads
-      mbarrier_init(&bars->recv_empty, 128);  // the peer's owning threads
+      mbarrier_init(&bars->do_empty, kMmaThreads);  // every MMA thread, as q_empty
     }
     fence_barrier_init();
   }
