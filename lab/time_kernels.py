@@ -40,14 +40,27 @@ def add_override_flags(parser: argparse.ArgumentParser) -> None:
                            dest=name)
 
 
+def override_value(name: str, on: bool) -> bool | int:
+    """An override's value for on / off: dq_writers counts lanes (on: 2, off: 1)."""
+    if name == "dq_writers":
+        return 2 if on else 1
+    return on
+
+
+def override_on(name: str, value: bool | int) -> bool:
+    """Whether an override's value is its "on" (True == 1 in Python: dq_writers by name)."""
+    return value == 2 if name == "dq_writers" else bool(value)
+
+
 def overrides_from(args: argparse.Namespace) -> Overrides:
-    return Overrides(**{name: None if getattr(args, name) is None else getattr(args, name) == "on"
+    return Overrides(**{name: None if getattr(args, name) is None
+                        else override_value(name, getattr(args, name) == "on")
                         for name in OVERRIDES})
 
 
 def overrides_tag(overrides: Overrides) -> str:
     """A file-name suffix naming the overrides set: "" or "_fused_convert-off_early_kv-on"."""
-    return "".join(f"_{name}-{'on' if value else 'off'}"
+    return "".join(f"_{name}-{'on' if override_on(name, value) else 'off'}"
                    for name, value in dataclasses.asdict(overrides).items() if value is not None)
 
 
@@ -142,7 +155,7 @@ def picked(name: str, q, k, causal: bool, sms: int) -> bool:
     if name == "persistent_forward":
         return forward_variant(*shapes, dtype, causal, sms, Overrides()).persistent
     sel = selection(*shapes, dtype, causal, True, False, "auto", None, sms, Overrides())
-    return getattr(sel.backward, name)
+    return override_on(name, getattr(sel.backward, name))
 
 
 def compare(name: str, args, sms: int) -> None:
@@ -160,7 +173,8 @@ def compare(name: str, args, sms: int) -> None:
                 times = []
                 for value in (pick, not pick):
                     # The other override flags given stay set on both sides.
-                    overrides = dataclasses.replace(overrides_from(args), **{name: value})
+                    overrides = dataclasses.replace(overrides_from(args),
+                                                    **{name: override_value(name, value)})
                     if name == "persistent_forward":
                         call = lambda: forward(q, k, v, causal=causal, softmax_scale=scale,
                                                overrides=overrides)

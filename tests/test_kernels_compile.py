@@ -104,6 +104,10 @@ EXTRA_VARIANTS = [
     B("bf16", 128, True, "spt", dq_last=True),
     B("bf16", 64, True, "spt_listed", dq_last=True),
     B("bf16", 128, False, "fa3", dq_last=True, gqa=True),
+    # two dQ writer lanes (a candidate for long rows, Overrides(dq_writers=2))
+    B("bf16", 128, True, "spt_listed", dq_last=True, dq_writers=2),
+    B("bf16", 128, False, "shift", dq_writers=2, gqa=True),
+    B("bf16", 128, True, "table", trace=True, dq_writers=2),
     # fp16: the same templates with f16 wgmma inputs
     B("fp16", 128, True, "symmetric_shift"),
     B("fp16", 128, False, "fa3", deterministic=False),
@@ -329,6 +333,8 @@ def test_rendered_header_says_do_not_edit_and_names_template(variant):
      "dashgen_bwd_bf16_d128_causal_symshift_det_fconv_ekv"),
     (B("fp16", 64, False, "table", deterministic=False, gqa=True, early_kv=True, trace=True),
      "dashgen_bwd_fp16_d64_full_table_nondet_gqa_ekv_trace"),
+    (B("bf16", 128, True, "spt_listed", dq_last=True, dq_writers=2),
+     "dashgen_bwd_bf16_d128_causal_sptl_det_dqlast_w2"),
     (F("bf16", 64, False), "dashgen_fwd_bf16_d64_full"),
     (F("fp16", 128, True, persistent=True), "dashgen_fwd_fp16_d128_causal_persistent"),
     (F("bf16", 256, True, varlen=True), "dashgen_fwd_bf16_d256_causal_varlen"),
@@ -546,3 +552,28 @@ def test_candidates_compile_and_fit(name, variant, monkeypatch):
     assert main.registers == ENTRY_REGISTERS, cubin.log
     smem = cubin.constant(variant.smem_symbol)
     assert smem == smem_bytes[variant.head_dim_v or variant.head_dim] <= SM90_MAX_SMEM_BYTES
+
+
+@pytest.mark.parametrize("fields, refusal", [
+    (dict(dq_writers=3), "dq_writers must be 1 or 2"),
+    (dict(dq_writers=True), "dq_writers must be 1 or 2"),
+    (dict(dq_writers=2, fused_convert=True), "dq_writers=2 needs"),
+    (dict(head_dim=256, dq_writers=2), "dq_writers=2 needs"),
+    (dict(head_dim=64, dq_writers=2), "dq_writers=2 needs"),
+])
+def test_two_dq_writers_are_refused_where_no_kernel_has_them(fields, refusal):
+    """The second writer takes the fused converter's warp 2 and one buffer of the one-piece
+    hand-off, at head_dim 128's kernel: fused_convert and the other head dims are refused by
+    name."""
+    args = dict(dtype="bf16", head_dim=128, causal=True, schedule="spt")
+    with pytest.raises(ValueError, match=refusal):
+        B(**{**args, **fields})
+
+
+def test_one_dq_writer_renders_no_writer_constant():
+    """The goldens (one writer) render as before: the constant is only in the two-writer
+    kernels, whose entry point takes the second writer's lane."""
+    one = render_variant(B("bf16", 128, True, "spt_listed", dq_last=True))
+    two = render_variant(B("bf16", 128, True, "spt_listed", dq_last=True, dq_writers=2))
+    assert "kDqWriters" not in one.text and "kDqWriters = 2" in two.text
+

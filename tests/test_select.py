@@ -130,6 +130,21 @@ def test_dq_last_override_replaces_the_policy(value):
         assert sel.backward.dq_last is value
 
 
+def test_two_dq_writers_are_only_what_the_override_asks_for():
+    """No policy picks two dQ writers; the override gets them, with the converter left to the
+    convert kernel (its warps are the second writer's), at short and long rows alike."""
+    for seqlen in (1024, 16384, DQ_LAST_FROM_KV_TILES[128] * 128):
+        problem = (benchmark_problem(128, True, seqlen) if seqlen <= 16384 else
+                   problem_for(1, 16, 16, seqlen, seqlen, 128, True))
+        assert select(problem, "bf16").backward.dq_writers == 1
+        sel = select(problem, "bf16", overrides=Overrides(dq_writers=2))
+        assert sel.backward.dq_writers == 2 and not sel.backward.fused_convert
+        assert sel.backward.dq_last == select(problem, "bf16").backward.dq_last
+    with pytest.raises(ValueError, match="dq_writers=2 needs"):
+        select(benchmark_problem(128, True, 1024), "bf16",
+               overrides=Overrides(dq_writers=2, fused_convert=True))
+
+
 @pytest.mark.parametrize("value", [True, False])
 def test_persistent_forward_override_replaces_the_policy(value):
     for head_dim, causal, seqlen in ((128, False, 1024), (128, False, 16384), (64, True, 1024),

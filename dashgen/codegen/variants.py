@@ -238,12 +238,13 @@ class _Variant:
                 raise TypeError(f"{name} must be a bool, got {value!r}")
 
     def __repr__(self) -> str:
-        # head_dim_v only where it differs from head_dim, and softcap and window only where
-        # set, so that a variant without them names itself as it did before they existed (the
-        # comment the sources open with).
+        # head_dim_v only where it differs from head_dim, softcap and window only where set
+        # and dq_writers only where 2, so that a variant without them names itself as it did
+        # before they existed (the comment the sources open with).
         fields = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
                   if (f.name != "head_dim_v" or self.head_dim_v != self.head_dim)
-                  and (f.name not in ("softcap", "window") or getattr(self, f.name))]
+                  and (f.name not in ("softcap", "window") or getattr(self, f.name))
+                  and (f.name != "dq_writers" or self.dq_writers != 1)]
         return f"{type(self).__name__}({', '.join(fields)})"
 
     @property
@@ -366,9 +367,20 @@ class BackwardVariant(_Variant):
     softcap: bool = False  # scores soft-capped (attn/softcap.cuh; the cap is a parameter)
     window: bool = False  # a sliding window (attn/mask.cuh, sched::WindowTiling; bounds: params)
     head_dim_v: int | None = None  # V's, O's and dO's columns (None: head_dim's)
+    # dQ writer lanes, a staging buffer each (AttnBwdSm90::kDqWriters): 2 is a candidate for
+    # long rows that no policy picks (docs/design.md, Open: long causal rows).
+    dq_writers: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.dq_writers not in (1, 2) or isinstance(self.dq_writers, bool):
+            raise ValueError(f"dq_writers must be 1 or 2, got {self.dq_writers!r}")
+        # At 64 the second writer's lane spilled 40 bytes more in the producer warpgroup's 24
+        # registers; the long rows it is for lose most at 128 (docs/design.md, Open).
+        if self.dq_writers == 2 and (self.kernel_head_dim != 128 or self.fused_convert):
+            raise ValueError(f"dq_writers=2 needs head_dim 128's kernel without "
+                             f"fused_convert (its converter takes warp 2); head_dim "
+                             f"{self.head_dim}, fused_convert={self.fused_convert}")
         if self.head_dim_v is None:
             object.__setattr__(self, "head_dim_v", self.head_dim)  # one variant, one name
         if self.head_dim_v != self.head_dim:
@@ -450,7 +462,8 @@ class BackwardVariant(_Variant):
         for flag, tag in ((self.gqa, "gqa"), (self.fused_convert, "fconv"),
                           (self.early_kv, "ekv"), (self.dq_last, "dqlast"),
                           (self.trace, "trace"),
-                          (self.varlen, "varlen"), (self.softcap, "softcap")):
+                          (self.varlen, "varlen"), (self.softcap, "softcap"),
+                          (self.dq_writers == 2, "w2")):
             if flag:
                 name += "_" + tag
         return name

@@ -80,6 +80,9 @@ class Overrides:
     early_kv: bool | None = None
     persistent_forward: bool | None = None
     dq_last: bool | None = None
+    # 2: two dQ writer lanes, a staging buffer each (BackwardVariant.dq_writers), a candidate
+    # for long rows that no policy picks; it runs without fused_convert.
+    dq_writers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -320,6 +323,8 @@ class Plan:
                 raise ValueError(f"fused_convert: head_dim {problem.head_dim} runs the swapped "
                                  f"mainloop, whose dQ the convert kernel converts")
             fused = False
+        elif fused is None and overrides.dq_writers == 2:
+            fused = False  # the converter's warps would be the second writer's
         elif window and fused is None and not self.deterministic:
             # Under a window the converter was timed in the deterministic backward only (its
             # ordered spt_listed kernel); deterministic=False keeps the unordered one.
@@ -348,7 +353,7 @@ class Plan:
         backward = BackwardVariant(self.dtype, problem.head_dim, causal, self.schedule,
                                    deterministic=ordered, gqa=problem.gqa, fused_convert=fused,
                                    early_kv=early_kv, dq_last=dq_last, trace=self.trace,
-                                   window=window)
+                                   window=window, dq_writers=overrides.dq_writers or 1)
         forward = select_forward(problem, self.dtype, self.sm_count, overrides)
         return Selection(problem, forward, backward, self.schedule, workers,
                          None if table is None else self.schedule_key)

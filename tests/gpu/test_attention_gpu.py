@@ -334,6 +334,25 @@ def test_the_policies_change_no_bits(names, shape, sm_count, seed):
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
+@pytest.mark.parametrize("shape", OVERRIDE_CASES, ids=lambda s: "-".join(map(str, s)))
+def test_two_dq_writers_change_no_bits(shape, sm_count, seed):
+    """Two dQ writer lanes (Overrides(dq_writers=2), a buffer each) make the same adds onto
+    each tile in the same rank order as one writer: the bits must not move, under every kind of
+    schedule, and the result stays within float64's tolerance."""
+    if kernel_head_dim(shape[5]) != 128:
+        pytest.skip("two dQ writers: head_dim 128's kernel")
+    case = Case(*shape)
+    workers = min(132, sm_count)
+    for schedule in ("fa3", "auto", "spt_listed"):
+        two = Overrides(dq_writers=2)
+        results = [case.run(overrides, schedule, workers)
+                    for overrides in (Overrides(dq_writers=1), two, two)]
+        bad = case.errors(results[1], dict(schedule=schedule, overrides=two))
+        assert not bad, "\n".join(bad)
+        for other in results[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(results[0], other)), schedule
+
+
 # -- (b) bitwise determinism -------------------------------------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -18,10 +18,12 @@ struct BwdDqWriter {
   using Task = sched::Task;
   using Scheduler = typename K::Scheduler;
 
+  // Writer kLane of K::kDqWriters takes tasks kLane, kLane + kDqWriters, ... (one writer: all).
+  template <int kLane>
   __device__ static void run(const BwdParams& p, char* smem, typename K::Bars* bars, int count) {
     // Tracing: this worker's rows start at its offset in the IR's order (p.worker_offsets).
     const int first_row = K::kTrace ? p.worker_offsets[blockIdx.x] : 0;
-    for (int i = 0; i < count; ++i) {
+    for (int i = kLane; i < count; i += K::kDqWriters) {
       const Task t = Scheduler::take_task(smem, bars, i);
       const int s = i % K::kStages, use = i / K::kStages;
       if constexpr (K::kDqPieces > 1) {

@@ -116,6 +116,10 @@ struct AttnBwdSm90 {
   static constexpr int kProducerWarp = 0, kWriterWarp = 1, kSchedulerWarp = 3;
   static constexpr int kSchedulerLane = 1;  // lane 0 of kSchedulerWarp is the converter's issuer
   static constexpr int kConverterWarp0 = 2;  // kConvertDq: warps 2 and 3
+  // Two dQ writers (a candidate for long rows): lane 0 of warp kWriterWarp takes the tasks of
+  // dQ buffer 0, lane 0 of warp kWriterWarp2 those of buffer 1, so that one task's landing and
+  // turn overlap the next one's. Each tile still gets its adds in dq_rank order: the same bits.
+  enum : int { kDqWriters = dq_writers<Cfg>(0), kWriterWarp2 = 2 };
 
   // ---- named barriers -------------------------------------------------------------------------
   // Named barrier ids (bar.sync; 0 is __syncthreads'): kMma joins both MMA warpgroups; kHandOff
@@ -272,6 +276,9 @@ struct AttnBwdSm90 {
   // Only the deterministic backward counts each tile's landed contributions, so only it knows
   // when a dQ sum is final; without it, the convert kernel runs after this one.
   static constexpr bool kConvertDq = kFusedConvert && kDeterministic;
+  static_assert(kDqWriters == 1 || (kDqWriters == 2 && !kConvertDq && !kSwapped && kStages == 2),
+                "two dQ writers: one a buffer of the one-piece hand-off, warp 2 free of the "
+                "converter");
   static constexpr u32 kConvPollNs = 500;  // sleep between the converter's counter polls
   // The converter bulk-copies each final fp32 sum into shared memory a chunk at a time (two
   // chunks in flight: 16 KB, where one 16-byte load per thread kept 1 KB in flight and a
@@ -330,7 +337,10 @@ struct AttnBwdSm90 {
       if (warp == kProducerWarp && lane == 0) {
         Producer::run(tm_q, tm_k, tm_v, tm_do, p, smem, bars, count);
       }
-      if (warp == kWriterWarp && lane == 0) DqWriter::run(p, smem, bars, count);
+      if (warp == kWriterWarp && lane == 0) DqWriter::template run<0>(p, smem, bars, count);
+      if constexpr (kDqWriters == 2) {
+        if (warp == kWriterWarp2 && lane == 0) DqWriter::template run<1>(p, smem, bars, count);
+      }
       if constexpr (kConvertDq) {
         if (warp >= kConverterWarp0) DqConverter::run(p, smem, threadIdx.x - 32 * kConverterWarp0);
       }

@@ -55,4 +55,15 @@ __host__ __device__ constexpr int dq_per_warpgroup(long) {
   return 0;
 }
 
+// Cfg::kDqWriters where the entry template renders one (two dQ writer lanes, a buffer each:
+// AttnBwdSm90::kDqWriters), else 1. Call with 0.
+template <class Cfg>
+__host__ __device__ constexpr auto dq_writers(int) -> decltype(Cfg::kDqWriters + 0) {
+  return Cfg::kDqWriters;
+}
+template <class Cfg>
+__host__ __device__ constexpr int dq_writers(long) {
+  return 1;
+}
+
 }  // namespace dashgen
