@@ -48,8 +48,9 @@ def override_value(name: str, on: bool) -> bool | int:
 
 
 def override_on(name: str, value: bool | int) -> bool:
-    """Whether an override's value is its "on" (True == 1 in Python: dq_writers by name)."""
-    return value == 2 if name == "dq_writers" else bool(value)
+    """Whether an override's value is its "on" (override_value's, compared by name: True == 1
+    in Python, so a bool test would call one dQ writer "on")."""
+    return value == override_value(name, True)
 
 
 def overrides_from(args: argparse.Namespace) -> Overrides:
