@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare", choices=OVERRIDES,
                         help="instead: the kernels' GPU time with the policy's pick and with it "
                              "switched through Overrides, configuration by configuration")
+    parser.add_argument("--unordered", action="store_true",
+                        help="with --compare: the non-deterministic backward's kernels")
     return parser
 
 
@@ -150,12 +152,13 @@ def main():
                           f"{parts}", flush=True)
 
 
-def picked(name: str, q, k, causal: bool, sms: int) -> bool:
-    """What select's policy `name` picks for these inputs (deterministic, schedule auto)."""
+def picked(name: str, q, k, causal: bool, sms: int, deterministic: bool = True) -> bool:
+    """What select's policy `name` picks for these inputs (schedule auto)."""
     shapes, dtype = (tuple(q.shape), tuple(k.shape)), "bf16"
     if name == "persistent_forward":
         return forward_variant(*shapes, dtype, causal, sms, Overrides()).persistent
-    sel = selection(*shapes, dtype, causal, True, False, "auto", None, sms, Overrides())
+    sel = selection(*shapes, dtype, causal, deterministic, False, "auto", None, sms,
+                    Overrides())
     return override_on(name, getattr(sel.backward, name))
 
 
@@ -163,14 +166,15 @@ def compare(name: str, args, sms: int) -> None:
     """The kernels' GPU time with select's pick for `name` and with it switched, on the same
     inputs: the forward kernel for persistent_forward, the deterministic backward's kernels
     (auto schedule) for fused_convert and early_kv. The other override flags set apply to both."""
-    print(f"{name}: select's pick -> switched (Overrides)")
+    print(f"{name}: select's pick -> switched (Overrides)"
+          + (", unordered backward" if args.unordered else ""))
     print(f"{'config':<24} {'pick':>5} {'main us':>9} {'switched':>9} {'ratio':>6} {'all us':>8} "
           f"{'switched':>9} {'ratio':>6}")
     for d in args.hdims:
         for causal in (False, True):
             for s in args.seqlens:
                 _, _, q, k, v, do, o, lse, scale = problem_inputs(d, causal, s)
-                pick = picked(name, q, k, causal, sms)
+                pick = picked(name, q, k, causal, sms, not args.unordered)
                 times = []
                 for value in (pick, not pick):
                     # The other override flags given stay set on both sides.
@@ -181,7 +185,8 @@ def compare(name: str, args, sms: int) -> None:
                                                overrides=overrides)
                     else:
                         call = lambda: backward(do, q, k, v, o, lse, causal=causal,
-                                                softmax_scale=scale, deterministic=True,
+                                                softmax_scale=scale,
+                                                deterministic=not args.unordered,
                                                 schedule="auto", num_workers=None,
                                                 overrides=overrides)
                     times.append(kernel_us(call))

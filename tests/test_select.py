@@ -9,8 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dashgen import Mask, Problem
-from dashgen.codegen.variants import BackwardVariant, ForwardVariant, backward_tiles
+from dashgen.codegen.variants import (BackwardVariant, ForwardVariant, backward_tiles,
+                                     kernel_head_dim)
 from dashgen.runtime.select import (AUTO_SCHEDULES, DEFAULT_SM_COUNT, DQ_LAST_FROM_KV_TILES,
+                                    DQ_WRITERS_FROM_KV_TILES,
                                     Overrides, Plan,
                                     check_kernel_problem, early_kv_pays,
                                     forward_persistent_pays, problem_for, resolve_schedule,
@@ -18,7 +20,7 @@ from dashgen.runtime.select import (AUTO_SCHEDULES, DEFAULT_SM_COUNT, DQ_LAST_FR
                                     mask_of)
 from dashgen.schedule.builders import BUILDERS, Tiling, build_schedule
 
-from benchmark_picks import BENCHMARK_PICKS, picked_variants
+from benchmark_picks import BENCHMARK_PICKS, TWO_WRITERS, picked_variants
 
 
 def benchmark_problem(head_dim: int, causal: bool, seqlen: int) -> Problem:
@@ -43,7 +45,8 @@ def test_the_benchmark_configurations_get_their_kernels(picks, key):
     assert det.problem == benchmark_problem(*key)
     assert (det.schedule, det.num_workers) == (schedule, workers)
     assert det.backward == BackwardVariant("bf16", head_dim, causal, schedule, deterministic=True,
-                                           fused_convert=fused, early_kv=early)
+                                           fused_convert=fused, early_kv=early,
+                                           dq_writers=2 if key in TWO_WRITERS else 1)
     assert det.forward == ForwardVariant("bf16", head_dim, causal, persistent=persistent)
     assert (det.forward, det.backward, nondet.backward) == picked_variants(key)
     # Without the order nothing can tell when a dQ sum is final: where dQ is converted in the
@@ -130,19 +133,41 @@ def test_dq_last_override_replaces_the_policy(value):
         assert sel.backward.dq_last is value
 
 
-def test_two_dq_writers_are_only_what_the_override_asks_for():
-    """No policy picks two dQ writers; the override gets them, with the converter left to the
-    convert kernel (its warps are the second writer's), at short and long rows alike."""
-    for seqlen in (1024, 16384, DQ_LAST_FROM_KV_TILES[128] * 128):
-        problem = (benchmark_problem(128, True, seqlen) if seqlen <= 16384 else
-                   problem_for(1, 16, 16, seqlen, seqlen, 128, True))
-        assert select(problem, "bf16").backward.dq_writers == 1
-        sel = select(problem, "bf16", overrides=Overrides(dq_writers=2))
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192])
+def test_two_dq_writers_where_the_rows_are_long(head_dim):
+    """The ordered backward of head_dim 128's kernel (96 runs in it) takes two dQ writers from
+    DQ_WRITERS_FROM_KV_TILES KV tiles on, the converter left to the convert kernel (its warps
+    are the second writer's); shorter rows, the unordered kernel, windows and the other kernels
+    keep one. Overrides replace the pick either way."""
+    bound = DQ_WRITERS_FROM_KV_TILES.get(kernel_head_dim(head_dim))
+    for seqlen in (1024, 8192, 16384, DQ_LAST_FROM_KV_TILES[128] * 128):
+        problem = (benchmark_problem(head_dim, True, seqlen) if seqlen <= 16384 else
+                   problem_for(1, 16, 16, seqlen, seqlen, head_dim, True))
+        long = bound is not None and problem.num_n_blocks >= bound
+        sel = select(problem, "bf16")
+        assert sel.backward.dq_writers == (2 if long else 1)
+        assert select(problem, "bf16", deterministic=False).backward.dq_writers == 1
+        if long:
+            assert not sel.backward.fused_convert
+            one = select(problem, "bf16", overrides=Overrides(dq_writers=1))
+            assert one.backward.dq_writers == 1 and one.backward.dq_last == sel.backward.dq_last
+            # An explicit converter takes its warps back: one writer, no refusal.
+            fused = select(problem, "bf16", overrides=Overrides(fused_convert=True))
+            assert fused.backward.dq_writers == 1 and fused.backward.fused_convert
+            window = Problem(seqlen_q=seqlen, heads_q=16, head_dim=head_dim,
+                             mask=Mask.window(1023, 0), block_m=64, block_n=128)
+            assert select(window, "bf16").backward.dq_writers == 1
+    if bound is None:
+        with pytest.raises(ValueError, match="dq_writers=2 needs"):
+            select(benchmark_problem(head_dim, True, 1024), "bf16",
+                   overrides=Overrides(dq_writers=2))
+    else:
+        sel = select(benchmark_problem(head_dim, True, 1024), "bf16",
+                     overrides=Overrides(dq_writers=2))
         assert sel.backward.dq_writers == 2 and not sel.backward.fused_convert
-        assert sel.backward.dq_last == select(problem, "bf16").backward.dq_last
-    with pytest.raises(ValueError, match="dq_writers=2 needs"):
-        select(benchmark_problem(128, True, 1024), "bf16",
-               overrides=Overrides(dq_writers=2, fused_convert=True))
+        with pytest.raises(ValueError, match="dq_writers=2 needs"):
+            select(benchmark_problem(head_dim, True, 1024), "bf16",
+                   overrides=Overrides(dq_writers=2, fused_convert=True))
 
 
 @pytest.mark.parametrize("value", [True, False])

@@ -367,8 +367,8 @@ class BackwardVariant(_Variant):
     softcap: bool = False  # scores soft-capped (attn/softcap.cuh; the cap is a parameter)
     window: bool = False  # a sliding window (attn/mask.cuh, sched::WindowTiling; bounds: params)
     head_dim_v: int | None = None  # V's, O's and dO's columns (None: head_dim's)
-    # dQ writer lanes, a staging buffer each (AttnBwdSm90::kDqWriters): 2 is a candidate for
-    # long rows that no policy picks (docs/design.md, Open: long causal rows).
+    # dQ writer lanes, a staging buffer each (AttnBwdSm90::kDqWriters): 2 where select's
+    # DQ_WRITERS_HEAD_DIMS say so (docs/design.md, `dq-writers`).
     dq_writers: int = 1
 
     def __post_init__(self) -> None:

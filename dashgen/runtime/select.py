@@ -66,6 +66,13 @@ EARLY_KV_MAX_KV_TILES = 32
 # from 64k tokens, neutral at 32k; at 64 (where it spills 56 bytes) 0.92x at 64k, 1.14x at 128k,
 # 1.26x at 256k; under full masks 0.97-0.99x (docs/design.md, `dq-last-long`).
 DQ_LAST_FROM_KV_TILES = {64: 1024, 128: 512}
+# Two dQ writer lanes, a staging buffer each, in place of the fused converter (its warps are
+# the second writer's), in the ordered backward of these head dims' kernels from this many KV
+# tiles a sequence on, under full and causal masks: at 128 the main kernel measured 0.92-0.93x
+# one writer's time at 16,384 tokens and 0.95-0.96x at 131,072-262,144 (docs/design.md,
+# `dq-writers`). Shorter rows, the unordered kernel, windows, soft-capping and packs keep one.
+DQ_WRITERS_FROM_KV_TILES = {128: 128}
+DQ_WRITERS_HEAD_DIMS = tuple(DQ_WRITERS_FROM_KV_TILES)
 # The most KV tiles a query tile visits where the persistent forward pays, per (head_dim,
 # causal), measured through 16384 keys (docs/design.md, `fwd-persistent`).
 FWD_PERSISTENT_MAX_KV_TILES = {(64, False): 8, (128, False): 64,
@@ -80,8 +87,7 @@ class Overrides:
     early_kv: bool | None = None
     persistent_forward: bool | None = None
     dq_last: bool | None = None
-    # 2: two dQ writer lanes, a staging buffer each (BackwardVariant.dq_writers), a candidate
-    # for long rows that no policy picks; it runs without fused_convert.
+    # dQ writer lanes (BackwardVariant.dq_writers): 2 runs without fused_convert.
     dq_writers: int | None = None
 
 
@@ -260,6 +266,14 @@ def fuses_convert(problem: Problem, longest: int) -> bool:
     return convert_us > FUSED_CONVERT_COST[kernel] * longest * TASK_US[kernel]
 
 
+def two_writers_pay(problem: Problem) -> bool:
+    """Whether the ordered backward runs two dQ writer lanes (DQ_WRITERS_FROM_KV_TILES), unless
+    an explicit fused_convert=True keeps the converter's warps."""
+    bound = DQ_WRITERS_FROM_KV_TILES.get(kernel_head_dim(problem.head_dim))
+    return (bound is not None and problem.mask.kind in ("full", "causal")
+            and problem.num_n_blocks >= bound)
+
+
 def early_kv_pays(problem: Problem) -> bool:
     """Whether loading each KV segment's K/V early pays: where the sequence has at most
     EARLY_KV_MAX_KV_TILES KV tiles. Measured on the H200 up to that bound and from twice it
@@ -323,7 +337,10 @@ class Plan:
                 raise ValueError(f"fused_convert: head_dim {problem.head_dim} runs the swapped "
                                  f"mainloop, whose dQ the convert kernel converts")
             fused = False
-        elif fused is None and overrides.dq_writers == 2:
+        writers = overrides.dq_writers
+        if writers is None:
+            writers = 2 if self.deterministic and two_writers_pay(problem) and not fused else 1
+        if writers == 2 and fused is None:
             fused = False  # the converter's warps would be the second writer's
         elif window and fused is None and not self.deterministic:
             # Under a window the converter was timed in the deterministic backward only (its
@@ -353,7 +370,7 @@ class Plan:
         backward = BackwardVariant(self.dtype, problem.head_dim, causal, self.schedule,
                                    deterministic=ordered, gqa=problem.gqa, fused_convert=fused,
                                    early_kv=early_kv, dq_last=dq_last, trace=self.trace,
-                                   window=window, dq_writers=overrides.dq_writers or 1)
+                                   window=window, dq_writers=writers)
         forward = select_forward(problem, self.dtype, self.sm_count, overrides)
         return Selection(problem, forward, backward, self.schedule, workers,
                          None if table is None else self.schedule_key)

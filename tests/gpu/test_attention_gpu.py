@@ -351,6 +351,33 @@ def test_two_dq_writers_change_no_bits(shape, sm_count, seed):
         assert not bad, "\n".join(bad)
         for other in results[1:]:
             assert all(torch.equal(a, b) for a, b in zip(results[0], other)), schedule
+    # With dq_last (the long rows' pick beside two writers): the same bits again.
+    last = [case.run(Overrides(dq_writers=w, dq_last=True), "auto", workers) for w in (1, 2)]
+    assert all(torch.equal(a, b) for a, b in zip(*last))
+    # The unordered kernel with two writers: its adds land in any order, within tolerance.
+    unordered = case.run(two, "auto", workers, deterministic=False)
+    bad = case.errors(unordered, dict(overrides=two, deterministic=False))
+    assert not bad, "\n".join(bad)
+
+
+def test_two_dq_writers_change_no_bits_under_a_soft_cap(sm_count, seed):
+    """The soft-capped kernel with two writers (select gives long capped rows both): the cap
+    changes the scores only, so one writer's bits."""
+    case = Case(2, 8, 2, 300, 257, 128, True)
+    results = []
+    for writers in (1, 2, 2):
+        overrides = Overrides(dq_writers=writers)
+        o, lse = forward(case.q, case.k, case.v, causal=True, softmax_scale=case.scale,
+                         overrides=overrides, softcap=20.0)
+        results.append((o, *backward(case.do, case.q, case.k, case.v, o, lse, causal=True,
+                                     softmax_scale=case.scale, deterministic=True,
+                                     schedule="auto", num_workers=min(132, sm_count),
+                                     overrides=overrides, softcap=20.0)))
+    capped_o = results[0][0]
+    uncapped_o, _ = forward(case.q, case.k, case.v, causal=True, softmax_scale=case.scale)
+    assert not torch.equal(capped_o, uncapped_o)  # the cap took effect
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
 
 
 # -- (b) bitwise determinism -------------------------------------------------------------------
