@@ -157,6 +157,13 @@ def test_two_dq_writers_where_the_rows_are_long(head_dim):
             window = Problem(seqlen_q=seqlen, heads_q=16, head_dim=head_dim,
                              mask=Mask.window(1023, 0), block_m=64, block_n=128)
             assert select(window, "bf16").backward.dq_writers == 1
+            # Under a soft cap (not yet timed with two writers) one writer, still without
+            # the converter; asked for explicitly, two.
+            capped = sel.soft_capped(True).backward
+            assert capped.softcap and capped.dq_writers == 1 and not capped.fused_convert
+            two = Overrides(dq_writers=2)
+            assert select(problem, "bf16", overrides=two).soft_capped(
+                True, two).backward.dq_writers == 2
     if bound is None:
         with pytest.raises(ValueError, match="dq_writers=2 needs"):
             select(benchmark_problem(head_dim, True, 1024), "bf16",

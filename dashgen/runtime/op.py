@@ -106,7 +106,8 @@ class _Validated(Validated):
         return call
 
     def prepare_backward(self, device, head_dim_v: int):
-        selection = self.plan.selection.soft_capped(bool(self.options.softcap))
+        selection = self.plan.selection.soft_capped(bool(self.options.softcap),
+                                                    self.plan.overrides)
         launch = self.backward = _kernels().backward_launch(
             selection.with_head_dim_v(head_dim_v), device)
         if self.key is not None:

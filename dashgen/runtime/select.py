@@ -104,14 +104,18 @@ class Selection:
     num_workers: int
     table: str | None = None
 
-    def soft_capped(self, softcap: bool) -> Selection:
+    def soft_capped(self, softcap: bool, overrides: Overrides = Overrides()) -> Selection:
         """This selection with soft-capped kernels where `softcap` (attn/softcap.cuh): the cap
         changes the scores, never the tiles, the schedule or the workers, so a plan stays the
-        same with or without it and only the kernels differ."""
+        same with or without it and only the kernels differ. Two dQ writers under a cap have
+        not been timed: the policy's pick falls back to one writer (the converter stays off,
+        as select leaves it at those lengths); `overrides` asking for two keep them."""
         if not softcap:
             return self
-        return replace(self, forward=replace(self.forward, softcap=True),
-                       backward=replace(self.backward, softcap=True))
+        backward = replace(self.backward, softcap=True)
+        if backward.dq_writers == 2 and overrides.dq_writers != 2:
+            backward = replace(backward, dq_writers=1)
+        return replace(self, forward=replace(self.forward, softcap=True), backward=backward)
 
     def with_head_dim_v(self, head_dim_v: int) -> Selection:
         """This selection with V, O and dO `head_dim_v` wide (HEAD_DIM_V_PAIRS: 128 under 192,

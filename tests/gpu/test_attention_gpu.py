@@ -361,8 +361,9 @@ def test_two_dq_writers_change_no_bits(shape, sm_count, seed):
 
 
 def test_two_dq_writers_change_no_bits_under_a_soft_cap(sm_count, seed):
-    """The soft-capped kernel with two writers (select gives long capped rows both): the cap
-    changes the scores only, so one writer's bits."""
+    """The soft-capped kernel with two writers (asked for through Overrides: select keeps one
+    under a cap until they are timed there): the cap changes the scores only, so one writer's
+    bits."""
     case = Case(2, 8, 2, 300, 257, 128, True)
     results = []
     for writers in (1, 2, 2):
