@@ -70,6 +70,10 @@ WINDOW_SPILL_BYTES = 0
 # 192; nvdisasm: every such access follows setmaxnreg's decrease to 24); the MMA warpgroups
 # spill none.
 SWAPPED_LANE_SPILL_BYTES = 40
+# Two dQ writers at head_dim 64 under GQA (Overrides only, no policy picks them): the MMA
+# warpgroups keep one word in local memory, stored once after setmaxnreg's increase and
+# reloaded once (nvdisasm of the table walk's kernel): 8 bytes, none without GQA.
+TWO_WRITERS_GQA_SPILL_BYTES = {64: 8}
 # Fallbacks that cost the main loop its overlap: never accepted.
 SLOW_PATHS = (SETMAXNREG_IGNORED, WGMMA_SERIALIZED, WGMMA_WAIT_INJECTED)
 
@@ -104,10 +108,14 @@ EXTRA_VARIANTS = [
     B("bf16", 128, True, "spt", dq_last=True),
     B("bf16", 64, True, "spt_listed", dq_last=True),
     B("bf16", 128, False, "fa3", dq_last=True, gqa=True),
-    # two dQ writer lanes (a candidate for long rows, Overrides(dq_writers=2))
+    # two dQ writer lanes (select's DQ_WRITERS_FROM_KV_TILES; at 64 Overrides only)
     B("bf16", 128, True, "spt_listed", dq_last=True, dq_writers=2),
     B("bf16", 128, False, "shift", dq_writers=2, gqa=True),
     B("bf16", 128, True, "table", trace=True, dq_writers=2),
+    B("bf16", 64, True, "symmetric_shift", dq_writers=2),
+    B("bf16", 64, False, "shift", dq_writers=2, gqa=True, early_kv=True),
+    B("bf16", 64, True, "spt_listed", deterministic=False, dq_writers=2),
+    B("bf16", 64, True, "table", trace=True, dq_writers=2),
     # fp16: the same templates with f16 wgmma inputs
     B("fp16", 128, True, "symmetric_shift"),
     B("fp16", 128, False, "fa3", deterministic=False),
@@ -249,6 +257,8 @@ def test_variant_compiles_without_spills_or_slow_paths(variant, compiled):
             mma += SOFTCAP_SPILL_BYTES if variant.softcap else 0
             mma += WINDOW_SPILL_BYTES if variant.window else 0
             mma += GQA_SPILL_BYTES.get(variant.kernel_head_dim, 0) if variant.gqa else 0
+            if variant.gqa and variant.dq_writers == 2:
+                mma += TWO_WRITERS_GQA_SPILL_BYTES.get(variant.kernel_head_dim, 0)
         lane = (SWAPPED_LANE_SPILL_BYTES if main_backward and variant.swapped
                 and (variant.varlen or variant.trace) else 0)
         allowed = mma + lane
@@ -559,12 +569,13 @@ def test_candidates_compile_and_fit(name, variant, monkeypatch):
     (dict(dq_writers=True), "dq_writers must be 1 or 2"),
     (dict(dq_writers=2, fused_convert=True), "dq_writers=2 needs"),
     (dict(head_dim=256, dq_writers=2), "dq_writers=2 needs"),
-    (dict(head_dim=64, dq_writers=2), "dq_writers=2 needs"),
+    (dict(head_dim=192, dq_writers=2), "dq_writers=2 needs"),
+    (dict(head_dim=64, dq_writers=2, dq_last=True), "dq_writers=2 with dq_last at head_dim 64"),
 ])
 def test_two_dq_writers_are_refused_where_no_kernel_has_them(fields, refusal):
     """The second writer takes the fused converter's warp 2 and one buffer of the one-piece
-    hand-off, at head_dim 128's kernel: fused_convert and the other head dims are refused by
-    name."""
+    hand-off, in the 64 and 128 kernels: fused_convert, the swapped head dims and the pair
+    that spills (dq_last at 64) are refused by name."""
     args = dict(dtype="bf16", head_dim=128, causal=True, schedule="spt")
     with pytest.raises(ValueError, match=refusal):
         B(**{**args, **fields})

@@ -31,6 +31,10 @@ HEAD_DIMS = (32, 48, 64, 80, 96, 112, 128, 192, 256)
 KERNEL_HEAD_DIMS = {32: 64, 48: 64, 80: 128, 96: 128, 112: 128}
 
 
+# The kernels that can run two dQ writer lanes (BackwardVariant.dq_writers).
+DQ_WRITERS_KERNEL_HEAD_DIMS = (64, 128)
+
+
 def kernel_head_dim(head_dim: int) -> int:
     """The head_dim of the kernel that computes `head_dim` (itself, or KERNEL_HEAD_DIMS')."""
     return KERNEL_HEAD_DIMS.get(head_dim, head_dim)
@@ -375,12 +379,18 @@ class BackwardVariant(_Variant):
         super().__post_init__()
         if self.dq_writers not in (1, 2) or isinstance(self.dq_writers, bool):
             raise ValueError(f"dq_writers must be 1 or 2, got {self.dq_writers!r}")
-        # At 64 the second writer's lane spilled 40 bytes more in the producer warpgroup's 24
-        # registers; the long rows it is for lose most at 128 (docs/design.md, Open).
-        if self.dq_writers == 2 and (self.kernel_head_dim != 128 or self.fused_convert):
-            raise ValueError(f"dq_writers=2 needs head_dim 128's kernel without "
+        # The second writer takes the converter's warp 2 and one buffer of the one-piece
+        # hand-off: the 64 and 128 kernels. At 64 with dq_last it spilled 96 bytes against one
+        # writer's 56 (ptxas, CUDA 13.0), so that pair is refused.
+        if self.dq_writers == 2 and (self.kernel_head_dim not in DQ_WRITERS_KERNEL_HEAD_DIMS
+                                     or self.fused_convert):
+            raise ValueError(f"dq_writers=2 needs the kernel of head_dim "
+                             f"{' or '.join(map(str, DQ_WRITERS_KERNEL_HEAD_DIMS))} without "
                              f"fused_convert (its converter takes warp 2); head_dim "
                              f"{self.head_dim}, fused_convert={self.fused_convert}")
+        if self.dq_writers == 2 and self.dq_last and self.kernel_head_dim == 64:
+            raise ValueError("dq_writers=2 with dq_last at head_dim 64 spills 40 bytes more than "
+                             "one writer: not built")
         if self.head_dim_v is None:
             object.__setattr__(self, "head_dim_v", self.head_dim)  # one variant, one name
         if self.head_dim_v != self.head_dim:

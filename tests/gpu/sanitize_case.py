@@ -19,7 +19,8 @@ import torch
 import dashgen
 from dashgen.runtime.backward import backward
 from dashgen.runtime.forward import forward, forward_variant
-from dashgen.runtime.select import DQ_WRITERS_HEAD_DIMS, Overrides, selection
+from dashgen.codegen.variants import DQ_WRITERS_KERNEL_HEAD_DIMS
+from dashgen.runtime.select import Overrides, selection
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype, schedule, workers):
 # odd seqlens so the tails of every tile are exercised; GQA for the ordered dK/dV adds; fp16.
@@ -82,12 +83,12 @@ def flipped(q_shape, k_shape, dtype: str, causal: bool, schedule: str, workers: 
                     Overrides())
     fwd = forward_variant(q_shape, k_shape, dtype, causal, sms, Overrides())
     fused = None if sel.backward.swapped else not sel.backward.fused_convert
-    # Two dQ writers run without the converter, in head_dim 128's kernel only: one writer
-    # where select gave two, two where it gave one and the flip leaves the converter off.
+    # Two dQ writers run without the converter, in the 64 and 128 kernels: one writer where
+    # select gave two, two where it gave one and the flip leaves the converter off.
     writers = None
     if sel.backward.dq_writers == 2:
         writers = 1
-    elif sel.backward.kernel_head_dim in DQ_WRITERS_HEAD_DIMS and fused is False:
+    elif sel.backward.kernel_head_dim in DQ_WRITERS_KERNEL_HEAD_DIMS and fused is False:
         writers = 2
     return Overrides(fused_convert=fused, early_kv=not sel.backward.early_kv,
                      persistent_forward=not fwd.persistent, dq_writers=writers)
