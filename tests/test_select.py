@@ -163,7 +163,7 @@ def test_two_dq_writers_where_the_rows_are_long(head_dim):
             assert capped.softcap and capped.dq_writers == 1 and not capped.fused_convert
             two = Overrides(dq_writers=2)
             assert select(problem, "bf16", overrides=two).soft_capped(
-                True, two).backward.dq_writers == 2
+                True, two_writers_asked=True).backward.dq_writers == 2
     if kernel_head_dim(head_dim) not in DQ_WRITERS_KERNEL_HEAD_DIMS:
         with pytest.raises(ValueError, match="dq_writers=2 needs"):
             select(benchmark_problem(head_dim, True, 1024), "bf16",

@@ -165,7 +165,8 @@ class BackwardCall:
                 plan(tuple(q.shape), tuple(k.shape), DTYPE_NAMES[q.dtype], bool(causal),
                      bool(deterministic), bool(trace), schedule, num_workers, sm_count(dev),
                      overrides, *window_arg(window)).selection.soft_capped(
-                         bool(softcap), overrides).with_head_dim_v(v.shape[-1]), dev)
+                         bool(softcap), overrides.dq_writers == 2).with_head_dim_v(
+                             v.shape[-1]), dev)
         bl = self.bl = launch
         self.device_index = dev.index or 0
         self.pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())

@@ -107,7 +107,7 @@ class _Validated(Validated):
 
     def prepare_backward(self, device, head_dim_v: int):
         selection = self.plan.selection.soft_capped(bool(self.options.softcap),
-                                                    self.plan.overrides)
+                                                    self.plan.overrides.dq_writers == 2)
         launch = self.backward = _kernels().backward_launch(
             selection.with_head_dim_v(head_dim_v), device)
         if self.key is not None:

@@ -104,16 +104,17 @@ class Selection:
     num_workers: int
     table: str | None = None
 
-    def soft_capped(self, softcap: bool, overrides: Overrides = Overrides()) -> Selection:
+    def soft_capped(self, softcap: bool, two_writers_asked: bool = False) -> Selection:
         """This selection with soft-capped kernels where `softcap` (attn/softcap.cuh): the cap
         changes the scores, never the tiles, the schedule or the workers, so a plan stays the
         same with or without it and only the kernels differ. Two dQ writers under a cap have
         not been timed: the policy's pick falls back to one writer (the converter stays off,
-        as select leaves it at those lengths); `overrides` asking for two keep them."""
+        as select leaves it at those lengths) unless Overrides asked for two
+        (`two_writers_asked`; a bool, which torch.compile traces through)."""
         if not softcap:
             return self
         backward = replace(self.backward, softcap=True)
-        if backward.dq_writers == 2 and overrides.dq_writers != 2:
+        if backward.dq_writers == 2 and not two_writers_asked:
             backward = replace(backward, dq_writers=1)
         return replace(self, forward=replace(self.forward, softcap=True), backward=backward)
 
