@@ -164,8 +164,8 @@ def picked(name: str, q, k, causal: bool, sms: int, deterministic: bool = True) 
 
 def compare(name: str, args, sms: int) -> None:
     """The kernels' GPU time with select's pick for `name` and with it switched, on the same
-    inputs: the forward kernel for persistent_forward, the deterministic backward's kernels
-    (auto schedule) for fused_convert and early_kv. The other override flags set apply to both."""
+    inputs: the forward kernel for persistent_forward, else the backward's kernels (auto
+    schedule; deterministic unless --unordered). The other override flags set apply to both."""
     print(f"{name}: select's pick -> switched (Overrides)"
           + (", unordered backward" if args.unordered else ""))
     print(f"{'config':<24} {'pick':>5} {'main us':>9} {'switched':>9} {'ratio':>6} {'all us':>8} "
