@@ -1,5 +1,5 @@
 """The kernel model (dashgen plan --kernel-model): the writer decoupled from the MMA pipeline,
-its buffers, the dQ order's waits and the signal latency across workers."""
+its buffers and lanes, the dQ order's waits and the signal latency across workers."""
 from __future__ import annotations
 
 import pytest
@@ -60,6 +60,45 @@ def test_a_rank_cycle_deadlocks():
     s.workers[1] = [Task(0, 0, 1, 1, 1), Task(0, 0, 1, 0, 0)]
     with pytest.raises(RuntimeError, match="deadlock"):
         kernel_makespan(s, KernelCost(buffers=1))
+
+
+def test_two_writer_lanes_keep_up_with_a_writer_twice_as_slow():
+    s = build_schedule("fa3", full_problem(4), 1)  # 16 tasks on one worker
+    # One lane: 16 adds of 2 after the first compute. Two (a buffer each): task p's MMAs end
+    # at p + 1 and its add at p + 3, so the compute sets the pace.
+    assert kernel_makespan(s, KernelCost(c=1.0, r=2.0, buffers=2, writers=2)) == \
+        pytest.approx(16 * 1.0 + 2.0)
+
+
+def test_two_lanes_wait_apart_but_one_tiles_adds_stay_in_a_chain():
+    p = full_problem(8)
+    one, two = (KernelCost(c=1.0, r=1.5, buffers=2, writers=w) for w in (1, 2))
+    # fa3: a lane waiting for a rank no longer holds the next task's add.
+    fa3 = build_schedule("fa3", p, 8)
+    assert kernel_makespan(fa3, two) < kernel_makespan(fa3, one)
+    # shift: each dQ tile's eight adds land one after another (1 + 8 x 1.5) with any lanes.
+    shift = build_schedule("shift", p, 8)
+    assert kernel_makespan(shift, one) == kernel_makespan(shift, two) == pytest.approx(13.0)
+
+
+def test_two_lanes_run_a_rank_cycle_one_lane_cannot():
+    p = Problem(seqlen_q=128, block_m=64, block_n=64)
+    s = build_schedule("fa3", p, 2)
+    s.workers[0] = [Task(0, 0, 0, 0, 1), Task(0, 0, 0, 1, 0)]
+    s.workers[1] = [Task(0, 0, 1, 1, 1), Task(0, 0, 1, 0, 0)]
+    # Each worker's second task is its tile's rank 0: its own lane adds it while the first
+    # task's lane waits, which one lane (in program order) cannot.
+    assert kernel_makespan(s, KernelCost(c=1.0, r=0.5, buffers=2, writers=2)) == \
+        pytest.approx(3.0)
+    with pytest.raises(RuntimeError, match="deadlock"):
+        kernel_makespan(s, KernelCost(c=1.0, r=0.5, buffers=2, writers=1))
+
+
+@pytest.mark.parametrize("fields", [dict(writers=3), dict(writers=0), dict(writers=True),
+                                    dict(buffers=1, writers=2)])
+def test_writer_lanes_beyond_the_buffers_are_refused(fields):
+    with pytest.raises(ValueError, match="writers must be"):
+        KernelCost(**fields)
 
 
 @pytest.mark.parametrize("field,value", [("c", -1.0), ("r", "x"), ("buffers", 0)])
