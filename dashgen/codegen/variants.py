@@ -372,7 +372,7 @@ class BackwardVariant(_Variant):
     window: bool = False  # a sliding window (attn/mask.cuh, sched::WindowTiling; bounds: params)
     head_dim_v: int | None = None  # V's, O's and dO's columns (None: head_dim's)
     # dQ writer lanes, a staging buffer each (AttnBwdSm90::kDqWriters): 2 where select's
-    # DQ_WRITERS_HEAD_DIMS say so (docs/design.md, `dq-writers`).
+    # DQ_WRITERS_FROM_KV_TILES say so (docs/design.md, `dq-writers`).
     dq_writers: int = 1
 
     def __post_init__(self) -> None:

@@ -72,7 +72,6 @@ DQ_LAST_FROM_KV_TILES = {64: 1024, 128: 512}
 # one writer's time at 16,384 tokens and 0.95-0.96x at 131,072-262,144 (docs/design.md,
 # `dq-writers`). Shorter rows, the unordered kernel, windows, soft-capping and packs keep one.
 DQ_WRITERS_FROM_KV_TILES = {128: 128}
-DQ_WRITERS_HEAD_DIMS = tuple(DQ_WRITERS_FROM_KV_TILES)
 # The most KV tiles a query tile visits where the persistent forward pays, per (head_dim,
 # causal), measured through 16384 keys (docs/design.md, `fwd-persistent`).
 FWD_PERSISTENT_MAX_KV_TILES = {(64, False): 8, (128, False): 64,
